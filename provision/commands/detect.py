@@ -1,0 +1,104 @@
+"""`gpuprov detect`: the host's facts and the driver each GPU needs."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from provision.output import emit_json, kv, table
+
+MODULE_CHOICES = ("auto", "open", "proprietary")
+SOURCE_CHOICES = ("distro", "elrepo", "nvidia")
+
+
+def check_choice(value: str, choices: tuple[str, ...], option: str) -> str:
+    from provision.errors import UsageError
+
+    if value not in choices:
+        raise UsageError(f"{option} must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+def render_human(report) -> str:
+    out = []
+    if report.distro:
+        d = report.distro
+        out.append(kv([
+            ("distro", f"{d.pretty_name} ({d.id} {d.version}, family {d.family}, {d.package_manager})"),
+            ("target", report.target.name if report.target else "unsupported"),
+        ]))
+    if report.driver:
+        drv = report.driver
+        out.append(kv([
+            ("driver", f"{drv.version} ({drv.kernel_module} kernel module)" if drv.loaded else "not loaded"),
+            ("driver root", drv.driver_root or "not found"),
+            ("userspace", drv.userspace_version),
+            ("nouveau", "loaded" if drv.nouveau_loaded else "not loaded"),
+            ("kernel", f"{drv.kernel_release} (headers {'present' if drv.kernel_headers else 'missing'})"),
+            ("secure boot", {True: "on", False: "off", None: "no EFI"}[drv.secure_boot]),
+        ]))
+    if report.gpus:
+        rows = []
+        for dev, dec in report.gpus:
+            rows.append([dev.address if dev else "", dec.pci_id + (":" + dec.subsystem if dec.subsystem else ""),
+                         dec.name, dec.branch, dec.kernel_modules, (dev.driver if dev else None),
+                         " ".join(dec.packages)])
+        out.append(table(["ADDRESS", "PCI ID", "NAME", "BRANCH", "MODULES", "BOUND", "PACKAGES"], rows))
+    else:
+        out.append("gpus         none (no NVIDIA display-class device on the PCI bus)")
+    if report.other_display:
+        out.append("other display: " + ", ".join(f"{d.address} {d.pci_id}" for d in report.other_display))
+    if report.engines:
+        out.append(table(["ENGINE", "BINARY", "VERSION", "CONFIG", "RUNTIMES"], [
+            [e.name, e.binary, e.version,
+             f"{e.config_path} ({'ok' if e.config_valid else 'INVALID' if e.config_valid is False else 'absent'})",
+             ",".join(e.runtimes)] for e in report.engines]))
+    if report.fleet:
+        f = report.fleet
+        out.append(f"single branch for all GPUs: {f.common_branch or 'none'}"
+                   + (f" ({f.common_modules} modules)" if f.common_modules else ""))
+        out.extend(f"note: {n}" for n in f.notes)
+    doc = report.to_dict()
+    out.extend(f"warning: {w}" for w in doc["warnings"])
+    return "\n".join(out)
+
+
+def detect(
+    root: Path = typer.Option(Path("/"), "--root", help="Read the host through this root (a fixture tree works)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the documented JSON schema (gpuprov.detect/v1)."),
+    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", help="Decide for VENDOR:DEVICE[:SUBVENDOR:SUBDEVICE] "
+                                               "without scanning the host (repeatable), like nvidia-detect's argument."),
+    target: Optional[str] = typer.Option(None, "--target", help="Release to decide packages for, e.g. debian-12, "
+                                         "ubuntu-24.04, rocky-9 (default: the host's own)."),
+    kernel_modules: str = typer.Option("auto", "--kernel-modules", help="auto|open|proprietary"),
+    driver_source: Optional[str] = typer.Option(None, "--driver-source", help="distro|elrepo|nvidia (default: "
+                                                "distro on Debian/Ubuntu, elrepo on EL)"),
+) -> None:
+    """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
+    from provision.decide.gputable import parse_pci_id
+    from provision.decide.targets import parse_target
+    from provision.facts.host import detect_host, detect_ids
+
+    check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
+    if driver_source is not None:
+        check_choice(driver_source, SOURCE_CHOICES, "--driver-source")
+        driver_source = None if driver_source == "distro" else driver_source
+    tgt = parse_target(target) if target else None
+    if pci_id:
+        ids = [parse_pci_id(p) for p in pci_id]
+        report = detect_ids(ids, tgt, kernel_modules=kernel_modules, source=driver_source)
+    else:
+        if not root.is_dir():
+            from provision.errors import HostUnreadable
+
+            raise HostUnreadable(f"--root {root} is not a directory")
+        report = detect_host(root, target=tgt, kernel_modules=kernel_modules, source=driver_source)
+    if json_out:
+        emit_json(report.to_dict())
+    else:
+        print(render_human(report))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("detect")(detect)

@@ -1,0 +1,95 @@
+"""Which distribution and release a root holds: via `distro`, reading <root>/etc/os-release
+(or /usr/lib/os-release, or the legacy release files such as /etc/centos-release)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from provision.errors import HostUnreadable
+from provision.facts.rootfs import under
+
+# ID / ID_LIKE words -> family. Order matters: the first match wins.
+FAMILY_WORDS = (
+    ("debian", "debian"), ("ubuntu", "debian"),
+    ("rhel", "rhel"), ("centos", "rhel"), ("fedora", "rhel"), ("amzn", "rhel"), ("alinux", "rhel"),
+    ("suse", "suse"), ("opensuse", "suse"), ("sles", "suse"),
+    ("arch", "arch"), ("alpine", "alpine"),
+)
+LEGACY_FILES = ("etc/centos-release", "etc/redhat-release", "etc/system-release", "etc/oracle-release")
+
+
+@dataclass(frozen=True)
+class DistroFacts:
+    id: str
+    version: str  # VERSION_ID as written ("9.3", "24.04", "12")
+    major: str  # "9", "24.04" for Ubuntu (its releases are year.month), "12"
+    codename: str
+    family: str  # debian | rhel | suse | arch | alpine | unknown
+    package_manager: str  # apt | dnf | yum | zypper | unknown
+    like: tuple[str, ...]
+    pretty_name: str
+    platform_id: str
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["like"] = list(self.like)
+        return d
+
+
+def _family(os_id: str, like: tuple[str, ...]) -> str:
+    for word in (os_id, *like):
+        for key, fam in FAMILY_WORDS:
+            if word == key:
+                return fam
+    return "unknown"
+
+
+def _package_manager(family: str, os_id: str, major: str) -> str:
+    if family == "debian":
+        return "apt"
+    if family == "rhel":
+        if os_id in ("centos", "rhel", "ol", "scientific") and major.isdigit() and int(major) <= 7:
+            return "yum"
+        return "dnf"
+    return {"suse": "zypper", "arch": "pacman", "alpine": "apk"}.get(family, "unknown")
+
+
+def read_distro(root: Path) -> DistroFacts:
+    candidates = ["etc/os-release", "usr/lib/os-release", *LEGACY_FILES]
+    present = [c for c in candidates if under(root, c).exists()]
+    if not present:
+        raise HostUnreadable(
+            f"no os-release under {root} (looked for /etc/os-release, /usr/lib/os-release and legacy release "
+            "files): pass --root pointing at a host's root, or use --target to name the release"
+        )
+    for c in present:
+        try:
+            under(root, c).read_bytes()
+        except OSError as exc:
+            raise HostUnreadable(f"cannot read {under(root, c)}: {exc.strerror}; run as root or fix its permissions")
+    import distro  # deferred: only detection needs it (keeps other commands' start-up small)
+
+    info = distro.LinuxDistribution(
+        include_lsb=False, include_uname=False, include_oslevel=False, root_dir=str(root)
+    )
+    # The raw ID (distro normalises some, e.g. "ol" -> "oracle"); legacy release files only give distro's.
+    os_id = info.os_release_attr("id") or info.id()
+    if not os_id:
+        raise HostUnreadable(f"os-release under {root} has no ID=: the file is malformed; restore it from the distro package")
+    version = info.version(best=True) if os_id in ("centos",) else (info.os_release_attr("version_id") or info.version())
+    like = tuple(info.like().split())
+    family = _family(os_id, like)
+    major = version if os_id == "ubuntu" else version.split(".")[0]
+    # Suites matter on Debian/Ubuntu only; EL "codenames" (Plow, Blue Onyx) are names, not repository keys.
+    codename = info.os_release_attr("version_codename") or info.os_release_attr("ubuntu_codename") or ""
+    return DistroFacts(
+        id=os_id,
+        version=version,
+        major=major,
+        codename=codename.lower().split()[0] if codename else "",
+        family=family,
+        package_manager=_package_manager(family, os_id, major),
+        like=like,
+        pretty_name=info.name(pretty=True),
+        platform_id=info.os_release_attr("platform_id") or "",
+    )

@@ -1,0 +1,100 @@
+"""The NVIDIA driver as the kernel sees it: loaded module, version, open vs proprietary, nouveau,
+kernel release and headers, Secure Boot; and where the userspace driver files live (driver root)."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from provision.facts.rootfs import is_live, read_first_line, read_text, under
+
+SECURE_BOOT_VAR = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+# Where a driver's userspace can live besides `/`: a read-only volume (seen on real GPU VMs), GPU Operator's
+# driver container root, and the classic nvidia-docker 1.0 volume path.
+DRIVER_ROOT_CANDIDATES = ("/", "/usr/local/nvidia", "/run/nvidia/driver")
+NVRM_RE = re.compile(r"NVRM version:\s+NVIDIA UNIX (Open )?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+
+
+@dataclass(frozen=True)
+class DriverFacts:
+    loaded: bool
+    version: str | None
+    kernel_module: str | None  # "open" | "proprietary" | None
+    modules: tuple[str, ...]  # nvidia* and nouveau modules loaded
+    nouveau_loaded: bool
+    kernel_release: str | None
+    kernel_headers: bool
+    secure_boot: bool | None  # None: no EFI variables (BIOS boot or a VM without EFI)
+    driver_root: str | None  # where nvidia-smi / libnvidia-ml live, if found
+    userspace_version: str | None  # from the driver root's libnvidia-ml.so.<version>
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["modules"] = list(self.modules)
+        return d
+
+
+def parse_nvrm(text: str | None) -> tuple[str | None, str | None]:
+    """(version, 'open'|'proprietary') from /proc/driver/nvidia/version."""
+    m = NVRM_RE.search(text or "")
+    if not m:
+        return None, None
+    return m.group(2), "open" if m.group(1) else "proprietary"
+
+
+def kernel_release(root: Path) -> str | None:
+    rel = read_first_line(root, "proc/sys/kernel/osrelease")
+    if rel:
+        return rel
+    return os.uname().release if is_live(root) else None
+
+
+def secure_boot(root: Path) -> bool | None:
+    try:
+        data = under(root, SECURE_BOOT_VAR).read_bytes()
+    except OSError:
+        return None if not under(root, "sys/firmware/efi").exists() else False
+    # efivarfs: 4 bytes of attributes, then the value; the last byte is 1 when Secure Boot is on.
+    return bool(data) and data[-1] == 1
+
+
+def find_driver_root(root: Path) -> tuple[str | None, str | None]:
+    """(driver root, userspace version): the first candidate holding libnvidia-ml.so.<version>."""
+    for cand in DRIVER_ROOT_CANDIDATES:
+        for libdir in ("lib64", "lib", "usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu"):
+            d = under(under(root, cand), libdir)
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            for n in names:
+                if n.startswith("libnvidia-ml.so.") and n.count(".") >= 4:
+                    return cand, n.removeprefix("libnvidia-ml.so.")
+    return None, None
+
+
+def read_driver(root: Path) -> DriverFacts:
+    version, flavour = parse_nvrm(read_text(root, "proc/driver/nvidia/version"))
+    mods_text = read_text(root, "proc/modules") or ""
+    loaded_mods = tuple(
+        line.split()[0] for line in mods_text.splitlines()
+        if line.split() and (line.startswith("nvidia") or line.startswith("nouveau"))
+    )
+    krel = kernel_release(root)
+    headers = bool(krel) and (
+        under(root, f"lib/modules/{krel}/build").exists() or under(root, f"usr/src/kernels/{krel}").exists()
+    )
+    droot, uver = find_driver_root(root)
+    return DriverFacts(
+        loaded="nvidia" in loaded_mods or version is not None,
+        version=version or read_first_line(root, "sys/module/nvidia/version"),
+        kernel_module=flavour,
+        modules=loaded_mods,
+        nouveau_loaded="nouveau" in loaded_mods,
+        kernel_release=krel,
+        kernel_headers=headers,
+        secure_boot=secure_boot(root),
+        driver_root=droot,
+        userspace_version=uver,
+    )

@@ -1,0 +1,171 @@
+"""Container engines present on a host: binary, version, config path, whether the config parses, runtimes."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from provision.facts.rootfs import is_live, under
+
+BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
+VERSION_RE = re.compile(r"(\d+\.\d+(?:\.\d+)?(?:[-+~][\w.+~-]*)?)")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    binary: str
+    config: str
+    version_args: tuple[str, ...]
+
+
+ENGINES = (
+    EngineSpec("docker", "dockerd", "/etc/docker/daemon.json", ("--version",)),
+    EngineSpec("containerd", "containerd", "/etc/containerd/config.toml", ("--version",)),
+    EngineSpec("podman", "podman", "/etc/containers/containers.conf", ("--version",)),
+    EngineSpec("cri-o", "crio", "/etc/crio/crio.conf", ("--version",)),
+)
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    name: str
+    binary: str | None
+    version: str | None
+    config_path: str
+    config_exists: bool
+    config_valid: bool | None  # None when there is no config file (engine defaults apply)
+    config_error: str | None
+    runtimes: tuple[str, ...]
+    default_runtime: str | None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["runtimes"] = list(self.runtimes)
+        return d
+
+
+def find_binary(root: Path, name: str) -> str | None:
+    for d in BIN_DIRS:
+        p = under(root, f"{d}/{name}")
+        if p.is_file():
+            return "/" + f"{d}/{name}"
+    return None
+
+
+def _toml_load(text: str) -> dict:
+    try:
+        import tomllib  # Python >= 3.11
+    except ModuleNotFoundError:  # pragma: no cover - targets with Python 3.9/3.10
+        import tomlkit
+
+        return tomlkit.parse(text).unwrap()
+    return tomllib.loads(text)
+
+
+def _dig(d: dict, *keys: str) -> dict:
+    for k in keys:
+        d = d.get(k, {}) if isinstance(d, dict) else {}
+    return d if isinstance(d, dict) else {}
+
+
+def parse_config(name: str, text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    """(runtimes, default runtime, extra) from an engine's config text; raises ValueError when it does not parse."""
+    if name == "docker":
+        doc = json.loads(text) if text.strip() else {}
+        if not isinstance(doc, dict):
+            raise ValueError("top level is not a JSON object")
+        runtimes = tuple(["runc", *[r for r in doc.get("runtimes", {}) if r != "runc"]])
+        return runtimes, doc.get("default-runtime", "runc"), {"cdi": bool(_dig(doc, "features").get("cdi"))}
+    doc = _toml_load(text)
+    if name == "containerd":
+        version = int(doc.get("version", 1))
+        cri = {
+            1: ("plugins", "cri", "containerd"),
+            2: ("plugins", "io.containerd.grpc.v1.cri", "containerd"),
+            3: ("plugins", "io.containerd.cri.v1.runtime", "containerd"),
+        }.get(version, ("plugins", "io.containerd.cri.v1.runtime", "containerd"))
+        c = _dig(doc, *cri)
+        return tuple(c.get("runtimes", {})), c.get("default_runtime_name"), {"version": version}
+    if name == "cri-o":
+        rt = _dig(doc, "crio", "runtime")
+        return tuple(rt.get("runtimes", {})), rt.get("default_runtime"), {}
+    eng = _dig(doc, "engine")
+    return tuple(eng.get("runtimes", {})), eng.get("runtime"), {}
+
+
+def _versions(commands: dict[str, list[str]]) -> dict[str, str | None]:
+    """Each engine's version. Cached by the binary's inode/size/mtime (an upgrade changes them); on a miss every
+    `--version` runs at once, since each engine binary takes tens of ms to start."""
+    from provision import cache
+
+    cached = cache.load("engine-versions.json")
+    keys = {name: cache.file_key(argv[0]) for name, argv in commands.items()}
+    out: dict[str, str | None] = {n: cached[k] for n, k in keys.items() if k and k in cached}
+    procs = {}
+    for name, argv in commands.items():
+        if name in out:
+            continue
+        try:
+            procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError:
+            procs[name] = None
+    for name, p in procs.items():
+        if p is None:
+            out[name] = None
+            continue
+        try:
+            text, _ = p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out[name] = None
+            continue
+        m = VERSION_RE.search(text or "")
+        out[name] = m.group(1) if m else None
+    if procs:
+        fresh = {k: out[n] for n, k in keys.items() if k and out.get(n)}
+        cache.store("engine-versions.json", {**{k: v for k, v in cached.items() if k.split(":")[0] not in
+                                               {x.split(":")[0] for x in fresh}}, **fresh})
+    return out
+
+
+def read_engines(root: Path) -> list[EngineFacts]:
+    found = []
+    live = is_live(root)
+    binaries = {spec.name: find_binary(root, spec.binary) for spec in ENGINES}
+    versions = _versions(
+        {s.name: [binaries[s.name], *s.version_args] for s in ENGINES if binaries[s.name]}
+    ) if live else {}
+    for spec in ENGINES:
+        cfg = under(root, spec.config)
+        text = None
+        try:
+            text = cfg.read_text()
+        except OSError:
+            pass
+        if binaries[spec.name] is None and text is None:
+            continue
+        runtimes: tuple[str, ...] = ()
+        default = None
+        extra: dict = {}
+        valid: bool | None = None
+        error = None
+        if text is not None:
+            try:
+                runtimes, default, extra = parse_config(spec.name, text)
+                valid = True
+            except (ValueError, TypeError) as exc:  # json/toml decode errors are ValueErrors
+                valid, error = False, str(exc).splitlines()[0]
+        elif spec.name == "docker":
+            runtimes, default = ("runc",), "runc"
+        found.append(
+            EngineFacts(
+                name=spec.name, binary=binaries[spec.name], version=versions.get(spec.name),
+                config_path=spec.config, config_exists=text is not None, config_valid=valid, config_error=error,
+                runtimes=runtimes, default_runtime=default, extra=extra,
+            )
+        )
+    return found

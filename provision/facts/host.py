@@ -1,0 +1,80 @@
+"""All of a host's facts, read through one root, plus the driver decision for each GPU found."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provision.decide.driver import FleetDecision, GpuDecision, decide_fleet, decide_gpu
+from provision.decide.gputable import PciId
+from provision.decide.targets import Target, target_for
+from provision.errors import Unsupported
+from provision.facts.distro_facts import DistroFacts, read_distro
+from provision.facts.driver_facts import DriverFacts, read_driver
+from provision.facts.engines import EngineFacts, read_engines
+from provision.facts.pci import PciDisplayDevice, scan_display_devices
+
+SCHEMA = "gpuprov.detect/v1"
+
+
+@dataclass
+class HostReport:
+    root: str
+    distro: DistroFacts | None
+    target: Target | None
+    gpus: list[tuple[PciDisplayDevice | None, GpuDecision]]
+    other_display: list[PciDisplayDevice]
+    driver: DriverFacts | None
+    engines: list[EngineFacts]
+    fleet: FleetDecision | None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        gpus = []
+        for dev, dec in self.gpus:
+            g = dec.to_dict()
+            if dev is not None:
+                g.update(address=dev.address, pci_class=f"{dev.pci_class:06x}", bound_driver=dev.driver,
+                         numa_node=dev.numa_node)
+            gpus.append(g)
+        return {
+            "schema": SCHEMA,
+            "root": self.root,
+            "distro": self.distro.to_dict() if self.distro else None,
+            "target": self.target.name if self.target else None,
+            "gpus": gpus,
+            "other_display_devices": [d.to_dict() for d in self.other_display],
+            "driver": self.driver.to_dict() if self.driver else None,
+            "engines": [e.to_dict() for e in self.engines],
+            "fleet": self.fleet.to_dict() if self.fleet else None,
+            "warnings": self.warnings + [w for _, d in self.gpus for w in d.warnings],
+        }
+
+
+def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str = "auto",
+                source: str | None = None, engines: bool = True) -> HostReport:
+    distro = read_distro(root)
+    warnings: list[str] = []
+    if target is None:
+        try:
+            target = target_for(distro.id, distro.major, distro.like)
+        except Unsupported as exc:
+            warnings.append(str(exc))
+    devices = scan_display_devices(root)
+    gpus = []
+    for dev in devices:
+        if not dev.is_nvidia:
+            continue
+        pci = PciId(dev.vendor_id, dev.device_id, dev.subsystem_vendor_id, dev.subsystem_device_id)
+        gpus.append((dev, decide_gpu(pci, target, kernel_modules=kernel_modules, source=source, address=dev.address)))
+    return HostReport(
+        root=str(root), distro=distro, target=target, gpus=gpus,
+        other_display=[d for d in devices if not d.is_nvidia], driver=read_driver(root),
+        engines=read_engines(root) if engines else [], fleet=decide_fleet([d for _, d in gpus]), warnings=warnings,
+    )
+
+
+def detect_ids(ids: list[PciId], target: Target | None, *, kernel_modules: str = "auto",
+               source: str | None = None) -> HostReport:
+    decisions = [decide_gpu(p, target, kernel_modules=kernel_modules, source=source) for p in ids]
+    return HostReport(root="", distro=None, target=target, gpus=[(None, d) for d in decisions], other_display=[],
+                      driver=None, engines=[], fleet=decide_fleet(decisions))

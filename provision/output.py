@@ -1,0 +1,28 @@
+"""Rendering: JSON on stdout for machines, compact tables for people, errors on stderr."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Iterable, Sequence
+
+
+def emit_json(doc) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    rows = [["-" if c is None or c == "" else str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def kv(pairs: Iterable[tuple[str, object]]) -> str:
+    pairs = [(k, "-" if v is None or v == "" else str(v)) for k, v in pairs]
+    w = max((len(k) for k, _ in pairs), default=0)
+    return "\n".join(f"{k.ljust(w)}  {v}" for k, v in pairs)
+
+
+def progress(msg: str) -> None:
+    """Progress lines go to stderr so --json output on stdout stays machine-readable."""
+    print(msg, file=sys.stderr, flush=True)
