@@ -13,7 +13,8 @@ SECURE_BOOT_VAR = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-0
 # Where a driver's userspace can live besides `/`: a read-only volume (seen on real GPU VMs), GPU Operator's
 # driver container root, and the classic nvidia-docker 1.0 volume path.
 DRIVER_ROOT_CANDIDATES = ("/", "/usr/local/nvidia", "/run/nvidia/driver")
-NVRM_RE = re.compile(r"NVRM version:\s+NVIDIA UNIX (Open )?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+# "NVIDIA UNIX Open Kernel Module for x86_64  580.159.04" (open) / "NVIDIA UNIX x86_64 Kernel Module  535.161.08"
+NVRM_RE = re.compile(r"NVRM version:\s+NVIDIA UNIX (Open )?(?:\S+ )?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
 @dataclass(frozen=True)

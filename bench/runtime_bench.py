@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Per-container-start cost on a GPU host: bare runc vs gpuprov-runtime (no GPU) vs gpuprov-runtime
+(NVIDIA_VISIBLE_DEVICES=all). Medians of N full lifecycles (create/start/wait/delete), interleaved, one run.
+
+Targets (issue 4): no-GPU start <= 1.15x bare runc; GPU start <= 2.0x bare runc.
+Usage (on the GPU host, after `source .gpu-kit/env.sh`):
+  python3 bench/runtime_bench.py --runtime PREFIX/bin/gpuprov-runtime [-n 30] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.oci import lifecycle, make_config, write_bundle  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runtime", required=True)
+    ap.add_argument("-n", type=int, default=30)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gpuprov-bench-"))
+    rootfs = work / "rootfs"
+    shutil.copytree(os.environ["GPU_KIT_ROOTFS"], rootfs, symlinks=True)
+    cases = {
+        "runc": ("runc", []),
+        "gpuprov_nogpu": (args.runtime, []),
+        "gpuprov_gpu": (args.runtime, ["NVIDIA_VISIBLE_DEVICES=all"]),
+    }
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for i in range(args.n + 3):  # 3 warm-ups, then interleaved measurements
+        for name, (rt, env) in cases.items():
+            bundle = write_bundle(work / f"{name}-{i}", make_config(str(rootfs), ["/bin/true"], env))
+            t = time.perf_counter()
+            rc, out = lifecycle(rt, bundle)
+            dt = time.perf_counter() - t
+            if rc != 0:
+                print(f"{name}: create failed: {out}", file=sys.stderr)
+                return 2
+            if i >= 3:
+                times[name].append(dt)
+    med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    res = {f"{k}_ms": round(v, 2) for k, v in med.items()}
+    res["nogpu_ratio"] = round(med["gpuprov_nogpu"] / med["runc"], 3)
+    res["gpu_ratio"] = round(med["gpuprov_gpu"] / med["runc"], 3)
+    res["n"] = args.n
+    res["ok"] = res["nogpu_ratio"] <= 1.15 and res["gpu_ratio"] <= 2.0
+    shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"bare runc            {med['runc']:7.2f} ms (reference)")
+        print(f"gpuprov, no GPU      {med['gpuprov_nogpu']:7.2f} ms  {res['nogpu_ratio']:.2f}x  (target <= 1.15x)")
+        print(f"gpuprov, GPU (all)   {med['gpuprov_gpu']:7.2f} ms  {res['gpu_ratio']:.2f}x  (target <= 2.0x)")
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

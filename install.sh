@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install gpuprov into /opt/gpuprov (a virtualenv, so the distro's Python stays untouched), link the commands
+# into /usr/local/bin, then run `gpuprov bootstrap` with the arguments given (e.g. --yes, --dry-run).
+# Offline: set GPUPROV_WHEELHOUSE=DIR to install from a local wheel directory only.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+prefix=${GPUPROV_PREFIX:-/opt/gpuprov}
+if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+  echo "installing python3-venv (needed for an isolated install)" >&2
+  if command -v apt-get >/dev/null; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv;
+  elif command -v dnf >/dev/null; then dnf install -y -q python3; fi
+fi
+[ -x "$prefix/bin/python" ] || python3 -m venv "$prefix"
+if [ -n "${GPUPROV_WHEELHOUSE:-}" ]; then
+  "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" "$here"
+else
+  "$prefix/bin/pip" install -q "$here"
+fi
+for c in gpuprov gpuprov-runtime; do ln -sf "$prefix/bin/$c" "/usr/local/bin/$c"; done
+exec /usr/local/bin/gpuprov bootstrap "$@"

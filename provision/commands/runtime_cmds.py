@@ -1,0 +1,178 @@
+"""`gpuprov runtime …`, `gpuprov cdi …`, `gpuprov docker-args`, `gpuprov driver-volume`: the injection side."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from provision.errors import GpuprovError, UsageError
+from provision.output import emit_json, kv
+
+runtime_app = typer.Typer(help="The injection runtime (gpuprov-runtime): install, discover.", no_args_is_help=True)
+cdi_app = typer.Typer(help="CDI specs for engines that consume CDI natively.", no_args_is_help=True)
+
+
+def _discover(driver_root: Optional[str]) -> dict:
+    from provision.facts.driver_facts import find_driver_root
+    from provision.inject.discover import discover
+
+    if driver_root is None:
+        found, _ = find_driver_root(Path("/"))
+        driver_root = found or "/"
+    disc = discover(driver_root)
+    if not disc.get("version"):
+        raise GpuprovError(f"no NVIDIA driver found (driver root {driver_root}, /proc/driver/nvidia/version); "
+                           "install one with `gpuprov bootstrap` or pass --driver-root", exit_code=4)
+    return disc
+
+
+@runtime_app.command("install")
+def runtime_install(
+    prefix: str = typer.Option("/usr/local", help="Install gpuprov-runtime and the --gpus hook under PREFIX/bin."),
+    runc: Optional[str] = typer.Option(None, help="Low-level runtime to hand over to (default: runc on PATH)."),
+    driver_root: Optional[str] = typer.Option(None, help="Driver root (default: detected: /, /usr/local/nvidia…)."),
+    dev_root: str = typer.Option("/", help="Where the host's /dev lives (tests)."),
+    proc_root: str = typer.Option("/", help="Where the host's /proc lives (tests)."),
+    no_env_unprivileged: bool = typer.Option(False, "--no-env-unprivileged", help="Multi-tenant: ignore "
+                                             "NVIDIA_VISIBLE_DEVICES from unprivileged containers."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Install gpuprov-runtime (compiled front-end when a C compiler exists) and refresh its discovery cache."""
+    from provision.facts.driver_facts import find_driver_root
+    from provision.inject.install import install_runtime
+
+    if driver_root is None:
+        driver_root = find_driver_root(Path("/"))[0] or "/"
+    res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
+                          accept_env_unprivileged=not no_env_unprivileged)
+    doc = {"runtime_path": res.runtime_path, "compiled": res.compiled, "changed": res.changed, "notes": res.notes}
+    if json_out:
+        emit_json(doc)
+    else:
+        print(kv([("runtime", res.runtime_path), ("front-end", "compiled C" if res.compiled else "Python"),
+                  ("changed", ", ".join(res.changed) or "nothing")]))
+        for n in res.notes:
+            print(f"note: {n}")
+
+
+@runtime_app.command("discover")
+def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: bool = typer.Option(False, "--json")):
+    """What the runtime would inject: driver version, libraries per capability, binaries, nodes, GPUs."""
+    disc = _discover(driver_root)
+    if json_out:
+        emit_json(disc)
+        return
+    print(kv([("driver", disc["version"]), ("driver root", disc["driver_root"]),
+              ("gpus", ", ".join(f"{g['index']}:{g['bus_id']} {g.get('uuid')}" for g in disc["gpus"]) or "none"),
+              ("nodes", " ".join(n["path"] for n in disc["nodes"].values())),
+              *((f"libs {c}", " ".join(x["soname"] for x in v)) for c, v in disc["libraries"].items())]))
+
+
+@cdi_app.command("generate")
+def cdi_generate(
+    driver_root: Optional[str] = typer.Option(None, help="Driver root (default: detected)."),
+    output: Optional[Path] = typer.Option(None, help="Write here (default: stdout), e.g. /etc/cdi/nvidia.yaml."),
+    fmt: str = typer.Option("yaml", "--format", help="yaml|json"),
+) -> None:
+    """Write a CDI spec (kind nvidia.com/gpu; devices by index, UUID and `all`)."""
+    from provision.inject.cdi import generate_spec
+
+    if fmt not in ("yaml", "json"):
+        raise UsageError("--format must be yaml or json")
+    spec = generate_spec(_discover(driver_root))
+    if fmt == "json":
+        text = json.dumps(spec, indent=2) + "\n"
+    else:
+        import yaml
+
+        text = yaml.safe_dump(spec, sort_keys=False)
+    if output is None:
+        print(text, end="")
+    else:
+        from provision.fsutil import atomic_write_text
+
+        atomic_write_text(output, text, mode=0o644, backup=False)
+        print(f"wrote {output} ({len(spec['devices'])} devices)", file=__import__("sys").stderr)
+
+
+@cdi_app.command("list")
+def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-separated CDI spec directories.")):
+    """List the qualified CDI device names found in the spec directories."""
+    import yaml
+
+    for d in spec_dirs.split(":"):
+        for p in sorted(Path(d).glob("*")) if Path(d).is_dir() else []:
+            if p.suffix not in (".json", ".yaml", ".yml"):
+                continue
+            spec = yaml.safe_load(p.read_text())
+            for dev in spec.get("devices", []):
+                print(f"{spec['kind']}={dev['name']}")
+
+
+def docker_args(
+    gpus: str = typer.Option("all", "--gpus", help="all, or a comma list of indices/UUIDs."),
+    capabilities: str = typer.Option("utility,compute", help="NVIDIA_DRIVER_CAPABILITIES to serve."),
+    driver_root: Optional[str] = typer.Option(None),
+) -> None:
+    """Print --device/--volume flags for a plain `docker run` (nvidia-docker 1.0 style, no runtime needed)."""
+    from provision.inject.edits import Refused, compute_edits
+
+    try:
+        e = compute_edits(_discover(driver_root), {"NVIDIA_VISIBLE_DEVICES": gpus,
+                                                   "NVIDIA_DRIVER_CAPABILITIES": capabilities})
+    except Refused as exc:
+        raise GpuprovError(str(exc), exit_code=10) from None
+    flags = [f"--device={d['path']}" for d in e["devices"]]
+    flags += [f"--volume={m['source']}:{m['destination']}:ro" for m in e["mounts"]]
+    flags += [f"--env={k}={v}" for k, v in e["env"].items()]
+    print(" ".join(flags))
+
+
+def driver_volume(
+    base: Path = typer.Option(Path("/var/lib/gpuprov/driver"), help="Where versioned copies and `current` live."),
+    driver_root: Optional[str] = typer.Option(None),
+) -> None:
+    """Keep BASE/current -> BASE/<version> (bin/, lib64/ at SONAMEs): mount BASE/current, survive upgrades."""
+    import shutil
+
+    disc = _discover(driver_root)
+    vdir = base / disc["version"]
+    if not vdir.exists():
+        tmp = base / f".{disc['version']}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "bin").mkdir(parents=True)
+        (tmp / "lib64").mkdir()
+        for libs in disc["libraries"].values():
+            for lib in libs:
+                _link_or_copy(lib["path"], tmp / "lib64" / lib["soname"])
+        for bins in disc["binaries"].values():
+            for b in bins:
+                _link_or_copy(b, tmp / "bin" / os.path.basename(b))
+        os.replace(tmp, vdir)
+    cur = base / "current"
+    if not (cur.is_symlink() and os.readlink(cur) == disc["version"]):
+        tmp_link = base / ".current.tmp"
+        if tmp_link.is_symlink():
+            tmp_link.unlink()
+        os.symlink(disc["version"], tmp_link)
+        os.replace(tmp_link, cur)  # atomic switch: running manifests keep a valid path
+    print(f"{cur} -> {disc['version']}  (docker run -v {cur}:/usr/local/nvidia:ro …)")
+
+
+def _link_or_copy(src: str, dst: Path) -> None:
+    import shutil
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(runtime_app, name="runtime")
+    app.add_typer(cdi_app, name="cdi")
+    app.command("docker-args")(docker_args)
+    app.command("driver-volume")(driver_volume)

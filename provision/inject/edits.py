@@ -1,0 +1,176 @@
+"""Edits (pure): a container's request (its env) + discovery -> device nodes, bind mounts and env to add.
+No I/O here: every rule about *what* a GPU container gets lives in this file and is unit-tested."""
+from __future__ import annotations
+
+import re
+
+from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES
+
+LIB_RO = ["ro", "nosuid", "nodev", "bind"]
+IPC_OPTS = ["nosuid", "nodev", "noexec", "bind"]
+DEBIAN_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+RHEL_LIBDIR = "/usr/lib64"
+# CUDA version that each driver branch supports (driver major -> CUDA major.minor), newest first.
+DRIVER_CUDA = ((595, "13.2"), (590, "13.1"), (580, "13.0"), (575, "12.9"), (570, "12.8"), (565, "12.7"),
+               (560, "12.6"), (555, "12.5"), (550, "12.4"), (545, "12.3"), (535, "12.2"), (530, "12.1"),
+               (525, "12.0"), (520, "11.8"), (515, "11.7"), (510, "11.6"), (495, "11.5"), (470, "11.4"),
+               (465, "11.3"), (460, "11.2"), (455, "11.1"), (450, "11.0"), (440, "10.2"), (418, "10.1"))
+
+
+class Refused(Exception):
+    """The container asked for something this host cannot give; the start is refused with this one line."""
+
+
+def env_dict(env_list: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in env_list or []:
+        k, sep, v = item.partition("=")
+        if sep:
+            out[k] = v  # later entries win, as in execve's environment
+    return out
+
+
+def requested_devices(env: dict[str, str]) -> list[str] | None:
+    """None: not a GPU container (unset, empty, void). []: driver only, no GPU (none). Else the selectors."""
+    raw = env.get("NVIDIA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if raw in ("", "void"):
+        return None
+    if raw == "none":
+        return []
+    return [x.strip() for x in raw.split(",") if x.strip()]
+
+
+def capabilities(env: dict[str, str]) -> list[str]:
+    raw = env.get("NVIDIA_DRIVER_CAPABILITIES", "").strip()
+    if not raw:
+        caps = list(DEFAULT_CAPABILITIES)
+    elif raw == "all":
+        caps = list(CAPABILITIES)
+    else:
+        caps = [c.strip() for c in raw.split(",") if c.strip()]
+        unknown = [c for c in caps if c not in CAPABILITIES]
+        if unknown:
+            raise Refused(f"unknown NVIDIA_DRIVER_CAPABILITIES {','.join(unknown)}: use {','.join(CAPABILITIES)} or all")
+    for c in list(caps):
+        caps.extend(x for x in IMPLIES.get(c, ()) if x not in caps)
+    return caps
+
+
+def select_gpus(selectors: list[str], gpus: list[dict]) -> list[dict]:
+    if selectors == ["all"]:
+        return list(gpus)
+    chosen = []
+    for s in selectors:
+        if s.isdigit():
+            match = [g for g in gpus if g["index"] == int(s)]
+        elif s.startswith("GPU-"):
+            match = [g for g in gpus if (g.get("uuid") or "").lower().startswith(s.lower())]
+        elif s.startswith("MIG-") or re.fullmatch(r"\d+:\d+", s):
+            raise Refused(f"MIG device {s} requested but no MIG instances are configured on this host")
+        else:
+            match = []
+        if not match:
+            known = ", ".join(f"{g['index']} ({g.get('uuid')})" for g in gpus) or "none"
+            raise Refused(f"NVIDIA_VISIBLE_DEVICES names unknown GPU {s!r}; this host has: {known}")
+        chosen.extend(g for g in match if g not in chosen)
+    return chosen
+
+
+def _vtuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def cuda_version(driver_version: str | None) -> str | None:
+    if not driver_version:
+        return None
+    major = _vtuple(driver_version)[0]
+    return next((cuda for d, cuda in DRIVER_CUDA if major >= d), None)
+
+
+def brand_of(model: str | None) -> str:
+    m = (model or "").lower()
+    for b in ("tesla", "quadro", "geforce", "titan", "nvs", "grid"):
+        if b in m:
+            return b
+    return "nvidia"
+
+
+OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "=": lambda a, b: a == b, "==": lambda a, b: a == b,
+       ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+CONSTRAINT_RE = re.compile(r"^(cuda|driver|arch|brand)(>=|<=|==|=|>|<)(\S+)$")
+
+
+def _satisfied(constraint: str, facts: dict[str, str | None]) -> bool:
+    m = CONSTRAINT_RE.match(constraint)
+    if not m:
+        raise Refused(f"malformed requirement {constraint!r}: expected e.g. cuda>=12.2, driver>=535, brand=tesla")
+    key, op, want = m.groups()
+    have = facts.get(key)
+    if have is None:
+        return False
+    if key == "brand":
+        return OPS[op](have.lower(), want.lower()) if op in ("=", "==") else False
+    return OPS[op](_vtuple(have), _vtuple(want))
+
+
+def check_requirements(env: dict[str, str], facts: dict[str, str | None]) -> None:
+    """NVIDIA_REQUIRE_*: space = OR between groups, comma = AND within one, variables ANDed."""
+    if env.get("NVIDIA_DISABLE_REQUIRE", "").lower() in ("1", "true", "yes"):
+        return
+    for var in sorted(k for k in env if k.startswith("NVIDIA_REQUIRE_")):
+        groups = env[var].split()
+        if groups and not any(all(_satisfied(c, facts) for c in g.split(",") if c) for g in groups):
+            have = ", ".join(f"{k} {v}" for k, v in facts.items() if v)
+            raise Refused(f"{var}={env[var]!r} is not satisfied by this host ({have})")
+
+
+def _node(n: dict) -> dict:
+    return {"path": n["path"], "type": "c", "major": n["major"], "minor": n["minor"], "fileMode": 0o666,
+            "uid": 0, "gid": 0}
+
+
+def compute_edits(disc: dict, env: dict[str, str], *, libdir: str = DEBIAN_LIBDIR,
+                  selectors: list[str] | None = None) -> dict | None:
+    """OCI edits for one container, or None when it asked for no GPU. Raises Refused."""
+    if selectors is None:
+        selectors = requested_devices(env)
+    if selectors is None:
+        return None
+    if not disc.get("version"):
+        raise Refused("this container asks for a GPU but no NVIDIA driver is loaded on the host (see gpuprov detect)")
+    caps = capabilities(env)
+    gpus = select_gpus(selectors, disc.get("gpus", [])) if selectors else []
+    model = gpus[0].get("model") if gpus else None
+    check_requirements(env, {"cuda": cuda_version(disc["version"]), "driver": disc["version"],
+                             "brand": brand_of(model) if gpus else None, "arch": None})
+    nodes = [disc["nodes"]["ctl"]]
+    if "compute" in caps:
+        nodes += [disc["nodes"][k] for k in ("uvm", "uvm-tools") if k in disc["nodes"]]
+    if "display" in caps and "modeset" in disc["nodes"]:
+        nodes.append(disc["nodes"]["modeset"])
+    nodes += [g["node"] for g in gpus]
+    mounts = []
+    for cap in caps:
+        for lib in disc.get("libraries", {}).get(cap, []):
+            mounts.append({"destination": f"{libdir}/{lib['soname']}", "source": lib["path"], "type": "bind",
+                           "options": list(LIB_RO)})
+        for path in disc.get("binaries", {}).get(cap, []):
+            mounts.append({"destination": "/usr/bin/" + path.rsplit("/", 1)[-1], "source": path, "type": "bind",
+                           "options": list(LIB_RO)})
+    for fw in disc.get("firmware", []) if gpus else []:
+        mounts.append({"destination": fw["container_path"], "source": fw["path"], "type": "bind",
+                       "options": list(LIB_RO)})
+    if "utility" in caps and disc.get("ipc", {}).get("persistenced"):
+        mounts.append({"destination": "/var/run/nvidia-persistenced/socket", "source": disc["ipc"]["persistenced"],
+                       "type": "bind", "options": list(IPC_OPTS)})
+    return {
+        "devices": [_node(n) for n in nodes],
+        "allow": [{"allow": True, "type": "c", "major": n["major"], "minor": n["minor"], "access": "rwm"}
+                  for n in nodes],
+        "mounts": mounts,
+        "env": {"NVIDIA_VISIBLE_DEVICES": ",".join(g["uuid"] or str(g["index"]) for g in gpus) or "none",
+                "NVIDIA_DRIVER_CAPABILITIES": ",".join(caps)},
+    }

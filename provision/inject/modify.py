@@ -1,0 +1,169 @@
+"""Modify (create only): apply the edits to a bundle's config.json, safely.
+
+Safety rules (REFERENCE.md §6), each with a test in tests/unit/test_inject_security.py:
+- mount *sources* come from discovery of the host's driver root only, must be regular files (not symlinks) and
+  never lie inside the container's rootfs (files the image controls are never mounted as driver libraries);
+- mount *destinations* are resolved inside the rootfs with symlinks interpreted relative to it (never the host),
+  so an image that turns /usr/lib/x86_64-linux-gnu into a link to a host path still gets its mounts inside itself;
+- device nodes are checked on the host against the expected major:minor before being passed;
+- no hooks are added, and nothing from the image runs: an image's LD_PRELOAD/LD_LIBRARY_PATH reaches no privileged
+  step. A `--gpus` prestart hook that dockerd added for us is removed (its work is done here instead).
+"""
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import stat
+
+from provision.inject import discover, edits
+from provision.inject.edits import Refused
+
+HOOK_NAME = "nvidia-container-runtime-hook"
+HOOK_MARKER = b"gpuprov-hook"
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+
+
+def scoped_resolve(rootfs: str, path: str, _depth: int = 0) -> str:
+    """`path` inside the container, with every symlink component resolved *within* rootfs (absolute link targets
+    are taken relative to rootfs, `..` never climbs above it). Returns the container path."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    resolved = "/"
+    links = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            resolved = posixpath.dirname(resolved) or "/"
+            continue
+        cand = posixpath.join(resolved, part)
+        host = os.path.join(rootfs, cand.lstrip("/"))
+        try:
+            st = os.lstat(host)
+        except FileNotFoundError:
+            resolved = cand
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > 40:
+                raise Refused(f"too many symlinks while resolving {path} in the container image")
+            target = os.readlink(host)
+            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            if target.startswith("/"):
+                resolved = "/"
+            continue
+        resolved = cand
+    return resolved
+
+
+def image_libdir(rootfs: str) -> str:
+    return edits.DEBIAN_LIBDIR if os.path.exists(os.path.join(rootfs, "etc/debian_version")) else edits.RHEL_LIBDIR
+
+
+def is_privileged(config: dict) -> bool:
+    return "CAP_SYS_ADMIN" in (config.get("process", {}).get("capabilities", {}).get("bounding") or [])
+
+
+def _mounted_device_list(config: dict) -> list[str] | None:
+    """Devices passed as volume mounts (/var/run/nvidia-container-devices/<dev>), the Kubernetes way."""
+    devs = [m["destination"].rsplit("/", 1)[-1] for m in config.get("mounts", [])
+            if m.get("destination", "").startswith(DEVICE_LIST_DIR + "/")]
+    return devs or None
+
+
+def _our_hook(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return HOOK_MARKER in fh.read(4096)
+    except OSError:
+        return False
+
+
+def _check_node(dev_root: str, node: dict) -> None:
+    host = os.path.join(dev_root, node["path"].lstrip("/"))
+    try:
+        st = os.stat(host)
+    except OSError:
+        raise Refused(f"device node {node['path']} is missing on the host; is the NVIDIA driver loaded?") from None
+    if not stat.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (node["major"], node["minor"]):
+        raise Refused(f"device node {node['path']} on the host is not the expected character device "
+                      f"{node['major']}:{node['minor']}; refusing to pass it")
+
+
+def _safe_source(src: str, rootfs_real: str) -> bool:
+    try:
+        st = os.lstat(src)
+    except OSError:
+        return False
+    real = os.path.realpath(src)
+    inside = real == rootfs_real or real.startswith(rootfs_real + os.sep)
+    return stat.S_ISREG(st.st_mode) and not inside
+
+
+def load_discovery(settings: dict) -> dict:
+    doc = discover.load_cached(settings["cache"], settings["proc_root"])
+    if doc is None or doc.get("driver_root") != settings["driver_root"]:
+        try:
+            doc = discover.refresh(settings["driver_root"], settings["cache"], settings["proc_root"],
+                                   settings["dev_root"])
+        except OSError:  # read-only cache location: discover without caching
+            doc = discover.discover(settings["driver_root"], proc_root=settings["proc_root"],
+                                    dev_root=settings["dev_root"])
+    return doc
+
+
+def modify_config(config: dict, bundle: str, settings: dict) -> bool:
+    """Apply GPU edits to `config` in place. Returns True when something changed. Raises Refused."""
+    process = config.setdefault("process", {})
+    env = edits.env_dict(process.get("env"))
+    hooks = config.get("hooks", {}).get("prestart", [])
+    gpus_hook = [h for h in hooks if posixpath.basename(h.get("path", "")) == HOOK_NAME]
+    if gpus_hook and not all(_our_hook(h["path"]) for h in gpus_hook):
+        return False  # NVIDIA's own toolkit hook: leave the whole job to it, never break such a host
+    selectors = edits.requested_devices(env)
+    if not settings["accept_env_unprivileged"] and not is_privileged(config):
+        selectors = _mounted_device_list(config) if selectors is not None or _mounted_device_list(config) else None
+    elif selectors is None:
+        selectors = _mounted_device_list(config)
+    changed = False
+    if gpus_hook:
+        config["hooks"]["prestart"] = [h for h in hooks if h not in gpus_hook]
+        changed = True
+    if selectors is None:
+        return changed
+    disc = load_discovery(settings)
+    rootfs = config.get("root", {}).get("path", "rootfs")
+    rootfs = rootfs if os.path.isabs(rootfs) else os.path.join(bundle, rootfs)
+    e = edits.compute_edits(disc, env, libdir=image_libdir(rootfs), selectors=selectors)
+    for node in e["devices"]:
+        _check_node(settings["dev_root"], node)
+    linux = config.setdefault("linux", {})
+    have = {d.get("path") for d in linux.get("devices", [])}
+    linux.setdefault("devices", []).extend(d for d in e["devices"] if d["path"] not in have)
+    linux.setdefault("resources", {}).setdefault("devices", []).extend(e["allow"])
+    rootfs_real = os.path.realpath(rootfs)
+    taken = {m.get("destination") for m in config.get("mounts", [])}
+    for m in e["mounts"]:
+        if not _safe_source(m["source"], rootfs_real):
+            continue
+        m["destination"] = scoped_resolve(rootfs, m["destination"])
+        if m["destination"] in taken:
+            continue
+        taken.add(m["destination"])
+        config.setdefault("mounts", []).append(m)
+    # Our values replace the image's: NVIDIA_VISIBLE_DEVICES becomes the resolved list.
+    env.update(e["env"])
+    process["env"] = [f"{k}={v}" for k, v in env.items()]
+    return True
+
+
+def modify_bundle(bundle: str, settings: dict) -> bool:
+    path = os.path.join(bundle, "config.json")
+    with open(path) as fh:
+        config = json.load(fh)
+    if not modify_config(config, bundle, settings):
+        return False
+    tmp = path + ".gpuprov.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(config, fh)
+    os.replace(tmp, path)
+    return True

@@ -1,0 +1,10 @@
+"""Entry for the compiled shim: `python3 -I -S modify_main.py BUNDLE`. Isolated mode ignores PYTHON* env and
+user site-packages; the package root is put on sys.path from this file's location."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from provision.inject.shim import run_create_edits  # noqa: E402
+
+raise SystemExit(run_create_edits(sys.argv[1]))

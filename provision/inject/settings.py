@@ -1,0 +1,34 @@
+"""Runtime settings: /etc/gpuprov/runtime.json (GPUPROV_RUNTIME_CONFIG overrides the path, for tests)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+DEFAULT_PATH = "/etc/gpuprov/runtime.json"
+DEFAULTS = {
+    "runc": None,  # the low-level runtime to hand over to; None = runc found on PATH
+    "driver_root": "/",  # where the driver's userspace lives: "/", "/usr/local/nvidia", "/run/nvidia/driver"
+    "dev_root": "/",  # where the host's /dev is (tests point this at a tree of real mknod nodes)
+    "proc_root": "/",
+    "cache": "/var/lib/gpuprov/runtime/discovery.json",
+    # Multi-tenant hosts turn this off: unprivileged containers then get GPUs only through device-list mounts
+    # under /var/run/nvidia-container-devices/ (what Kubernetes device plugins pass), never from their own env.
+    "accept_env_unprivileged": True,
+}
+
+
+def settings_path() -> str:
+    return os.environ.get("GPUPROV_RUNTIME_CONFIG", DEFAULT_PATH)
+
+
+def load_settings() -> dict:
+    s = dict(DEFAULTS)
+    try:
+        with open(settings_path()) as fh:
+            s.update(json.load(fh))
+    except FileNotFoundError:
+        pass
+    if not s["runc"]:
+        s["runc"] = shutil.which("runc") or "/usr/sbin/runc"
+    return s

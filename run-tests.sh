@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install what the tests need (Docker engine, debootstrap, runc, Python test deps in .venv), start dockerd if it
+# is not running, then run the whole suite: unit + integration (real dockerd, real apt, real containers).
+# GPU tests (marked `gpu`) skip here with a reason; run them on a GPU host (see README).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+export DEBIAN_FRONTEND=noninteractive
+need=()
+for b in dockerd:docker.io debootstrap:debootstrap runc:runc containerd:containerd; do
+  command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! docker info >/dev/null 2>&1; then
+  (dockerd >/tmp/gpuprov-test-dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/gpuprov-test-dockerd.log" >&2; exit 1; }
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q -e '.[test,fleet]'
+exec .venv/bin/python -m pytest -rs tests "$@"

@@ -1,0 +1,74 @@
+"""Shared test helpers: fixture host trees built from real os-release files and real PCI IDs."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+DISTROS = FIXTURES / "distros"
+H200 = FIXTURES / "hosts" / "h200-vm"
+REPO = Path(__file__).resolve().parents[1]
+
+# sysfs setups: address -> (vendor, device, class, subvendor, subdevice, bound driver)
+SYSFS_SETUPS: dict[str, dict[str, tuple]] = {
+    "none": {"0000:00:00.0": (0x8086, 0x1237, 0x060000, 0x1AF4, 0x1100, None)},
+    "datacenter": {"0000:3b:00.0": (0x10DE, 0x2330, 0x030200, 0x10DE, 0x16C1, "nvidia")},  # H100 SXM5 80GB
+    "mixed-legacy": {  # Kepler (470) + Volta (580 legacy) + Ampere (current)
+        "0000:01:00.0": (0x10DE, 0x1180, 0x030000, 0x1043, 0x83F6, "nouveau"),
+        "0000:02:00.0": (0x10DE, 0x1DB4, 0x030200, 0x10DE, 0x1214, None),
+        "0000:03:00.0": (0x10DE, 0x20B0, 0x030200, 0x10DE, 0x134F, None),
+    },
+    "blackwell": {"0000:17:00.0": (0x10DE, 0x2901, 0x030200, 0x10DE, 0x1999, None)},  # B200
+    "unknown-new": {"0000:17:00.0": (0x10DE, 0x3FFF, 0x030200, 0x10DE, 0x0000, None)},
+    "non-nvidia": {"0000:00:02.0": (0x8086, 0x46A6, 0x030000, 0x1028, 0x0B19, "i915"),
+                   "0000:03:00.0": (0x1002, 0x73BF, 0x030000, 0x1002, 0x0E3A, "amdgpu")},
+    "multi-gpu": {f"0000:{b:02x}:00.0": (0x10DE, 0x2335, 0x030200, 0x10DE, 0x18BF, "nvidia")
+                  for b in (0x18, 0x2A, 0x3A, 0x5D)},
+}
+
+
+def make_host(base: Path, distro: str = "debian-12", sysfs: str = "none", *, modules: str = "",
+              nvrm: str | None = None) -> Path:
+    """A host root: a real os-release plus a sysfs tree for one of SYSFS_SETUPS."""
+    root = base / f"{distro}-{sysfs}"
+    shutil.copytree(DISTROS / distro, root)
+    for addr, (ven, dev, cls, sv, sd, drv) in SYSFS_SETUPS[sysfs].items():
+        d = root / "sys/bus/pci/devices" / addr
+        d.mkdir(parents=True)
+        for name, val in (("vendor", ven), ("device", dev), ("subsystem_vendor", sv), ("subsystem_device", sd)):
+            (d / name).write_text(f"0x{val:04x}\n")
+        (d / "class").write_text(f"0x{cls:06x}\n")
+        (d / "numa_node").write_text("0\n")
+        if drv:
+            os.symlink(f"../../../bus/pci/drivers/{drv}", d / "driver")
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc/modules").write_text(modules)
+    if nvrm:
+        (root / "proc/driver/nvidia").mkdir(parents=True)
+        (root / "proc/driver/nvidia/version").write_text(nvrm)
+    return root
+
+
+@pytest.fixture
+def host(tmp_path):
+    return lambda distro="debian-12", sysfs="none", **kw: make_host(tmp_path, distro, sysfs, **kw)
+
+
+def gpuprov_bin() -> list[str]:
+    exe = Path(sys.executable).with_name("gpuprov")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "provision"]
+
+
+def run_cli(*args: str, check: bool = False, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, **kw.pop("env", {})}
+    return subprocess.run([*gpuprov_bin(), *args], capture_output=True, text=True, check=check, env=env, **kw)
+
+
+def have_docker() -> bool:
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "info"], capture_output=True).returncode == 0
