@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
-import struct
 
 from provision.inject.capabilities import BINARIES, LIBRARIES
 
@@ -22,6 +20,8 @@ def _join(root: str, path: str) -> str:
 
 def elf_soname(path: str) -> str | None:
     """DT_SONAME of a 64-bit little-endian ELF file, or None (also for non-ELF files such as fixtures)."""
+    import struct
+
     try:
         with open(path, "rb") as fh:
             ident = fh.read(64)
@@ -156,6 +156,8 @@ def _mig_devices(dev_root: str, caps_major: int | None) -> list[dict]:
 
 
 def driver_version(proc_root: str, driver_root: str) -> str | None:
+    import re
+
     m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", _read(_join(proc_root, "proc/driver/nvidia/version")))
     if m:
         return m.group(1)

@@ -2,8 +2,6 @@
 No I/O here: every rule about *what* a GPU container gets lives in this file and is unit-tested."""
 from __future__ import annotations
 
-import re
-
 from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES
 
 LIB_RO = ["ro", "nosuid", "nodev", "bind"]
@@ -68,7 +66,7 @@ def select_gpus(selectors: list[str], gpus: list[dict]) -> list[dict]:
             match = [g for g in gpus if g["index"] == int(s)]
         elif s.startswith("GPU-"):
             match = [g for g in gpus if (g.get("uuid") or "").lower().startswith(s.lower())]
-        elif s.startswith("MIG-") or re.fullmatch(r"\d+:\d+", s):
+        elif s.startswith("MIG-") or (s.count(":") == 1 and s.replace(":", "").isdigit()):
             raise Refused(f"MIG device {s} requested but no MIG instances are configured on this host")
         else:
             match = []
@@ -80,7 +78,18 @@ def select_gpus(selectors: list[str], gpus: list[dict]) -> list[dict]:
 
 
 def _vtuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
+    """"12.2" -> (12, 2); "535.161.08" -> (535, 161, 8). (No `re`: this module runs on every GPU start.)"""
+    out = []
+    for part in v.split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
 
 
 def cuda_version(driver_version: str | None) -> str | None:
@@ -100,11 +109,13 @@ def brand_of(model: str | None) -> str:
 
 OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "=": lambda a, b: a == b, "==": lambda a, b: a == b,
        ">": lambda a, b: a > b, "<": lambda a, b: a < b}
-CONSTRAINT_RE = re.compile(r"^(cuda|driver|arch|brand)(>=|<=|==|=|>|<)(\S+)$")
+CONSTRAINT_PATTERN = r"^(cuda|driver|arch|brand)(>=|<=|==|=|>|<)(\S+)$"
 
 
 def _satisfied(constraint: str, facts: dict[str, str | None]) -> bool:
-    m = CONSTRAINT_RE.match(constraint)
+    import re  # only containers that state requirements pay for it
+
+    m = re.match(CONSTRAINT_PATTERN, constraint)
     if not m:
         raise Refused(f"malformed requirement {constraint!r}: expected e.g. cuda>=12.2, driver>=535, brand=tesla")
     key, op, want = m.groups()

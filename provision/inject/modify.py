@@ -164,6 +164,6 @@ def modify_bundle(bundle: str, settings: dict) -> bool:
         return False
     tmp = path + ".gpuprov.tmp"
     with open(tmp, "w") as fh:
-        json.dump(config, fh)
+        json.dump(config, fh, separators=(",", ":"))
     os.replace(tmp, path)
     return True

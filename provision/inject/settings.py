@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 DEFAULT_PATH = "/etc/gpuprov/runtime.json"
 DEFAULTS = {
@@ -30,5 +29,7 @@ def load_settings() -> dict:
     except FileNotFoundError:
         pass
     if not s["runc"]:
+        import shutil  # only when the settings name no runc
+
         s["runc"] = shutil.which("runc") or "/usr/sbin/runc"
     return s

@@ -97,6 +97,18 @@ def test_cuda_program_in_container(runtime, rootfs, tmp_path):
     b = subprocess.run(["nvcc", "-O2", "-o", str(exe), str(src), "-Xcompiler", "-static-libgcc",
                         "-Xcompiler", "-static-libstdc++"], capture_output=True, text=True)
     assert b.returncode == 0, b.stderr
+    # The test image is Debian 12 (glibc 2.36); nvcc here builds against the host's newer glibc. Like a real image
+    # built on this host, ship the program with the host's C runtime libraries it links against.
+    for line in subprocess.run(["ldd", str(exe)], capture_output=True, text=True).stdout.splitlines():
+        parts = line.split()
+        lib = parts[2] if "=>" in parts and len(parts) > 2 and parts[2].startswith("/") else (
+            parts[0] if parts and parts[0].startswith("/") else None)
+        if lib and "libcuda" not in lib:
+            dst = rootfs / lib.lstrip("/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if dst.is_symlink() or dst.exists():
+                dst.unlink()
+            shutil.copy2(os.path.realpath(lib), dst)
     cfg = make_config(str(rootfs), ["/vadd"], ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute"])
     rc, out = lifecycle(runtime, write_bundle(tmp_path / "b", cfg))
     _record("cuda_vadd", out)
