@@ -23,6 +23,8 @@ SYSFS_SETUPS: dict[str, dict[str, tuple]] = {
         "0000:02:00.0": (0x10DE, 0x1DB4, 0x030200, 0x10DE, 0x1214, None),
         "0000:03:00.0": (0x10DE, 0x20B0, 0x030200, 0x10DE, 0x134F, None),
     },
+    "volta": {"0000:04:00.0": (0x10DE, 0x1DB4, 0x030200, 0x10DE, 0x1214, None)},  # Tesla V100 PCIe (580 legacy)
+    "kepler": {"0000:04:00.0": (0x10DE, 0x102D, 0x030200, 0x10DE, 0x106C, None)},  # Tesla K80 (470 legacy)
     "blackwell": {"0000:17:00.0": (0x10DE, 0x2901, 0x030200, 0x10DE, 0x1999, None)},  # B200
     "unknown-new": {"0000:17:00.0": (0x10DE, 0x3FFF, 0x030200, 0x10DE, 0x0000, None)},
     "non-nvidia": {"0000:00:02.0": (0x8086, 0x46A6, 0x030000, 0x1028, 0x0B19, "i915"),
@@ -32,11 +34,27 @@ SYSFS_SETUPS: dict[str, dict[str, tuple]] = {
 }
 
 
+# apt entries as a fresh install writes them (mirror host replaced by a placeholder).
+APT_SOURCES = {
+    "debian": "deb http://mirror.invalid/debian {c} main\ndeb http://mirror.invalid/debian-security {c}-security main\n",
+    "ubuntu": "deb http://mirror.invalid/ubuntu {c} main restricted\ndeb http://mirror.invalid/ubuntu {c}-updates main\n",
+}
+
+
 def make_host(base: Path, distro: str = "debian-12", sysfs: str = "none", *, modules: str = "",
-              nvrm: str | None = None) -> Path:
-    """A host root: a real os-release plus a sysfs tree for one of SYSFS_SETUPS."""
+              nvrm: str | None = None, kernel: str | None = None) -> Path:
+    """A host root: a real os-release plus a sysfs tree for one of SYSFS_SETUPS (and apt entries, a kernel)."""
     root = base / f"{distro}-{sysfs}"
     shutil.copytree(DISTROS / distro, root)
+    family = distro.split("-")[0]
+    if family in APT_SOURCES:
+        from provision.facts.distro_facts import read_distro
+
+        (root / "etc/apt").mkdir(parents=True, exist_ok=True)
+        (root / "etc/apt/sources.list").write_text(APT_SOURCES[family].format(c=read_distro(root).codename))
+    if kernel:
+        (root / "proc/sys/kernel").mkdir(parents=True)
+        (root / "proc/sys/kernel/osrelease").write_text(kernel + "\n")
     for addr, (ven, dev, cls, sv, sd, drv) in SYSFS_SETUPS[sysfs].items():
         d = root / "sys/bus/pci/devices" / addr
         d.mkdir(parents=True)

@@ -18,6 +18,25 @@ from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import DEFAULTS, settings_path
 
 HERE = Path(__file__).resolve().parent
+STAMP = "/var/lib/gpuprov/runtime/install.stamp"
+
+
+def _stamp(prefix: str, driver_root: str) -> str:
+    from provision import __version__
+
+    srcs = b"".join((HERE / n).read_bytes() for n in ("shim.c", "hook.sh", "modify.py", "edits.py", "discover.py"))
+    return json.dumps({"version": __version__, "src": hashlib.sha256(srcs).hexdigest()[:16], "prefix": prefix,
+                       "driver_root": driver_root, "python": sys.executable,
+                       "runc": shutil.which("runc"), "settings": settings_path()}, sort_keys=True)
+
+
+def is_installed(driver_root: str = "/", prefix: str = "/usr/local") -> bool:
+    """Fast check for re-runs: same sources, paths and settings as the last install, and the files still there."""
+    try:
+        same = Path(STAMP).read_text() == _stamp(prefix, driver_root)
+    except OSError:
+        return False
+    return same and (Path(prefix) / "bin" / "gpuprov-runtime").exists() and Path(settings_path()).exists()
 
 
 @dataclass
@@ -88,6 +107,11 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         discover.refresh(driver_root, settings["cache"], proc_root, dev_root)
     except OSError as exc:
         notes.append(f"discovery cache not written: {exc}")
+    try:
+        Path(STAMP).parent.mkdir(parents=True, exist_ok=True)
+        Path(STAMP).write_text(_stamp(prefix, driver_root))
+    except OSError:
+        pass
     return InstallResult(str(target), shim is not None, changed, notes)
 
 

@@ -1,0 +1,54 @@
+"""`gpuprov engine configure docker|containerd|crio`."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from provision.output import emit_json, kv
+
+engine_app = typer.Typer(help="Container engine configuration (merge, never overwrite).", no_args_is_help=True)
+
+
+def default_runtime_path() -> str:
+    import shutil
+
+    for cand in ("/usr/local/bin/gpuprov-runtime",):
+        if __import__("os").path.exists(cand):
+            return cand
+    return shutil.which("gpuprov-runtime") or "/usr/local/bin/gpuprov-runtime"
+
+
+@engine_app.command("configure")
+def configure_cmd(
+    engine: str = typer.Argument(..., help="docker | containerd | crio"),
+    config: Optional[str] = typer.Option(None, "--config", help="Config file (default: the engine's own)."),
+    runtime_name: str = typer.Option("nvidia", "--runtime-name", help="Name to register (keeps --runtime=nvidia)."),
+    runtime_path: Optional[str] = typer.Option(None, "--runtime-path", help="Default: the installed gpuprov-runtime."),
+    default: bool = typer.Option(False, "--default", help="Make it the default runtime (needed for --gpus)."),
+    cdi: bool = typer.Option(False, "--cdi", help="Enable CDI in the engine."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the diff; change nothing."),
+    no_restart: bool = typer.Option(False, "--no-restart", help="Write the file but do not reload the engine."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Register gpuprov-runtime in the engine's config (backup, atomic write, reload only on change, verify)."""
+    from provision.engines.configure import configure
+
+    res = configure(engine, config=config, runtime_name=runtime_name,
+                    runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi, dry_run=dry_run,
+                    restart=not no_restart)
+    if json_out:
+        emit_json(res.to_dict())
+        return
+    if res.diff:
+        print(res.diff, end="")
+    status = ("would change" if dry_run else "changed") if res.changed else "unchanged"
+    print(kv([("config", res.path), ("status", status), ("changes", "; ".join(res.changes)),
+              ("backup", res.backup), ("engine", res.restart),
+              ("verified", {True: "runtime listed by the engine", False: "NOT listed", None: "-"}[res.verified])]))
+    for w in res.warnings:
+        print(f"warning: {w}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(engine_app, name="engine")

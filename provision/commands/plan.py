@@ -1,0 +1,138 @@
+"""`gpuprov plan` and `gpuprov bootstrap`: the main job, planned first, applied idempotently."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from provision.output import emit_json
+
+ENGINES = ("docker", "containerd", "none")
+
+
+def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate):
+    from provision.commands.detect import MODULE_CHOICES, SOURCE_CHOICES, check_choice
+    from provision.plan.build import Options
+
+    check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
+    check_choice(driver_source, SOURCE_CHOICES, "--driver-source")
+    check_choice(engine, ENGINES, "--engine")
+    check_choice(engine_source, ("auto", "distro", "docker-ce"), "--engine-source")
+    if driver not in ("auto", "skip"):
+        from provision.errors import UsageError
+
+        raise UsageError("--driver takes auto or skip in this version (branch pinning: use --driver-source nvidia)")
+    return Options(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
+                   engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
+                   validate=validate)
+
+
+def _plan(root: Path, target: Optional[str], opt):
+    from provision.decide.targets import parse_target
+    from provision.facts.host import detect_host
+    from provision.plan.build import build_plan
+
+    src = None if opt.driver_source == "distro" else opt.driver_source
+    report = detect_host(root, target=parse_target(target) if target else None, kernel_modules=opt.kernel_modules,
+                         source=src, engines=False)
+    return report, build_plan(report, opt)
+
+
+def _print_plan(report, steps, json_out: bool) -> None:
+    doc = {"schema": "gpuprov.plan/v1", "target": report.target.name if report.target else None,
+           "steps": [s.to_dict() for s in steps]}
+    if json_out:
+        emit_json(doc)
+        return
+    print(f"Plan for {report.target.name} ({len(steps)} steps):")
+    for i, s in enumerate(doc["steps"], 1):
+        print(f"{i:2}. {s['title']}{'  [reboot]' if s['reboot'] else ''}")
+        for c in s["commands"]:
+            print(f"      $ {c}")
+        for p, diff in s["diffs"].items():
+            print(diff.rstrip("\n") if diff else f"      (file {p} unchanged)")
+
+
+OPTS = dict(
+    driver=typer.Option("auto", "--driver", help="auto | skip"),
+    kernel_modules=typer.Option("auto", "--kernel-modules", help="auto | open | proprietary"),
+    driver_source=typer.Option("distro", "--driver-source", help="distro | elrepo | nvidia"),
+    engine=typer.Option("docker", "--engine", help="docker | containerd | none"),
+    engine_source=typer.Option("auto", "--engine-source", help="auto | distro | docker-ce (auto: the distro's "
+                               "docker.io on Debian/Ubuntu, docker-ce on EL)"),
+    runtime_name=typer.Option("nvidia", "--runtime-name"),
+    no_default=typer.Option(False, "--no-default-runtime", help="Register the runtime without making it default "
+                            "(then --gpus needs --runtime nvidia)."),
+    cdi=typer.Option(False, "--cdi", help="Enable CDI in the engine."),
+)
+
+
+def plan_cmd(
+    root: Path = typer.Option(Path("/"), "--root", help="Plan for the host tree under ROOT (fixtures)."),
+    target: Optional[str] = typer.Option(None, "--target"),
+    json_out: bool = typer.Option(False, "--json"),
+    driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
+    driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
+    engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
+    no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"],
+) -> None:
+    """Print every command and file diff bootstrap would run; change nothing."""
+    opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, True)
+    report, steps = _plan(root, target, opt)
+    _print_plan(report, steps, json_out)
+
+
+def bootstrap_cmd(
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Same as `gpuprov plan`."),
+    reboot: bool = typer.Option(False, "--reboot", help="Reboot by itself when the driver needs it."),
+    json_out: bool = typer.Option(False, "--json"),
+    no_validate: bool = typer.Option(False, "--no-validate", help="Skip the validation container."),
+    driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
+    driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
+    engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
+    no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"],
+) -> None:
+    """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
+    from provision import errors
+    from provision.plan import apply as ap
+
+    opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
+                   not no_validate)
+    state = ap.read_state()
+    if state.get("reboot_required"):
+        if state.get("boot_id") == ap.boot_id():
+            raise errors.RebootRequired(f"a reboot is still pending ({state.get('reason')}): reboot, then run "
+                                        "gpuprov bootstrap again")
+        ap.write_state({**state, "reboot_required": False, "resumed_after_reboot": True})
+    report, steps = _plan(Path("/"), None, opt)
+    if dry_run:
+        _print_plan(report, steps, json_out)
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise errors.UsageError("refusing to change the host without --yes when not on a terminal")
+        _print_plan(report, steps, False)
+        typer.confirm("Apply this plan?", abort=True)
+    res = ap.apply_plan(steps, quiet=json_out)
+    if res.reboot_required:
+        ap.write_state({"reboot_required": True, "boot_id": ap.boot_id(),
+                        "reason": "driver installed / nouveau blacklisted"})
+    if json_out:
+        emit_json(res.to_dict())
+    else:
+        print(f"bootstrap: {res.changed} change(s), {len(res.outcomes)} steps"
+              + ("; REBOOT REQUIRED" if res.reboot_required else ""))
+    if res.reboot_required:
+        if reboot:
+            from provision import effects
+
+            effects.run(["systemctl", "reboot"])
+        raise errors.RebootRequired("reboot to load the NVIDIA driver, then run `gpuprov bootstrap` again to verify")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_cmd)
+    app.command("bootstrap")(bootstrap_cmd)

@@ -1,0 +1,120 @@
+"""Effects: commands and services. Few, small and boring; everything else is decided before we get here."""
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.errors import StepFailed
+
+
+@dataclass
+class CommandResult:
+    argv: list[str]
+    returncode: int
+    output: str
+
+
+def run(argv: list[str], *, check: bool = True, env: dict | None = None, timeout: float | None = None,
+        input_text: str | None = None) -> CommandResult:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, input=input_text)
+    except FileNotFoundError:
+        raise StepFailed(f"command not found: {argv[0]} (needed for: {' '.join(argv)})") from None
+    except subprocess.TimeoutExpired:
+        raise StepFailed(f"timed out after {timeout}s: {' '.join(argv)}") from None
+    res = CommandResult(argv, p.returncode, (p.stdout or "") + (p.stderr or ""))
+    if check and p.returncode != 0:
+        tail = "\n".join(res.output.strip().splitlines()[-15:])
+        raise StepFailed(f"`{' '.join(argv)}` failed with exit code {p.returncode}:\n{tail}")
+    return res
+
+
+def unified_diff(old: str, new: str, path: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"{path} (current)",
+                                        f"{path} (gpuprov)"))
+
+
+def has_systemd() -> bool:
+    return Path("/run/systemd/system").is_dir()
+
+
+def dockerd_pid() -> int | None:
+    for pidfile in ("/var/run/docker.pid", "/run/docker.pid"):
+        try:
+            pid = int(Path(pidfile).read_text().strip())
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def docker_runtimes() -> list[str] | None:
+    import json
+
+    try:
+        p = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True,
+                           timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    try:
+        return list(json.loads(p.stdout))
+    except ValueError:
+        return None
+
+
+def wait_for(pred, timeout: float = 30.0, interval: float = 0.3) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()
+
+
+def start_dockerd() -> str:
+    """Start dockerd the way this host does it: systemd, the SysV script, or (containers without an init) directly."""
+    if has_systemd():
+        run(["systemctl", "enable", "--now", "docker"])
+        how = "systemctl enable --now docker"
+    elif Path("/etc/init.d/docker").exists():
+        run(["/etc/init.d/docker", "start"], check=False)
+        how = "/etc/init.d/docker start"
+    else:
+        log = open("/var/log/gpuprov-dockerd.log", "ab")
+        subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+        how = "dockerd (background)"
+    if not wait_for(lambda: docker_runtimes() is not None, 60):
+        raise StepFailed(f"dockerd did not come up after `{how}`; see `journalctl -u docker` or /var/log/docker.log")
+    return how
+
+
+def reload_or_restart_docker(reloadable: bool) -> str:
+    """runtimes/default-runtime are live-reloadable (SIGHUP, running containers untouched); others need a restart."""
+    pid = dockerd_pid()
+    if reloadable and pid:
+        os.kill(pid, signal.SIGHUP)
+        return "reloaded dockerd (SIGHUP)"
+    if has_systemd():
+        run(["systemctl", "restart", "docker"])
+        return "systemctl restart docker"
+    if Path("/etc/init.d/docker").exists():
+        run(["/etc/init.d/docker", "restart"], check=False)
+        if wait_for(lambda: docker_runtimes() is not None, 60):
+            return "/etc/init.d/docker restart"
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: dockerd_pid() is None, 30)
+    return "restarted dockerd: " + start_dockerd()
+
+
+def which(name: str) -> str | None:
+    return shutil.which(name)

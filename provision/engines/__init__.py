@@ -1,0 +1,1 @@
+"""Engine configuration: merge our runtime into each engine's own config, never overwrite it."""

@@ -1,0 +1,1 @@
+"""Plan / apply: an ordered list of steps computed from facts and options; each knows if it is already done."""

@@ -1,0 +1,96 @@
+"""Apply a plan: progress per step, a log, stop at the first failure; reboot state under /var/lib/gpuprov."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provision.errors import GpuprovError, StepFailed
+from provision.output import progress
+from provision.plan.steps import Step
+
+STATE_DIR = Path(os.environ.get("GPUPROV_STATE_DIR", "/var/lib/gpuprov"))
+LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
+
+
+@dataclass
+class StepOutcome:
+    id: str
+    title: str
+    status: str  # ok (already satisfied) | changed | verified | failed
+    detail: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class ApplyResult:
+    outcomes: list[StepOutcome] = field(default_factory=list)
+    reboot_required: bool = False
+
+    @property
+    def changed(self) -> int:
+        return sum(o.status == "changed" for o in self.outcomes)
+
+    def to_dict(self) -> dict:
+        return {"changed": self.changed, "reboot_required": self.reboot_required,
+                "steps": [o.__dict__ for o in self.outcomes]}
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def read_state() -> dict:
+    try:
+        return json.loads((STATE_DIR / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(state: dict) -> None:
+    from provision.fsutil import atomic_write_text
+
+    atomic_write_text(STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n", mode=0o644, backup=False)
+
+
+def log(line: str) -> None:
+    try:
+        LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
+        with open(LOG_FILE, "a") as fh:
+            fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+    except OSError:
+        pass
+
+
+def apply_plan(steps: list[Step], *, quiet: bool = False) -> ApplyResult:
+    res = ApplyResult()
+    n = len(steps)
+    say = (lambda m: None) if quiet else progress
+    for i, step in enumerate(steps, 1):
+        t = time.monotonic()
+        say(f"[{i}/{n}] {step.title} …")
+        try:
+            if step.verify_only:
+                detail = step.apply() if step.action else None
+                status = "verified"
+            elif step.satisfied():
+                detail, status = None, "ok"
+            else:
+                detail = step.apply()
+                status = "changed"
+                res.reboot_required |= step.reboot
+        except GpuprovError as exc:
+            res.outcomes.append(StepOutcome(step.id, step.title, "failed", str(exc), time.monotonic() - t))
+            log(f"FAILED {step.id}: {exc}")
+            say(f"[{i}/{n}] FAILED: {step.title}")
+            raise StepFailed(f"step {step.id} ({step.title}) failed: {exc}", exit_code=exc.exit_code) from None
+        dt = time.monotonic() - t
+        res.outcomes.append(StepOutcome(step.id, step.title, status, detail, dt))
+        log(f"{status.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")
+        say(f"[{i}/{n}] {status}{': ' + detail if detail else ''} ({dt:.1f}s)")
+    return res

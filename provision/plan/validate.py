@@ -1,0 +1,87 @@
+"""The last bootstrap step: a container started through the registered runtime, from an image built locally out
+of the host's own files (no registry needed)."""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+
+from provision import __version__
+from provision.errors import StepFailed
+
+IMAGE = f"gpuprov-validate:{__version__}"
+BINARIES = ("sh", "cat", "ls", "echo")
+
+
+def commands(runtime: str, gpu: bool) -> list[list[str]]:
+    base = ["docker", "run", "--rm", "--runtime", runtime]
+    cmds = [base + [IMAGE, "sh", "-c", "echo gpuprov-validate-ok"]]
+    if gpu:
+        cmds.append(base + ["-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "nvidia-smi", "-L"])
+    return cmds
+
+
+def _deps(binary: str) -> list[str]:
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    libs = []
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) > 2 and parts[2].startswith("/"):
+            libs.append(parts[2])
+        elif parts and parts[0].startswith("/"):
+            libs.append(parts[0])
+    return libs
+
+
+def build_image_tar() -> bytes:
+    """A tiny rootfs: sh/cat/ls and the C libraries they load, taken from this host. /etc/debian_version marks
+    the loader layout when the host is Debian-family (so driver libraries land where its loader looks)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        added = set()
+
+        def add(path: str, arc: str | None = None) -> None:
+            arc = (arc or path).lstrip("/")
+            if arc in added:
+                return
+            added.add(arc)
+            tar.add(os.path.realpath(path), arcname=arc, recursive=False)
+
+        for d in ("bin", "usr/bin", "usr/lib/x86_64-linux-gnu", "usr/lib64", "lib64", "etc", "tmp", "dev", "proc",
+                  "sys"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+            added.add(d)
+        for b in BINARIES:
+            path = shutil.which(b)
+            if not path:
+                continue
+            add(path, f"/bin/{b}")
+            for lib in _deps(path):
+                add(lib)
+        if os.path.exists("/etc/debian_version"):
+            add("/etc/debian_version")
+    return buf.getvalue()
+
+
+def ensure_image() -> None:
+    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode == 0:
+        return
+    p = subprocess.run(["docker", "import", "-", IMAGE], input=build_image_tar(), capture_output=True)
+    if p.returncode != 0:
+        raise StepFailed(f"could not build the validation image: {p.stderr.decode(errors='replace').strip()}")
+
+
+def run(runtime: str, gpu: bool) -> str:
+    ensure_image()
+    results = []
+    for argv in commands(runtime, gpu):
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise StepFailed(f"validation container failed: `{' '.join(argv)}` exited {p.returncode}: "
+                             f"{(p.stderr or p.stdout).strip()[-400:]}")
+        results.append(p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "")
+    return "; ".join(results) + ("" if gpu else " (no GPU on this host: checked a plain container)")

@@ -1,0 +1,84 @@
+"""A golden plan per supported release: commands, repository URLs, keys and file contents, reviewed and frozen.
+Regenerate after a deliberate change with GPUPROV_UPDATE_GOLDEN=1 and review the diff."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from provision.errors import GpuprovError
+from provision.facts.host import detect_host
+from provision.plan.build import Options, build_plan
+from tests.conftest import DISTROS, make_host
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+KERNELS = {"debian": "6.1.0-27-amd64", "ubuntu": "6.8.0-49-generic"}
+# Releases whose drivers predate the H100: plan them for a GPU they do support (ELRepo EL7 builds no open/580
+# kmods: a Kepler Tesla K80; Debian 11 / Ubuntu 18.04 top out at 470: a Volta V100).
+LEGACY_GPU = {"centos-7": "kepler", "debian-11": "volta", "ubuntu-18.04": "volta"}
+
+
+def plan_doc(tmp_path, name: str, sysfs: str, opt: Options) -> dict:
+    fam = name.split("-")[0]
+    root = make_host(tmp_path, name, sysfs, kernel=KERNELS.get(fam, "5.14.0-427.13.1.el9_4.x86_64"))
+    rep = detect_host(root, engines=False)
+    try:
+        steps = build_plan(rep, opt)
+    except GpuprovError as exc:
+        return {"error": str(exc), "exit_code": exc.exit_code}
+    return {"target": rep.target.name, "gpus": [d.pci_id for _, d in rep.gpus],
+            "steps": [{"id": s.id, "commands": [" ".join(c) for c in s.commands],
+                       "files": {p: t for p, t in s.files.items()}, "reboot": s.reboot} for s in steps]}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DISTROS.iterdir() if p.name != "centos-7-legacy"))
+def test_golden_plan(tmp_path, name):
+    sysfs = LEGACY_GPU.get(name, "datacenter")
+    doc = plan_doc(tmp_path, name, sysfs, Options())
+    path = GOLDEN / f"{name}.json"
+    if os.environ.get("GPUPROV_UPDATE_GOLDEN"):
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    assert doc == json.loads(path.read_text())
+
+
+def test_golden_docker_ce_on_debian(tmp_path):
+    doc = plan_doc(tmp_path, "debian-12", "none", Options(engine_source="docker-ce"))
+    repo = next(s for s in doc["steps"] if s["id"] == "engine.repo")
+    assert "signed-by=/etc/apt/keyrings/docker.asc" in repo["files"]["/etc/apt/sources.list.d/docker.list"]
+    assert any("docker.asc" in c for c in repo["commands"])
+
+
+def test_debian_components_enabled_in_existing_entries(tmp_path):
+    doc = plan_doc(tmp_path, "debian-12", "datacenter", Options())
+    comp = next(s for s in doc["steps"] if s["id"] == "driver.components")
+    assert comp["files"]["/etc/apt/sources.list"].splitlines()[0] == (
+        "deb http://mirror.invalid/debian bookworm main contrib non-free non-free-firmware")
+
+
+def test_present_driver_left_alone():
+    from tests.conftest import H200
+
+    rep = detect_host(H200, engines=False)
+    steps = build_plan(rep, Options(engine="none"))
+    assert steps[0].id == "driver.present" and "left alone" in steps[0].title
+    assert not any(s.id.startswith("driver.packages") for s in steps)
+
+
+def test_secure_boot_with_dkms_stops(tmp_path):
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel="6.1.0-27-amd64")
+    var = root / "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+    var.parent.mkdir(parents=True)
+    var.write_bytes(b"\x06\x00\x00\x00\x01")
+    with pytest.raises(GpuprovError, match="Secure Boot is on.*mokutil"):
+        build_plan(detect_host(root, engines=False), Options())
+
+
+def test_unsupported_distro(tmp_path):
+    root = tmp_path / "arch"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text('NAME="Arch Linux"\nID=arch\nBUILD_ID=rolling\n')
+    with pytest.raises(GpuprovError, match="unsupported distribution arch") as e:
+        build_plan(detect_host(root, engines=False), Options())
+    assert e.value.exit_code == 4
