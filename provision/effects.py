@@ -81,19 +81,22 @@ def wait_for(pred, timeout: float = 30.0, interval: float = 0.3) -> bool:
 
 
 def start_dockerd() -> str:
-    """Start dockerd the way this host does it: systemd, the SysV script, or (containers without an init) directly."""
+    """Start dockerd the way this host does it: systemd, else the SysV script, else (containers without an init,
+    or where the script cannot raise its ulimits) dockerd directly in the background."""
     if has_systemd():
         run(["systemctl", "enable", "--now", "docker"])
         how = "systemctl enable --now docker"
-    elif Path("/etc/init.d/docker").exists():
-        run(["/etc/init.d/docker", "start"], check=False)
-        how = "/etc/init.d/docker start"
     else:
+        how = ""
+        if Path("/etc/init.d/docker").exists():
+            r = run(["/etc/init.d/docker", "start"], check=False)
+            if r.returncode == 0 and wait_for(lambda: docker_runtimes() is not None, 20):
+                return "/etc/init.d/docker start"
         log = open("/var/log/gpuprov-dockerd.log", "ab")
-        subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
-        how = "dockerd (background)"
+        subprocess.Popen(["dockerd"], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        how = "dockerd (background; log /var/log/gpuprov-dockerd.log)"
     if not wait_for(lambda: docker_runtimes() is not None, 60):
-        raise StepFailed(f"dockerd did not come up after `{how}`; see `journalctl -u docker` or /var/log/docker.log")
+        raise StepFailed(f"dockerd did not come up after `{how}`; see `journalctl -u docker` or the log named there")
     return how
 
 
@@ -106,14 +109,36 @@ def reload_or_restart_docker(reloadable: bool) -> str:
     if has_systemd():
         run(["systemctl", "restart", "docker"])
         return "systemctl restart docker"
-    if Path("/etc/init.d/docker").exists():
-        run(["/etc/init.d/docker", "restart"], check=False)
-        if wait_for(lambda: docker_runtimes() is not None, 60):
-            return "/etc/init.d/docker restart"
     if pid:
         os.kill(pid, signal.SIGTERM)
         wait_for(lambda: dockerd_pid() is None, 30)
     return "restarted dockerd: " + start_dockerd()
+
+
+def restart_dockerd() -> str:
+    """A full restart (dockerd registers the --gpus device driver only at start, when it finds the hook)."""
+    if has_systemd():
+        run(["systemctl", "restart", "docker"])
+        return "systemctl restart docker"
+    pid = dockerd_pid()
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        if not wait_for(lambda: dockerd_pid() is None, 60):
+            raise StepFailed("dockerd did not stop within 60 s; restart it by hand")
+    return "restarted dockerd: " + start_dockerd()
+
+
+def gpus_hook_pending() -> bool:
+    """True when dockerd started before the --gpus hook appeared on its PATH: it only looks for the hook at
+    start-up, so `--gpus` keeps failing until dockerd restarts."""
+    pid = dockerd_pid()
+    hook = shutil.which("nvidia-container-runtime-hook", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
+    if not pid or not hook:
+        return False
+    try:
+        return os.stat(hook).st_mtime > os.stat(f"/proc/{pid}").st_mtime
+    except OSError:
+        return False
 
 
 def which(name: str) -> str | None:

@@ -16,13 +16,18 @@ cdi_app = typer.Typer(help="CDI specs for engines that consume CDI natively.", n
 
 
 def _discover(driver_root: Optional[str]) -> dict:
+    """Discovery for this host, laid out as the runtime's settings describe it (driver/proc/dev roots)."""
     from provision.facts.driver_facts import find_driver_root
     from provision.inject.discover import discover
+    from provision.inject.settings import load_settings, settings_path
 
+    s = load_settings() if os.path.exists(settings_path()) else {"proc_root": "/", "dev_root": "/"}
+    if driver_root is None:
+        driver_root = s.get("driver_root") if os.path.exists(settings_path()) else None
     if driver_root is None:
         found, _ = find_driver_root(Path("/"))
         driver_root = found or "/"
-    disc = discover(driver_root)
+    disc = discover(driver_root, proc_root=s["proc_root"], dev_root=s["dev_root"])
     if not disc.get("version"):
         raise GpuprovError(f"no NVIDIA driver found (driver root {driver_root}, /proc/driver/nvidia/version); "
                            "install one with `gpuprov bootstrap` or pass --driver-root", exit_code=4)

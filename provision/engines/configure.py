@@ -72,10 +72,19 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
     else:
         raise ConfigInvalid(f"unknown engine {engine!r}: use docker, containerd or crio", exit_code=2)
     res.diff = effects.unified_diff(old, m.text, str(path)) if m.changed else ""
-    if dry_run or not m.changed:
+    hook_pending = engine == "docker" and effects.gpus_hook_pending()
+    if hook_pending:
+        res.changes.append("restart dockerd so that it finds the --gpus hook")
+    if dry_run or (not m.changed and not (hook_pending and restart)):
         if not dry_run and engine == "docker" and restart:
             rts = effects.docker_runtimes()
             res.verified = None if rts is None else runtime_name in rts
+        res.changed = m.changed or hook_pending
+        return res
+    if not m.changed:
+        res.changed = True
+        res.restart = effects.restart_dockerd()
+        res.verified = runtime_name in (effects.docker_runtimes() or [])
         return res
     bak = atomic_write_text(path, m.text, mode=0o644, backup=bool(old))
     res.backup = str(bak) if bak else None
@@ -90,7 +99,7 @@ def _apply_engine(res: ConfigureResult, engine: str, runtime_name: str, path: st
             res.restart = "dockerd not running: the change applies when it starts"
             return
         reloadable = all(c.split(" ")[0].split(".")[0] in RELOADABLE for c in res.changes)
-        res.restart = effects.reload_or_restart_docker(reloadable)
+        res.restart = effects.reload_or_restart_docker(reloadable) if reloadable else effects.restart_dockerd()
         res.verified = effects.wait_for(lambda: runtime_name in (effects.docker_runtimes() or []), 30)
         if not res.verified:
             raise StepFailed(f"dockerd does not list runtime {runtime_name!r} after `{res.restart}`; "

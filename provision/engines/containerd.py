@@ -35,7 +35,7 @@ def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default
     try:
         doc = tomlkit.parse(text) if text.strip() else tomlkit.document()
     except Exception as exc:  # tomlkit raises its own ParseError subclasses
-        raise ConfigInvalid(f"{path} is not valid TOML ({exc}); fix it, then run again (the file was not changed)")
+        raise ConfigInvalid(f"{path} is not valid TOML ({exc}); fix it, then run again (the file was not changed)") from None
     if not text.strip():
         doc["version"] = new_version
     version = int(doc.get("version", 1))

@@ -66,7 +66,8 @@ def read_distro(root: Path) -> DistroFacts:
         try:
             under(root, c).read_bytes()
         except OSError as exc:
-            raise HostUnreadable(f"cannot read {under(root, c)}: {exc.strerror}; run as root or fix its permissions")
+            raise HostUnreadable(
+                f"cannot read {under(root, c)}: {exc.strerror}; run as root or fix its permissions") from None
     import distro  # deferred: only detection needs it (keeps other commands' start-up small)
 
     info = distro.LinuxDistribution(

@@ -38,7 +38,7 @@ def generate_spec(disc: dict, *, libdirs: tuple[str, ...] = LIBDIRS) -> dict:
         "kind": KIND,
         "devices": gpu_devices + [all_dev],
         "containerEdits": {
-            "env": [f"NVIDIA_VISIBLE_DEVICES=void", f"GPUPROV_DRIVER_VERSION={disc.get('version')}"],
+            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"GPUPROV_DRIVER_VERSION={disc.get('version')}"],
             "deviceNodes": [_node(n) for n in [disc["nodes"]["ctl"]] +
                             [disc["nodes"][k] for k in ("uvm", "uvm-tools") if k in disc["nodes"]]],
             "mounts": mounts + fw,

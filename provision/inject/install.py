@@ -12,7 +12,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision.fsutil import atomic_write_text
 from provision.inject import discover
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import DEFAULTS, settings_path

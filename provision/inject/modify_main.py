@@ -7,4 +7,5 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from provision.inject.shim import run_create_edits  # noqa: E402
 
-raise SystemExit(run_create_edits(sys.argv[1]))
+# argv: BUNDLE [LOG [LOG_FORMAT]] (runc's --log/--log-format, so refusals reach the engine's error message)
+raise SystemExit(run_create_edits(sys.argv[1], *(a or None for a in sys.argv[2:4])))

@@ -60,7 +60,13 @@ int main(int argc, char **argv) {
         break;
     }
     if (!cmd || (strcmp(cmd, "create") != 0 && strcmp(cmd, "run") != 0)) exec_runc(argv);
-    const char *bundle = ".";
+    const char *bundle = ".", *log = "", *log_format = "";
+    for (int j = 1; j < i; j++) {
+        if (strcmp(argv[j], "--log") == 0 && j + 1 < i) log = argv[j + 1];
+        else if (strncmp(argv[j], "--log=", 6) == 0) log = argv[j] + 6;
+        else if (strcmp(argv[j], "--log-format") == 0 && j + 1 < i) log_format = argv[j + 1];
+        else if (strncmp(argv[j], "--log-format=", 13) == 0) log_format = argv[j] + 13;
+    }
     for (int j = i + 1; j < argc; j++) {
         if ((strcmp(argv[j], "--bundle") == 0 || strcmp(argv[j], "-b") == 0) && j + 1 < argc) bundle = argv[j + 1];
         else if (strncmp(argv[j], "--bundle=", 9) == 0) bundle = argv[j] + 9;
@@ -77,7 +83,7 @@ int main(int argc, char **argv) {
                 snprintf(cfgvar, sizeof cfgvar, "GPUPROV_RUNTIME_CONFIG=%s", cfg);
                 envp[1] = cfgvar;
             }
-            execle(PYTHON, PYTHON, "-I", "-S", MODIFY, bundle, (char *)NULL, envp);
+            execle(PYTHON, PYTHON, "-I", "-S", MODIFY, bundle, log, log_format, (char *)NULL, envp);
             fprintf(stderr, "gpuprov-runtime: cannot exec %s: %s\n", PYTHON, strerror(errno));
             _exit(127);
         }

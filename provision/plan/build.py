@@ -14,7 +14,8 @@ from provision.plan import repos
 from provision.plan.steps import Step, files_match, packages_installed
 
 NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
-NOUVEAU_TEXT = "# Written by gpuprov: the NVIDIA driver needs nouveau out of the way.\nblacklist nouveau\noptions nouveau modeset=0\n"
+NOUVEAU_TEXT = ("# Written by gpuprov: the NVIDIA driver needs nouveau out of the way.\n"
+                "blacklist nouveau\noptions nouveau modeset=0\n")
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 
 

@@ -6,7 +6,11 @@ import json
 import pytest
 
 from provision.decide.driver import (
-    DEBIAN_SUITES, ELREPO_KMODS, decide_fleet, decide_gpu, identify,
+    DEBIAN_SUITES,
+    ELREPO_KMODS,
+    decide_fleet,
+    decide_gpu,
+    identify,
 )
 from provision.decide.gputable import PciId, load_table, parse_pci_id
 from provision.decide.targets import TARGETS, parse_target

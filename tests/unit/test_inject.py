@@ -1,0 +1,157 @@
+"""Discovery and edits against the fake driver root built from the real H200 capture."""
+from __future__ import annotations
+
+import pytest
+
+from provision.inject import discover, edits
+from provision.inject.cdi import apply_spec, generate_spec
+from provision.inject.edits import Refused
+from provision.inject.shim import parse_command
+from tests.conftest import H200
+
+ROOT = str(H200 / "usr/local/nvidia")
+
+
+@pytest.fixture(scope="module")
+def disc():
+    return discover.discover(ROOT, proc_root=str(H200), dev_root=str(H200))
+
+
+def test_discovery(disc):
+    assert disc["version"] == "580.159.04"
+    libs = {lib["name"]: lib["soname"] for cap in disc["libraries"].values() for lib in cap}
+    assert libs["libcuda"] == "libcuda.so.1" and libs["libnvidia-ml"] == "libnvidia-ml.so.1"
+    assert libs["libnvidia-nvvm"] == "libnvidia-nvvm.so.4" and libs["libEGL_nvidia"] == "libEGL_nvidia.so.0"
+    assert libs["libnvidia-glcore"] == "libnvidia-glcore.so.580.159.04"  # no SONAME link: the versioned name
+    assert all(lib["path"].startswith(ROOT + "/lib64/") for c in disc["libraries"].values() for lib in c)
+    assert [b.rsplit("/", 1)[1] for b in disc["binaries"]["utility"]] == ["nvidia-smi", "nvidia-debugdump",
+                                                                           "nvidia-persistenced"]
+    assert disc["nodes"]["ctl"] == {"path": "/dev/nvidiactl", "major": 195, "minor": 255}
+    assert disc["nodes"]["uvm"]["major"] == 238 and "modeset" not in disc["nodes"]
+    [g] = disc["gpus"]
+    assert g["uuid"] == "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98" and g["bus_id"] == "0000:00:06.0"
+    assert g["index"] == 0 and g["node"]["minor"] == 0 and g["model"] == "NVIDIA H200"
+    assert [f["container_path"] for f in disc["firmware"]] == [
+        "/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin", "/lib/firmware/nvidia/580.159.04/gsp_tu10x.bin"]
+
+
+def test_elf_soname_of_a_real_library():
+    import ctypes.util
+    import glob
+
+    libc = glob.glob("/lib/x86_64-linux-gnu/libc.so.6") or glob.glob("/usr/lib64/libc.so.6")
+    if not libc:
+        pytest.skip("no libc.so.6 at a known path")
+    assert discover.elf_soname(libc[0]) == "libc.so.6"
+    assert discover.elf_soname(str(H200 / "etc/os-release")) is None
+    assert ctypes.util  # imported only to make sure the module exists on this Python
+
+
+@pytest.mark.parametrize("value,expect", [(None, None), ("", None), ("void", None), ("none", []), ("all", ["all"]),
+                                          ("0,GPU-26", ["0", "GPU-26"])])
+def test_visible_devices(value, expect):
+    env = {} if value is None else {"NVIDIA_VISIBLE_DEVICES": value}
+    assert edits.requested_devices(env) == expect
+
+
+def test_edits_all(disc):
+    e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert [d["path"] for d in e["devices"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                                                 "/dev/nvidia0"]
+    assert {(a["major"], a["minor"]) for a in e["allow"]} == {(195, 255), (238, 0), (238, 1), (195, 0)}
+    dests = {m["destination"] for m in e["mounts"]}
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in dests and "/usr/bin/nvidia-smi" in dests
+    assert not any("libnvidia-glcore" in d for d in dests)  # graphics not requested
+    assert all(m["options"] == ["ro", "nosuid", "nodev", "bind"] for m in e["mounts"])
+    assert e["env"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98"
+
+
+def test_edits_none_gives_driver_without_gpu(disc):
+    e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "none"})
+    assert "/dev/nvidia0" not in [d["path"] for d in e["devices"]] and e["mounts"]
+
+
+def test_edits_capabilities_and_libdir(disc):
+    e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
+                            libdir=edits.RHEL_LIBDIR)
+    dests = {m["destination"] for m in e["mounts"]}
+    assert "/usr/lib64/libnvidia-ml.so.1" in dests and not any("libcuda" in d for d in dests)
+    assert "/dev/nvidia-uvm" not in [d["path"] for d in e["devices"]]
+    e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "video"})
+    assert any("libcuda" in m["destination"] for m in e["mounts"])  # video implies compute
+
+
+def test_unknown_gpu_and_mig_refused(disc):
+    with pytest.raises(Refused, match="unknown GPU '3'"):
+        edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "3"})
+    with pytest.raises(Refused, match="MIG"):
+        edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "0:1"})
+    with pytest.raises(Refused, match="unknown NVIDIA_DRIVER_CAPABILITIES"):
+        edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "warp"})
+
+
+@pytest.mark.parametrize("req,ok", [
+    ("cuda>=12.2", True), ("cuda>=13.1", False), ("cuda>=13.1 brand=nvidia,driver>=580", True),
+    ("driver>=580,driver<581", True), ("brand=tesla", False), ("arch>=9.0", False),
+])
+def test_requirements(disc, req, ok):
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": req}
+    if ok:
+        edits.compute_edits(disc, env)
+    else:
+        with pytest.raises(Refused, match="NVIDIA_REQUIRE_CUDA"):
+            edits.compute_edits(disc, env)
+        edits.compute_edits(disc, {**env, "NVIDIA_DISABLE_REQUIRE": "true"})
+
+
+def test_requirement_refusal_is_one_line(disc):
+    with pytest.raises(Refused) as e:
+        edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": "cuda>=13.1"})
+    assert "\n" not in str(e.value) and "cuda 13.0" in str(e.value)
+
+
+def test_cdi_spec(disc):
+    spec = generate_spec(disc)
+    assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == "nvidia.com/gpu"
+    assert [d["name"] for d in spec["devices"]] == ["0", "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98", "all"]
+    paths = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
+    assert {"/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"} <= paths
+    cfg = {"process": {"env": []}}
+    apply_spec(cfg, spec, ["all"])
+    assert any(d["path"] == "/dev/nvidia0" for d in cfg["linux"]["devices"])
+    with pytest.raises(KeyError):
+        apply_spec({}, spec, ["7"])
+
+
+def test_cdi_spec_validates_against_schema(disc):
+    jsonschema = pytest.importorskip("jsonschema")
+    from tests.cdi_schema import SCHEMA
+
+    jsonschema.validate(generate_spec(disc), SCHEMA)
+
+
+@pytest.mark.parametrize("argv,cmd,bundle", [
+    (["--root", "/run/x", "--log", "/l", "create", "--bundle", "/b", "id"], "create", "/b"),
+    (["create", "-b", "/c", "id"], "create", "/c"),
+    (["--systemd-cgroup", "start", "id"], "start", None),
+    (["run", "--bundle=/d", "id"], "run", "/d"),
+])
+def test_shim_argv(argv, cmd, bundle):
+    c, b = parse_command(argv)
+    assert c == cmd and (bundle is None or b == bundle)
+
+
+def test_real_h200_generated_spec_validates():
+    """The spec `gpuprov cdi generate` wrote on a real H200 host (tests/fixtures/cdi) passes the schema."""
+    import json
+
+    from tests.conftest import FIXTURES
+
+    jsonschema = pytest.importorskip("jsonschema")
+    from tests.cdi_schema import SCHEMA
+
+    spec = json.loads((FIXTURES / "cdi/h200-generated.json").read_text())
+    jsonschema.validate(spec, SCHEMA)
+    assert {d["name"] for d in spec["devices"]} >= {"0", "all"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**spec, "unknownField": 1}, SCHEMA)
