@@ -12,9 +12,10 @@ if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2
 fi
 [ -x "$prefix/bin/python" ] || python3 -m venv "$prefix"
 if [ -n "${GPUPROV_WHEELHOUSE:-}" ]; then
-  "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" "$here"
+  "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" gpuprov
 else
   "$prefix/bin/pip" install -q "$here"
 fi
-for c in gpuprov gpuprov-runtime; do ln -sf "$prefix/bin/$c" "/usr/local/bin/$c"; done
+# gpuprov-runtime itself is installed by `gpuprov runtime install` (a compiled front-end where a compiler exists)
+ln -sf "$prefix/bin/gpuprov" /usr/local/bin/gpuprov
 exec /usr/local/bin/gpuprov bootstrap "$@"

@@ -49,8 +49,17 @@ def _register() -> None:
 _register()
 
 
+def _click():
+    """click itself (typer < 0.26 depends on it) or the copy typer >= 0.26 vendors."""
+    try:
+        import click
+    except ModuleNotFoundError:  # pragma: no cover - depends on the installed typer
+        from typer import _click as click
+    return click
+
+
 def main(argv: list[str] | None = None) -> int:
-    import click
+    click = _click()
 
     try:
         app(args=argv, prog_name="gpuprov", standalone_mode=False)
@@ -58,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     except GpuprovError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except click.exceptions.Exit as exc:
+    except (typer.Exit, getattr(click.exceptions, "Exit", typer.Exit)) as exc:
         return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
-    except click.exceptions.Abort:
+    except (typer.Abort, getattr(click.exceptions, "Abort", typer.Abort)):
         print("Aborted.", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -76,7 +76,8 @@ def build_shim(runc: str, python: str, out: Path) -> bytes | None:
 
 def python_fallback(python: str) -> bytes:
     root = HERE.parent.parent
-    return (f"#!{python} -I -S\n# gpuprov-runtime (Python fallback: no C compiler was found at install time)\n"
+    # one shebang argument only (Linux passes the rest as a single word): -IS = isolated, no site
+    return (f"#!{python} -IS\n# gpuprov-runtime (Python fallback: no C compiler was found at install time)\n"
             f"import sys\nsys.path.insert(0, {str(root)!r})\nfrom provision.inject.shim import main\n"
             "raise SystemExit(main())\n").encode()
 

@@ -46,10 +46,26 @@ def _install_cmds(target: Target, packages: tuple[str, ...]) -> list[list[str]]:
 def _pkg_step(sid: str, title: str, target: Target, packages: tuple[str, ...], pre: list[list[str]] | None = None,
               **kw) -> Step:
     cmds = (pre or []) + _install_cmds(target, packages)
+    step = Step(sid, title, commands=cmds, check=lambda: packages_installed(target.package_manager, packages), **kw)
     if target.package_manager == "apt":
-        # a run killed in the middle of dpkg leaves it half-configured: finish that first, then install
-        cmds = [["dpkg", "--configure", "-a"]] + cmds
-    return Step(sid, title, commands=cmds, check=lambda: packages_installed(target.package_manager, packages), **kw)
+        step.action = lambda: _apt_apply(step)
+    return step
+
+
+def _apt_apply(step: Step) -> None:
+    from provision import effects
+
+    # A run killed in the middle of dpkg leaves packages half-configured: finish that first, then install.
+    if any(Path("/var/lib/dpkg/updates").glob("*")):
+        effects.run(["dpkg", "--configure", "-a"], env=_apt_env())
+    for argv in step.commands:
+        effects.run(argv, env=_apt_env(), timeout=3600)
+
+
+def _apt_env() -> dict:
+    import os
+
+    return {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "NEEDRESTART_MODE": "a"}
 
 
 def driver_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:

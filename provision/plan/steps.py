@@ -31,7 +31,7 @@ class Step:
         for path, text in self.files.items():
             atomic_write_text(Path(path), text, mode=0o644)
         for argv in self.commands:
-            effects.run(argv, env=_apt_env() if argv and argv[0] in ("apt-get", "dpkg") else None, timeout=3600)
+            effects.run(argv, timeout=3600)
         return None
 
     def to_dict(self, diffs: bool = True) -> dict:
@@ -48,12 +48,6 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
-
-
-def _apt_env() -> dict:
-    import os
-
-    return {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "NEEDRESTART_MODE": "a"}
 
 
 def files_match(files: dict[str, str]) -> bool:

@@ -1,0 +1,81 @@
+"""Fresh Debian 12 hosts as containers (debootstrap image, nested-engine flags from TESTING.md), reached through
+`docker exec` only. gpuprov goes in from a wheelhouse built on this machine, as on an offline host."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "gpuprov-test/bookworm-minbase:1"
+NESTED = ["--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
+          "--security-opt", "apparmor=unconfined", "--device-cgroup-rule", "a *:* rwm", "--cgroupns", "host",
+          "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/var/lib/docker:exec"]
+
+
+def sh(*argv, check=True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check, **kw)
+
+
+def ensure_image() -> str:
+    if sh("docker", "image", "inspect", IMAGE, check=False).returncode == 0:
+        return IMAGE
+    with tempfile.TemporaryDirectory() as td:
+        sh("debootstrap", "--variant=minbase", "bookworm", td, timeout=900)
+        tar = subprocess.Popen(["tar", "-C", td, "-c", "."], stdout=subprocess.PIPE)
+        subprocess.run(["docker", "import", "-", IMAGE], stdin=tar.stdout, check=True, capture_output=True)
+        tar.wait()
+    return IMAGE
+
+
+def ensure_wheelhouse() -> Path:
+    wh = Path(os.environ.get("GPUPROV_TEST_WHEELHOUSE", "/tmp/gpuprov-wheelhouse"))
+    stamp = wh / ".built-from"
+    head = sh("git", "-C", str(REPO), "rev-parse", "HEAD", check=False).stdout.strip()
+    dirty = sh("git", "-C", str(REPO), "status", "--porcelain", check=False).stdout
+    key = head + str(hash(dirty))
+    if stamp.exists() and stamp.read_text() == key:
+        return wh
+    shutil.rmtree(wh, ignore_errors=True)
+    wh.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as td:  # build from a copy: the checkout may be read-only or dirty
+        src = Path(td) / "src"
+        shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(".git", ".venv", ".gpu-kit", ".whl", "*.egg-info",
+                                                                 "__pycache__", "build"))
+        sh("python3", "-m", "pip", "wheel", "-q", str(src), "-w", str(wh), timeout=900)
+    stamp.write_text(key)
+    return wh
+
+
+class Host:
+    def __init__(self, name: str | None = None, network: str | None = None):
+        self.name = name or f"gpuprov-host-{uuid.uuid4().hex[:8]}"
+        wh = ensure_wheelhouse()
+        args = ["docker", "run", "-d", "--name", self.name, *NESTED, "-v", f"{REPO}:/src:ro", "-v", f"{wh}:/wh:ro"]
+        if network:
+            args += ["--network", network]
+        sh(*args, ensure_image(), "sleep", "infinity")
+
+    def exec(self, script: str, check: bool = False, timeout: float = 900, input_text: str | None = None):
+        return sh("docker", "exec", "-i", self.name, "bash", "-c", script, check=check, timeout=timeout,
+                  input=input_text)
+
+    def spawn(self, script: str) -> None:
+        """Run in the background inside the host (outlives this call)."""
+        sh("docker", "exec", "-d", self.name, "bash", "-c", script)
+
+    def write(self, path: str, text: str) -> None:
+        self.exec(f"mkdir -p $(dirname {path}) && cat > {path}", check=True, input_text=text)
+
+    def read(self, path: str) -> bytes:
+        return subprocess.run(["docker", "exec", self.name, "cat", path], capture_output=True, check=True).stdout
+
+    def install_gpuprov(self) -> subprocess.CompletedProcess:
+        """install.sh from the wheelhouse, stopping at a dry run (prints the plan, changes nothing else)."""
+        return self.exec("GPUPROV_WHEELHOUSE=/wh /src/install.sh --dry-run", timeout=900)
+
+    def remove(self) -> None:
+        sh("docker", "rm", "-f", self.name, check=False)

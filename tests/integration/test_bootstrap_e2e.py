@@ -1,0 +1,107 @@
+"""`gpuprov bootstrap` end to end on fresh Debian 12 hosts (containers from a debootstrap image): docker.io really
+installed from Debian's archive, dockerd running, the user's daemon.json keys kept, runtime `nvidia` listed, a
+container started through it; then a no-change re-run, and faults: a package that fails to install, an invalid
+daemon.json, a run killed in the middle."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from tests.conftest import have_docker
+from tests.integration.hosts import Host
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(not (have_docker() and shutil.which("debootstrap")),
+                                 reason="needs a running Docker engine and debootstrap (run-tests.sh installs both)")]
+USER_DAEMON = {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-file": "3"},
+               "insecure-registries": ["registry.lab.internal:5000"], "registry-mirrors": ["https://mirror.invalid"],
+               "features": {"buildkit": True}, "live-restore": False}
+BOOT = "gpuprov bootstrap --yes --driver skip"
+
+
+@pytest.fixture(scope="module")
+def host():
+    h = Host()
+    h.write("/etc/docker/daemon.json", json.dumps(USER_DAEMON, indent=4) + "\n")
+    r = h.install_gpuprov()
+    assert r.returncode == 0, r.stdout + r.stderr
+    yield h
+    h.remove()
+
+
+def test_1_package_that_fails_to_install(host):
+    """Another package manager holds dpkg's lock (as unattended-upgrades does): the step fails, named, with the
+    command and its output; nothing after it runs."""
+    host.spawn("echo $$ > /tmp/holder.pid; exec python3 -c 'import fcntl, time; "
+               "f = open(\"/var/lib/dpkg/lock-frontend\", \"w\"); fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(600)'")
+    # (apt's locks are fcntl locks: flock(1) would not block it)
+    time.sleep(1)
+    r = host.exec(BOOT)
+    host.exec("kill $(cat /tmp/holder.pid); sleep 1")
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "step engine.packages" in r.stderr and "apt-get" in r.stderr and "lock" in r.stderr
+    assert "Error:" in r.stderr
+    assert host.exec("dpkg -s docker.io").returncode != 0
+
+
+def test_2_bootstrap_fresh_host(host):
+    r = host.exec(BOOT + " --json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(r.stdout)
+    by_id = {s["id"]: s for s in res["steps"]}
+    assert by_id["engine.packages"]["status"] == "changed"
+    assert "gpuprov-validate-ok" in by_id["validate"]["detail"] and "no GPU" in by_id["validate"]["detail"]
+    assert host.exec("dpkg-query -W -f '${Status}' docker.io").stdout == "install ok installed"
+    doc = json.loads(host.read("/etc/docker/daemon.json"))
+    for k, v in USER_DAEMON.items():
+        assert doc[k] == v, k  # every user key kept
+    assert list(doc)[:len(USER_DAEMON)] == list(USER_DAEMON)
+    assert doc["runtimes"]["nvidia"]["path"] == "/usr/local/bin/gpuprov-runtime"
+    assert "nvidia" in json.loads(host.exec("docker info --format '{{json .Runtimes}}'").stdout)
+    out = host.exec("docker run --rm --runtime nvidia gpuprov-validate:0.1.0 sh -c 'echo through-nvidia'")
+    assert out.stdout.strip() == "through-nvidia", out.stderr
+
+
+def test_3_second_run_changes_nothing_fast(host):
+    t = time.monotonic()
+    r = host.exec(BOOT + " --json")
+    wall = time.monotonic() - t
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["changed"] == 0, res
+    print(f"\nbootstrap re-run: {wall:.2f}s wall, {res['changed']} changes")
+    assert wall <= 2.0, f"re-run took {wall:.2f}s"
+
+
+def test_4_invalid_daemon_json_untouched(host):
+    good = host.read("/etc/docker/daemon.json")
+    bad = b'{"log-driver": "json-file",, "oops"\n'
+    host.exec("cat > /etc/docker/daemon.json", input_text=bad.decode())
+    r = host.exec(BOOT)
+    after = host.read("/etc/docker/daemon.json")
+    host.exec("cat > /etc/docker/daemon.json", input_text=good.decode())
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert after == bad
+    assert "not valid JSON" in r.stderr and len([ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]) == 1
+
+
+def test_5_killed_run_converges():
+    h = Host()
+    try:
+        assert h.install_gpuprov().returncode == 0
+        h.spawn(f"{BOOT} > /tmp/first.log 2>&1")
+        for _ in range(600):  # kill -9 everything once dpkg is unpacking docker.io
+            if h.exec("pgrep -x dpkg").returncode == 0:
+                break
+            time.sleep(0.2)
+        h.exec("pkill -9 -f 'gpuprov bootstrap'; pkill -9 -x apt-get; pkill -9 -x dpkg; sleep 1")
+        r = h.exec(BOOT + " --json")
+        assert r.returncode == 0, r.stdout + r.stderr + h.exec("cat /tmp/first.log").stdout
+        assert "nvidia" in json.loads(h.exec("docker info --format '{{json .Runtimes}}'").stdout)
+        again = json.loads(h.exec(BOOT + " --json").stdout)
+        assert again["changed"] == 0
+    finally:
+        h.remove()
