@@ -55,3 +55,23 @@ def _alive(pid: int) -> bool:
             return fh.read().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def start(runtime: str, bundle: Path, out: Path) -> tuple[str, int | None, str]:
+    """create + start without waiting: (container id, pid or None, error text)."""
+    cid = "gp-" + uuid.uuid4().hex[:10]
+    with open(out, "wb") as fh:
+        rc = subprocess.run([runtime, "create", "--bundle", str(bundle), cid], stdout=fh, stderr=fh,
+                            stdin=subprocess.DEVNULL).returncode
+    if rc != 0:
+        return cid, None, out.read_text(errors="replace")
+    pid = json.loads(subprocess.run([runtime, "state", cid], capture_output=True, text=True).stdout)["pid"]
+    subprocess.run([runtime, "start", cid], check=True)
+    return cid, pid, ""
+
+
+def finish(runtime: str, cid: str, pid: int, out: Path) -> str:
+    while os.path.exists(f"/proc/{pid}") and _alive(pid):
+        time.sleep(0.01)
+    subprocess.run([runtime, "delete", "--force", cid], check=True)
+    return out.read_text(errors="replace")

@@ -111,10 +111,50 @@ def load_discovery(settings: dict) -> dict:
     return doc
 
 
+def load_share_state(path: str) -> dict | None:
+    """Sharing is on when `gpuprov share enable` left its state and the MPS control daemon still runs."""
+    try:
+        with open(path) as fh:
+            state = json.load(fh)
+        os.kill(int(state["daemon_pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return state
+
+
+def apply_sharing(config: dict, env: dict[str, str], n_gpus: int, settings: dict) -> None:
+    """MPS client settings for a GPU container: limits, the pipe directory, the daemon's /dev/shm and IPC."""
+    from provision.share.limits import MPS_VARS, mps_env, share_request
+
+    for var in MPS_VARS:  # a container never sets its own MPS limits or pipes
+        env.pop(var, None)
+    state = load_share_state(settings.get("share_state", ""))
+    req = share_request(env, n_gpus, state)
+    if req is None:
+        return
+    uid = int(config.get("process", {}).get("user", {}).get("uid", 0))
+    if uid != int(state.get("uid", 0)):
+        raise Refused(f"GPU sharing needs the container to run as uid {state.get('uid', 0)} (the MPS daemon's); "
+                      f"it runs as uid {uid}")
+    env.update(mps_env(req, state))
+    mounts = [m for m in config.get("mounts", []) if m.get("destination") != "/dev/shm"]
+    mounts.append({"destination": "/dev/shm", "source": "/dev/shm", "type": "bind",
+                   "options": ["rbind", "nosuid", "nodev", "noexec"]})
+    mounts.append({"destination": state["pipe_dir"], "source": state["pipe_dir"], "type": "bind",
+                   "options": ["rbind", "nosuid", "nodev", "noexec"]})
+    config["mounts"] = mounts
+    linux = config.setdefault("linux", {})
+    linux["namespaces"] = [n for n in linux.get("namespaces", []) if n.get("type") != "ipc"]  # MPS needs host IPC
+
+
 def modify_config(config: dict, bundle: str, settings: dict) -> bool:
     """Apply GPU edits to `config` in place. Returns True when something changed. Raises Refused."""
     process = config.setdefault("process", {})
     env = edits.env_dict(process.get("env"))
+    if "ALIYUN_COM_GPU_VISIBLE_DEVICES" in env:
+        from provision.share.limits import aliyun_visible
+
+        aliyun_visible(env)
     hooks = config.get("hooks", {}).get("prestart", [])
     gpus_hook = [h for h in hooks if posixpath.basename(h.get("path", "")) == HOOK_NAME]
     if gpus_hook and not all(_our_hook(h["path"]) for h in gpus_hook):
@@ -129,6 +169,11 @@ def modify_config(config: dict, bundle: str, settings: dict) -> bool:
         config["hooks"]["prestart"] = [h for h in hooks if h not in gpus_hook]
         changed = True
     if selectors is None:
+        from provision.share.limits import REQUEST_VARS
+
+        if any(env.get(v, "").strip() not in ("", "0") for v in REQUEST_VARS):
+            raise Refused("GPU memory/compute limits were asked for, but the container requests no GPU "
+                          "(set NVIDIA_VISIBLE_DEVICES or --gpus)")
         return changed
     disc = load_discovery(settings)
     rootfs = config.get("root", {}).get("path", "rootfs")
@@ -152,6 +197,8 @@ def modify_config(config: dict, bundle: str, settings: dict) -> bool:
         config.setdefault("mounts", []).append(m)
     # Our values replace the image's: NVIDIA_VISIBLE_DEVICES becomes the resolved list.
     env.update(e["env"])
+    n_gpus = len([d for d in e["devices"] if d["path"][len("/dev/nvidia"):].isdigit()])
+    apply_sharing(config, env, n_gpus, settings)
     process["env"] = [f"{k}={v}" for k, v in env.items()]
     return True
 

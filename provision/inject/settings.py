@@ -14,6 +14,8 @@ DEFAULTS = {
     # Multi-tenant hosts turn this off: unprivileged containers then get GPUs only through device-list mounts
     # under /var/run/nvidia-container-devices/ (what Kubernetes device plugins pass), never from their own env.
     "accept_env_unprivileged": True,
+    # Written by `gpuprov share enable`: where MPS runs, its defaults; absent = sharing off.
+    "share_state": "/run/gpuprov/share.json",
 }
 
 

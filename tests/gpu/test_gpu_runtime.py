@@ -90,15 +90,15 @@ def test_nvidia_smi_in_container(runtime, rootfs, tmp_path):
     assert rc == 0 and "GPU 0: NVIDIA" in out and "UUID: GPU-" in out, out
 
 
-def test_cuda_program_in_container(runtime, rootfs, tmp_path):
-    src = tmp_path / "vadd.cu"
-    src.write_text(VADD)
-    exe = rootfs / "vadd"
+def build_cuda(rootfs: Path, source: str, name: str, workdir: Path) -> Path:
+    """nvcc-build a program into the test image. The image is Debian 12 (glibc 2.36) and nvcc builds against the
+    host's newer glibc: like a real image built on this host, it ships the host C runtime the program links."""
+    src = workdir / f"{name}.cu"
+    src.write_text(source)
+    exe = rootfs / name
     b = subprocess.run(["nvcc", "-O2", "-o", str(exe), str(src), "-Xcompiler", "-static-libgcc",
                         "-Xcompiler", "-static-libstdc++"], capture_output=True, text=True)
     assert b.returncode == 0, b.stderr
-    # The test image is Debian 12 (glibc 2.36); nvcc here builds against the host's newer glibc. Like a real image
-    # built on this host, ship the program with the host's C runtime libraries it links against.
     for line in subprocess.run(["ldd", str(exe)], capture_output=True, text=True).stdout.splitlines():
         parts = line.split()
         lib = parts[2] if "=>" in parts and len(parts) > 2 and parts[2].startswith("/") else (
@@ -109,6 +109,11 @@ def test_cuda_program_in_container(runtime, rootfs, tmp_path):
             if dst.is_symlink() or dst.exists():
                 dst.unlink()
             shutil.copy2(os.path.realpath(lib), dst)
+    return exe
+
+
+def test_cuda_program_in_container(runtime, rootfs, tmp_path):
+    build_cuda(rootfs, VADD, "vadd", tmp_path)
     cfg = make_config(str(rootfs), ["/vadd"], ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute"])
     rc, out = lifecycle(runtime, write_bundle(tmp_path / "b", cfg))
     _record("cuda_vadd", out)

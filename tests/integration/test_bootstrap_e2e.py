@@ -20,16 +20,22 @@ USER_DAEMON = {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-f
                "insecure-registries": ["registry.lab.internal:5000"], "registry-mirrors": ["https://mirror.invalid"],
                "features": {"buildkit": True}, "live-restore": False}
 BOOT = "gpuprov bootstrap --yes --driver skip"
+# PIDs of live (not zombie) processes by name, from /proc (the minbase image has no procps; its PID 1, `sleep`,
+# reaps nothing, so killed processes stay as zombies)
+PIDS_OF = ('for p in /proc/[0-9]*; do case " {names} " in *" $(cat $p/comm 2>/dev/null) "*) '
+           'grep -q "^State:.Z" $p/status || echo ${{p#/proc/}};; esac; done')
 
 
 @pytest.fixture(scope="module")
 def host():
     h = Host()
-    h.write("/etc/docker/daemon.json", json.dumps(USER_DAEMON, indent=4) + "\n")
-    r = h.install_gpuprov()
-    assert r.returncode == 0, r.stdout + r.stderr
-    yield h
-    h.remove()
+    try:
+        h.write("/etc/docker/daemon.json", json.dumps(USER_DAEMON, indent=4) + "\n")
+        r = h.install_gpuprov()
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield h
+    finally:
+        h.remove()
 
 
 def test_1_package_that_fails_to_install(host):
@@ -93,11 +99,17 @@ def test_5_killed_run_converges():
     try:
         assert h.install_gpuprov().returncode == 0
         h.spawn(f"{BOOT} > /tmp/first.log 2>&1")
-        for _ in range(600):  # kill -9 everything once dpkg is unpacking docker.io
-            if h.exec("pgrep -x dpkg").returncode == 0:
+        for _ in range(600):  # kill -9 everything once dpkg is unpacking/configuring (minbase has no pgrep)
+            if h.exec(PIDS_OF.format(names="dpkg")).stdout.strip():
                 break
-            time.sleep(0.2)
-        h.exec("pkill -9 -f 'gpuprov bootstrap'; pkill -9 -x apt-get; pkill -9 -x dpkg; sleep 1")
+            time.sleep(0.1)
+        else:
+            pytest.fail("dpkg never ran")
+        killed = h.exec("kill -9 $(" + PIDS_OF.format(names="gpuprov apt-get dpkg http") + "); sleep 1; "
+                        + PIDS_OF.format(names="gpuprov apt-get dpkg"))
+        assert killed.stdout.strip() == "", "processes survived kill -9"
+        first = h.exec("cat /tmp/first.log").stdout
+        assert "bootstrap:" not in first  # the first run really died in the middle
         r = h.exec(BOOT + " --json")
         assert r.returncode == 0, r.stdout + r.stderr + h.exec("cat /tmp/first.log").stdout
         assert "nvidia" in json.loads(h.exec("docker info --format '{{json .Runtimes}}'").stdout)

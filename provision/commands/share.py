@@ -1,0 +1,80 @@
+"""`gpuprov share enable|disable|status`: several containers on one GPU with memory caps and compute shares."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from provision.output import emit_json, kv, table
+
+share_app = typer.Typer(help="GPU sharing with limits (NVIDIA MPS): enable, disable, status.", no_args_is_help=True)
+
+
+def _state_path() -> str:
+    from provision.inject.settings import load_settings
+
+    return load_settings()["share_state"]
+
+
+@share_app.command("enable")
+def enable_cmd(
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices to share, e.g. 0,1 (default: all)."),
+    max_clients: Optional[int] = typer.Option(None, "--max-clients", help="Max containers per GPU (max_inst)."),
+    default_memory: Optional[str] = typer.Option(None, "--default-memory", help="Cap for containers that ask none."),
+    default_compute: Optional[int] = typer.Option(None, "--default-compute", help="Percent for those containers."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Start the MPS control daemon for the chosen GPUs (pipe dir /run/gpuprov/mps, logs /var/log/gpuprov/mps)."""
+    from provision.errors import UsageError
+    from provision.inject.edits import Refused
+    from provision.share import mps
+    from provision.share.limits import parse_percent, parse_size
+
+    try:
+        ids = [int(x) for x in gpus.split(",")] if gpus else None
+        mem = parse_size(default_memory, "--default-memory") if default_memory else None
+        comp = parse_percent(str(default_compute), "--default-compute") if default_compute else None
+    except (ValueError, Refused) as exc:
+        raise UsageError(str(exc)) from None
+    st = mps.enable(_state_path(), gpus=ids, max_clients=max_clients, default_memory=mem, default_compute=comp)
+    if json_out:
+        emit_json(st)
+    else:
+        print(kv([("MPS daemon", f"pid {st['daemon_pid']} ({st['supervisor']})"), ("gpus", gpus or "all"),
+                  ("pipe dir", st["pipe_dir"]), ("default memory", default_memory), ("default compute", comp)]))
+
+
+@share_app.command("disable")
+def disable_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
+    """Stop the MPS daemon cleanly (running clients finish first)."""
+    from provision.share import mps
+
+    res = mps.disable(_state_path())
+    if json_out:
+        emit_json(res)
+    else:
+        print("GPU sharing off" + (f"; still running: {res['left_running']}" if res.get("left_running") else ""))
+
+
+@share_app.command("status")
+def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
+    """The daemon, its clients and, per container, GPU memory in use and the limit (like cgpu-smi)."""
+    from provision.share import mps
+
+    st = mps.status(_state_path())
+    if json_out:
+        emit_json(st)
+        return
+    if not st["enabled"]:
+        print("GPU sharing is off (gpuprov share enable)")
+        return
+    d = st["daemon"]
+    print(kv([("MPS daemon", f"pid {d['pid']} ({d['supervisor']})"), ("gpus", d["gpus"]),
+              ("servers", " ".join(map(str, st["servers"])) or "none yet")]))
+    print(table(["PID", "CONTAINER", "MEM USED (MiB)", "MEM LIMIT", "COMPUTE %"],
+                [[c["pid"], (c["container"] or "")[:12], c["memory_used_mib"], c["memory_limit"],
+                  c["compute_percent"]] for c in st["clients"]]))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(share_app, name="share")

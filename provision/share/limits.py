@@ -1,0 +1,115 @@
+"""Per-container sharing requests (pure): GPUPROV_GPU_MEMORY / GPUPROV_GPU_COMPUTE, and the cGPU seed's
+ALIYUN_COM_GPU_* aliases, into MPS client settings. Bad values and limits asked for while sharing is off are
+refused with one line; the container's own CUDA_MPS_* variables never survive (it cannot raise its limits)."""
+from __future__ import annotations
+
+from provision.inject.edits import Refused
+
+GIB = 1 << 30
+UNITS = {"": GIB, "g": GIB, "gi": GIB, "gib": GIB, "gb": GIB, "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20,
+         "mb": 1 << 20, "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40}
+MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PIPE_DIRECTORY",
+            "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING")
+REQUEST_VARS = ("GPUPROV_GPU_MEMORY", "GPUPROV_GPU_COMPUTE", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_SCHD_WEIGHT")
+
+
+def parse_size(text: str, var: str, default_unit: str = "g") -> int:
+    """'6G', '6GiB', '512M', '1.5G', '6' (GiB unless another default unit) -> bytes."""
+    t = text.strip().lower()
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):] or default_unit
+    try:
+        value = float(num)
+    except ValueError:
+        raise Refused(f"{var}={text!r}: not a size (use e.g. 6G, 512M, 1.5GiB)") from None
+    if unit not in UNITS:
+        raise Refused(f"{var}={text!r}: unknown unit {unit!r} (use M, G or T)")
+    size = int(value * UNITS[unit])
+    if size <= 0:
+        raise Refused(f"{var}={text!r}: the size must be positive")
+    return size
+
+
+def parse_memory(text: str, var: str, n_gpus: int, default_unit: str = "g") -> dict[int, int]:
+    """One size for every visible GPU, a positional list ('3,4,5,6' per card) or 'INDEX=SIZE,…'."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise Refused(f"{var} is empty")
+    if all("=" in x for x in items):
+        out = {}
+        for x in items:
+            k, _, v = x.partition("=")
+            if not k.strip().isdigit():
+                raise Refused(f"{var}={text!r}: {k!r} is not a GPU index")
+            out[int(k)] = parse_size(v, var, default_unit)
+        return out
+    if any("=" in x for x in items):
+        raise Refused(f"{var}={text!r}: mix of INDEX=SIZE and plain sizes")
+    if len(items) == 1:
+        return {i: parse_size(items[0], var, default_unit) for i in range(n_gpus)}
+    if len(items) != n_gpus:
+        raise Refused(f"{var}={text!r}: {len(items)} sizes for {n_gpus} visible GPU(s)")
+    return {i: parse_size(x, var, default_unit) for i, x in enumerate(items)}
+
+
+def parse_percent(text: str, var: str) -> int:
+    try:
+        v = int(text.strip())
+    except ValueError:
+        raise Refused(f"{var}={text!r}: not an integer percentage (1-100)") from None
+    if not 1 <= v <= 100:
+        raise Refused(f"{var}={text!r}: must be between 1 and 100")
+    return v
+
+
+def aliyun_visible(env: dict[str, str]) -> None:
+    """ALIYUN_COM_GPU_VISIBLE_DEVICES means NVIDIA_VISIBLE_DEVICES (indices or UUIDs), as the seed describes."""
+    if "ALIYUN_COM_GPU_VISIBLE_DEVICES" in env and "NVIDIA_VISIBLE_DEVICES" not in env:
+        env["NVIDIA_VISIBLE_DEVICES"] = env["ALIYUN_COM_GPU_VISIBLE_DEVICES"]
+
+
+def share_request(env: dict[str, str], n_gpus: int, state: dict | None) -> dict | None:
+    """{'memory': {visible index: bytes}, 'compute': pct|None} for this container, or None (no limits)."""
+    mem = comp = None
+    if env.get("GPUPROV_GPU_MEMORY", "").strip():
+        mem = parse_memory(env["GPUPROV_GPU_MEMORY"], "GPUPROV_GPU_MEMORY", n_gpus)
+    elif env.get("ALIYUN_COM_GPU_MEM_CONTAINER", "").strip() not in ("", "0"):
+        mem = parse_memory(env["ALIYUN_COM_GPU_MEM_CONTAINER"], "ALIYUN_COM_GPU_MEM_CONTAINER", n_gpus)
+        dev = env.get("ALIYUN_COM_GPU_MEM_DEV", "").strip()
+        if dev:
+            card = parse_size(dev, "ALIYUN_COM_GPU_MEM_DEV")
+            too_big = [i for i, v in mem.items() if v > card]
+            if too_big:
+                raise Refused(f"ALIYUN_COM_GPU_MEM_CONTAINER asks more than the card's ALIYUN_COM_GPU_MEM_DEV={dev} GiB")
+    if env.get("GPUPROV_GPU_COMPUTE", "").strip():
+        comp = parse_percent(env["GPUPROV_GPU_COMPUTE"], "GPUPROV_GPU_COMPUTE")
+    elif env.get("ALIYUN_COM_GPU_SCHD_WEIGHT", "").strip():
+        max_inst = (state or {}).get("max_clients") or 16
+        try:
+            w = int(env["ALIYUN_COM_GPU_SCHD_WEIGHT"])
+        except ValueError:
+            raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={env['ALIYUN_COM_GPU_SCHD_WEIGHT']!r}: not an integer") from None
+        if not 1 <= w <= max_inst:
+            raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={w}: must be between 1 and max_inst ({max_inst})")
+        comp = max(1, round(100 * w / max_inst))
+    asked = mem is not None or comp is not None
+    if state is None:
+        if asked:
+            raise Refused("GPU memory/compute limits were asked for (GPUPROV_GPU_MEMORY/COMPUTE or ALIYUN_COM_GPU_*) "
+                          "but GPU sharing is off: run `gpuprov share enable` first")
+        return None
+    if mem is None and state.get("default_memory"):
+        mem = {i: int(state["default_memory"]) for i in range(n_gpus)}
+    if comp is None and state.get("default_compute"):
+        comp = int(state["default_compute"])
+    return {"memory": mem, "compute": comp}
+
+
+def mps_env(req: dict, state: dict) -> dict[str, str]:
+    env = {"CUDA_MPS_PIPE_DIRECTORY": state["pipe_dir"], "CUDA_MPS_LOG_DIRECTORY": state["log_dir"]}
+    if req.get("memory"):
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={v // (1 << 20)}M"
+                                                           for i, v in sorted(req["memory"].items()))
+    if req.get("compute"):
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(req["compute"])
+    return env

@@ -1,0 +1,190 @@
+"""The MPS control daemon: start it for chosen GPUs (systemd unit where systemd runs, a background process
+otherwise), set its defaults, report clients per container, stop it cleanly. Never changes GPU settings."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from provision.errors import GpuprovError, StepFailed
+from provision.fsutil import atomic_write_text
+
+PIPE_DIR = "/run/gpuprov/mps"
+LOG_DIR = "/var/log/gpuprov/mps"
+UNIT = "/etc/systemd/system/gpuprov-mps.service"
+
+
+def find_control() -> str:
+    for cand in (shutil.which("nvidia-cuda-mps-control"), "/usr/local/nvidia/bin/nvidia-cuda-mps-control",
+                 "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"):
+        if cand and os.path.exists(cand):
+            return cand
+    raise GpuprovError("nvidia-cuda-mps-control not found: install the NVIDIA driver (gpuprov bootstrap)", exit_code=4)
+
+
+def _env(state: dict) -> dict:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CUDA_MPS_PIPE_DIRECTORY": state["pipe_dir"],
+           "CUDA_MPS_LOG_DIRECTORY": state["log_dir"]}
+    if state.get("gpus"):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in state["gpus"])
+    return env
+
+
+def control(state: dict, command: str, timeout: float = 10) -> str:
+    p = subprocess.run([state["control"]], input=command + "\n", capture_output=True, text=True, env=_env(state),
+                       timeout=timeout)
+    return (p.stdout or "").strip()
+
+
+def daemon_pid(state: dict) -> int | None:
+    """The control daemon's PID from its pid file in the pipe directory."""
+    try:
+        pid = int(Path(state["pipe_dir"], "nvidia-cuda-mps-control.pid").read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def load_state(path: str) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, default_memory: int | None,
+           default_compute: int | None) -> dict:
+    old = load_state(state_path)
+    if old and daemon_pid(old):
+        raise GpuprovError(f"GPU sharing is already on (MPS daemon pid {daemon_pid(old)}); "
+                           "`gpuprov share disable` first to change its settings", exit_code=2)
+    state = {"control": find_control(), "pipe_dir": PIPE_DIR, "log_dir": LOG_DIR, "gpus": gpus or [],
+             "max_clients": max_clients, "default_memory": default_memory, "default_compute": default_compute,
+             "uid": os.getuid()}
+    for d in (state["pipe_dir"], state["log_dir"]):
+        os.makedirs(d, mode=0o755, exist_ok=True)
+    if Path("/run/systemd/system").is_dir():
+        envs = "".join(f"Environment={k}={v}\n" for k, v in _env(state).items() if k != "PATH")
+        atomic_write_text(Path(UNIT), "[Unit]\nDescription=NVIDIA MPS control daemon (gpuprov share)\n\n"
+                          f"[Service]\nType=forking\n{envs}ExecStart={state['control']} -d\n"
+                          f"ExecStop=/bin/sh -c 'echo quit | {state['control']}'\n\n"
+                          "[Install]\nWantedBy=multi-user.target\n", mode=0o644, backup=False)
+        subprocess.run(["systemctl", "daemon-reload"], check=False)
+        subprocess.run(["systemctl", "start", "gpuprov-mps"], check=True)
+        state["supervisor"] = "systemd (gpuprov-mps.service)"
+    else:
+        subprocess.run([state["control"], "-d"], env=_env(state), check=True)
+        state["supervisor"] = "background process"
+    for _ in range(50):
+        if daemon_pid(state):
+            break
+        time.sleep(0.1)
+    pid = daemon_pid(state)
+    if not pid:
+        raise StepFailed(f"the MPS control daemon did not start; see {state['log_dir']}/control.log")
+    state["daemon_pid"] = pid
+    # Defaults for clients that ask for nothing (the seed's default_memsize), per GPU.
+    for i in range(len(gpus) if gpus else 1):
+        if default_memory:
+            control(state, f"set_default_device_pinned_mem_limit {i} {default_memory // (1 << 20)}M")
+    if default_compute:
+        control(state, f"set_default_active_thread_percentage {default_compute}")
+    os.makedirs(os.path.dirname(state_path), exist_ok=True)
+    atomic_write_text(Path(state_path), json.dumps(state, indent=2) + "\n", mode=0o644, backup=False)
+    return state
+
+
+def disable(state_path: str) -> dict:
+    state = load_state(state_path)
+    if not state:
+        return {"stopped": False, "note": "GPU sharing was not on"}
+    pid = daemon_pid(state)
+    if pid:
+        if state.get("supervisor", "").startswith("systemd"):
+            subprocess.run(["systemctl", "stop", "gpuprov-mps"], check=False)
+        else:
+            control(state, "quit")
+        for _ in range(100):
+            if not daemon_pid(state) and not _mps_processes():
+                break
+            time.sleep(0.1)
+    left = _mps_processes()
+    Path(state_path).unlink(missing_ok=True)
+    return {"stopped": True, "daemon_pid": pid, "left_running": left}
+
+
+def _mps_processes() -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                comm = Path(f"/proc/{d}/comm").read_text().strip()
+            except OSError:
+                continue
+            if comm in ("nvidia-cuda-mps", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
+                out.append(int(d))
+    return out
+
+
+def _container_of(pid: int) -> str | None:
+    try:
+        cg = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    # The container's cgroup is named after it: /docker/<id>, docker-<id>.scope, /<runc id>.
+    for line in cg.splitlines():
+        parts = [p for p in line.split(":", 2)[-1].split("/") if p]
+        if parts:
+            return parts[-1].removeprefix("docker-").removeprefix("cri-containerd-").removesuffix(".scope")[:64]
+    return None
+
+
+def _env_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(x.split("=", 1) for x in raw.decode(errors="replace").split("\0") if "=" in x)
+
+
+def status(state_path: str) -> dict:
+    state = load_state(state_path)
+    if not state or not daemon_pid(state):
+        return {"enabled": False, "daemon": None, "clients": []}
+    servers = [s for s in control(state, "get_server_list").split() if s.isdigit()]
+    clients = []
+    used = _gpu_memory_by_pid()
+    for srv in servers:
+        for c in control(state, f"get_client_list {srv}").split():
+            if not c.isdigit():
+                continue
+            pid = int(c)
+            env = _env_of(pid)
+            clients.append({"pid": pid, "server": int(srv), "container": _container_of(pid),
+                            "memory_used_mib": used.get(pid),
+                            "memory_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+                            "compute_percent": env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")})
+    return {"enabled": True, "daemon": {"pid": state["daemon_pid"], "supervisor": state.get("supervisor"),
+                                        "gpus": state.get("gpus") or "all", "pipe_dir": state["pipe_dir"],
+                                        "default_memory": state.get("default_memory"),
+                                        "default_compute": state.get("default_compute")},
+            "servers": [int(s) for s in servers], "clients": clients}
+
+
+def _gpu_memory_by_pid() -> dict[int, int]:
+    smi = shutil.which("nvidia-smi") or "/usr/local/nvidia/bin/nvidia-smi"
+    try:
+        out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    res = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            res[int(parts[0])] = int(parts[1])
+    return res

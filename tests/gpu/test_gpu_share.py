@@ -1,0 +1,85 @@
+"""On a real GPU (marked `gpu`): MPS through `gpuprov share`, two containers with 2 GiB and 4 GiB caps through
+gpuprov-runtime, allocations below the cap succeed and above it fail, status shows both, disable leaves nothing."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.gpu.test_gpu_runtime import _record, build_cuda, rootfs, runtime  # noqa: F401 - fixtures
+from tests.oci import finish, lifecycle, make_config, start, write_bundle
+
+pytestmark = pytest.mark.gpu
+ALLOC = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+int main(int argc, char **argv) {
+  size_t mib = atol(argv[1]); int hold = argc > 2 ? atoi(argv[2]) : 0;
+  void *p = nullptr;
+  cudaError_t e = cudaMalloc(&p, mib << 20);
+  if (e != cudaSuccess) { printf("ALLOC FAIL %zu MiB: %s\n", mib, cudaGetErrorString(e)); return 2; }
+  cudaMemset(p, 1, mib << 20); cudaDeviceSynchronize();
+  printf("ALLOC OK %zu MiB\n", mib); fflush(stdout);
+  sleep(hold); cudaFree(p); return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def shared(runtime, rootfs, tmp_path_factory):  # noqa: F811
+    build_cuda(rootfs, ALLOC, "alloc", tmp_path_factory.mktemp("alloc"))
+    r = run_cli("share", "enable", "--gpus", "0", "--max-clients", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    _record("share_enable", json.loads(r.stdout))
+    yield runtime
+    r = run_cli("share", "disable", "--json")
+    _record("share_disable", r.stdout + r.stderr)
+
+
+def _cfg(rootfs, args, limit, extra=()):  # noqa: F811
+    return make_config(str(rootfs), args, ["NVIDIA_VISIBLE_DEVICES=0", f"GPUPROV_GPU_MEMORY={limit}", *extra])
+
+
+def test_two_containers_with_caps_and_status(shared, rootfs, tmp_path):  # noqa: F811
+    a = start(shared, write_bundle(tmp_path / "a", _cfg(rootfs, ["/alloc", "1536", "10"], "2G")), tmp_path / "a.out")
+    b = start(shared, write_bundle(tmp_path / "b", _cfg(rootfs, ["/alloc", "3072", "10"], "4G")), tmp_path / "b.out")
+    assert a[1] and b[1], (a[2], b[2])
+    time.sleep(6)
+    st = run_cli("share", "status", "--json")
+    human = run_cli("share", "status")
+    _record("share_status_json", json.loads(st.stdout))
+    _record("share_status", human.stdout)
+    outs = [finish(shared, a[0], a[1], tmp_path / "a.out"), finish(shared, b[0], b[1], tmp_path / "b.out")]
+    _record("share_below_limit", outs)
+    assert "ALLOC OK 1536 MiB" in outs[0] and "ALLOC OK 3072 MiB" in outs[1], outs
+    limits = sorted(c["memory_limit"] for c in json.loads(st.stdout)["clients"])
+    assert limits == ["0=2048M", "0=4096M"], st.stdout
+
+
+def test_above_cap_fails(shared, rootfs, tmp_path):  # noqa: F811
+    ra, oa = lifecycle(shared, write_bundle(tmp_path / "a", _cfg(rootfs, ["/alloc", "3072"], "2G")))
+    rb, ob = lifecycle(shared, write_bundle(tmp_path / "b", _cfg(rootfs, ["/alloc", "5120"], "4G")))
+    _record("share_above_limit", [oa, ob])
+    assert "ALLOC FAIL 3072 MiB" in oa and "ALLOC FAIL 5120 MiB" in ob, (oa, ob)
+
+
+def test_container_cannot_raise_its_limit(shared, rootfs, tmp_path):  # noqa: F811
+    cfg = _cfg(rootfs, ["/alloc", "3072"], "2G", ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=100G"])
+    rc, out = lifecycle(shared, write_bundle(tmp_path / "a", cfg))
+    _record("share_raise_via_config_env", out)
+    assert "ALLOC FAIL 3072 MiB" in out, out
+    # Informational: a process inside that sets the variable itself before CUDA starts (recorded, not asserted).
+    cfg = _cfg(rootfs, ["sh", "-c", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G /alloc 3072"], "2G")
+    _record("share_raise_in_process", lifecycle(shared, write_bundle(tmp_path / "b", cfg))[1])
+
+
+def test_zz_disable_leaves_no_daemon(shared):
+    r = run_cli("share", "disable", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    _record("share_disable_result", res)
+    assert res["stopped"] and res["left_running"] == []
+    assert json.loads(run_cli("share", "status", "--json").stdout)["enabled"] is False
