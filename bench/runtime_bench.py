@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,21 +37,39 @@ def main() -> int:
         "gpuprov_nogpu": (args.runtime, []),
         "gpuprov_gpu": (args.runtime, ["NVIDIA_VISIBLE_DEVICES=all"]),
     }
+    # Breakdown of the GPU path: bare runc on a config already edited once (the mounts' cost inside runc),
+    # and the editor alone (python3 -I -S modify_main.py on a fresh config).
+    from provision.inject.modify import modify_bundle
+    from provision.inject.settings import load_settings
+
+    pre = write_bundle(work / "pre", make_config(str(rootfs), ["/bin/true"], ["NVIDIA_VISIBLE_DEVICES=all"]))
+    modify_bundle(str(pre), load_settings())
+    edited = json.loads((pre / "config.json").read_text())
+    cases["runc_preedited_gpu"] = ("runc", None)
+    editor = Path(__file__).resolve().parents[1] / "provision/inject/modify_main.py"
     times: dict[str, list[float]] = {k: [] for k in cases}
+    times["editor_only"] = []
+    phases: dict[str, dict[str, list[float]]] = {}
     for i in range(args.n + 3):  # 3 warm-ups, then interleaved measurements
         names = list(cases)
         names = names[i % 3:] + names[:i % 3]  # rotate the order each round: no case always runs first
         for name in names:
             rt, env = cases[name]
-            bundle = write_bundle(work / f"{name}-{i}", make_config(str(rootfs), ["/bin/true"], env))
+            cfg = edited if env is None else make_config(str(rootfs), ["/bin/true"], env)
+            bundle = write_bundle(work / f"{name}-{i}", cfg)
             t = time.perf_counter()
-            rc, out = lifecycle(rt, bundle)
+            rc, out = lifecycle(rt, bundle, phases=phases.setdefault(name, {}) if i >= 3 else None)
             dt = time.perf_counter() - t
             if rc != 0:
                 print(f"{name}: create failed: {out}", file=sys.stderr)
                 return 2
             if i >= 3:
                 times[name].append(dt)
+        eb = write_bundle(work / f"ed-{i}", make_config(str(rootfs), ["/bin/true"], ["NVIDIA_VISIBLE_DEVICES=all"]))
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-I", "-S", str(editor), str(eb)], check=True)
+        if i >= 3:
+            times["editor_only"].append(time.perf_counter() - t)
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     res = {f"{k}_ms": round(v, 2) for k, v in med.items()}
     res["nogpu_ratio"] = round(med["gpuprov_nogpu"] / med["runc"], 3)
@@ -59,6 +78,7 @@ def main() -> int:
     res["p25_p75_ms"] = {k: [round(statistics.quantiles(v, n=4)[0] * 1000, 2), round(statistics.quantiles(v, n=4)[2] * 1000, 2)]
                          for k, v in times.items()}
     res["ok"] = res["nogpu_ratio"] <= 1.15 and res["gpu_ratio"] <= 2.0
+    res["phases_ms"] = {c: {p: round(statistics.median(v) * 1000, 2) for p, v in ph.items()} for c, ph in phases.items()}
     shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(res))
@@ -66,6 +86,10 @@ def main() -> int:
         print(f"bare runc            {med['runc']:7.2f} ms (reference)")
         print(f"gpuprov, no GPU      {med['gpuprov_nogpu']:7.2f} ms  {res['nogpu_ratio']:.2f}x  (target <= 1.15x)")
         print(f"gpuprov, GPU (all)   {med['gpuprov_gpu']:7.2f} ms  {res['gpu_ratio']:.2f}x  (target <= 2.0x)")
+        for c, ph in res["phases_ms"].items():
+            print(f"  {c:20} " + "  ".join(f"{p} {v:6.2f}" for p, v in ph.items()))
+        print(f"  of which: runc with the same edits {med['runc_preedited_gpu']:7.2f} ms; "
+              f"editor alone {med['editor_only']:7.2f} ms")
     return 0 if res["ok"] else 1
 
 

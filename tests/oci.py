@@ -31,21 +31,31 @@ def write_bundle(bundle: Path, cfg: dict) -> Path:
     return bundle
 
 
-def lifecycle(runtime: str, bundle: Path, *, env: dict | None = None, out: Path | None = None) -> tuple[int, str]:
-    """create / start / wait / delete, as an engine does. Returns (create's rc, captured stdout+stderr)."""
+def lifecycle(runtime: str, bundle: Path, *, env: dict | None = None, out: Path | None = None,
+              phases: dict | None = None) -> tuple[int, str]:
+    """create / start / wait / delete, as an engine does. Returns (create's rc, captured stdout+stderr).
+    With `phases`, each phase's seconds are appended to phases[name]."""
     cid = "gp-" + uuid.uuid4().hex[:10]
     out = out or bundle / "out.txt"
+    marks = [time.perf_counter()]
     with open(out, "wb") as fh:
         rc = subprocess.run([runtime, "create", "--bundle", str(bundle), cid], stdout=fh, stderr=fh,
                             stdin=subprocess.DEVNULL, env=env).returncode
+    marks.append(time.perf_counter())
     if rc != 0:
         return rc, out.read_text(errors="replace")
     st = json.loads(subprocess.run([runtime, "state", cid], capture_output=True, text=True, env=env).stdout)
     pid = st["pid"]
     subprocess.run([runtime, "start", cid], check=True, env=env)
+    marks.append(time.perf_counter())
     while os.path.exists(f"/proc/{pid}") and _alive(pid):
         time.sleep(0.0005)
+    marks.append(time.perf_counter())
     subprocess.run([runtime, "delete", "--force", cid], check=True, env=env)
+    marks.append(time.perf_counter())
+    if phases is not None:
+        for name, a, b in zip(("create", "state+start", "wait", "delete"), marks, marks[1:]):
+            phases.setdefault(name, []).append(b - a)
     return 0, out.read_text(errors="replace")
 
 
