@@ -7,5 +7,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from provision.inject.shim import run_create_edits  # noqa: E402
 
-# argv: BUNDLE [LOG [LOG_FORMAT]] (runc's --log/--log-format, so refusals reach the engine's error message)
-raise SystemExit(run_create_edits(sys.argv[1], *(a or None for a in sys.argv[2:4])))
+# argv: BUNDLE [LOG [LOG_FORMAT [--spawn-server]]] (runc's --log/--log-format, so refusals reach the engine's
+# error message; --spawn-server: no warm editor was listening, leave one behind for the next containers)
+rc = run_create_edits(sys.argv[1], *(a or None for a in sys.argv[2:4]))
+if "--spawn-server" in sys.argv[4:]:
+    from provision.inject.server import spawn_detached
+
+    spawn_detached()
+raise SystemExit(rc)

@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,6 +52,36 @@ static int needs_edit(const char *bundle) {
     return hit;
 }
 
+/* The warm editor's socket (provision/inject/server.py): next to GPUPROV_RUNTIME_CONFIG when that is set. */
+static void socket_path(char *out, size_t n) {
+    const char *cfg = getenv("GPUPROV_RUNTIME_CONFIG");
+    if (cfg && strlen(cfg) < n - 6) snprintf(out, n, "%s.sock", cfg);
+    else snprintf(out, n, "%s", "/run/gpuprov/runtime-editor.sock");
+}
+
+/* Ask the warm editor: returns its exit code, or -1 when none answers (then the editor runs directly). */
+static int ask_server(const char *bundle, const char *log, const char *log_format) {
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    socket_path(addr.sun_path, sizeof addr.sun_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) { close(fd); return -1; }
+    char req[12400];
+    int len = snprintf(req, sizeof req, "%s\t%s\t%s\n", bundle, log, log_format);
+    if (len <= 0 || (size_t)len >= sizeof req || write(fd, req, len) != len) { close(fd); return -1; }
+    char resp[4096] = {0};
+    ssize_t got = 0, r;
+    while (got < (ssize_t)sizeof resp - 1 && (r = read(fd, resp + got, sizeof resp - 1 - got)) > 0) {
+        got += r;
+        if (memchr(resp, '\n', got)) break;
+    }
+    close(fd);
+    if (got <= 0) return -1;
+    char *msg = strchr(resp, '\t'); /* "RC\tMESSAGE\n": the editor's one-line refusal, for our stderr */
+    if (msg && msg[1] && msg[1] != '\n') fprintf(stderr, "%s", msg + 1);
+    return atoi(resp);
+}
+
 int main(int argc, char **argv) {
     int i = 1;
     const char *cmd = NULL;
@@ -72,6 +104,11 @@ int main(int argc, char **argv) {
         else if (strncmp(argv[j], "--bundle=", 9) == 0) bundle = argv[j] + 9;
     }
     if (needs_edit(bundle)) {
+        char abs_bundle[4096];
+        if (bundle[0] != '/' && realpath(bundle, abs_bundle)) bundle = abs_bundle; /* the server has another cwd */
+        int rc = ask_server(bundle, log, log_format);
+        if (rc > 0) return rc;
+        if (rc == 0) exec_runc(argv);
         pid_t pid = fork();
         if (pid < 0) { perror("gpuprov-runtime: fork"); return 1; }
         if (pid == 0) {
@@ -83,7 +120,7 @@ int main(int argc, char **argv) {
                 snprintf(cfgvar, sizeof cfgvar, "GPUPROV_RUNTIME_CONFIG=%s", cfg);
                 envp[1] = cfgvar;
             }
-            execle(PYTHON, PYTHON, "-I", "-S", MODIFY, bundle, log, log_format, (char *)NULL, envp);
+            execle(PYTHON, PYTHON, "-I", "-S", MODIFY, bundle, log, log_format, "--spawn-server", (char *)NULL, envp);
             fprintf(stderr, "gpuprov-runtime: cannot exec %s: %s\n", PYTHON, strerror(errno));
             _exit(127);
         }
