@@ -22,6 +22,8 @@ def enable_cmd(
     max_clients: Optional[int] = typer.Option(None, "--max-clients", help="Max containers per GPU (max_inst)."),
     default_memory: Optional[str] = typer.Option(None, "--default-memory", help="Cap for containers that ask none."),
     default_compute: Optional[int] = typer.Option(None, "--default-compute", help="Percent for those containers."),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Hard per-container ceiling the MPS daemon "
+                                             "enforces even against a process that sets its own limit."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Start the MPS control daemon for the chosen GPUs (pipe dir /run/gpuprov/mps, logs /var/log/gpuprov/mps)."""
@@ -33,15 +35,18 @@ def enable_cmd(
     try:
         ids = [int(x) for x in gpus.split(",")] if gpus else None
         mem = parse_size(default_memory, "--default-memory") if default_memory else None
+        ceiling = parse_size(max_memory, "--max-memory") if max_memory else None
         comp = parse_percent(str(default_compute), "--default-compute") if default_compute else None
     except (ValueError, Refused) as exc:
         raise UsageError(str(exc)) from None
-    st = mps.enable(_state_path(), gpus=ids, max_clients=max_clients, default_memory=mem, default_compute=comp)
+    st = mps.enable(_state_path(), gpus=ids, max_clients=max_clients, default_memory=mem, default_compute=comp,
+                    max_memory=ceiling)
     if json_out:
         emit_json(st)
     else:
         print(kv([("MPS daemon", f"pid {st['daemon_pid']} ({st['supervisor']})"), ("gpus", gpus or "all"),
-                  ("pipe dir", st["pipe_dir"]), ("default memory", default_memory), ("default compute", comp)]))
+                  ("pipe dir", st["pipe_dir"]), ("default memory", default_memory), ("default compute", comp),
+                  ("ceiling", max_memory)]))
 
 
 @share_app.command("disable")

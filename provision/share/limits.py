@@ -98,6 +98,10 @@ def share_request(env: dict[str, str], n_gpus: int, state: dict | None) -> dict 
             raise Refused("GPU memory/compute limits were asked for (GPUPROV_GPU_MEMORY/COMPUTE or ALIYUN_COM_GPU_*) "
                           "but GPU sharing is off: run `gpuprov share enable` first")
         return None
+    ceiling = state.get("max_memory")
+    if mem and ceiling and any(v > ceiling for v in mem.values()):
+        raise Refused(f"the GPU memory asked for is above this host's sharing ceiling ({ceiling // (1 << 20)} MiB per "
+                      "container, `gpuprov share enable --max-memory`)")
     if mem is None and state.get("default_memory"):
         mem = {i: int(state["default_memory"]) for i in range(n_gpus)}
     if comp is None and state.get("default_compute"):

@@ -57,13 +57,14 @@ def load_state(path: str) -> dict | None:
 
 
 def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, default_memory: int | None,
-           default_compute: int | None) -> dict:
+           default_compute: int | None, max_memory: int | None = None) -> dict:
     old = load_state(state_path)
     if old and daemon_pid(old):
         raise GpuprovError(f"GPU sharing is already on (MPS daemon pid {daemon_pid(old)}); "
                            "`gpuprov share disable` first to change its settings", exit_code=2)
     state = {"control": find_control(), "pipe_dir": PIPE_DIR, "log_dir": LOG_DIR, "gpus": gpus or [],
              "max_clients": max_clients, "default_memory": default_memory, "default_compute": default_compute,
+             "max_memory": max_memory,
              "uid": os.getuid()}
     for d in (state["pipe_dir"], state["log_dir"]):
         os.makedirs(d, mode=0o755, exist_ok=True)
@@ -87,10 +88,12 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
     if not pid:
         raise StepFailed(f"the MPS control daemon did not start; see {state['log_dir']}/control.log")
     state["daemon_pid"] = pid
-    # Defaults for clients that ask for nothing (the seed's default_memsize), per GPU.
-    for i in range(len(gpus) if gpus else 1):
-        if default_memory:
-            control(state, f"set_default_device_pinned_mem_limit {i} {default_memory // (1 << 20)}M")
+    # The daemon's default pinned-memory limit is a ceiling no client can lift, even one that sets its own
+    # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (measured on an H200: a client asking 8G under a 2G default got 2G).
+    # Per-container limits below it come from the runtime; --default-memory is what containers asking nothing get.
+    if max_memory:
+        for i in range(len(gpus) if gpus else 1):
+            control(state, f"set_default_device_pinned_mem_limit {i} {max_memory // (1 << 20)}M")
     if default_compute:
         control(state, f"set_default_active_thread_percentage {default_compute}")
     os.makedirs(os.path.dirname(state_path), exist_ok=True)

@@ -67,6 +67,13 @@ def test_defaults_apply_to_containers_that_ask_nothing():
     assert share_request({}, 2, st) == {"memory": {0: 4 * GIB, 1: 4 * GIB}, "compute": 25}
 
 
+def test_request_above_ceiling_refused():
+    st = {**STATE, "max_memory": 4 * GIB}
+    assert share_request({"GPUPROV_GPU_MEMORY": "4G"}, 1, st)["memory"] == {0: 4 * GIB}
+    with pytest.raises(Refused, match="above this host's sharing ceiling \\(4096 MiB"):
+        share_request({"GPUPROV_GPU_MEMORY": "6G"}, 1, st)
+
+
 @pytest.mark.parametrize("bad,needle", [("GPUPROV_GPU_COMPUTE=0", "between 1 and 100"),
                                         ("GPUPROV_GPU_COMPUTE=half", "not an integer")])
 def test_bad_compute(bad, needle):
