@@ -90,6 +90,8 @@ def bootstrap_cmd(
     reboot: bool = typer.Option(False, "--reboot", help="Reboot by itself when the driver needs it."),
     json_out: bool = typer.Option(False, "--json"),
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip the validation container."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Install packages from this offline bundle only "
+                                          "(verified first; never falls back to the network)."),
     driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
@@ -101,6 +103,13 @@ def bootstrap_cmd(
 
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
                    not no_validate)
+    if bundle is not None:
+        import dataclasses
+
+        from provision.bundle.install import check_bundle
+
+        checked, _ = check_bundle(bundle)
+        opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
     state = ap.read_state()
     if state.get("reboot_required"):
         if state.get("boot_id") == ap.boot_id():

@@ -30,9 +30,19 @@ class Options:
     default_runtime: bool = True
     cdi: bool = False
     validate: bool = True
+    bundle: str | None = None  # an offline bundle's repository: packages come from it alone
 
 
-def _install_cmds(target: Target, packages: tuple[str, ...]) -> list[list[str]]:
+def _install_cmds(target: Target, packages: tuple[str, ...], bundle: str | None = None) -> list[list[str]]:
+    if target.package_manager == "apt" and bundle:
+        from provision.bundle.aptrepo import apt_options
+
+        opts = apt_options(Path(bundle), Path("/var/lib/gpuprov/bundle-apt"))
+        return [["apt-get", *opts, "update"], ["apt-get", *opts, "install", "-y", "--no-install-recommends", *packages]]
+    if bundle:
+        from provision.bundle.create import dnf_install_cmd
+
+        return [dnf_install_cmd(bundle, list(packages))]
     if target.package_manager == "apt":
         return [["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *packages]]
     pm = target.package_manager
@@ -44,22 +54,32 @@ def _install_cmds(target: Target, packages: tuple[str, ...]) -> list[list[str]]:
 
 
 def _pkg_step(sid: str, title: str, target: Target, packages: tuple[str, ...], pre: list[list[str]] | None = None,
-              **kw) -> Step:
-    cmds = (pre or []) + _install_cmds(target, packages)
+              bundle: str | None = None, **kw) -> Step:
+    cmds = ([] if bundle else (pre or [])) + _install_cmds(target, packages, bundle)
     step = Step(sid, title, commands=cmds, check=lambda: packages_installed(target.package_manager, packages), **kw)
     if target.package_manager == "apt":
-        step.action = lambda: _apt_apply(step)
+        step.action = lambda: _apt_apply(step, bundle)
     return step
 
 
-def _apt_apply(step: Step) -> None:
+def _apt_apply(step: Step, bundle: str | None = None) -> None:
     from provision import effects
+    from provision.errors import StepFailed
 
     # A run killed in the middle of dpkg leaves packages half-configured: finish that first, then install.
     if any(Path("/var/lib/dpkg/updates").glob("*")):
         effects.run(["dpkg", "--configure", "-a"], env=_apt_env())
     for argv in step.commands:
-        effects.run(argv, env=_apt_env(), timeout=3600)
+        try:
+            effects.run(argv, env=_apt_env(), timeout=3600)
+        except StepFailed as exc:
+            if bundle and ("not installable" in str(exc) or "Unable to locate package" in str(exc)):
+                from provision.bundle.manifest import BundleInvalid
+
+                raise BundleInvalid(f"a package is missing from bundle {bundle} (apt: {str(exc).splitlines()[-1]}); "
+                                    "rebuild it with `gpuprov bundle create`; nothing was fetched from the network"
+                                    ) from None
+            raise
 
 
 def _apt_env() -> dict:
@@ -108,14 +128,16 @@ def driver_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
             new = enable_components(old, comps, target.codename)
             if new != old:
                 src_files["/" + str(p.relative_to(root))] = new
-        if src_files:
+        if src_files and not opt.bundle:
             steps.append(Step("driver.components", f"Enable {' '.join(comps)} in the existing apt entries",
                               files=src_files, check=lambda f=src_files: files_match(f)))
         if dkms and krel:
             packages.insert(0, f"linux-headers-{krel}")
     else:
         el = target.el_major
-        if opt.driver_source in ("distro", "elrepo") and el:
+        if opt.bundle:
+            pass  # the bundle's repository already holds the kmod / module packages
+        elif opt.driver_source in ("distro", "elrepo") and el:
             pre = [["rpm", "--import", repos.ELREPO_KEY[el]],
                    [target.package_manager, "install", "-y", repos.elrepo_release(el)]]
             steps.append(_pkg_step("driver.repo", "Add ELRepo (elrepo-release + its key)", target, (),
@@ -132,7 +154,7 @@ def driver_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
             if krel:
                 packages[:0] = [f"kernel-devel-{krel}", f"kernel-headers-{krel}", "dkms"]
     steps.append(_pkg_step("driver.packages", f"Install the driver: {' '.join(packages)}", target,
-                           tuple(packages), reboot=True))
+                           tuple(packages), bundle=opt.bundle, reboot=True))
     initramfs = ["update-initramfs", "-u"] if target.family == "debian" else ["dracut", "-f"]
     steps.append(Step("driver.nouveau", "Blacklist nouveau and rebuild the initramfs",
                       files={NOUVEAU_CONF: NOUVEAU_TEXT}, commands=[initramfs],
@@ -146,6 +168,8 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
         return []
     steps = []
     source = opt.engine_source
+    if opt.bundle:
+        source = "distro"  # bundles carry the distro's engine
     if source == "auto":
         source = "docker-ce" if target.family == "rhel" and target.os_id != "amzn" and opt.engine == "docker" \
             else "distro"
@@ -163,8 +187,8 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
         else:
             cm = ["dnf", "config-manager"] if target.package_manager == "dnf" else ["yum-config-manager"]
             pre = [[*cm, "--add-repo", repos.docker_ce_repo_file(target)]]
-    steps.append(_pkg_step("engine.packages", f"Install the container engine: {' '.join(pkgs)}", target, pkgs,
-                           pre=pre))
+    steps.append(_pkg_step("engine.packages", f"Install the container engine: {' '.join(pkgs)}"
+                           + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle))
     if opt.engine == "docker":
         from provision import effects
 

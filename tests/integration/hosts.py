@@ -51,10 +51,14 @@ def ensure_wheelhouse() -> Path:
 
 
 class Host:
-    def __init__(self, name: str | None = None, network: str | None = None):
+    def __init__(self, name: str | None = None, network: str | None = None, volumes: dict | None = None,
+                 wheelhouse: bool = True):
         self.name = name or f"gpuprov-host-{uuid.uuid4().hex[:8]}"
-        wh = ensure_wheelhouse()
-        args = ["docker", "run", "-d", "--name", self.name, *NESTED, "-v", f"{REPO}:/src:ro", "-v", f"{wh}:/wh:ro"]
+        args = ["docker", "run", "-d", "--name", self.name, *NESTED, "-v", f"{REPO}:/src:ro"]
+        if wheelhouse:
+            args += ["-v", f"{ensure_wheelhouse()}:/wh:ro"]
+        for src, dst in (volumes or {}).items():
+            args += ["-v", f"{src}:{dst}:ro"]
         if network:
             args += ["--network", network]
         sh(*args, ensure_image(), "sleep", "infinity")

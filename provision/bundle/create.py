@@ -1,0 +1,155 @@
+"""gpuprov bundle create: resolve the complete closure in a clean root of the target release (a container of
+that release, so nothing the building machine already has is left out), download, index, describe, checksum."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.bundle import aptrepo, manifest
+from provision.decide.targets import Target
+from provision.errors import StepFailed, Unsupported, UsageError
+from provision.output import progress
+from provision.plan import repos
+
+COMPONENTS = ("driver", "engine", "runtime")
+# CPython of each release (the wheels for gpuprov's own dependencies must match it).
+TARGET_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13", "jammy": "3.10", "noble": "3.12",
+                 "focal": "3.8"}
+PY_DEPS = ("typer>=0.12,<0.29", "distro>=1.8", "jinja2>=3.0", "requests>=2.25", "tomlkit>=0.11", "PyYAML>=5.4")
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class CreateOptions:
+    target: Target
+    components: tuple[str, ...]
+    output: Path
+    driver_packages: tuple[str, ...] = ()
+    kernel: str | None = None
+    sign_key: str | None = None
+    gnupghome: str | None = None
+
+
+def apt_packages(opt: CreateOptions) -> dict[str, list[str]]:
+    t = opt.target
+    comps: dict[str, list[str]] = {}
+    if "engine" in opt.components:
+        comps["engine"] = list(repos.engine_packages(t, "docker", "distro"))
+    if "runtime" in opt.components:
+        comps["runtime"] = ["python3", "python3-venv"]  # to run gpuprov itself from the bundled wheels
+    if "driver" in opt.components:
+        if not opt.driver_packages:
+            raise UsageError("the driver component needs --pci-id (the GPUs the target has) to choose packages")
+        comps["driver"] = list(opt.driver_packages) + ([f"linux-headers-{opt.kernel}"] if opt.kernel else [])
+    return comps
+
+
+def dnf_plan(target: Target, packages: list[str], dest: str = "/bundle/repo") -> list[list[str]]:
+    """The EL path, as commands run in a clean container of the target release."""
+    return [
+        ["dnf", "download", "--resolve", "--alldeps", f"--releasever={target.el_major}", "--destdir", dest,
+         *packages],
+        ["createrepo_c", dest],
+        # driver module streams: ship the stream's module metadata, or mark the repo module_hotfixes on install
+        ["dnf", "module", "list", "--quiet", "nvidia-driver"],
+    ]
+
+
+def dnf_install_cmd(repo: str, packages: list[str]) -> list[str]:
+    return ["dnf", "--disablerepo=*", f"--repofrompath=gpuprov,file://{repo}", "--enablerepo=gpuprov",
+            "--setopt=gpuprov.gpgcheck=0", "--setopt=gpuprov.module_hotfixes=true", "install", "-y", *packages]
+
+
+def _image(target: Target) -> str:
+    from provision.bundle.images import ensure_image
+
+    return ensure_image(target)
+
+
+def resolve_and_download(target: Target, packages: list[str], out: Path, enable_nonfree: bool) -> None:
+    """apt in a pristine container of the target: `install --download-only` of everything a fresh host lacks."""
+    image = _image(target)
+    comps = " ".join(repos.debian_components(target))
+    prep = ""
+    if enable_nonfree:
+        prep = (f"sed -i -E '/^deb /s/ main( |$)/ main {comps}\\1/' /etc/apt/sources.list 2>/dev/null; "
+                f"sed -i -E 's/^Components: main$/Components: main {comps}/' /etc/apt/sources.list.d/*.sources "
+                "2>/dev/null; ")
+    script = (f"{prep}apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only "
+              f"--no-install-recommends -o Dir::Cache::archives=/out {' '.join(packages)}")
+    p = subprocess.run(["docker", "run", "--rm", "-v", f"{out}:/out", image, "bash", "-c", script],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise StepFailed(f"resolving {' '.join(packages)} for {target.name} failed:\n{p.stderr.strip()[-800:]}")
+    for f in out.glob("lock"):
+        f.unlink()
+    shutil.rmtree(out / "partial", ignore_errors=True)
+
+
+def build_wheels(target: Target, wheels: Path) -> None:
+    py = TARGET_PYTHON.get(target.codename)
+    if not py:
+        raise Unsupported(f"no Python version known for {target.name}")
+    if not (SOURCE_ROOT / "pyproject.toml").exists():
+        raise UsageError("bundle create runs from a gpuprov checkout (it packs gpuprov itself as a wheel)")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(SOURCE_ROOT), "-w", str(wheels)],
+                   check=True, capture_output=True)
+    plats = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "any"]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", py,
+           "--implementation", "cp", "-d", str(wheels), *[a for p in plats for a in ("--platform", p)], *PY_DEPS]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise StepFailed(f"downloading gpuprov's Python dependencies for Python {py} failed: {p.stderr[-500:]}")
+
+
+def create(opt: CreateOptions) -> dict:
+    if opt.target.family != "debian":
+        raise Unsupported(f"bundle create builds apt bundles; for {opt.target.name} see `gpuprov bundle plan` "
+                          "(dnf download --resolve --alldeps + createrepo_c)")
+    t0 = time.monotonic()
+    comps = apt_packages(opt)
+    tar_out = opt.output.name.endswith((".tar.gz", ".tgz"))
+    work = Path(tempfile.mkdtemp(prefix="gpuprov-bundle-")) if tar_out else opt.output
+    if not tar_out:
+        if work.exists() and any(work.iterdir()):
+            raise UsageError(f"{work} exists and is not empty: choose a new directory or a .tar.gz name")
+        work.mkdir(parents=True, exist_ok=True)
+    repo = work / "repo"
+    repo.mkdir(parents=True, exist_ok=True)
+    all_pkgs = [p for pkgs in comps.values() for p in pkgs]
+    progress(f"[1/4] resolving and downloading {len(all_pkgs)} packages (+ dependencies) in a clean "
+             f"{opt.target.name} root …")
+    resolve_and_download(opt.target, all_pkgs, repo, "driver" in comps)
+    progress(f"[2/4] indexing {len(list(repo.glob('*.deb')))} packages (flat apt repository) …")
+    index = aptrepo.write_flat_repo(repo)
+    progress("[3/4] packing gpuprov and its Python dependencies …")
+    if "runtime" in comps:
+        build_wheels(opt.target, work / "wheels")
+    (work / "install-offline.sh").write_text((Path(__file__).with_name("install-offline.sh")).read_text())
+    (work / "install-offline.sh").chmod(0o755)
+    versions = {e["package"]: e["version"] for e in index}
+    target = {"os_id": opt.target.os_id, "version": opt.target.version, "codename": opt.target.codename,
+              "arch": "amd64", "kernel": opt.kernel if "driver" in comps else None, "name": opt.target.name}
+    components = {c: {p: versions.get(p) for p in pkgs} for c, pkgs in comps.items()}
+    progress("[4/4] writing manifest.json and SHA256SUMS" + (" and signing" if opt.sign_key else "") + " …")
+    manifest.write_manifest(work, target, components)
+    keys = []
+    if opt.sign_key:
+        fpr = manifest.sign(work, opt.sign_key, opt.gnupghome)
+        keys = [{"fingerprint": fpr}]
+        manifest.write_manifest(work, target, components, keys)
+        manifest.sign(work, opt.sign_key, opt.gnupghome)
+    if tar_out:
+        with tarfile.open(opt.output, "w:gz") as tar:
+            tar.add(work, arcname="gpuprov-bundle")
+        shutil.rmtree(work)
+    size = opt.output.stat().st_size if tar_out else sum(p.stat().st_size for p in work.rglob("*") if p.is_file())
+    return {"output": str(opt.output), "target": target, "packages": len(index), "bytes": size,
+            "seconds": round(time.monotonic() - t0, 1), "components": {c: len(v) for c, v in comps.items()},
+            "signed": bool(opt.sign_key)}

@@ -1,0 +1,122 @@
+"""`gpuprov bundle create | verify | install | plan`: air-gapped hosts."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from provision.output import emit_json, kv
+
+bundle_app = typer.Typer(help="Offline bundles: create (connected machine), verify, install (network off).",
+                         no_args_is_help=True)
+
+
+@bundle_app.command("create")
+def create_cmd(
+    target: str = typer.Option(..., "--target", help="Release to build for, e.g. debian-12."),
+    components: str = typer.Option("engine,runtime", "--components", help="Comma list of driver,engine,runtime."),
+    output: Path = typer.Option(..., "--output", help="A new directory, or FILE.tar.gz."),
+    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", help="GPUs the target has (for the driver)."),
+    kernel: Optional[str] = typer.Option(None, "--kernel", help="The target's `uname -r` (driver: headers)."),
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", help="gpg key to sign SHA256SUMS with."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Resolve the full closure in a clean root of TARGET, download it, build a local repo, write the manifest."""
+    from provision.bundle.create import COMPONENTS, CreateOptions, create
+    from provision.decide.driver import decide_gpu
+    from provision.decide.gputable import parse_pci_id
+    from provision.decide.targets import parse_target
+    from provision.errors import UsageError
+
+    comps = tuple(c.strip() for c in components.split(",") if c.strip())
+    bad = [c for c in comps if c not in COMPONENTS]
+    if bad or not comps:
+        raise UsageError(f"--components takes {','.join(COMPONENTS)} (got {components!r})")
+    tgt = parse_target(target)
+    drv: list[str] = []
+    for p in pci_id or []:
+        d = decide_gpu(parse_pci_id(p), tgt)
+        if not d.packages:
+            raise UsageError(f"no driver package for {p} on {tgt.name}: {'; '.join(d.warnings)}")
+        drv += [x for x in d.packages if x not in drv]
+    res = create(CreateOptions(tgt, comps, output, tuple(drv), kernel, sign_key))
+    if json_out:
+        emit_json(res)
+    else:
+        print(kv([("bundle", res["output"]), ("target", res["target"]["name"]), ("packages", res["packages"]),
+                  ("size", f"{res['bytes'] / 1e6:.1f} MB"), ("built in", f"{res['seconds']} s"),
+                  ("signed", res["signed"])]))
+
+
+@bundle_app.command("verify")
+def verify_cmd(path: Path = typer.Argument(...), keyring: Optional[str] = typer.Option(None, "--keyring"),
+               json_out: bool = typer.Option(False, "--json")) -> None:
+    """Checksums, signature when present, manifest consistency. Exit 8 when anything fails."""
+    from provision.bundle.install import open_bundle
+    from provision.bundle.manifest import BundleInvalid, verify
+
+    res = verify(open_bundle(path), keyring)
+    if json_out:
+        emit_json(res.to_dict())
+    elif res.ok:
+        print(f"bundle OK: {len(res.manifest['files'])} files, target {res.manifest['target']['name']}"
+              + (", signature good" if res.signed else ", unsigned"))
+    if not res.ok:
+        raise BundleInvalid(f"{path}: " + "; ".join(res.problems[:5]))
+
+
+@bundle_app.command("install")
+def install_cmd(
+    path: Path = typer.Argument(..., help="Bundle directory or .tar.gz."),
+    keyring: Optional[str] = typer.Option(None, "--keyring", help="Keyring holding the bundle signer's key."),
+    json_out: bool = typer.Option(False, "--json"),
+    no_validate: bool = typer.Option(False, "--no-validate"),
+) -> None:
+    """Preflight, verify, then install from the bundle alone (never from the network) and configure the node."""
+    from provision.bundle.install import check_bundle
+    from provision.facts.host import detect_host
+    from provision.plan import apply as ap
+    from provision.plan.build import Options, build_plan
+
+    bundle, man = check_bundle(path, keyring)
+    comps = man["components"]
+    opt = Options(driver="auto" if "driver" in comps else "skip", engine="docker" if "engine" in comps else "none",
+                  validate=not no_validate, bundle=str(bundle / "repo"))
+    report = detect_host(Path("/"), engines=False)
+    res = ap.apply_plan(build_plan(report, opt), quiet=json_out)
+    doc = {"bundle": str(bundle), "target": man["target"]["name"], **res.to_dict()}
+    if json_out:
+        emit_json(doc)
+    else:
+        print(f"bundle install: {res.changed} change(s), {len(res.outcomes)} steps, from {bundle} only")
+
+
+@bundle_app.command("plan")
+def plan_cmd(target: str = typer.Option(..., "--target"), packages: str = typer.Option("docker-ce,containerd.io"),
+             json_out: bool = typer.Option(False, "--json")) -> None:
+    """The commands a bundle for TARGET is built and installed with (the EL path: dnf download + createrepo_c)."""
+    from provision.bundle.create import dnf_install_cmd, dnf_plan
+    from provision.decide.targets import parse_target
+
+    t = parse_target(target)
+    pk = [p for p in packages.split(",") if p]
+    if t.family == "rhel":
+        build, install = dnf_plan(t, pk), [dnf_install_cmd("/path/to/bundle/repo", pk)]
+    else:
+        build = [["apt-get", "install", "--download-only", "--no-install-recommends", "-o",
+                  "Dir::Cache::archives=/bundle/repo", *pk]]
+        install = [["apt-get", "-o", "Dir::Etc::SourceList=<bundle.list>", "-o", "Dir::Etc::SourceParts=-",
+                    "install", "-y", *pk]]
+    doc = {"target": t.name, "build": [" ".join(c) for c in build], "install": [" ".join(c) for c in install]}
+    if json_out:
+        emit_json(doc)
+    else:
+        print("build (in a clean container of the target):")
+        print("\n".join(f"  $ {c}" for c in doc["build"]))
+        print("install (network off):")
+        print("\n".join(f"  $ {c}" for c in doc["install"]))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bundle_app, name="bundle")

@@ -1,0 +1,129 @@
+"""Offline bundles for real: build a Debian 12 bundle (engine + runtime) here, then install it in a fresh Debian 12
+host started with --network none; tampered, incomplete and wrong-release bundles are refused."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from provision.bundle import manifest
+from tests.conftest import have_docker, run_cli
+from tests.integration.hosts import Host
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(not (have_docker() and shutil.which("debootstrap")),
+                                 reason="needs a running Docker engine and debootstrap (run-tests.sh installs both)")]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundles") / "debian-12"
+    r = run_cli("bundle", "create", "--target", "debian-12", "--components", "engine,runtime", "--output",
+                str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    print(f"\nbundle: {res['packages']} packages, {res['bytes'] / 1e6:.1f} MB, built in {res['seconds']} s")
+    assert "[1/4]" in r.stderr and "[4/4]" in r.stderr  # progress on stderr, JSON on stdout
+    return out
+
+
+def copy_of(bundle: Path, tmp_path: Path, name: str) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(bundle, dst)
+    return dst
+
+
+def test_verify_ok(bundle):
+    r = run_cli("bundle", "verify", str(bundle), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout + r.stderr
+    man = json.loads((bundle / "manifest.json").read_text())
+    assert man["target"]["name"] == "debian-12" and "docker.io" in man["components"]["engine"]
+    assert all(len(f["sha256"]) == 64 and f["size"] > 0 for f in man["files"])
+
+
+def test_altered_package_refused(bundle, tmp_path):
+    b = copy_of(bundle, tmp_path, "altered")
+    deb = sorted((b / "repo").glob("docker.io_*.deb"))[0]
+    data = bytearray(deb.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    deb.write_bytes(bytes(data))
+    r = run_cli("bundle", "verify", str(b))
+    assert r.returncode == 8 and "checksum mismatch" in r.stderr
+    r = run_cli("bundle", "install", str(b))
+    assert r.returncode == 8 and "checksum mismatch" in r.stderr
+
+
+def test_signed_bundle(bundle, tmp_path):
+    if not shutil.which("gpg"):
+        pytest.skip("gpg not installed")
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    env = {"GNUPGHOME": str(home)}
+    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "bundles@gpuprov.invalid", "ed25519",
+                    "sign", "never"], check=True, capture_output=True, env={**env, "PATH": "/usr/bin:/bin"})
+    b = copy_of(bundle, tmp_path, "signed")
+    fpr = manifest.sign(b, "bundles@gpuprov.invalid", str(home))
+    keyring = tmp_path / "signer.gpg"
+    subprocess.run(["gpg", "--batch", "--export", "-o", str(keyring), fpr], check=True, env={**env, "PATH": "/usr/bin:/bin"})
+    assert manifest.verify(b, str(keyring)).ok
+    (b / "SHA256SUMS").write_text((b / "SHA256SUMS").read_text() + "\n")  # any change breaks the signature
+    res = manifest.verify(b, str(keyring))
+    assert not res.ok and any("signature" in p for p in res.problems)
+
+
+def test_offline_install_in_network_none_host(bundle, tmp_path):
+    missing = copy_of(bundle, tmp_path, "missing")
+    # an incomplete (but self-consistent) bundle: docker.io dropped from the repository and every index
+    for deb in (missing / "repo").glob("docker.io_*.deb"):
+        deb.unlink()
+    from provision.bundle import aptrepo
+
+    aptrepo.write_flat_repo(missing / "repo")
+    man = json.loads((missing / "manifest.json").read_text())
+    manifest.write_manifest(missing, man["target"], man["components"])
+    eleven = copy_of(bundle, tmp_path, "eleven")
+    man11 = json.loads((eleven / "manifest.json").read_text())
+    manifest.write_manifest(eleven, {**man11["target"], "version": "11", "codename": "bullseye",
+                                     "name": "debian-11"}, man11["components"])
+
+    h = Host(network="none", wheelhouse=False,
+             volumes={bundle: "/bundle", missing: "/bundle-missing", eleven: "/bundle-11"})
+    try:
+        # prove the network is really off: only loopback, and apt cannot reach its archive
+        assert h.exec("ls /sys/class/net").stdout.split() == ["lo"]
+        upd = h.exec("apt-get update 2>&1")
+        assert upd.returncode != 0 or "Err:" in upd.stdout or "Failed" in upd.stdout, upd.stdout
+        before = h.exec("cat /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | sha256sum").stdout
+
+        r = h.exec("bash /bundle-missing/install-offline.sh")
+        assert r.returncode == 8 and "missing from bundle" in r.stderr, r.stdout + r.stderr
+        assert h.exec("dpkg -s docker.io").returncode != 0
+
+        r = h.exec("gpuprov bundle install /bundle-11")
+        assert r.returncode == 9 and "this bundle is for debian-11" in r.stderr, r.stderr
+
+        r = h.exec("bash /bundle/install-offline.sh --json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = json.loads(r.stdout)
+        steps = {s["id"]: s for s in res["steps"]}
+        assert steps["engine.packages"]["status"] == "changed" and "gpuprov-validate-ok" in steps["validate"]["detail"]
+        assert h.exec("dpkg-query -W -f '${Status}' docker.io").stdout == "install ok installed"
+        assert "nvidia" in json.loads(h.exec("docker info --format '{{json .Runtimes}}'").stdout)
+
+        again = json.loads(h.exec("bash /bundle/install-offline.sh --json").stdout)
+        assert again["changed"] == 0, again
+        after = h.exec("cat /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | sha256sum").stdout
+        assert before == after  # the host's own repository configuration is as it was
+    finally:
+        h.remove()
+
+
+def test_el_bundle_plan():
+    r = run_cli("bundle", "plan", "--target", "rocky-9", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["build"][0].startswith("dnf download --resolve --alldeps --releasever=9 --destdir")
+    assert doc["build"][1].startswith("createrepo_c ")
+    assert "--disablerepo=*" in doc["install"][0] and "module_hotfixes=true" in doc["install"][0]
