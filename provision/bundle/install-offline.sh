@@ -19,4 +19,6 @@ if ! [ -x /opt/gpuprov/bin/gpuprov ]; then
   /opt/gpuprov/bin/pip install -q --no-index --find-links "$here/wheels" gpuprov
   ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov
 fi
+# GPUPROV_ONLY_INSTALL=1: stop here (the Ansible role runs the rest through its module)
+[ -n "${GPUPROV_ONLY_INSTALL:-}" ] && exit 0
 exec /usr/local/bin/gpuprov bundle install "$here" "$@"

@@ -87,6 +87,8 @@ def plan_cmd(
 def bootstrap_cmd(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Same as `gpuprov plan`."),
+    check: bool = typer.Option(False, "--check", help="Evaluate every step on this host and report what would "
+                               "change, with diffs (Ansible's check mode); change nothing."),
     reboot: bool = typer.Option(False, "--reboot", help="Reboot by itself when the driver needs it."),
     json_out: bool = typer.Option(False, "--json"),
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip the validation container."),
@@ -119,6 +121,17 @@ def bootstrap_cmd(
     report, steps = _plan(Path("/"), None, opt)
     if dry_run:
         _print_plan(report, steps, json_out)
+        return
+    if check:
+        doc = ap.check_plan(steps)
+        if json_out:
+            emit_json(doc)
+        else:
+            for item in doc["steps"]:
+                print(f"{'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
+                if item.get("diff"):
+                    print(item["diff"].rstrip("\n"))
+            print(f"{doc['would_change']} step(s) would change")
         return
     if not yes:
         if not sys.stdin.isatty():

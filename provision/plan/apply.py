@@ -67,6 +67,34 @@ def log(line: str) -> None:
         pass
 
 
+def check_plan(steps: list[Step]) -> dict:
+    """Check mode: which steps would change, with their diffs; nothing is changed."""
+    from provision import effects
+
+    out = []
+    for step in steps:
+        if step.verify_only:
+            continue
+        try:
+            done = step.satisfied()
+        except GpuprovError as exc:
+            out.append({"id": step.id, "title": step.title, "would_change": True, "error": str(exc)})
+            continue
+        item = {"id": step.id, "title": step.title, "would_change": not done}
+        if not done:
+            diffs = [effects.unified_diff(Path(p).read_text() if Path(p).exists() else "", t, p)
+                     for p, t in step.files.items()]
+            if step.preview:
+                try:
+                    diffs.append(step.preview())
+                except GpuprovError as exc:
+                    item["error"] = str(exc)
+            item["diff"] = "".join(d for d in diffs if d)
+            item["commands"] = [" ".join(c) for c in step.commands]
+        out.append(item)
+    return {"would_change": sum(i["would_change"] for i in out), "steps": out}
+
+
 def apply_plan(steps: list[Step], *, quiet: bool = False) -> ApplyResult:
     res = ApplyResult()
     n = len(steps)

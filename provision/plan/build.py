@@ -230,8 +230,12 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                               default=opt.default_runtime, cdi=opt.cdi)
             return "; ".join(r.changes) + (f" ({r.restart})" if r.restart else "")
 
+        def preview() -> str:
+            return cfg.configure(opt.engine, runtime_name=opt.runtime_name, runtime_path=RUNTIME_PATH,
+                                 default=opt.default_runtime, cdi=opt.cdi, dry_run=True).diff
+
         steps.append(Step("engine.config", f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)",
-                          commands=[argv], check=check, action=act))
+                          commands=[argv], check=check, action=act, preview=preview))
     if opt.validate and opt.engine == "docker":
         from provision.plan import validate
 

@@ -21,6 +21,7 @@ class Step:
     verify_only: bool = False  # a check that changes nothing (validation): never counted as a change
     reboot: bool = False  # doing this step requires a reboot afterwards
     notes: list[str] = field(default_factory=list)
+    preview: Optional[Callable[[], str]] = None  # a diff computed on the live host (check mode), when files won't say
 
     def satisfied(self) -> bool:
         return bool(self.check and self.check())

@@ -1,0 +1,33 @@
+"""A fleet of fresh Debian 12 hosts (containers) driven by ansible-playbook over `docker exec`."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.integration.hosts import REPO, Host, ensure_wheelhouse
+
+RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def write_inventory(path: Path, hosts: list[Host], **extra_vars) -> Path:
+    inv = {"all": {"children": {"gpu_nodes": {
+        "hosts": {h.name: {"ansible_connection": "community.docker.docker"} for h in hosts},
+        "vars": {"ansible_python_interpreter": "/usr/bin/python3", "gpuprov_allow_network": True,
+                 "gpuprov_wheelhouse": str(ensure_wheelhouse()), "gpuprov_driver": "skip", **extra_vars}}}}}
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def playbook(inventory: Path, *args: str, timeout: float = 1800) -> tuple[int, str, dict]:
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_HOST_KEY_CHECKING": "False",
+           "ANSIBLE_RETRY_FILES_ENABLED": "False"}
+    p = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "site.yml"), *args], capture_output=True,
+                       text=True, env=env, timeout=timeout, cwd=REPO)
+    out = p.stdout + p.stderr
+    recap = {m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)),
+                          "failed": int(m.group(5))} for m in RECAP.finditer(p.stdout)}
+    return p.returncode, out, recap

@@ -1,0 +1,102 @@
+"""ansible-playbook site.yml against three fresh Debian 12 hosts (containers reached through `docker exec`):
+install and configure all three, a second run with changed=0, --check --diff, the testinfra suite through the
+Ansible inventory, and one host with an invalid daemon.json failing alone."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import have_docker
+from tests.integration.fleet import playbook, write_inventory
+from tests.integration.hosts import REPO, Host
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(not (have_docker() and shutil.which("debootstrap") and shutil.which("ansible-playbook")),
+                                 reason="needs Docker, debootstrap and ansible (run-tests.sh installs them)")]
+SUITE = REPO / "provision/verify/test_gpu_node.py"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    hosts = [Host() for _ in range(3)]
+    try:
+        inv = write_inventory(tmp_path_factory.mktemp("inv") / "hosts.yml", hosts)
+        yield hosts, inv
+    finally:
+        for h in hosts:
+            h.remove()
+
+
+def run_testinfra(inv, *extra) -> subprocess.CompletedProcess:
+    return subprocess.run(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hosts=ansible://gpu_nodes",
+                           f"--ansible-inventory={inv}", str(SUITE), *extra], capture_output=True, text=True,
+                          cwd="/tmp", env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_1_first_run_configures_all(fleet):
+    hosts, inv = fleet
+    rc, out, recap = playbook(inv)
+    assert rc == 0, out[-3000:]
+    assert set(recap) == {h.name for h in hosts}
+    assert all(r["changed"] > 0 and r["failed"] == 0 for r in recap.values()), recap
+    for h in hosts:
+        assert "nvidia" in json.loads(h.exec("docker info --format '{{json .Runtimes}}'").stdout)
+
+
+def test_2_second_run_changes_nothing(fleet):
+    _, inv = fleet
+    rc, out, recap = playbook(inv)
+    assert rc == 0, out[-3000:]
+    assert all(r["changed"] == 0 for r in recap.values()), recap
+
+
+def test_3_check_diff_shows_daemon_json_and_changes_nothing(fleet):
+    hosts, inv = fleet
+    h = hosts[0]
+    doc = json.loads(h.read("/etc/docker/daemon.json"))
+    doc.pop("default-runtime")
+    h.write("/etc/docker/daemon.json", json.dumps(doc, indent=2) + "\n")
+    before = h.read("/etc/docker/daemon.json")
+    rc, out, recap = playbook(inv, "--check", "--diff", "--limit", h.name)
+    assert rc == 0, out[-3000:]
+    assert recap[h.name]["changed"] >= 1
+    assert '+  "default-runtime": "nvidia"' in out and "daemon.json" in out
+    assert h.read("/etc/docker/daemon.json") == before
+    rc, out, recap = playbook(inv, "--limit", h.name)  # put it back
+    assert rc == 0 and recap[h.name]["changed"] >= 1
+
+
+def test_4_testinfra_suite_through_the_inventory(fleet):
+    hosts, inv = fleet
+    r = run_testinfra(inv)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "passed" in r.stdout and "failed" not in r.stdout
+    h = hosts[1]
+    h.exec("rm -f /usr/local/bin/gpuprov-runtime")
+    r = run_testinfra(inv)
+    assert r.returncode != 0
+    assert f"{h.name}: runtime registered: runtime 'nvidia' points to /usr/local/bin/gpuprov-runtime, which is " \
+           "missing" in r.stdout, r.stdout[-3000:]
+    rc, out, recap = playbook(inv, "--limit", h.name)  # the role repairs it
+    assert rc == 0 and recap[h.name]["changed"] >= 1, out[-2000:]
+
+
+def test_5_invalid_daemon_json_fails_alone(fleet):
+    hosts, inv = fleet
+    bad = hosts[2]
+    bad.write("/etc/docker/daemon.json", '{"log-driver": "json-file",,}\n')
+    for h in hosts[:2]:  # something for the healthy hosts to do, so "finish" is visible
+        doc = json.loads(h.read("/etc/docker/daemon.json"))
+        doc.pop("default-runtime")
+        h.write("/etc/docker/daemon.json", json.dumps(doc) + "\n")
+    rc, out, recap = playbook(inv)
+    assert rc != 0
+    assert recap[bad.name]["failed"] == 1
+    assert "is not valid JSON" in out and "the file was not changed" in out
+    for h in hosts[:2]:
+        assert recap[h.name]["failed"] == 0 and recap[h.name]["changed"] >= 1
+    assert bad.read("/etc/docker/daemon.json") == b'{"log-driver": "json-file",,}\n'
