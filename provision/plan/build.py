@@ -70,6 +70,8 @@ def _apt_apply(step: Step, bundle: str | None = None) -> None:
     if any(Path("/var/lib/dpkg/updates").glob("*")):
         effects.run(["dpkg", "--configure", "-a"], env=_apt_env())
     for argv in step.commands:
+        if argv == ["apt-get", "update"] and _apt_lists_fresh():
+            continue  # another step just refreshed them: one update per run is enough
         try:
             effects.run(argv, env=_apt_env(), timeout=3600)
         except StepFailed as exc:
@@ -80,6 +82,20 @@ def _apt_apply(step: Step, bundle: str | None = None) -> None:
                                     "rebuild it with `gpuprov bundle create`; nothing was fetched from the network"
                                     ) from None
             raise
+
+
+def _apt_lists_fresh(max_age: float = 1800) -> bool:
+    """apt's lists were refreshed in the last half hour, after the last change to the sources."""
+    import time
+
+    lists = [p for p in Path("/var/lib/apt/lists").glob("*_InRelease")] + \
+        [p for p in Path("/var/lib/apt/lists").glob("*_Packages*")]
+    if not lists:
+        return False
+    newest = max(p.stat().st_mtime for p in lists)
+    srcs = [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]
+    changed = max((p.stat().st_mtime for p in srcs if p.exists()), default=0)
+    return time.time() - newest < max_age and newest > changed
 
 
 def _apt_env() -> dict:
@@ -253,7 +269,11 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
         raise Unsupported(f"unsupported distribution {d.id if d else '?'} {d.version if d else ''}: "
                           "gpuprov has rules for Debian 11-13, Ubuntu 18.04-24.04, EL 7-10, Amazon Linux 2023")
     target = report.target
-    return driver_steps(report, target, opt) + engine_steps(report, target, opt) + runtime_steps(report, target, opt)
+    steps = driver_steps(report, target, opt) + engine_steps(report, target, opt) + runtime_steps(report, target, opt)
+    # The runtime and its --gpus hook go in before dockerd starts, so a fresh host starts dockerd once, already
+    # configured (dockerd looks for the hook only at start-up).
+    rank = {"runtime.install": 1, "engine.config": 2, "engine.service": 3, "validate": 4}
+    return sorted(steps, key=lambda s: rank.get(s.id, 0))
 
 
 def gpuprov_argv0() -> str:

@@ -17,7 +17,8 @@ def write_inventory(path: Path, hosts: list[Host], **extra_vars) -> Path:
     inv = {"all": {"children": {"gpu_nodes": {
         "hosts": {h.name: {"ansible_connection": "community.docker.docker"} for h in hosts},
         "vars": {"ansible_python_interpreter": "/usr/bin/python3", "gpuprov_allow_network": True,
-                 "gpuprov_wheelhouse": str(ensure_wheelhouse()), "gpuprov_driver": "skip", **extra_vars}}}}}
+                 "gpuprov_wheelhouse": str(ensure_wheelhouse()), "gpuprov_driver": "skip",
+                 "gpuprov_wheel_archive": str(path.parent / "gpuprov-wheels.tar"), **extra_vars}}}}}
     path.write_text(yaml.safe_dump(inv))
     return path
 
