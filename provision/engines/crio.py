@@ -9,10 +9,6 @@ def dropin_path(runtime_name: str = "nvidia") -> str:
 
 
 def render(*, runtime_name: str = "nvidia", runtime_path: str, default: bool = False) -> str:
-    lines = ["# Written by gpuprov: registers its GPU injection runtime. Remove this file to unregister.",
-             "[crio.runtime]"]
-    if default:
-        lines.append(f'default_runtime = "{runtime_name}"')
-    lines += ["", f"[crio.runtime.runtimes.{runtime_name}]", f'runtime_path = "{runtime_path}"',
-              'runtime_type = "oci"', 'runtime_root = "/run/gpuprov-runtime"', ""]
-    return "\n".join(lines)
+    from provision import render as tpl
+
+    return tpl.render("crio-runtime.toml.j2", runtime_name=runtime_name, runtime_path=runtime_path, default=default)

@@ -14,8 +14,7 @@ from provision.plan import repos
 from provision.plan.steps import Step, files_match, packages_installed
 
 NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
-NOUVEAU_TEXT = ("# Written by gpuprov: the NVIDIA driver needs nouveau out of the way.\n"
-                "blacklist nouveau\noptions nouveau modeset=0\n")
+NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 
 
@@ -172,9 +171,11 @@ def driver_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
     steps.append(_pkg_step("driver.packages", f"Install the driver: {' '.join(packages)}", target,
                            tuple(packages), bundle=opt.bundle, reboot=True))
     initramfs = ["update-initramfs", "-u"] if target.family == "debian" else ["dracut", "-f"]
+    from provision.render import render
+
+    nouveau = {NOUVEAU_CONF: render(NOUVEAU_TEMPLATE)}
     steps.append(Step("driver.nouveau", "Blacklist nouveau and rebuild the initramfs",
-                      files={NOUVEAU_CONF: NOUVEAU_TEXT}, commands=[initramfs],
-                      check=lambda: files_match({NOUVEAU_CONF: NOUVEAU_TEXT}),
+                      files=nouveau, commands=[initramfs], check=lambda: files_match(nouveau),
                       reboot=bool(drv and drv.nouveau_loaded)))
     return steps
 

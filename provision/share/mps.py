@@ -69,11 +69,11 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
     for d in (state["pipe_dir"], state["log_dir"]):
         os.makedirs(d, mode=0o755, exist_ok=True)
     if Path("/run/systemd/system").is_dir():
-        envs = "".join(f"Environment={k}={v}\n" for k, v in _env(state).items() if k != "PATH")
-        atomic_write_text(Path(UNIT), "[Unit]\nDescription=NVIDIA MPS control daemon (gpuprov share)\n\n"
-                          f"[Service]\nType=forking\n{envs}ExecStart={state['control']} -d\n"
-                          f"ExecStop=/bin/sh -c 'echo quit | {state['control']}'\n\n"
-                          "[Install]\nWantedBy=multi-user.target\n", mode=0o644, backup=False)
+        from provision.render import render
+
+        unit = render("gpuprov-mps.service.j2", control=state["control"],
+                      environment={k: v for k, v in _env(state).items() if k != "PATH"})
+        atomic_write_text(Path(UNIT), unit, mode=0o644, backup=False)
         subprocess.run(["systemctl", "daemon-reload"], check=False)
         subprocess.run(["systemctl", "start", "gpuprov-mps"], check=True)
         state["supervisor"] = "systemd (gpuprov-mps.service)"
