@@ -18,5 +18,6 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/gpuprov-test-dockerd.log" >&2; exit 1; }
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
+export PATH="$PWD/.venv/bin:$PATH"  # the tests call ansible-playbook, ruff, ansible-lint, gpuprov from here
 .venv/bin/pip install -q -e '.[test,fleet]'
 exec .venv/bin/python -m pytest -rs tests "$@"

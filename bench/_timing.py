@@ -17,3 +17,11 @@ def wall(argv: list[str], n: int = 20, **kw) -> list[float]:
 
 def median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1000
+
+
+def report(res: dict, lines: list[str], as_json: bool) -> int:
+    """Print the result (JSON, or the human lines) and return the exit code: 0 when every target was met."""
+    import json
+
+    print(json.dumps(res) if as_json else "\n".join(lines))
+    return 0 if res["ok"] else 1

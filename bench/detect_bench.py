@@ -7,12 +7,11 @@ Usage: python3 bench/detect_bench.py [-n 20] [--json]
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import median_ms, wall  # noqa: E402
+from _timing import median_ms, report, wall  # noqa: E402
 
 IDS = ["10de:2330", "10de:1db4", "10de:2335:10de:18bf", "10de:0fc0", "10de:2901"] * 20  # 100 lookups
 
@@ -33,13 +32,9 @@ def main() -> int:
            "detect_vs_python": round(det / ref, 2), "lookup100_vs_python": round(look / ref, 2),
            "targets": {"detect_json_ms": 150, "lookup100_ms": 250}}
     res["ok"] = det <= 150 and look <= 250
-    if args.json:
-        print(json.dumps(res))
-    else:
-        print(f"python3 -c pass        {ref:7.1f} ms (reference)")
-        print(f"gpuprov detect --json  {det:7.1f} ms  ({det / ref:.2f}x python; target <= 150 ms)")
-        print(f"100 --pci-id lookups   {look:7.1f} ms  ({look / ref:.2f}x python; target <= 250 ms)")
-    return 0 if res["ok"] else 1
+    return report(res, [f"python3 -c pass        {ref:7.1f} ms (reference)",
+                        f"gpuprov detect --json  {det:7.1f} ms  ({det / ref:.2f}x python; target <= 150 ms)",
+                        f"100 --pci-id lookups   {look:7.1f} ms  ({look / ref:.2f}x python; target <= 250 ms)"], args.json)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,15 @@ Target (issue 5): 3 hosts <= 1.5x one host.  Usage: python3 bench/fleet_bench.py
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import report  # noqa: E402
+
 from tests.integration.fleet import playbook, write_inventory  # noqa: E402
 from tests.integration.hosts import Host, ensure_image, ensure_wheelhouse  # noqa: E402
 
@@ -50,13 +52,9 @@ def main() -> int:
            "rerun_three_hosts_s": round(tr, 1), "rerun_changed": sum(r["changed"] for r in recap.values()),
            "target_ratio": 1.5}
     res["ok"] = res["ratio"] <= 1.5 and res["rerun_changed"] == 0
-    if args.json:
-        print(json.dumps(res))
-    else:
-        print(f"1 fresh host        {t1:6.1f} s (reference)")
-        print(f"3 fresh hosts       {t3:6.1f} s  {t3 / t1:.2f}x  (target <= 1.5x)")
-        print(f"re-run, 3 hosts     {tr:6.1f} s  changed={res['rerun_changed']}")
-    return 0 if res["ok"] else 1
+    return report(res, [f"1 fresh host        {t1:6.1f} s (reference)",
+                        f"3 fresh hosts       {t3:6.1f} s  {t3 / t1:.2f}x  (target <= 1.5x)",
+                        f"re-run, 3 hosts     {tr:6.1f} s  changed={res['rerun_changed']}"], args.json)
 
 
 if __name__ == "__main__":

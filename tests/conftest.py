@@ -90,3 +90,15 @@ def run_cli(*args: str, check: bool = False, **kw) -> subprocess.CompletedProces
 def have_docker() -> bool:
     return shutil.which("docker") is not None and subprocess.run(
         ["docker", "info"], capture_output=True).returncode == 0
+
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def needs(*binaries: str, docker: bool = False):
+    """Skip on a workstation that lacks the tools; in CI (CI=true, where .ci/run installs them) never skip, so a
+    missing tool fails loudly instead of passing as a skip."""
+    missing = [b for b in binaries if not shutil.which(b)] + (["a running Docker engine"] if docker and
+                                                              not have_docker() else [])
+    return pytest.mark.skipif(bool(missing) and not IN_CI,
+                              reason=f"needs {', '.join(missing)} (run-tests.sh installs them)")

@@ -10,6 +10,7 @@ from provision.engines import containerd, crio, docker
 from provision.errors import ConfigInvalid, StepFailed
 from provision.fsutil import atomic_write_text
 
+MERGERS = {"docker": (docker.DAEMON_JSON, docker.merge), "containerd": (containerd.CONFIG, containerd.merge)}
 # daemon.json keys dockerd reloads on SIGHUP without touching running containers.
 RELOADABLE = ("runtimes", "default-runtime")
 
@@ -42,12 +43,13 @@ def _read(path: Path) -> str:
 def configure(engine: str, *, config: str | None = None, runtime_name: str = "nvidia", runtime_path: str,
               default: bool = False, cdi: bool = False, dry_run: bool = False, restart: bool = True,
               unit_root: Path = Path("/")) -> ConfigureResult:
-    if engine == "docker":
-        path = Path(config or docker.DAEMON_JSON)
+    if engine in MERGERS:  # structural merges of the engine's own file
+        default_path, merge = MERGERS[engine]
+        path = Path(config or default_path)
         old = _read(path)
-        m = docker.merge(old, runtime_name=runtime_name, runtime_path=runtime_path, default=default, cdi=cdi,
-                         path=str(path))
-        res = ConfigureResult("docker", str(path), m.changed, m.changes)
+        m = merge(old, runtime_name=runtime_name, runtime_path=runtime_path, default=default, cdi=cdi, path=str(path))
+        res = ConfigureResult(engine, str(path), m.changed, m.changes)
+    if engine == "docker":
         if m.changed:
             new_doc = docker.parse(m.text, str(path))
             clashes = docker.conflicts(new_doc, docker.unit_flags(unit_root))
@@ -56,12 +58,6 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
                 raise ConfigInvalid("; ".join(ours) + ": dockerd would refuse to start. Remove the flag from the "
                                     "unit (systemctl edit docker) or leave this key out; daemon.json was not changed")
             res.warnings += clashes
-    elif engine == "containerd":
-        path = Path(config or containerd.CONFIG)
-        old = _read(path)
-        m = containerd.merge(old, runtime_name=runtime_name, runtime_path=runtime_path, default=default, cdi=cdi,
-                             path=str(path))
-        res = ConfigureResult("containerd", str(path), m.changed, m.changes)
     elif engine == "crio":
         path = Path(config or crio.dropin_path(runtime_name))
         old = _read(path)
@@ -69,7 +65,7 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
         m = docker.MergeResult(text, text != old, [f"crio.runtime.runtimes.{runtime_name} -> {runtime_path}"]
                                if text != old else [])
         res = ConfigureResult("crio", str(path), m.changed, m.changes)
-    else:
+    elif engine not in MERGERS:
         raise ConfigInvalid(f"unknown engine {engine!r}: use docker, containerd or crio", exit_code=2)
     res.diff = effects.unified_diff(old, m.text, str(path)) if m.changed else ""
     hook_pending = engine == "docker" and effects.gpus_hook_pending()

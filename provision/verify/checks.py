@@ -25,21 +25,21 @@ class NodeHost:
     def run(self, cmd: str) -> tuple[int, str, str]:
         raise NotImplementedError
 
-    @cached_property
-    def facts(self) -> dict | None:
-        rc, out, _ = self.run("gpuprov detect --json")
+    def json_of(self, cmd: str) -> dict | None:
+        """A command's JSON output, or None when it fails or prints something else."""
+        rc, out, _ = self.run(cmd)
         try:
             return json.loads(out) if rc == 0 else None
         except ValueError:
             return None
 
     @cached_property
+    def facts(self) -> dict | None:
+        return self.json_of("gpuprov detect --json")
+
+    @cached_property
     def runtimes(self) -> dict | None:
-        rc, out, _ = self.run("docker info --format '{{json .Runtimes}}'")
-        try:
-            return json.loads(out) if rc == 0 else None
-        except ValueError:
-            return None
+        return self.json_of("docker info --format '{{json .Runtimes}}'")
 
 
 class LocalHost(NodeHost):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -45,7 +46,7 @@ def ensure_wheelhouse() -> Path:
         src = Path(td) / "src"
         shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(".git", ".venv", ".gpu-kit", ".whl", "*.egg-info",
                                                                  "__pycache__", "build"))
-        sh("python3", "-m", "pip", "wheel", "-q", str(src), "-w", str(wh), timeout=900)
+        sh(sys.executable, "-m", "pip", "wheel", "-q", str(src), "-w", str(wh), timeout=900)
     stamp.write_text(key)
     return wh
 

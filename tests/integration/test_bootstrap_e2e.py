@@ -5,17 +5,15 @@ daemon.json, a run killed in the middle."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
 
-from tests.conftest import have_docker
+from tests.conftest import needs
 from tests.integration.hosts import Host
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
-              pytest.mark.skipif(not (have_docker() and shutil.which("debootstrap")),
-                                 reason="needs a running Docker engine and debootstrap (run-tests.sh installs both)")]
+              needs("debootstrap", docker=True)]
 USER_DAEMON = {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-file": "3"},
                "insecure-registries": ["registry.lab.internal:5000"], "registry-mirrors": ["https://mirror.invalid"],
                "features": {"buildkit": True}, "live-restore": False}

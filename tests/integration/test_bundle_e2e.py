@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from provision.bundle import manifest
-from tests.conftest import have_docker, run_cli
+from tests.conftest import needs, run_cli
 from tests.integration.hosts import Host
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
-              pytest.mark.skipif(not (have_docker() and shutil.which("debootstrap")),
-                                 reason="needs a running Docker engine and debootstrap (run-tests.sh installs both)")]
+              needs("debootstrap", docker=True)]
 
 
 @pytest.fixture(scope="module")

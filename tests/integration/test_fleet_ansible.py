@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import have_docker
+from tests.conftest import needs
 from tests.integration.fleet import playbook, write_inventory
 from tests.integration.hosts import REPO, Host
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
-              pytest.mark.skipif(not (have_docker() and shutil.which("debootstrap") and shutil.which("ansible-playbook")),
-                                 reason="needs Docker, debootstrap and ansible (run-tests.sh installs them)")]
+              needs("debootstrap", "ansible-playbook", docker=True)]
 SUITE = REPO / "provision/verify/test_gpu_node.py"
 
 
@@ -32,7 +31,7 @@ def fleet(tmp_path_factory):
 
 
 def run_testinfra(inv, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hosts=ansible://gpu_nodes",
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hosts=ansible://gpu_nodes",
                            f"--ansible-inventory={inv}", str(SUITE), *extra], capture_output=True, text=True,
                           cwd="/tmp", env={**os.environ, "PYTHONPATH": str(REPO)})
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import have_docker, run_cli
+from tests.conftest import needs, run_cli
 from tests.inject_helpers import settings
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not have_docker(), reason="no running Docker engine (run-tests.sh starts one)")]
+pytestmark = [pytest.mark.integration, needs("runc", docker=True)]
 DAEMON = Path("/etc/docker/daemon.json")
 SETTINGS = Path("/etc/gpuprov/runtime.json")
 

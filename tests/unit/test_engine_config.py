@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
@@ -12,7 +11,7 @@ from hypothesis import strategies as st
 from provision.engines import containerd, crio, docker
 from provision.engines.configure import configure
 from provision.errors import ConfigInvalid
-from tests.conftest import run_cli
+from tests.conftest import needs, run_cli
 
 RT = "/usr/local/bin/gpuprov-runtime"
 USER_DOC = {"data-root": "/srv/docker", "insecure-registries": ["registry.local:5000"],
@@ -155,7 +154,7 @@ def test_containerd_versions(text, version):
         assert "# keep me" in m.text
 
 
-@pytest.mark.skipif(not shutil.which("containerd"), reason="containerd binary not installed")
+@needs("containerd")
 @pytest.mark.parametrize("text", [V1, V2])
 def test_containerd_config_dump_real(tmp_path, text):
     """containerd itself parses the result and lists the runtime (`containerd config dump`)."""
