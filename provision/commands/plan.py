@@ -117,6 +117,7 @@ def bootstrap_cmd(
         if state.get("boot_id") == ap.boot_id():
             raise errors.RebootRequired(f"a reboot is still pending ({state.get('reason')}): reboot, then run "
                                         "gpuprov bootstrap again")
+        _verify_after_reboot()
         ap.write_state({**state, "reboot_required": False, "resumed_after_reboot": True})
     report, steps = _plan(Path("/"), None, opt)
     if dry_run:
@@ -153,6 +154,23 @@ def bootstrap_cmd(
 
             effects.run(["systemctl", "reboot"])
         raise errors.RebootRequired("reboot to load the NVIDIA driver, then run `gpuprov bootstrap` again to verify")
+
+
+def _verify_after_reboot() -> None:
+    """Resuming after the driver's reboot: the module must be loaded, match the userspace, and nvidia-smi answer."""
+    from provision import effects
+    from provision.errors import StepFailed
+    from provision.verify.checks import LocalHost, driver_loaded, versions_coherent
+
+    h = LocalHost()
+    for check in (driver_loaded, versions_coherent):
+        r = check(h)
+        if r.status == "fail":
+            raise StepFailed(f"after the reboot: {r.name}: {r.detail}")
+    if (h.facts or {}).get("gpus"):
+        root = ((h.facts or {}).get("driver") or {}).get("driver_root") or "/"
+        smi = effects.which("nvidia-smi") or f"{root.rstrip('/')}/bin/nvidia-smi"
+        effects.run([smi, "-L"])
 
 
 def register(app: typer.Typer) -> None:

@@ -155,3 +155,18 @@ def test_real_h200_generated_spec_validates():
     assert {d["name"] for d in spec["devices"]} >= {"0", "all"}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**spec, "unknownField": 1}, SCHEMA)
+
+
+def test_driver_volume_links_version_free_path(tmp_path):
+    """nvidia-docker 1.0 / seed 002: BASE/current -> BASE/<version> with the driver files at their SONAMEs."""
+    from tests.conftest import run_cli
+
+    base = tmp_path / "driver"
+    r = run_cli("driver-volume", "--base", str(base), "--driver-root", ROOT)
+    assert r.returncode == 0, r.stderr
+    cur = base / "current"
+    assert cur.is_symlink() and (base / "580.159.04").is_dir()
+    assert (cur / "lib64/libcuda.so.1").read_text().startswith("fake libcuda")
+    assert (cur / "bin/nvidia-smi").exists()
+    again = run_cli("driver-volume", "--base", str(base), "--driver-root", ROOT)
+    assert again.returncode == 0 and cur.resolve() == (base / "580.159.04").resolve()
