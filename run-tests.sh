@@ -9,6 +9,7 @@ need=()
 for b in dockerd:docker.io debootstrap:debootstrap runc:runc containerd:containerd; do
   command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
 done
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
