@@ -33,16 +33,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 def _register() -> None:
     # Imported here so each command module stays small and self-contained.
-    from provision.commands import detect
+    from provision.commands import bundle, detect, engine, plan, runtime_cmds, share, verify
 
-    detect.register(app)
-    for mod in ("engine", "plan", "runtime_cmds", "share", "verify", "bundle"):
-        try:
-            module = __import__(f"provision.commands.{mod}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"provision.commands.{mod}":
-                raise
-            continue
+    for module in (detect, engine, plan, runtime_cmds, share, verify, bundle):
         module.register(app)
 
 

@@ -106,13 +106,7 @@ def reload_or_restart_docker(reloadable: bool) -> str:
     if reloadable and pid:
         os.kill(pid, signal.SIGHUP)
         return "reloaded dockerd (SIGHUP)"
-    if has_systemd():
-        run(["systemctl", "restart", "docker"])
-        return "systemctl restart docker"
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: dockerd_pid() is None, 30)
-    return "restarted dockerd: " + start_dockerd()
+    return restart_dockerd()
 
 
 def restart_dockerd() -> str:

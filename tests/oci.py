@@ -35,28 +35,16 @@ def lifecycle(runtime: str, bundle: Path, *, env: dict | None = None, out: Path 
               phases: dict | None = None) -> tuple[int, str]:
     """create / start / wait / delete, as an engine does. Returns (create's rc, captured stdout+stderr).
     With `phases`, each phase's seconds are appended to phases[name]."""
-    cid = "gp-" + uuid.uuid4().hex[:10]
     out = out or bundle / "out.txt"
     marks = [time.perf_counter()]
-    with open(out, "wb") as fh:
-        rc = subprocess.run([runtime, "create", "--bundle", str(bundle), cid], stdout=fh, stderr=fh,
-                            stdin=subprocess.DEVNULL, env=env).returncode
-    marks.append(time.perf_counter())
-    if rc != 0:
-        return rc, out.read_text(errors="replace")
-    st = json.loads(subprocess.run([runtime, "state", cid], capture_output=True, text=True, env=env).stdout)
-    pid = st["pid"]
-    subprocess.run([runtime, "start", cid], check=True, env=env)
-    marks.append(time.perf_counter())
-    while os.path.exists(f"/proc/{pid}") and _alive(pid):
-        time.sleep(0.0005)
-    marks.append(time.perf_counter())
-    subprocess.run([runtime, "delete", "--force", cid], check=True, env=env)
-    marks.append(time.perf_counter())
+    cid, pid, text, rc = start(runtime, bundle, out, env=env, marks=marks)
+    if pid is None:
+        return rc, text
+    text = finish(runtime, cid, pid, out, env=env, marks=marks)
     if phases is not None:
         for name, a, b in zip(("create", "state+start", "wait", "delete"), marks, marks[1:]):
             phases.setdefault(name, []).append(b - a)
-    return 0, out.read_text(errors="replace")
+    return 0, text
 
 
 def _alive(pid: int) -> bool:
@@ -67,21 +55,30 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def start(runtime: str, bundle: Path, out: Path) -> tuple[str, int | None, str]:
-    """create + start without waiting: (container id, pid or None, error text)."""
+def start(runtime: str, bundle: Path, out: Path, *, env: dict | None = None,
+          marks: list | None = None) -> tuple[str, int | None, str, int]:
+    """create + start without waiting: (container id, pid or None, error text, create's rc)."""
+    marks = [] if marks is None else marks
     cid = "gp-" + uuid.uuid4().hex[:10]
     with open(out, "wb") as fh:
         rc = subprocess.run([runtime, "create", "--bundle", str(bundle), cid], stdout=fh, stderr=fh,
-                            stdin=subprocess.DEVNULL).returncode
+                            stdin=subprocess.DEVNULL, env=env).returncode
+    marks.append(time.perf_counter())
     if rc != 0:
-        return cid, None, out.read_text(errors="replace")
-    pid = json.loads(subprocess.run([runtime, "state", cid], capture_output=True, text=True).stdout)["pid"]
-    subprocess.run([runtime, "start", cid], check=True)
-    return cid, pid, ""
+        return cid, None, out.read_text(errors="replace"), rc
+    pid = json.loads(subprocess.run([runtime, "state", cid], capture_output=True, text=True, env=env).stdout)["pid"]
+    subprocess.run([runtime, "start", cid], check=True, env=env)
+    marks.append(time.perf_counter())
+    return cid, pid, "", 0
 
 
-def finish(runtime: str, cid: str, pid: int, out: Path) -> str:
+def finish(runtime: str, cid: str, pid: int, out: Path, *, env: dict | None = None,
+           marks: list | None = None) -> str:
+    """wait for the container's process to end, then delete it; returns its captured output."""
+    marks = [] if marks is None else marks
     while os.path.exists(f"/proc/{pid}") and _alive(pid):
-        time.sleep(0.01)
-    subprocess.run([runtime, "delete", "--force", cid], check=True)
+        time.sleep(0.0005)
+    marks.append(time.perf_counter())
+    subprocess.run([runtime, "delete", "--force", cid], check=True, env=env)
+    marks.append(time.perf_counter())
     return out.read_text(errors="replace")

@@ -95,7 +95,7 @@ def _apply_engine(res: ConfigureResult, engine: str, runtime_name: str, path: st
             res.restart = "dockerd not running: the change applies when it starts"
             return
         reloadable = all(c.split(" ")[0].split(".")[0] in RELOADABLE for c in res.changes)
-        res.restart = effects.reload_or_restart_docker(reloadable) if reloadable else effects.restart_dockerd()
+        res.restart = effects.reload_or_restart_docker(reloadable)
         res.verified = effects.wait_for(lambda: runtime_name in (effects.docker_runtimes() or []), 30)
         if not res.verified:
             raise StepFailed(f"dockerd does not list runtime {runtime_name!r} after `{res.restart}`; "

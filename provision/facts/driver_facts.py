@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from provision.facts.rootfs import is_live, read_first_line, read_text, under
+from provision.inject.capabilities import DRIVER_LIB_DIRS
 
 SECURE_BOOT_VAR = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 # Where a driver's userspace can live besides `/`: a read-only volume (seen on real GPU VMs), GPU Operator's
@@ -60,18 +61,25 @@ def secure_boot(root: Path) -> bool | None:
     return bool(data) and data[-1] == 1
 
 
+def userspace_version(driver_root: Path) -> str | None:
+    """The version in libnvidia-ml.so.<version> under a driver root's library directories."""
+    for libdir in DRIVER_LIB_DIRS:
+        try:
+            names = os.listdir(driver_root / libdir)
+        except OSError:
+            continue
+        for n in names:
+            if n.startswith("libnvidia-ml.so.") and n.count(".") >= 4:
+                return n.removeprefix("libnvidia-ml.so.")
+    return None
+
+
 def find_driver_root(root: Path) -> tuple[str | None, str | None]:
     """(driver root, userspace version): the first candidate holding libnvidia-ml.so.<version>."""
     for cand in DRIVER_ROOT_CANDIDATES:
-        for libdir in ("lib64", "lib", "usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu"):
-            d = under(under(root, cand), libdir)
-            try:
-                names = os.listdir(d)
-            except OSError:
-                continue
-            for n in names:
-                if n.startswith("libnvidia-ml.so.") and n.count(".") >= 4:
-                    return cand, n.removeprefix("libnvidia-ml.so.")
+        version = userspace_version(under(root, cand))
+        if version:
+            return cand, version
     return None, None
 
 

@@ -1,6 +1,9 @@
 """What each driver capability needs inside a container (REFERENCE.md §4). The one table for runtime, CDI and
 docker-args."""
 
+# Where a driver root keeps its libraries (a root of its own like /usr/local/nvidia, or a distro's /).
+DRIVER_LIB_DIRS = ("lib64", "lib", "usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
+
 CAPABILITIES = ("utility", "compute", "video", "graphics", "display", "ngx", "compat32")
 DEFAULT_CAPABILITIES = ("utility", "compute")
 

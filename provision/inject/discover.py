@@ -7,8 +7,8 @@ import os
 import stat
 
 from provision.inject.capabilities import BINARIES, LIBRARIES
+from provision.inject.capabilities import DRIVER_LIB_DIRS as LIB_DIRS
 
-LIB_DIRS = ("lib64", "lib", "usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
 BIN_DIRS = ("bin", "usr/bin", "sbin", "usr/sbin")
 CACHE_FILE = "/var/lib/gpuprov/runtime/discovery.json"
 SCHEMA = 1
@@ -156,19 +156,13 @@ def _mig_devices(dev_root: str, caps_major: int | None) -> list[dict]:
 
 
 def driver_version(proc_root: str, driver_root: str) -> str | None:
-    import re
+    """The loaded module's version, else the driver root's userspace version (only on a cache refresh: the
+    facts module is imported here, not on every container start)."""
+    from pathlib import Path
 
-    m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", _read(_join(proc_root, "proc/driver/nvidia/version")))
-    if m:
-        return m.group(1)
-    for d in LIB_DIRS:
-        try:
-            for n in os.listdir(_join(driver_root, d)):
-                if n.startswith("libnvidia-ml.so.") and n.count(".") >= 4:
-                    return n.removeprefix("libnvidia-ml.so.")
-        except OSError:
-            continue
-    return None
+    from provision.facts.driver_facts import parse_nvrm, userspace_version
+
+    return parse_nvrm(_read(_join(proc_root, "proc/driver/nvidia/version")))[0] or userspace_version(Path(driver_root))
 
 
 def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/") -> dict:

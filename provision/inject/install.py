@@ -114,6 +114,3 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         pass
     return InstallResult(str(target), shim is not None, changed, notes)
 
-
-def digest(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]

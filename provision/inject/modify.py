@@ -160,10 +160,9 @@ def modify_config(config: dict, bundle: str, settings: dict) -> bool:
     if gpus_hook and not all(_our_hook(h["path"]) for h in gpus_hook):
         return False  # NVIDIA's own toolkit hook: leave the whole job to it, never break such a host
     selectors = edits.requested_devices(env)
-    if not settings["accept_env_unprivileged"] and not is_privileged(config):
-        selectors = _mounted_device_list(config) if selectors is not None or _mounted_device_list(config) else None
-    elif selectors is None:
-        selectors = _mounted_device_list(config)
+    mounted = _mounted_device_list(config)
+    if selectors is None or (not settings["accept_env_unprivileged"] and not is_privileged(config)):
+        selectors = mounted  # multi-tenant policy: only the device lists the orchestrator mounted count
     changed = False
     if gpus_hook:
         config["hooks"]["prestart"] = [h for h in hooks if h not in gpus_hook]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from provision.errors import GpuprovError, StepFailed
 from provision.output import progress
-from provision.plan.steps import Step
+from provision.plan.steps import Step, read_or_empty
 
 STATE_DIR = Path(os.environ.get("GPUPROV_STATE_DIR", "/var/lib/gpuprov"))
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
@@ -82,8 +82,7 @@ def check_plan(steps: list[Step]) -> dict:
             continue
         item = {"id": step.id, "title": step.title, "would_change": not done}
         if not done:
-            diffs = [effects.unified_diff(Path(p).read_text() if Path(p).exists() else "", t, p)
-                     for p, t in step.files.items()]
+            diffs = [effects.unified_diff(read_or_empty(p), t, p) for p, t in step.files.items()]
             if step.preview:
                 try:
                     diffs.append(step.preview())

@@ -2,8 +2,6 @@
 alone; the checks and actions each step carries do the I/O at apply time."""
 from __future__ import annotations
 
-import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -276,6 +274,3 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
     rank = {"runtime.install": 1, "engine.config": 2, "engine.service": 3, "validate": 4}
     return sorted(steps, key=lambda s: rank.get(s.id, 0))
 
-
-def gpuprov_argv0() -> str:
-    return shutil.which("gpuprov") or f"{sys.executable} -m provision"

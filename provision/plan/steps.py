@@ -40,11 +40,11 @@ class Step:
              "files": sorted(self.files), "reboot": self.reboot, "verify_only": self.verify_only,
              "notes": self.notes}
         if diffs:
-            d["diffs"] = {p: effects.unified_diff(_read(p), t, p) for p, t in self.files.items()}
+            d["diffs"] = {p: effects.unified_diff(read_or_empty(p), t, p) for p, t in self.files.items()}
         return d
 
 
-def _read(path: str) -> str:
+def read_or_empty(path: str) -> str:
     try:
         return Path(path).read_text()
     except OSError:
@@ -52,7 +52,7 @@ def _read(path: str) -> str:
 
 
 def files_match(files: dict[str, str]) -> bool:
-    return all(_read(p) == t for p, t in files.items())
+    return all(read_or_empty(p) == t for p, t in files.items())
 
 
 def packages_installed(pm: str, packages: tuple[str, ...]) -> bool:

@@ -66,6 +66,14 @@ def _gpus(h: NodeHost) -> list:
     return (h.facts or {}).get("gpus") or []
 
 
+def _skip_without_gpu(name: str, h: NodeHost) -> CheckResult | None:
+    return None if _gpus(h) else CheckResult(name, "skip", "no NVIDIA GPU on this host")
+
+
+def _driver(h: NodeHost) -> dict:
+    return (h.facts or {}).get("driver") or {}
+
+
 def gpuprov_installed(h: NodeHost) -> CheckResult:
     if h.facts is None:
         return CheckResult("gpuprov installed", "fail", "`gpuprov detect --json` does not run on this host: "
@@ -74,9 +82,10 @@ def gpuprov_installed(h: NodeHost) -> CheckResult:
 
 
 def driver_loaded(h: NodeHost) -> CheckResult:
-    if not _gpus(h):
-        return CheckResult("driver loaded", "skip", "no NVIDIA GPU on this host")
-    drv = (h.facts or {}).get("driver") or {}
+    skip = _skip_without_gpu("driver loaded", h)
+    if skip:
+        return skip
+    drv = _driver(h)
     if not drv.get("loaded"):
         return CheckResult("driver loaded", "fail", "NVIDIA GPU present but no driver loaded: gpuprov bootstrap, "
                            "then reboot if it asks")
@@ -84,9 +93,10 @@ def driver_loaded(h: NodeHost) -> CheckResult:
 
 
 def versions_coherent(h: NodeHost) -> CheckResult:
-    if not _gpus(h):
-        return CheckResult("driver versions coherent", "skip", "no NVIDIA GPU on this host")
-    drv = (h.facts or {}).get("driver") or {}
+    skip = _skip_without_gpu("driver versions coherent", h)
+    if skip:
+        return skip
+    drv = _driver(h)
     k, u = drv.get("version"), drv.get("userspace_version")
     if not k or not u or k != u:
         return CheckResult("driver versions coherent", "fail", f"kernel module {k} vs userspace {u}: a reboot is "
@@ -129,8 +139,9 @@ def plain_container(h: NodeHost) -> CheckResult:
 def gpu_container(h: NodeHost) -> CheckResult:
     from provision.plan.validate import IMAGE
 
-    if not _gpus(h):
-        return CheckResult("GPU container", "skip", "no NVIDIA GPU on this host")
+    skip = _skip_without_gpu("GPU container", h)
+    if skip:
+        return skip
     rc, out, err = h.run(f"docker run --rm --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all {IMAGE} nvidia-smi -L")
     if rc != 0 or "GPU 0" not in out:
         return CheckResult("GPU container", "fail", f"nvidia-smi -L in a container failed: {(err or out).strip()[-200:]}")
