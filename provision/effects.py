@@ -100,38 +100,25 @@ def start_dockerd() -> str:
     return how
 
 
-def reload_or_restart_docker(reloadable: bool) -> str:
-    """runtimes/default-runtime are live-reloadable (SIGHUP, running containers untouched); others need a restart."""
-    pid = dockerd_pid()
-    if reloadable and pid:
-        os.kill(pid, signal.SIGHUP)
-        return "reloaded dockerd (SIGHUP)"
-    return restart_dockerd()
-
-
-def restart_dockerd() -> str:
-    """A full restart (dockerd registers the --gpus device driver only at start, when it finds the hook)."""
+def restart_dockerd(pid: int | None = None) -> str:
+    """A full restart (dockerd registers the --gpus device driver only at start, when it finds the hook). `pid`: the
+    daemon to restart where there is no systemd (default: the one in the pid file)."""
     if has_systemd():
         run(["systemctl", "restart", "docker"])
         return "systemctl restart docker"
-    pid = dockerd_pid()
+    pid = pid or dockerd_pid()
     if pid:
         os.kill(pid, signal.SIGTERM)
-        if not wait_for(lambda: dockerd_pid() is None, 60):
-            raise StepFailed("dockerd did not stop within 60 s; restart it by hand")
+        if not wait_for(lambda: not _alive(pid), 60):
+            raise StepFailed(f"dockerd (pid {pid}) did not stop within 60 s; restart it by hand")
     return "restarted dockerd: " + start_dockerd()
 
 
-def gpus_hook_pending() -> bool:
-    """True when dockerd started before the --gpus hook appeared on its PATH: it only looks for the hook at
-    start-up, so `--gpus` keeps failing until dockerd restarts."""
-    pid = dockerd_pid()
-    hook = shutil.which("nvidia-container-runtime-hook", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
-    if not pid or not hook:
-        return False
+def _alive(pid: int) -> bool:
     try:
-        return os.stat(hook).st_mtime > os.stat(f"/proc/{pid}").st_mtime
-    except OSError:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
 
 

@@ -12,6 +12,11 @@ Exit codes (documented in README.md):
   8  bundle verification failed (checksum, signature, manifest)
   9  bundle does not match this host (distro release, kernel, arch)
  10  GPU requirement not satisfied (NVIDIA_REQUIRE_*) / verification failed
+ 11  host busy: another gpuprov run holds the host lock and --no-wait was given
+ 12  declined at the confirmation prompt (nothing was changed)
+ 13  disk full or read-only: a write could not complete; the file is untouched
+ 14  conflicts with the operator's own setting (a runtime of that name pointing elsewhere, another
+     default-runtime); --replace-runtime overrides
 """
 from __future__ import annotations
 
@@ -26,6 +31,10 @@ REBOOT_REQUIRED = 7
 BUNDLE_INVALID = 8
 BUNDLE_MISMATCH = 9
 REQUIREMENT_FAILED = 10
+HOST_BUSY = 11
+DECLINED = 12
+WRITE_FAILED = 13
+CONFLICT = 14
 
 
 class GpuprovError(Exception):
@@ -61,3 +70,24 @@ class ConfigInvalid(GpuprovError):
 
 class RebootRequired(GpuprovError):
     exit_code = REBOOT_REQUIRED
+
+
+class HostBusy(GpuprovError):
+    exit_code = HOST_BUSY
+
+
+class Declined(GpuprovError):
+    exit_code = DECLINED
+
+
+class WriteFailed(GpuprovError, OSError):
+    """Disk full, quota, read-only filesystem: the write did not happen and the old file is intact. Also an OSError,
+    so code that already handles failed writes (the runtime editor refusing a start) keeps handling it."""
+
+    exit_code = WRITE_FAILED
+
+
+class RuntimeConflict(GpuprovError):
+    """The operator's own runtime / default-runtime would be replaced: theirs unless --replace-runtime."""
+
+    exit_code = CONFLICT

@@ -6,6 +6,7 @@ from typing import List, Optional
 
 import typer
 
+from provision.hostlock import changes_host
 from provision.output import emit_json, kv
 
 bundle_app = typer.Typer(help="Offline bundles: create (connected machine), verify, install (network off).",
@@ -67,6 +68,7 @@ def verify_cmd(path: Path = typer.Argument(...), keyring: Optional[str] = typer.
 
 
 @bundle_app.command("install")
+@changes_host("bundle install")
 def install_cmd(
     path: Path = typer.Argument(..., help="Bundle directory or .tar.gz."),
     keyring: Optional[str] = typer.Option(None, "--keyring", help="Keyring holding the bundle signer's key."),

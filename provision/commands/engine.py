@@ -1,10 +1,12 @@
 """`gpuprov engine configure docker|containerd|crio`."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Optional
 
 import typer
 
+from provision.hostlock import host_lock
 from provision.output import emit_json, kv
 
 engine_app = typer.Typer(help="Container engine configuration (merge, never overwrite).", no_args_is_help=True)
@@ -27,6 +29,9 @@ def configure_cmd(
     runtime_path: Optional[str] = typer.Option(None, "--runtime-path", help="Default: the installed gpuprov-runtime."),
     default: bool = typer.Option(False, "--default", help="Make it the default runtime (needed for --gpus)."),
     cdi: bool = typer.Option(False, "--cdi", help="Enable CDI in the engine."),
+    replace: bool = typer.Option(False, "--replace-runtime", help="Replace your own runtime of that name (its "
+                                 "runtimeArgs are dropped) or your default-runtime; without it, such a conflict "
+                                 "stops with exit 14 and nothing changed."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the diff; change nothing."),
     no_restart: bool = typer.Option(False, "--no-restart", help="Write the file but do not reload the engine."),
     json_out: bool = typer.Option(False, "--json"),
@@ -34,9 +39,10 @@ def configure_cmd(
     """Register gpuprov-runtime in the engine's config (backup, atomic write, reload only on change, verify)."""
     from provision.engines.configure import configure
 
-    res = configure(engine, config=config, runtime_name=runtime_name,
-                    runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi, dry_run=dry_run,
-                    restart=not no_restart)
+    with nullcontext() if dry_run else host_lock(f"engine configure {engine}"):
+        res = configure(engine, config=config, runtime_name=runtime_name,
+                        runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
+                        replace=replace, dry_run=dry_run, restart=not no_restart)
     if json_out:
         emit_json(res.to_dict())
         return

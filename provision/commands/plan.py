@@ -12,7 +12,8 @@ from provision.output import emit_json
 ENGINES = ("docker", "containerd", "none")
 
 
-def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate):
+def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate,
+             replace_runtime=False):
     from provision.commands.detect import MODULE_CHOICES, SOURCE_CHOICES, check_choice
     from provision.plan.build import Options
 
@@ -26,7 +27,7 @@ def _options(driver, kernel_modules, driver_source, engine, engine_source, runti
         raise UsageError("--driver takes auto or skip in this version (branch pinning: use --driver-source nvidia)")
     return Options(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                    engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
-                   validate=validate)
+                   validate=validate, replace_runtime=replace_runtime)
 
 
 def _plan(root: Path, target: Optional[str], opt):
@@ -66,6 +67,9 @@ OPTS = dict(
     no_default=typer.Option(False, "--no-default-runtime", help="Register the runtime without making it default "
                             "(then --gpus needs --runtime nvidia)."),
     cdi=typer.Option(False, "--cdi", help="Enable CDI in the engine."),
+    replace_runtime=typer.Option(False, "--replace-runtime", help="Replace your own runtime of that name (its "
+                                 "runtimeArgs are dropped) or your default-runtime (without it: exit 14, nothing "
+                                 "changed)."),
 )
 
 
@@ -76,10 +80,11 @@ def plan_cmd(
     driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
-    no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"],
+    no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
-    opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, True)
+    opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, True,
+                   replace_runtime)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -97,14 +102,25 @@ def bootstrap_cmd(
     driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
-    no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"],
+    no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
 ) -> None:
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
+    from contextlib import nullcontext
+
+    from provision.hostlock import host_lock
+
+    opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
+                   not no_validate, replace_runtime)
+    # Held from planning to the end (the prompt included), so the plan shown is the one applied.
+    with nullcontext() if dry_run or check else host_lock("bootstrap"):
+        _bootstrap(opt, yes=yes, dry_run=dry_run, check=check, reboot=reboot, json_out=json_out, bundle=bundle)
+
+
+def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json_out: bool,
+               bundle: Optional[Path]) -> None:
     from provision import errors
     from provision.plan import apply as ap
 
-    opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
-                   not no_validate)
     if bundle is not None:
         import dataclasses
 
@@ -138,7 +154,8 @@ def bootstrap_cmd(
         if not sys.stdin.isatty():
             raise errors.UsageError("refusing to change the host without --yes when not on a terminal")
         _print_plan(report, steps, False)
-        typer.confirm("Apply this plan?", abort=True)
+        if not typer.confirm("Apply this plan?"):
+            raise errors.Declined("declined at the prompt; nothing was changed")
     res = ap.apply_plan(steps, quiet=json_out)
     if res.reboot_required:
         ap.write_state({"reboot_required": True, "boot_id": ap.boot_id(),

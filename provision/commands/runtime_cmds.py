@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from provision.errors import GpuprovError, UsageError
+from provision.hostlock import changes_host, host_lock
 from provision.output import emit_json, kv
 
 runtime_app = typer.Typer(help="The injection runtime (gpuprov-runtime): install, discover.", no_args_is_help=True)
@@ -35,6 +36,7 @@ def _discover(driver_root: Optional[str]) -> dict:
 
 
 @runtime_app.command("install")
+@changes_host("runtime install")
 def runtime_install(
     prefix: str = typer.Option("/usr/local", help="Install gpuprov-runtime and the --gpus hook under PREFIX/bin."),
     runc: Optional[str] = typer.Option(None, help="Low-level runtime to hand over to (default: runc on PATH)."),
@@ -97,9 +99,10 @@ def cdi_generate(
     if output is None:
         print(text, end="")
     else:
-        from provision.fsutil import atomic_write_text
+        from provision.fsutil import write_file
 
-        atomic_write_text(output, text, mode=0o644, backup=False)
+        with host_lock("cdi generate"):
+            write_file(output, text, mode=0o644, backup=False)
         print(f"wrote {output} ({len(spec['devices'])} devices)", file=__import__("sys").stderr)
 
 
@@ -136,6 +139,7 @@ def docker_args(
     print(" ".join(flags))
 
 
+@changes_host("driver-volume")
 def driver_volume(
     base: Path = typer.Option(Path("/var/lib/gpuprov/driver"), help="Where versioned copies and `current` live."),
     driver_root: Optional[str] = typer.Option(None),

@@ -5,6 +5,7 @@ from typing import Optional
 
 import typer
 
+from provision.hostlock import changes_host
 from provision.output import emit_json, kv, table
 
 share_app = typer.Typer(help="GPU sharing with limits (NVIDIA MPS): enable, disable, status.", no_args_is_help=True)
@@ -17,6 +18,7 @@ def _state_path() -> str:
 
 
 @share_app.command("enable")
+@changes_host("share enable")
 def enable_cmd(
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices to share, e.g. 0,1 (default: all)."),
     max_clients: Optional[int] = typer.Option(None, "--max-clients", help="Max containers per GPU (max_inst)."),
@@ -50,6 +52,7 @@ def enable_cmd(
 
 
 @share_app.command("disable")
+@changes_host("share disable")
 def disable_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     """Stop the MPS daemon cleanly (running clients finish first)."""
     from provision.share import mps

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from provision import effects
+from provision.engines.base import Change, Daemon, Engine, EnginePlan, FileEdit, RuntimeRequest, flag_value, read_config
 from provision.errors import ConfigInvalid
 
 CONFIG = "/etc/containerd/config.toml"
@@ -84,3 +87,35 @@ def runtime_in_dump(dump_text: str, runtime_name: str) -> bool:
         if runtime_name in (node.get("runtimes") or {}):
             return True
     return False
+
+
+class ContainerdEngine(Engine):
+    """containerd on the Engine interface (a straight port of the previous behaviour: the main config edited in
+    place, checked with `containerd config dump`, restarted under systemd)."""
+
+    name = "containerd"
+    default_config = CONFIG
+    daemon_names = ("containerd",)
+
+    def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
+        old = read_config(path)
+        m = merge(old or "", runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi,
+                  path=str(path))
+        # containerd re-reads its config only at start: every change needs a restart.
+        changes = [Change(*c.split(" -> ", 1), reload=False) for c in m.changes]
+        return EnginePlan([FileEdit(path, old, m.text)] if m.changed else [], changes)
+
+    def daemon_config(self, argv: list[str]) -> str:
+        return flag_value(argv, ("--config", "-c")) or CONFIG
+
+    def check(self, path: Path, req: RuntimeRequest) -> bool | None:
+        if not effects.which("containerd"):
+            return None
+        dump = effects.run(["containerd", "--config", str(path), "config", "dump"], check=False)
+        return dump.returncode == 0 and runtime_in_dump(dump.output, req.name)
+
+    def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
+        if effects.has_systemd():
+            effects.run(["systemctl", "restart", "containerd"], check=False)
+            return "systemctl restart containerd"
+        return f"restart containerd (pid {daemon.pid}) to apply the change (no systemd here)"

@@ -1,13 +1,28 @@
 """Docker's daemon.json: a structural merge that keeps every existing key, value and order."""
 from __future__ import annotations
 
-import json
+import os
 import re
 import shlex
+import shutil
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision.errors import ConfigInvalid
+from provision import effects
+from provision.engines.base import (
+    Change,
+    Daemon,
+    Engine,
+    EnginePlan,
+    FileEdit,
+    RuntimeRequest,
+    dump_json,
+    flag_value,
+    load_json_strict,
+    read_config,
+)
+from provision.errors import ConfigInvalid, RuntimeConflict
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 UNIT_FILES = ("/lib/systemd/system/docker.service", "/usr/lib/systemd/system/docker.service",
@@ -28,55 +43,88 @@ FLAG_KEYS = {
 @dataclass
 class MergeResult:
     text: str  # the new file content (== old content when nothing changed)
-    changed: bool
-    changes: list[str] = field(default_factory=list)  # human summary: "runtimes.nvidia added"
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
 
 
 def parse(text: str, path: str = DAEMON_JSON) -> dict:
+    """daemon.json as dockerd reads it, strictly (see base.load_json_strict), with the keys gpuprov touches typed
+    the way dockerd wants them (dockerd refuses to start otherwise; we refuse to edit)."""
     if not text.strip():
         return {}
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigInvalid(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-                            "fix it or move it aside, then run again (the file was not changed)") from None
+    doc = load_json_strict(text, path)
     if not isinstance(doc, dict):
         raise ConfigInvalid(f"{path} must hold a JSON object at the top level; the file was not changed")
+    _check_types(doc, path)
     return doc
 
 
+def _check_types(doc: dict, path: str) -> None:
+    def bad(key: str, want: str):
+        raise ConfigInvalid(f"{path}: \"{key}\" must be {want} (dockerd would refuse it too); fix it, then run "
+                            "again (the file was not changed)")
+
+    runtimes = doc.get("runtimes")
+    if runtimes is not None:
+        if not isinstance(runtimes, dict):
+            bad("runtimes", "an object")
+        for name, rt in runtimes.items():
+            if not isinstance(rt, dict):
+                bad(f"runtimes.{name}", "an object such as {\"path\": \"/usr/bin/runc\"}")
+            if "path" in rt and not isinstance(rt["path"], str):
+                bad(f"runtimes.{name}.path", "a string")
+            args = rt.get("runtimeArgs")
+            if args is not None and not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
+                bad(f"runtimes.{name}.runtimeArgs", "a list of strings")
+    if "default-runtime" in doc and not isinstance(doc["default-runtime"], str):
+        bad("default-runtime", "a string")
+    feats = doc.get("features")
+    if feats is not None and not (isinstance(feats, dict) and all(isinstance(v, bool) for v in feats.values())):
+        bad("features", "an object of true/false values")
+
+
 def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default: bool = False,
-          cdi: bool = False, path: str = DAEMON_JSON) -> MergeResult:
-    """Add runtimes.<name>, optionally default-runtime and features.cdi. Existing keys keep their order and values;
-    a runtime of the same name is updated in place (its other fields kept)."""
+          cdi: bool = False, replace: bool = False, path: str = DAEMON_JSON) -> MergeResult:
+    """Add runtimes.<name>, optionally default-runtime and features.cdi. Existing keys keep their order and values.
+    The operator's own settings are theirs: a runtime of that name pointing to another binary, or another
+    default-runtime, raises RuntimeConflict (exit 14) unless `replace` (--replace-runtime); a replaced runtime gets
+    a fresh entry (its runtimeArgs belonged to the other binary and are never carried over)."""
     doc = parse(text, path)
     changes = []
-    runtimes = doc.get("runtimes")
-    if runtimes is not None and not isinstance(runtimes, dict):
-        raise ConfigInvalid(f"{path}: \"runtimes\" must be an object; the file was not changed")
-    runtimes = dict(runtimes or {})
-    entry = dict(runtimes.get(runtime_name) or {})
-    want = {"path": runtime_path, "runtimeArgs": entry.get("runtimeArgs", [])}
-    if entry.get("path") != runtime_path or "runtimeArgs" not in entry:
-        entry.update(want)
-        runtimes[runtime_name] = entry
+    runtimes = dict(doc.get("runtimes") or {})
+    entry = runtimes.get(runtime_name)
+    if entry is None or entry.get("path") != runtime_path:
+        if entry is not None and not replace:
+            theirs = entry.get("path") or entry.get("runtimeType") or "another runtime"
+            args = f" with runtimeArgs {entry['runtimeArgs']}" if entry.get("runtimeArgs") else ""
+            raise RuntimeConflict(
+                f"{path}: runtime {runtime_name!r} is already registered as {theirs}{args}; gpuprov leaves it as it "
+                f"is. Use another name (--runtime-name gpuprov), or pass --replace-runtime to point "
+                f"{runtime_name!r} at {runtime_path} (its runtimeArgs are dropped); the file was not changed")
+        runtimes[runtime_name] = {"path": runtime_path, "runtimeArgs": []}
         doc["runtimes"] = runtimes
-        changes.append(f"runtimes.{runtime_name} -> {runtime_path}")
-    if default and doc.get("default-runtime") != runtime_name:
+        changes.append(Change(f"runtimes.{runtime_name}", runtime_path, reload=True))
+    current = doc.get("default-runtime")
+    if default and current != runtime_name:
+        if current is not None and not replace:
+            raise RuntimeConflict(
+                f"{path}: default-runtime is {current!r}, set by you; gpuprov leaves it. Keep it (run without "
+                f"--default, then use `docker run --runtime {runtime_name}`), or pass --replace-runtime to make "
+                f"{runtime_name!r} the default; the file was not changed")
         doc["default-runtime"] = runtime_name
-        changes.append(f"default-runtime -> {runtime_name}")
+        changes.append(Change("default-runtime", runtime_name, reload=True))
     if cdi:
-        feats = doc.get("features")
-        if feats is not None and not isinstance(feats, dict):
-            raise ConfigInvalid(f"{path}: \"features\" must be an object; the file was not changed")
-        feats = dict(feats or {})
+        feats = dict(doc.get("features") or {})
         if feats.get("cdi") is not True:
             feats["cdi"] = True
             doc["features"] = feats
-            changes.append("features.cdi -> true")
+            changes.append(Change("features.cdi", "true", reload=False))  # features are read at start only
     if not changes:
-        return MergeResult(text, False, [])
-    return MergeResult(json.dumps(doc, indent=2) + "\n", True, changes)
+        return MergeResult(text, [])
+    return MergeResult(dump_json(doc, path), changes)
 
 
 def unit_flags(root: Path = Path("/")) -> dict[str, str]:
@@ -109,3 +157,55 @@ def unit_flags(root: Path = Path("/")) -> dict[str, str]:
 
 def conflicts(doc: dict, flags: dict[str, str]) -> list[str]:
     return [f"{k!r} is set in daemon.json and as a dockerd flag in {flags[k]}" for k in doc if k in flags]
+
+
+class DockerEngine(Engine):
+    name = "docker"
+    default_config = DAEMON_JSON
+    daemon_names = ("dockerd",)
+
+    def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
+        old = read_config(path)
+        m = merge(old or "", runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi,
+                  replace=req.replace, path=str(path))
+        warnings = []
+        if m.changed:
+            clashes = conflicts(parse(m.text, str(path)), unit_flags(unit_root))
+            ours = [c for c in clashes if c.split("'")[1] in ("runtimes", "default-runtime", "features")]
+            if ours:
+                raise ConfigInvalid("; ".join(ours) + ": dockerd would refuse to start. Remove the flag from the "
+                                    "unit (systemctl edit docker) or leave this key out; daemon.json was not changed")
+            warnings = clashes
+        return EnginePlan([FileEdit(path, old, m.text)] if m.changed else [], m.changes, warnings)
+
+    def daemon_config(self, argv: list[str]) -> str:
+        return flag_value(argv, ("--config-file",)) or DAEMON_JSON
+
+    def pending_restart(self, daemon: Daemon) -> str | None:
+        """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart."""
+        hook = shutil.which("nvidia-container-runtime-hook",
+                            path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
+        if not hook or not daemon.in_our_mount_namespace():
+            return None
+        try:
+            later = os.stat(hook).st_mtime > os.stat(f"/proc/{daemon.pid}").st_mtime
+        except OSError:
+            return None
+        return "restart dockerd so that it finds the --gpus hook" if later else None
+
+    def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
+        """runtimes/default-runtime are live-reloadable (SIGHUP, running containers untouched); the rest needs a
+        restart."""
+        if restart or plan.needs_restart:
+            return effects.restart_dockerd(daemon.pid)
+        os.kill(daemon.pid, signal.SIGHUP)
+        return f"reloaded dockerd (SIGHUP to pid {daemon.pid})"
+
+    def verify(self, daemon: Daemon, req: RuntimeRequest, *, wait: bool = True) -> bool | None:
+        if not daemon.in_our_mount_namespace():
+            return None  # `docker info` would ask another daemon (ours is in a container)
+        if not wait:
+            rts = effects.docker_runtimes()
+            return None if rts is None else req.name in rts
+        return effects.wait_for(lambda: req.name in (effects.docker_runtimes() or []), 30)
+

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 
+from provision.fsutil import write_file
 from provision.inject.capabilities import BINARIES, LIBRARIES
 from provision.inject.capabilities import DRIVER_LIB_DIRS as LIB_DIRS
 
@@ -226,9 +227,5 @@ def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> dict | No
 def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/", dev_root: str = "/") -> dict:
     doc = discover(driver_root, proc_root=proc_root, dev_root=dev_root)
     doc["key"] = version_key(proc_root)
-    os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-    tmp = f"{cache_file}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(doc, fh)
-    os.replace(tmp, cache_file)
+    write_file(cache_file, json.dumps(doc), backup=False)
     return doc

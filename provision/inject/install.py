@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision.fsutil import write_file
 from provision.inject import discover
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import DEFAULTS, settings_path
@@ -52,12 +52,7 @@ def _write_if_changed(path: Path, data: bytes, mode: int, changed: list[str]) ->
             return
     except OSError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_file(path, data, mode=mode, keep_mode=False, backup=False)
     changed.append(str(path))
 
 

@@ -16,6 +16,7 @@ import os
 import posixpath
 import stat
 
+from provision.fsutil import write_file
 from provision.inject import discover, edits
 from provision.inject.edits import Refused
 
@@ -208,8 +209,6 @@ def modify_bundle(bundle: str, settings: dict) -> bool:
         config = json.load(fh)
     if not modify_config(config, bundle, settings):
         return False
-    tmp = path + ".gpuprov.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(config, fh, separators=(",", ":"))
-    os.replace(tmp, path)
+    # The one write path; no fsync: a container's config.json does not outlive the host's uptime.
+    write_file(path, json.dumps(config, separators=(",", ":")), backup=False, durable=False)
     return True

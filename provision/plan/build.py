@@ -28,6 +28,7 @@ class Options:
     cdi: bool = False
     validate: bool = True
     bundle: str | None = None  # an offline bundle's repository: packages come from it alone
+    replace_runtime: bool = False  # --replace-runtime: the operator's runtime of that name / default may be replaced
 
 
 def _install_cmds(target: Target, packages: tuple[str, ...], bundle: str | None = None) -> list[list[str]]:
@@ -228,10 +229,12 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
         argv = ["gpuprov", "engine", "configure", opt.engine, "--runtime-name", opt.runtime_name]
         argv += ["--default"] if opt.default_runtime else []
         argv += ["--cdi"] if opt.cdi else []
+        argv += ["--replace-runtime"] if opt.replace_runtime else []
 
         def check() -> bool:
             r = cfg.configure(opt.engine, runtime_name=opt.runtime_name, runtime_path=RUNTIME_PATH,
-                              default=opt.default_runtime, cdi=opt.cdi, dry_run=True)
+                              default=opt.default_runtime, cdi=opt.cdi,
+                              replace=opt.replace_runtime, dry_run=True)
             if r.changed:
                 return False
             if opt.engine == "docker":
@@ -242,12 +245,14 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
 
         def act() -> str:
             r = cfg.configure(opt.engine, runtime_name=opt.runtime_name, runtime_path=RUNTIME_PATH,
-                              default=opt.default_runtime, cdi=opt.cdi)
+                              default=opt.default_runtime, cdi=opt.cdi,
+                              replace=opt.replace_runtime)
             return "; ".join(r.changes) + (f" ({r.restart})" if r.restart else "")
 
         def preview() -> str:
             return cfg.configure(opt.engine, runtime_name=opt.runtime_name, runtime_path=RUNTIME_PATH,
-                                 default=opt.default_runtime, cdi=opt.cdi, dry_run=True).diff
+                                 default=opt.default_runtime, cdi=opt.cdi,
+                                 replace=opt.replace_runtime, dry_run=True).diff
 
         steps.append(Step("engine.config", f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)",
                           commands=[argv], check=check, action=act, preview=preview))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from provision.engines import containerd, crio, docker
 from provision.engines.configure import configure
-from provision.errors import ConfigInvalid
+from provision.errors import ConfigInvalid, RuntimeConflict
 from tests.conftest import needs, run_cli
 
 RT = "/usr/local/bin/gpuprov-runtime"
@@ -38,12 +38,18 @@ def test_merge_is_idempotent_and_byte_identical():
     assert once.changed and not twice.changed and twice.text == once.text
 
 
-def test_existing_runtime_fields_kept():
+def test_existing_runtime_is_the_operators():
+    """A runtime of the same name pointing at another binary is theirs (exit 14); --replace-runtime re-points it
+    with a fresh entry: its runtimeArgs belonged to the other binary and are not carried over."""
     old = json.dumps({"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime", "runtimeArgs": ["--x"]},
                                    "kata": {"path": "/opt/kata"}}})
-    doc = json.loads(docker.merge(old, runtime_path=RT).text)
-    assert doc["runtimes"]["nvidia"] == {"path": RT, "runtimeArgs": ["--x"]}
+    with pytest.raises(RuntimeConflict, match="--replace-runtime"):
+        docker.merge(old, runtime_path=RT)
+    doc = json.loads(docker.merge(old, runtime_path=RT, replace=True).text)
+    assert doc["runtimes"]["nvidia"] == {"path": RT, "runtimeArgs": []}
     assert doc["runtimes"]["kata"] == {"path": "/opt/kata"}
+    same = json.dumps({"runtimes": {"nvidia": {"path": RT, "runtimeArgs": ["--debug"]}}})
+    assert not docker.merge(same, runtime_path=RT).changed  # our binary with the operator's args: left alone
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),

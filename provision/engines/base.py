@@ -1,0 +1,274 @@
+"""The one interface every container-engine adapter implements (docker, containerd, CRI-O, …).
+
+An adapter owns, for its engine: where the config lives, how it is parsed (strictly: whatever the engine would reject
+is refused here, exit 6, file untouched), how gpuprov's runtime is merged in (typed Changes: what changed and whether
+the live daemon picks it up on a reload or needs a restart), how the *live* daemon is found and which config file it
+really reads, how it is reloaded/restarted, and how the result is verified. `engines.configure.configure` drives any
+adapter the same way: plan → write through `fsutil.write_file` → check (rolled back on failure) → signal the live
+daemon only when it reads the file that was written → verify.
+
+Adding an engine = one module with a subclass of Engine, registered in `provision/engines/__init__.py`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from provision import effects
+from provision.errors import ConfigInvalid
+
+
+@dataclass(frozen=True)
+class RuntimeRequest:
+    """What the operator asked for: register `path` as runtime `name` (and maybe make it the default, enable CDI)."""
+
+    name: str
+    path: str
+    default: bool = False
+    cdi: bool = False
+    replace: bool = False  # --replace-runtime: the operator's runtime of that name / default-runtime may be replaced
+
+
+@dataclass(frozen=True)
+class Change:
+    """One setting gpuprov changes in an engine's config."""
+
+    key: str  # where, in the engine's own terms: "runtimes.nvidia", "default-runtime", "features.cdi"
+    value: str  # what it becomes, for people
+    reload: bool = True  # True: the live daemon applies it on a reload (SIGHUP); False: it needs a restart
+
+    def __str__(self) -> str:
+        return f"{self.key} -> {self.value}"
+
+
+@dataclass(frozen=True)
+class FileEdit:
+    path: Path
+    old: str | None  # None: the file does not exist yet
+    new: str
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+    def diff(self) -> str:
+        return effects.unified_diff(self.old or "", self.new, str(self.path)) if self.changed else ""
+
+
+@dataclass
+class EnginePlan:
+    """What configuring an engine would do: the files to write and the settings that change."""
+
+    edits: list[FileEdit]
+    changes: list[Change]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(e.changed for e in self.edits)
+
+    @property
+    def needs_restart(self) -> bool:
+        return any(not c.reload for c in self.changes)
+
+    def diff(self) -> str:
+        return "".join(e.diff() for e in self.edits)
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A running engine daemon and the config path it reads, as it sees it (its own mount namespace)."""
+
+    pid: int
+    argv: tuple[str, ...]
+    config: str
+
+    def path_in_its_root(self, path: str) -> str:
+        if not os.path.isabs(path):
+            return f"/proc/{self.pid}/cwd/{path}"
+        return f"/proc/{self.pid}/root{path}"
+
+    def reads(self, path: Path) -> bool:
+        """Whether the file this daemon reads is `path` (same inode, seen through /proc/PID/root: right across
+        symlinks, bind mounts and containers, where comparing path strings is not)."""
+        return same_file(path, Path(self.path_in_its_root(self.config)))
+
+    def in_our_mount_namespace(self) -> bool:
+        try:
+            return os.readlink(f"/proc/{self.pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            return False
+
+
+class Engine(ABC):
+    name: ClassVar[str]
+    default_config: ClassVar[str]
+    daemon_names: ClassVar[tuple[str, ...]]  # the daemon's process name(s) (/proc/PID/comm)
+
+    def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
+        return Path(config or self.default_config)
+
+    @abstractmethod
+    def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
+        """Read and strictly parse the config, merge the request in; raise ConfigInvalid (6) or
+        RuntimeConflict (14) with nothing written."""
+
+    @abstractmethod
+    def daemon_config(self, argv: list[str]) -> str:
+        """The config file a daemon started with `argv` reads (its flag, or the engine's default)."""
+
+    def live_daemon(self, path: Path) -> Daemon | None:
+        """The running daemon that reads `path`, if any. A --config no running daemon reads is never signalled."""
+        for pid, argv in find_processes(self.daemon_names):
+            d = Daemon(pid, tuple(argv), self.daemon_config(argv))
+            if d.reads(path):
+                return d
+        return None
+
+    def running_daemons(self) -> list[Daemon]:
+        return [Daemon(pid, tuple(argv), self.daemon_config(argv)) for pid, argv in find_processes(self.daemon_names)]
+
+    def check(self, path: Path, req: RuntimeRequest) -> bool | None:
+        """After writing, before signalling: does the engine itself accept the file? False → the edit is rolled
+        back. None: this engine has no offline check."""
+        return None
+
+    def pending_restart(self, daemon: Daemon) -> str | None:
+        """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook)."""
+        return None
+
+    @abstractmethod
+    def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
+        """Make the live daemon pick the change up (reload, or restart when `restart` or the plan needs it).
+        Returns what was done, for people."""
+
+    def verify(self, daemon: Daemon, req: RuntimeRequest, *, wait: bool = True) -> bool | None:
+        """Does the live daemon list the runtime now? None: cannot tell."""
+        return None
+
+
+# --- helpers shared by the adapters ------------------------------------------------------------------------------
+
+def read_config(path: Path) -> str | None:
+    """The config's text (None when it does not exist); not UTF-8 or unreadable → ConfigInvalid."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigInvalid(f"cannot read {path}: {exc.strerror}; the file was not changed") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigInvalid(f"{path} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); fix "
+                            "it, then run again (the file was not changed)") from None
+
+
+class _Reject(ValueError):
+    pass
+
+
+def _no_constants(name: str):
+    raise _Reject(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Reject(f"number {text[:40]} is out of range")
+    return value
+
+
+def _sane_int(text: str) -> int:
+    if len(text.lstrip("-")) > 308:  # beyond float64, which is what the engines (Go) decode numbers into
+        raise _Reject(f"number {text[:40]}… is out of range")
+    return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    doc: dict = {}
+    for k, v in pairs:
+        if k in doc:
+            raise _Reject(f"duplicate key {k!r} (one of the values would be silently lost)")
+        doc[k] = v
+    return doc
+
+
+def load_json_strict(text: str, path: str | Path) -> object:
+    """JSON as the engines accept it, and stricter where a lenient read would lose the operator's data: no NaN /
+    Infinity, no numbers beyond float64 (1e400), no duplicate keys; too-deep nesting refused. → ConfigInvalid (6)."""
+    try:
+        return json.loads(text, parse_constant=_no_constants, parse_float=_finite_float, parse_int=_sane_int,
+                          object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        why = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+    except _Reject as exc:
+        why = str(exc)
+    except RecursionError:
+        why = "nested too deeply"
+    except ValueError as exc:
+        why = str(exc)
+    raise ConfigInvalid(f"{path} is not valid JSON ({why}); fix it or move it aside, then run again (the file was "
+                        "not changed)")
+
+
+def dump_json(doc: object, path: str | Path) -> str:
+    try:
+        return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    except (RecursionError, ValueError) as exc:
+        raise ConfigInvalid(f"{path}: cannot write it back as JSON ({exc}); the file was not changed") from None
+
+
+def find_processes(names: tuple[str, ...]) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every process whose name is one of `names`, oldest first (the /proc scan every adapter uses
+    to find its live daemon; pid files can be stale or belong to another daemon)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm") as fh:
+                if fh.read().strip() not in names:
+                    continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+        except OSError:
+            continue  # exited meanwhile
+        found.append((int(entry.name), argv))
+    return sorted(found)
+
+
+def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of `--flag VALUE` or `--flag=VALUE` (the last one wins, as in Go's flag parsing)."""
+    value = None
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif a.startswith(n + "="):
+                value = a[len(n) + 1:]
+    return value
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Same inode; for files that do not exist (yet), the same name in the same directory."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+        return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    # (no realpath here: /proc/PID/root is a magic link that realpath would turn into our own "/")
+    try:
+        if os.path.lexists(a) or os.path.lexists(b):
+            return False
+        pa, pb = os.stat(os.path.dirname(a)), os.stat(os.path.dirname(b))
+    except OSError:
+        return False
+    return (pa.st_dev, pa.st_ino) == (pb.st_dev, pb.st_ino) and os.path.basename(a) == os.path.basename(b)
