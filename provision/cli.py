@@ -39,9 +39,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 def _register() -> None:
     # Imported here so each command module stays small and self-contained.
-    from provision.commands import bundle, detect, engine, plan, runtime_cmds, share, verify
+    from provision.commands import bundle, detect, engine, k8s, metrics, plan, runtime_cmds, share, verify
 
-    for module in (detect, engine, plan, runtime_cmds, share, verify, bundle):
+    for module in (detect, engine, plan, runtime_cmds, share, verify, bundle, k8s, metrics):
         module.register(app)
 
 

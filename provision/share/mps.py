@@ -133,19 +133,6 @@ def _mps_processes() -> list[int]:
     return out
 
 
-def _container_of(pid: int) -> str | None:
-    try:
-        cg = Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return None
-    # The container's cgroup is named after it: /docker/<id>, docker-<id>.scope, /<runc id>.
-    for line in cg.splitlines():
-        parts = [p for p in line.split(":", 2)[-1].split("/") if p]
-        if parts:
-            return parts[-1].removeprefix("docker-").removeprefix("cri-containerd-").removesuffix(".scope")[:64]
-    return None
-
-
 def _env_of(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -160,15 +147,21 @@ def status(state_path: str) -> dict:
         return {"enabled": False, "daemon": None, "clients": []}
     servers = [s for s in control(state, "get_server_list").split() if s.isdigit()]
     clients = []
-    used = _gpu_memory_by_pid()
+    # One code path with `gpuprov metrics`: NVML's process lists (MPS clients included) mapped to containers by cgroup.
+    from provision.metrics import nvml, usage
+
+    procs = usage.by_pid(nvml.snapshot())
     for srv in servers:
         for c in control(state, f"get_client_list {srv}").split():
             if not c.isdigit():
                 continue
             pid = int(c)
             env = _env_of(pid)
-            clients.append({"pid": pid, "server": int(srv), "container": _container_of(pid),
-                            "memory_used_mib": used.get(pid),
+            _, ref, mem = procs.get(pid, (None, None, None))
+            clients.append({"pid": pid, "server": int(srv), "container": ref.id if ref else None,
+                            "container_name": ref.container if ref else None, "pod": ref.pod if ref else None,
+                            "namespace": ref.namespace if ref else None,
+                            "memory_used_mib": mem >> 20 if mem is not None else None,
                             "memory_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
                             "compute_percent": env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")})
     return {"enabled": True, "daemon": {"pid": state["daemon_pid"], "supervisor": state.get("supervisor"),
@@ -176,18 +169,3 @@ def status(state_path: str) -> dict:
                                         "default_memory": state.get("default_memory"),
                                         "default_compute": state.get("default_compute")},
             "servers": [int(s) for s in servers], "clients": clients}
-
-
-def _gpu_memory_by_pid() -> dict[int, int]:
-    smi = shutil.which("nvidia-smi") or "/usr/local/nvidia/bin/nvidia-smi"
-    try:
-        out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    res = {}
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            res[int(parts[0])] = int(parts[1])
-    return res

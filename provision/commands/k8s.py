@@ -1,0 +1,142 @@
+"""`gpuprov k8s node|labels|manifests`: Kubernetes GPU nodes on containerd or CRI-O."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from provision.output import emit_json, kv
+
+k8s_app = typer.Typer(help="Kubernetes GPU nodes: CRI handler, CDI, node labels, RuntimeClass, device plugin config.",
+                      no_args_is_help=True)
+
+SHARING_HELP = "auto (gpuprov share state) | none | time-slicing | mps (the device plugin's own MPS daemon)."
+STRATEGY_HELP = "auto | envvar | volume-mounts | cdi-annotations (how the device plugin passes GPUs to the runtime)."
+
+
+def _settings(engine_cdi: bool | None = None):
+    import os
+
+    from provision.inject.settings import load_settings, settings_path
+    from provision.k8s.manifests import NodeSettings
+    from provision.share import mps
+
+    s = load_settings()
+    st = mps.load_state(s["share_state"])
+    share_on = bool(st and mps.daemon_pid(st))
+    if engine_cdi is None:  # what the engine has now: the CDI spec gpuprov writes is there
+        from provision.k8s.node import CDI_SPEC
+
+        engine_cdi = os.path.exists(CDI_SPEC)
+    return NodeSettings(share_state=st if share_on else None,
+                        accept_env_unprivileged=bool(s.get("accept_env_unprivileged", True)),
+                        engine_cdi=engine_cdi, driver_root=s.get("driver_root", "/") if os.path.exists(settings_path())
+                        else "/")
+
+
+def _labels(sharing: str, replicas: Optional[int]) -> dict[str, str]:
+    from provision.k8s.labels import gfd_labels
+    from provision.k8s.manifests import decide_sharing
+    from provision.metrics import nvml
+
+    return gfd_labels(nvml.snapshot(), decide_sharing(_settings(), sharing, replicas))
+
+
+@k8s_app.command("labels")
+def labels_cmd(
+    fmt: str = typer.Option("nfd", "--format", help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
+    write: bool = typer.Option(False, "--write", help="Write the NFD local-source file "
+                               "/etc/kubernetes/node-feature-discovery/features.d/gpuprov (atomic)."),
+    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
+) -> None:
+    """This node's GPU labels in GPU Feature Discovery's format (product, memory, count, family, compute capability,
+    CUDA driver/runtime versions, sharing strategy and replicas, MIG capability)."""
+    from provision.errors import UsageError
+    from provision.k8s.labels import NFD_FILE, kubelet_flag, nfd_file
+
+    labels = _labels(sharing, replicas)
+    if write:
+        from provision.k8s.node import write_if_changed
+
+        changed = write_if_changed(NFD_FILE, nfd_file(labels))
+        print(f"{'wrote' if changed else 'unchanged'} {NFD_FILE} ({len(labels)} labels)", file=__import__("sys").stderr)
+    if fmt == "nfd":
+        print(nfd_file(labels), end="")
+    elif fmt == "kubelet":
+        print(kubelet_flag(labels))
+    elif fmt == "json":
+        emit_json(labels)
+    else:
+        raise UsageError(f"--format {fmt!r}: use nfd, kubelet or json")
+
+
+@k8s_app.command("manifests")
+def manifests_cmd(
+    output: Optional[str] = typer.Option(None, "--output", metavar="DIR", help="Write the files into DIR "
+                                         "(default: print them)."),
+    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
+    strategy: str = typer.Option("auto", "--device-list-strategy", help=STRATEGY_HELP),
+    namespace: str = typer.Option("nvidia-device-plugin", "--namespace", help="The device plugin's namespace."),
+) -> None:
+    """RuntimeClass `nvidia`, and the NVIDIA device plugin's config (file, ConfigMap, Helm values) from gpuprov's
+    sharing and runtime settings."""
+    from pathlib import Path
+
+    from provision.k8s.manifests import decide_sharing, decide_strategy, render_all
+
+    s = _settings()
+    files = render_all(s, decide_sharing(s, sharing, replicas), decide_strategy(s, strategy), namespace)
+    if output is None:
+        for name, text in files.items():
+            print(f"---\n# {name}\n{text}", end="")
+        return
+    from provision.fsutil import atomic_write_text
+
+    for name, text in files.items():
+        atomic_write_text(Path(output) / name, text, mode=0o644, backup=False)
+    print(kv([("wrote", " ".join(files)), ("into", output)]))
+
+
+@k8s_app.command("node")
+def node_cmd(
+    engine: str = typer.Option("auto", "--engine", help="containerd | crio | auto"),
+    config: Optional[str] = typer.Option(None, "--config", help="The engine's main config (default: its own)."),
+    default: bool = typer.Option(False, "--default", help="Make `nvidia` the default CRI handler (pods then need "
+                                 "no runtimeClassName)."),
+    cdi: bool = typer.Option(True, "--cdi/--no-cdi", help="Enable CDI in the engine and write the spec."),
+    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
+    runtime_path: Optional[str] = typer.Option(None, "--runtime-path", help="Default: the installed gpuprov-runtime."),
+    manifests: Optional[str] = typer.Option(None, "--manifests", metavar="DIR", help="Also write the manifests here."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; change nothing."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Prepare this containerd/CRI-O node for GPU pods: handler `nvidia` (drop-in), CDI spec and its refresh at boot,
+    GPU labels for NFD. Idempotent: a second run changes nothing."""
+    from provision.commands.engine import default_runtime_path
+    from provision.commands.runtime_cmds import _discover
+    from provision.k8s import node
+    from provision.k8s.labels import gfd_labels
+    from provision.k8s.manifests import decide_sharing
+    from provision.metrics import nvml
+
+    name = node.pick_engine(engine)
+    s = _settings(engine_cdi=cdi)
+    labels = gfd_labels(nvml.snapshot(), decide_sharing(s, sharing, replicas))
+    res = node.setup(name, runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
+                     dry_run=dry_run, disc=_discover(None), labels=labels, config=config)
+    if manifests and not dry_run:
+        manifests_cmd(output=manifests, sharing=sharing, replicas=replicas, strategy="auto",
+                      namespace="nvidia-device-plugin")
+    if json_out:
+        emit_json(res.to_dict())
+        return
+    print(kv([("engine", name), ("changes", "; ".join(res.changed) or "none"), ("CDI spec", res.cdi_spec),
+              ("labels", res.labels_file), ("kubelet", "pods use `runtimeClassName: nvidia`" if not default
+               else "nvidia is the default handler")]))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(k8s_app, name="k8s")

@@ -1,0 +1,107 @@
+"""`gpuprov k8s node`: make a containerd or CRI-O node ready for a cluster's GPU pods, in one idempotent run:
+the runtime as CRI handler `nvidia` (the engine adapter's drop-in, CDI enabled), the CDI spec in /var/run/cdi with a
+boot-time refresh (the loaded driver can only change across a reboot, and /var/run is emptied by one), and the GPU
+labels for NFD's local source."""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from provision.errors import UsageError
+
+CDI_SPEC = "/var/run/cdi/nvidia.yaml"
+REFRESH_UNIT = "/etc/systemd/system/gpuprov-cdi-refresh.service"
+ENGINE_UNITS = {"containerd": "containerd.service", "crio": "crio.service"}
+
+
+@dataclass
+class NodeResult:
+    engine: str
+    changed: list[str] = field(default_factory=list)
+    engine_result: dict | None = None
+    cdi_spec: str | None = None
+    labels_file: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pick_engine(asked: str) -> str:
+    if asked in ENGINE_UNITS:
+        return asked
+    if asked != "auto":
+        raise UsageError(f"--engine {asked!r}: use containerd, crio or auto")
+    for name, binary in (("containerd", "containerd"), ("crio", "crio")):
+        if shutil.which(binary):
+            return name
+    raise UsageError("neither containerd nor CRI-O is installed: `gpuprov bootstrap --engine containerd` first, "
+                     "or name one with --engine")
+
+
+def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
+    from provision.fsutil import atomic_write_text
+
+    try:
+        if Path(path).read_text() == text:
+            return False
+    except OSError:
+        pass
+    atomic_write_text(Path(path), text, mode=mode, backup=False)
+    return True
+
+
+def cdi_spec_text(disc: dict) -> str:
+    import yaml
+
+    from provision.inject.cdi import generate_spec
+
+    return yaml.safe_dump(generate_spec(disc), sort_keys=False)
+
+
+def refresh_unit(engine: str, gpuprov: str) -> str:
+    from provision.render import render
+
+    return render("gpuprov-cdi-refresh.service.j2", engine_unit=ENGINE_UNITS[engine], gpuprov=gpuprov,
+                  spec_path=CDI_SPEC)
+
+
+def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: dict,
+          labels: dict[str, str], config: str | None = None, root: str = "/") -> NodeResult:
+    from provision.engines.configure import configure
+    from provision.k8s.labels import NFD_FILE, nfd_file
+
+    res = NodeResult(engine)
+    eng = configure(engine, config=config, runtime_name="nvidia", runtime_path=runtime_path, default=default,
+                    cdi=cdi, dry_run=dry_run)
+    res.engine_result = eng.to_dict()
+    if eng.changed:
+        res.changed.append(f"{engine}: " + "; ".join(eng.changes))
+    res.labels = labels
+    files = [(NFD_FILE, nfd_file(labels), "labels")]
+    if cdi:
+        files.append((CDI_SPEC, cdi_spec_text(disc), "CDI spec"))
+        if Path(root, "run/systemd/system").is_dir():
+            gp = shutil.which("gpuprov") or "/usr/local/bin/gpuprov"
+            files.append((REFRESH_UNIT, refresh_unit(engine, gp), "CDI refresh unit"))
+    for path, text, what in files:
+        target = os.path.join(root, path.lstrip("/"))
+        if dry_run:
+            try:
+                same = Path(target).read_text() == text
+            except OSError:
+                same = False
+            if not same:
+                res.changed.append(f"would write {what} {path}")
+        elif write_if_changed(target, text):
+            res.changed.append(f"wrote {what} {path}")
+            if path == REFRESH_UNIT:
+                import subprocess
+
+                subprocess.run(["systemctl", "daemon-reload"], check=False)
+                subprocess.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
+    res.cdi_spec = CDI_SPEC if cdi else None
+    res.labels_file = NFD_FILE
+    return res

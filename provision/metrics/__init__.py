@@ -1,0 +1,1 @@
+"""GPU monitoring: NVML readings per GPU and per container, in Prometheus text format (`gpuprov metrics`)."""

@@ -1,0 +1,140 @@
+"""A stand-in for the `pynvml` module (nvidia-ml-py) at the function boundary gpuprov calls, answering from a real
+`nvidia-smi -q -x` capture (tests/fixtures/hosts/h200-vm/commands/nvidia-smi-q.xml). NVML itself cannot exist on a
+machine without an NVIDIA GPU; everything above this boundary (mapping, aggregation, text format) runs for real.
+Process lists are whatever the test puts there (real PIDs of real containers)."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+XML = Path(__file__).parent / "fixtures/hosts/h200-vm/commands/nvidia-smi-q.xml"
+MIB = 1 << 20
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int):
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+
+
+def _num(text: str | None) -> float | None:
+    if text is None or text.strip() in ("N/A", ""):
+        return None
+    return float(text.split()[0])
+
+
+@dataclass
+class Proc:
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815 - pynvml's field name
+
+
+class FakeNVML:
+    NVMLError = NVMLError
+    NVML_TEMPERATURE_GPU = 0
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+
+    def __init__(self, xml: Path = XML):
+        root = ET.parse(xml).getroot()
+        self.driver = root.findtext("driver_version")
+        cuda = root.findtext("cuda_version")  # "13.0" -> 13000, as NVML encodes it
+        self.cuda = int(cuda.split(".")[0]) * 1000 + int(cuda.split(".")[1]) * 10
+        self.gpus = root.findall("gpu")
+        self.compute: dict[int, list[Proc]] = {}
+        self.mps: dict[int, list[Proc]] = {}
+        self.graphics: dict[int, list[Proc]] = {}
+        self.sm_util: dict[int, dict[int, int]] = {}
+        self.calls: list[str] = []
+        self.inited = False
+
+    # lifecycle
+    def nvmlInit(self):  # noqa: N802 - pynvml's names throughout
+        self.inited = True
+
+    def nvmlShutdown(self):  # noqa: N802
+        self.inited = False
+
+    def _gpu(self, h):
+        assert self.inited, "NVML called before nvmlInit"
+        return self.gpus[h]
+
+    def nvmlSystemGetDriverVersion(self):  # noqa: N802
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self):  # noqa: N802
+        return self.cuda
+
+    def nvmlDeviceGetCount(self):  # noqa: N802
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
+        return i
+
+    def nvmlDeviceGetName(self, h):  # noqa: N802
+        return self._gpu(h).findtext("product_name")
+
+    def nvmlDeviceGetUUID(self, h):  # noqa: N802
+        return self._gpu(h).findtext("uuid")
+
+    def nvmlDeviceGetMinorNumber(self, h):  # noqa: N802
+        return int(self._gpu(h).findtext("minor_number"))
+
+    def nvmlDeviceGetPciInfo(self, h):  # noqa: N802
+        return SimpleNamespace(busId=self._gpu(h).findtext("pci/pci_bus_id").encode())
+
+    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
+        fb = self._gpu(h).find("fb_memory_usage")
+        total = int(_num(fb.findtext("total")) * MIB)
+        used = int(_num(fb.findtext("used")) * MIB) + sum(p.usedGpuMemory or 0 for p in self.compute.get(h, []))
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetUtilizationRates(self, h):  # noqa: N802
+        u = self._gpu(h).find("utilization")
+        return SimpleNamespace(gpu=int(_num(u.findtext("gpu_util"))), memory=int(_num(u.findtext("memory_util"))))
+
+    def nvmlDeviceGetTemperature(self, h, sensor):  # noqa: N802
+        return int(_num(self._gpu(h).findtext("temperature/gpu_temp")))
+
+    def nvmlDeviceGetPowerUsage(self, h):  # noqa: N802 - milliwatts
+        return int(_num(self._gpu(h).findtext("gpu_power_readings/instant_power_draw")) * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):  # noqa: N802 - not in nvidia-smi -q: as on GPUs without it
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter):  # noqa: N802
+        v = self._gpu(h).find("ecc_errors/volatile")
+        if kind == self.NVML_MEMORY_ERROR_TYPE_CORRECTED:
+            return int(_num(v.findtext("dram_correctable")) + _num(v.findtext("sram_correctable")))
+        return int(_num(v.findtext("dram_uncorrectable")) + _num(v.findtext("sram_uncorrectable_secded")))
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):  # noqa: N802 - not in the XML; query-gpu.csv says 9.0
+        return (9, 0)
+
+    def nvmlDeviceGetMigMode(self, h):  # noqa: N802
+        mode = self._gpu(h).findtext("mig_mode/current_mig")
+        if mode in (None, "N/A"):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [int(mode == "Enabled"), int(self._gpu(h).findtext("mig_mode/pending_mig") == "Enabled")]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802
+        return list(self.compute.get(h, []))
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h):  # noqa: N802
+        return list(self.graphics.get(h, []))
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):  # noqa: N802
+        return list(self.mps.get(h, []))
+
+    def nvmlDeviceGetProcessUtilization(self, h, ts):  # noqa: N802
+        samples = self.sm_util.get(h)
+        if not samples:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)  # what NVML says when no process ran in the sample window
+        return [SimpleNamespace(pid=p, smUtil=u, memUtil=0, timeStamp=ts) for p, u in samples.items()]

@@ -1,0 +1,192 @@
+"""Kubernetes node side: GFD labels from the H200 capture (fake NVML at pynvml's boundary), the NFD local-source
+file read back the way NFD reads it, RuntimeClass/ConfigMap validated strictly against Kubernetes' own API models,
+the device plugin config against its Go structs' contract, and the CLI writing them.
+
+`kubectl apply --dry-run=client --validate=strict` was tried (kubectl 1.32): it needs the API server's OpenAPI
+document even in client dry-run ("failed to download openapi … connection refused"), so without a cluster the
+manifests are checked with the Kubernetes Python client's models, generated from that same OpenAPI."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from provision.errors import GpuprovError, UsageError
+from provision.k8s import labels as L
+from provision.k8s import manifests as M
+from provision.metrics import nvml
+from tests.fake_nvml import FakeNVML
+from tests.k8s_contract import device_plugin_config as dpc
+from tests.k8s_contract.nfd_local import parse_feature_file, read_features_dir
+
+
+def snap(tmp_path, n_gpus=1):
+    nv = FakeNVML()
+    nv.gpus = nv.gpus * n_gpus
+    return nvml.snapshot(nv, kmsg=str(tmp_path / "none"))
+
+
+def settings(share=None, env=True, cdi=False):
+    return M.NodeSettings(share_state=share, accept_env_unprivileged=env, engine_cdi=cdi, driver_root="/usr/local/nvidia")
+
+
+SHARE_ON = {"max_clients": 8, "pipe_dir": "/run/gpuprov/mps"}
+
+
+def test_gfd_labels_of_the_h200(tmp_path):
+    got = L.gfd_labels(snap(tmp_path), L.Sharing())
+    assert got == {
+        "nvidia.com/cuda.driver-version.full": "580.159.04", "nvidia.com/cuda.driver-version.major": "580",
+        "nvidia.com/cuda.driver-version.minor": "159", "nvidia.com/cuda.driver-version.revision": "04",
+        "nvidia.com/cuda.runtime-version.full": "13.0", "nvidia.com/cuda.runtime-version.major": "13",
+        "nvidia.com/cuda.runtime-version.minor": "0",
+        "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0", "nvidia.com/gpu.count": "1",
+        "nvidia.com/gpu.family": "hopper", "nvidia.com/gpu.memory": "143771", "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/mig.capable": "true", "nvidia.com/mps.capable": "false"}
+
+
+def test_shared_gpus_labelled_like_gfd(tmp_path):
+    sharing = M.decide_sharing(settings(share=SHARE_ON))
+    got = L.gfd_labels(snap(tmp_path, 2), sharing)
+    assert got["nvidia.com/gpu.product"] == "NVIDIA-H200-SHARED" and got["nvidia.com/gpu.count"] == "2"
+    assert (got["nvidia.com/gpu.replicas"], got["nvidia.com/gpu.sharing-strategy"]) == ("8", "mps")
+    ts = L.gfd_labels(snap(tmp_path), M.decide_sharing(settings(), "time-slicing", 3))
+    assert (ts["nvidia.com/gpu.replicas"], ts["nvidia.com/gpu.sharing-strategy"]) == ("3", "time-slicing")
+
+
+def test_family_table_and_sanitising():
+    assert [L.family(*cc) for cc in ((7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (12, 0), (4, 0))] == [
+        "volta", "turing", "ampere", "ada-lovelace", "hopper", "blackwell", "blackwell", "undefined"]
+    assert L.sanitise("NVIDIA H100 80GB HBM3 (SXM5)") == "NVIDIA-H100-80GB-HBM3-SXM5"
+    with pytest.raises(GpuprovError):
+        L.check_label("nvidia.com/gpu.product", "x" * 64)
+    with pytest.raises(GpuprovError):
+        L.check_label("nvidia.com/gpu product", "a")
+
+
+def test_nfd_file_reads_back_as_nfd_reads_it(tmp_path):
+    labels = L.gfd_labels(snap(tmp_path), L.Sharing())
+    d = tmp_path / "features.d"
+    d.mkdir()
+    from provision.k8s.node import write_if_changed
+
+    assert write_if_changed(str(d / "gpuprov"), L.nfd_file(labels)) is True
+    assert write_if_changed(str(d / "gpuprov"), L.nfd_file(labels)) is False  # unchanged: not rewritten
+    (d / ".gpuprov.tmp-leftover").write_text("nvidia.com/gpu.count=99\n")  # a temp dot-file is never read
+    assert read_features_dir(d) == labels
+    assert parse_feature_file(L.nfd_file(labels)) == labels
+    flag = L.kubelet_flag(labels)
+    assert flag.startswith("--node-labels=") and dict(kv.split("=", 1) for kv in flag[14:].split(",")) == labels
+
+
+def test_sharing_decisions():
+    assert M.decide_sharing(settings()) == L.Sharing()
+    s = M.decide_sharing(settings(share={"max_clients": None}))
+    assert (s.strategy, s.replicas, s.plugin_section) == ("mps", M.DEFAULT_REPLICAS, "timeSlicing")
+    with pytest.raises(UsageError, match="share disable"):
+        M.decide_sharing(settings(share=SHARE_ON), "mps")
+    assert M.decide_sharing(settings(), "mps", 4).plugin_section == "mps"
+    with pytest.raises(UsageError):
+        M.decide_sharing(settings(), "time-slicing", 1)
+    assert M.decide_strategy(settings()) == "envvar"
+    assert M.decide_strategy(settings(env=False)) == "volume-mounts"
+    with pytest.raises(UsageError):
+        M.decide_strategy(settings(env=False), "envvar")
+    with pytest.raises(UsageError):
+        M.decide_strategy(settings(cdi=False), "cdi-annotations")
+    assert M.decide_strategy(settings(cdi=True), "cdi-annotations") == "cdi-annotations"
+
+
+@pytest.mark.parametrize("share,asked,strategy_asked", [
+    (None, "auto", "auto"), (SHARE_ON, "auto", "auto"), (None, "time-slicing", "auto"), (None, "mps", "auto"),
+    (None, "auto", "cdi-annotations")])
+def test_device_plugin_config_meets_the_plugins_contract(share, asked, strategy_asked):
+    st = settings(share=share, env=strategy_asked != "volume-mounts", cdi=True)
+    sharing = M.decide_sharing(st, asked, 4 if asked != "auto" else None)
+    strategy = M.decide_strategy(st, strategy_asked)
+    files = M.render_all(st, sharing, strategy)
+    cfg = yaml.safe_load(files["device-plugin-config.yaml"])
+    dpc.parse(cfg)
+    assert cfg["flags"]["plugin"]["deviceListStrategy"] == strategy
+    if sharing.plugin_section:
+        (res,) = cfg["sharing"][sharing.plugin_section]["resources"]
+        assert res == {"name": "nvidia.com/gpu", "replicas": sharing.replicas}
+    else:
+        assert "sharing" not in cfg
+    cm = yaml.safe_load(files["device-plugin-configmap.yaml"])
+    assert yaml.safe_load(cm["data"]["gpuprov"]) == cfg  # the ConfigMap carries exactly the file
+
+
+def test_contract_catches_what_the_plugin_would_drop():
+    with pytest.raises(dpc.ConfigError, match="unknown field"):
+        dpc.parse({"version": "v1", "flags": {"plugin": {"deviceListStrategy": "envvar", "deviceIdStrategy": "uuid"}}})
+    with pytest.raises(dpc.ConfigError, match="replicas"):
+        dpc.parse({"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 1}]}}})
+    with pytest.raises(dpc.ConfigError, match="mps-root"):
+        dpc.parse({"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}})
+
+
+def _k8s_strict(doc: dict, klass: str):
+    """Deserialize with the Kubernetes client's generated models (required fields, types) and refuse any field the
+    model does not know, as `kubectl --validate=strict` would."""
+    import kubernetes.client as kc
+
+    api = kc.ApiClient()
+
+    def walk(d, model_name, where):
+        model = getattr(kc, model_name)
+        known = {v: k for k, v in model.attribute_map.items()}
+        for key, value in d.items():
+            assert key in known, f"{where}{key}: unknown field in {model_name}"
+            t = model.openapi_types[known[key]]
+            m = re.fullmatch(r"(V\d\w+)", t)
+            if m and isinstance(value, dict):
+                walk(value, t, f"{where}{key}.")
+
+    walk(doc, klass, "")
+    return api._ApiClient__deserialize(doc, klass)
+
+
+def test_runtimeclass_and_configmap_validate():
+    files = M.render_all(settings(), L.Sharing(), "envvar")
+    rc = _k8s_strict(yaml.safe_load(files["runtimeclass.yaml"]), "V1RuntimeClass")
+    assert (rc.api_version, rc.kind, rc.handler, rc.metadata.name) == ("node.k8s.io/v1", "RuntimeClass", "nvidia", "nvidia")
+    cm = _k8s_strict(yaml.safe_load(files["device-plugin-configmap.yaml"]), "V1ConfigMap")
+    assert cm.kind == "ConfigMap" and set(cm.data) == {"gpuprov"}
+    with pytest.raises(ValueError):  # the models do reject: a RuntimeClass without its handler
+        _k8s_strict({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "x"}},
+                    "V1RuntimeClass")
+    with pytest.raises(AssertionError, match="unknown field"):
+        _k8s_strict({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "handlr": "nvidia"}, "V1RuntimeClass")
+
+
+def test_manifests_cli_writes_the_files(tmp_path):
+    env = {"GPUPROV_RUNTIME_CONFIG": str(tmp_path / "runtime.json"), "PATH": "/usr/bin:/bin"}
+    (tmp_path / "runtime.json").write_text('{"share_state": "%s", "accept_env_unprivileged": false}' %
+                                           (tmp_path / "share.json"))
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "provision", "k8s", "manifests", "--output", str(out)],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    assert sorted(x.name for x in out.iterdir()) == ["device-plugin-config.yaml", "device-plugin-configmap.yaml",
+                                                     "device-plugin-helm-values.yaml", "runtimeclass.yaml"]
+    cfg = dpc.parse(yaml.safe_load((out / "device-plugin-config.yaml").read_text()))
+    assert cfg["flags"]["plugin"]["deviceListStrategy"] == "volume-mounts"  # the runtime ignores env here
+    p = subprocess.run([sys.executable, "-m", "provision", "k8s", "manifests", "--sharing", "bogus"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 2 and p.stderr.startswith("Error: --sharing 'bogus'")
+
+
+def test_labels_cli_with_nvml(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(nvml, "load", FakeNVML)
+    monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(tmp_path / "runtime.json"))
+    (tmp_path / "runtime.json").write_text('{"share_state": "%s"}' % (tmp_path / "share.json"))
+    from provision.cli import main
+
+    assert main(["k8s", "labels", "--format", "kubelet"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("--node-labels=") and "nvidia.com/gpu.product=NVIDIA-H200," in out

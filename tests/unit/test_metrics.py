@@ -1,0 +1,237 @@
+"""`gpuprov metrics`: NVML readings (a fake at pynvml's function boundary, answering from the real H200 capture)
+through the real process->container mapping, rendered in Prometheus text format and read back with
+prometheus-client's own parser. Real processes in real cgroups for the mapping (see also
+tests/integration/test_metrics_containers.py, with Docker containers)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from provision.metrics import containers, nvml, prom, usage
+from tests.fake_nvml import FakeNVML, Proc
+
+UUID = "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98"
+
+
+def families(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+@pytest.fixture
+def fake_proc(tmp_path):
+    """A /proc tree with three GPU processes: a containerd CRI container (systemd cgroup driver, its bundle's
+    config.json with containerd's CRI annotations, found through its shim), a Docker container (cgroupfs), and a
+    host process (the MPS server)."""
+    cid = "a" * 64
+    did = "b" * 64
+    proc = tmp_path / "proc"
+    bundle = tmp_path / "run/containerd/io.containerd.runtime.v2.task/k8s.io"
+    (bundle / "sandbox1").mkdir(parents=True)
+    (bundle / cid).mkdir()
+    (bundle / cid / "config.json").write_text(
+        '{"ociVersion":"1.0.2","annotations":{"io.kubernetes.cri.container-type":"container",'
+        '"io.kubernetes.cri.container-name":"trainer","io.kubernetes.cri.sandbox-name":"job-0",'
+        '"io.kubernetes.cri.sandbox-namespace":"ml"}}')
+
+    def mk(pid, cgroup, comm="python3", ppid=1, cwd=None, cmdline=""):
+        d = proc / str(pid)
+        d.mkdir(parents=True)
+        (d / "cgroup").write_text(cgroup)
+        (d / "comm").write_text(comm + "\n")
+        (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1\n")
+        (d / "cmdline").write_text(cmdline)
+        if cwd:
+            os.symlink(cwd, d / "cwd")
+
+    mk(100, "0::/system.slice/containerd.service\n", comm="containerd-shim", cwd=str(bundle / "sandbox1"),
+       cmdline="/usr/bin/containerd-shim-runc-v2\0-namespace\0k8s.io\0-id\0sandbox1\0")
+    mk(101, f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-{cid}.scope\n",
+       ppid=100)
+    mk(102, f"12:memory:/docker/{did}\n11:devices:/docker/{did}\n", ppid=1)
+    mk(103, "0::/system.slice/gpuprov-mps.service\n", comm="nvidia-cuda-mps")
+    return proc, cid, did
+
+
+def fake_with(procs: dict[int, int], mps: dict[int, int] | None = None, util: dict[int, int] | None = None):
+    nv = FakeNVML()
+    nv.compute[0] = [Proc(p, m) for p, m in procs.items()]
+    nv.mps[0] = [Proc(p, m) for p, m in (mps or {}).items()]
+    nv.sm_util[0] = util or {}
+    return nv
+
+
+def test_gpu_readings_come_from_the_capture(tmp_path):
+    snap = nvml.snapshot(FakeNVML(), kmsg=str(tmp_path / "none"))
+    g = snap.gpus[0]
+    assert (snap.driver_version, snap.cuda_version) == ("580.159.04", "13.0")
+    assert (g.name, g.uuid, g.pci_bus_id, g.minor) == ("NVIDIA H200", UUID, "00000000:00:06.0", 0)
+    assert g.memory_total == 143771 << 20 and g.temperature == 37 and g.power_watts == 126.32
+    assert (g.ecc_corrected, g.ecc_uncorrected, g.energy_mj, g.mig_capable) == (0, 0, None, True)
+
+
+def test_xid_from_the_kernel_log(tmp_path):
+    kmsg = tmp_path / "kmsg"  # /dev/kmsg records, as the driver writes them
+    kmsg.write_text("6,1234,5678,-;NVRM: Xid (PCI:0000:00:06): 31, pid=4242, name=python3, Ch 00000008\n"
+                    "6,1235,5679,-;NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', GPU has fallen off the bus.\n"
+                    "6,1236,5680,-;NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception\n")
+    snap = nvml.snapshot(FakeNVML(), kmsg=str(kmsg))
+    assert snap.gpus[0].last_xid == 79  # the last one for this GPU's bus, not another GPU's
+
+
+def test_cgroup_paths_of_every_engine():
+    h = "c" * 64
+    cases = {
+        f"12:pids:/docker/{h}\n": (h, "docker"),
+        f"0::/system.slice/docker-{h}.scope\n": (h, "docker"),
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podx.slice/cri-containerd-{h}.scope\n":
+            (h, "containerd"),
+        f"3:cpu:/kubepods/besteffort/pod0a1b/{h}\n": (h, "containerd"),
+        f"0::/kubepods.slice/kubepods-pody.slice/crio-{h}.scope\n": (h, "cri-o"),
+        "0::/default/myctr\n": ("myctr", "containerd"),
+        "0::/gpuprov-test-1\n": ("gpuprov-test-1", "runc"),
+    }
+    for text, want in cases.items():
+        assert containers.container_id_from_cgroup(text) == want, text
+    for host in ("0::/\n", "0::/system.slice/ssh.service\n", "0::/user.slice/user-0.slice/session-3.scope\n"):
+        assert containers.container_id_from_cgroup(host) is None, host
+
+
+def test_containers_named_from_cri_annotations_and_metrics_parse(fake_proc, tmp_path):
+    proc, cid, did = fake_proc
+    nv = fake_with({101: 3 << 30, 102: 1 << 30, 103: 64 << 20}, util={101: 40, 102: 7})
+    snap = nvml.snapshot(nv, kmsg=str(tmp_path / "none"))
+    use = usage.by_container(snap, str(proc))
+    text = prom.render(snap, use, "node-a")
+    fam = families(text)
+    mem = {s.labels["id"]: s for s in fam["container_accelerator_memory_used_bytes"]}
+    assert set(mem) == {cid, did}  # the MPS server (a host service) is no container
+    crio = mem[cid].labels
+    assert (crio["container"], crio["pod"], crio["namespace"]) == ("trainer", "job-0", "ml")
+    assert (crio["make"], crio["model"], crio["acc_id"]) == ("nvidia", "NVIDIA H200", UUID)
+    assert mem[cid].value == 3 << 30 and mem[did].value == 1 << 30
+    duty = {s.labels["id"]: s.value for s in fam["container_accelerator_duty_cycle"]}
+    assert duty == {cid: 40, did: 7}
+    used = fam["DCGM_FI_DEV_FB_USED"][0]
+    assert used.value == (3 << 10) + (1 << 10) + 64  # MiB, as dcgm-exporter reports it
+    assert used.labels == {"gpu": "0", "UUID": UUID, "pci_bus_id": "00000000:00:06.0", "device": "nvidia0",
+                           "modelName": "NVIDIA H200", "hostname": "node-a", "DCGM_FI_DRIVER_VERSION": "580.159.04"}
+    assert fam["DCGM_FI_DEV_GPU_TEMP"][0].value == 37 and fam["DCGM_FI_DEV_POWER_USAGE"][0].value == 126.32
+    assert fam["DCGM_FI_DEV_FB_TOTAL"][0].value == 143771
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" not in fam  # not supported: left out, never a made-up 0
+    assert fam["DCGM_FI_DEV_XID_ERRORS"][0].value == 0
+
+
+def test_mps_client_counted_once(fake_proc, tmp_path):
+    """An MPS client is listed both as a compute process and as an MPS client: its memory counts once."""
+    proc, cid, _ = fake_proc
+    nv = fake_with({101: 2 << 30, 103: 300 << 20}, mps={101: 2 << 30})
+    snap = nvml.snapshot(nv, kmsg=str(tmp_path / "none"))
+    (u,) = usage.by_container(snap, str(proc))
+    assert u.memory_bytes == 2 << 30 and u.pids == [101]
+    assert [p.kind for p in snap.gpus[0].processes] == ["mps", "compute"]
+
+
+def test_label_values_escaped(tmp_path):
+    nv = FakeNVML()
+    nv.gpus[0].find("product_name").text = 'NVIDIA "H200"\\x\nnext'
+    snap = nvml.snapshot(nv, kmsg=str(tmp_path / "none"))
+    fam = families(prom.render(snap, [], 'host"1'))
+    assert fam["DCGM_FI_DEV_GPU_TEMP"][0].labels["modelName"] == 'NVIDIA "H200"\\x\nnext'
+    assert fam["DCGM_FI_DEV_GPU_TEMP"][0].labels["hostname"] == 'host"1'
+
+
+def test_real_process_in_a_real_cgroup(tmp_path):
+    """A real process moved into a real cgroup named like a runc container: found by its PID in the real /proc."""
+    base = Path("/sys/fs/cgroup")
+    v2 = (base / "cgroup.controllers").exists()
+    cg_dir = base / ("" if v2 else "pids") / "gpuprov-k8s-test-ctr"
+    if not os.access(base, os.W_OK):
+        pytest.skip("needs root and a writable cgroup hierarchy (CI has both)")
+    cg_dir.mkdir(exist_ok=True)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (cg_dir / "cgroup.procs").write_text(str(p.pid))
+        ref = containers.container_of(p.pid)
+        assert ref is not None and ref.id == "gpuprov-k8s-test-ctr"
+        assert containers.container_of(os.getpid()) is None or containers.container_of(os.getpid()).id != ref.id
+    finally:
+        p.kill()
+        p.wait()
+        for _ in range(50):
+            try:
+                cg_dir.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_textfile_is_atomic_and_listen_serves(tmp_path, monkeypatch):
+    from provision.commands import metrics as cmd
+
+    text = prom.render(nvml.snapshot(FakeNVML(), kmsg=str(tmp_path / "none")), [], "h")
+    path = cmd.write_textfile(str(tmp_path), text)
+    assert Path(path).read_text() == text and sorted(os.listdir(tmp_path)) == ["gpuprov.prom", "none"] or \
+        sorted(os.listdir(tmp_path)) == ["gpuprov.prom"]
+    from http.server import ThreadingHTTPServer  # noqa: F401 - the server module the command uses
+
+    port_holder = {}
+
+    def run():
+        import socket
+
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port_holder["port"] = s.getsockname()[1]
+        s.close()
+        cmd.serve("127.0.0.1", port_holder["port"], collect=lambda: text)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    for _ in range(50):
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port_holder.get('port', 1)}/metrics", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.1)
+    assert body.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert "DCGM_FI_DEV_GPU_TEMP" in families(body.read().decode())
+
+
+def test_metrics_import_is_lazy():
+    """`gpuprov detect` must not pay for the NVML binding: nothing imports pynvml at start-up."""
+    out = subprocess.run([sys.executable, "-c", "import sys, provision.cli; print('pynvml' in sys.modules)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_share_status_and_metrics_agree(fake_proc, tmp_path, monkeypatch):
+    """`gpuprov share status` and `gpuprov metrics` report the same memory for the same container (one mapping)."""
+    from provision.metrics import containers as C
+    from provision.share import mps
+
+    proc, cid, did = fake_proc
+    nv = fake_with({101: 3 << 30, 102: 1 << 30}, mps={101: 3 << 30, 102: 1 << 30})
+    monkeypatch.setattr(nvml, "load", lambda: nv)
+    monkeypatch.setattr(nvml, "last_xids", lambda kmsg="": {})
+    real = C.container_of
+    monkeypatch.setattr(C, "container_of", lambda pid, p="/proc", cache=None: real(pid, str(proc), cache))
+    monkeypatch.setattr("provision.metrics.usage.container_of", C.container_of)
+    state = tmp_path / "share.json"
+    state.write_text('{"daemon_pid": 1, "pipe_dir": "/nonexistent"}')
+    monkeypatch.setattr(mps, "daemon_pid", lambda st: 1)
+    monkeypatch.setattr(mps, "control", lambda st, cmd, timeout=10: {"get_server_list": "103"}.get(cmd, "101\n102"))
+    st = mps.status(str(state))
+    by_share = {c["container"]: c["memory_used_mib"] for c in st["clients"]}
+    snap = nvml.snapshot()
+    fam = families(prom.render(snap, usage.by_container(snap), "h"))
+    by_metrics = {s.labels["id"]: int(s.value) >> 20 for s in fam["container_accelerator_memory_used_bytes"]}
+    assert by_share == by_metrics == {cid: 3 << 10, did: 1 << 10}
+    assert {c["container_name"] for c in st["clients"]} == {"trainer", "b" * 12}
