@@ -57,9 +57,11 @@ def labels_cmd(
 
     labels = _labels(sharing, replicas)
     if write:
+        from provision.hostlock import host_lock
         from provision.k8s.node import write_if_changed
 
-        changed = write_if_changed(NFD_FILE, nfd_file(labels))
+        with host_lock("k8s labels --write"):
+            changed = write_if_changed(NFD_FILE, nfd_file(labels))
         print(f"{'wrote' if changed else 'unchanged'} {NFD_FILE} ({len(labels)} labels)", file=__import__("sys").stderr)
     if fmt == "nfd":
         print(nfd_file(labels), end="")
@@ -92,10 +94,10 @@ def manifests_cmd(
         for name, text in files.items():
             print(f"---\n# {name}\n{text}", end="")
         return
-    from provision.fsutil import atomic_write_text
+    from provision.fsutil import write_file
 
     for name, text in files.items():
-        atomic_write_text(Path(output) / name, text, mode=0o644, backup=False)
+        write_file(Path(output) / name, text, mode=0o644, backup=False)
     print(kv([("wrote", " ".join(files)), ("into", output)]))
 
 
@@ -115,8 +117,16 @@ def node_cmd(
 ) -> None:
     """Prepare this containerd/CRI-O node for GPU pods: handler `nvidia` (drop-in), CDI spec and its refresh at boot,
     GPU labels for NFD. Idempotent: a second run changes nothing."""
+    from provision.hostlock import host_lock
+
+    with host_lock("k8s node"):
+        _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out)
+
+
+def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out) -> None:
     from provision.commands.engine import default_runtime_path
     from provision.commands.runtime_cmds import _discover
+    from provision.errors import GpuprovError
     from provision.k8s import node
     from provision.k8s.labels import gfd_labels
     from provision.k8s.manifests import decide_sharing
@@ -124,7 +134,12 @@ def node_cmd(
 
     name = node.pick_engine(engine)
     s = _settings(engine_cdi=cdi)
-    labels = gfd_labels(nvml.snapshot(), decide_sharing(s, sharing, replicas))
+    sharing_d = decide_sharing(s, sharing, replicas)
+    try:
+        labels = gfd_labels(nvml.snapshot(), sharing_d)
+    except GpuprovError as exc:  # driver not loaded yet (reboot pending): the engine side still gets done
+        labels = None
+        print(f"warning: no GPU labels: {exc}", file=__import__("sys").stderr)
     res = node.setup(name, runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
                      dry_run=dry_run, disc=_discover(None), labels=labels, config=config)
     if manifests and not dry_run:

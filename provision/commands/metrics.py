@@ -64,10 +64,10 @@ def write_textfile(directory: str, text: str) -> str:
     dot-file beside it is never read half-written)."""
     from pathlib import Path
 
-    from provision.fsutil import atomic_write_text
+    from provision.fsutil import write_file
 
     path = Path(directory) / TEXTFILE_NAME
-    atomic_write_text(path, text, mode=0o644, backup=False)
+    write_file(path, text, mode=0o644, backup=False, keep_mode=False)
     return str(path)
 
 

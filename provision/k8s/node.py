@@ -42,14 +42,16 @@ def pick_engine(asked: str) -> str:
 
 
 def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
-    from provision.fsutil import atomic_write_text
+    """Through the team's one write path (provision/fsutil.py: unnamed O_TMPFILE or hidden temp file, fsync,
+    rename), so NFD's watcher and the engine never read half a file; unchanged content is not rewritten."""
+    from provision.fsutil import write_file
 
     try:
         if Path(path).read_text() == text:
             return False
     except OSError:
         pass
-    atomic_write_text(Path(path), text, mode=mode, backup=False)
+    write_file(path, text, mode=mode, backup=False)
     return True
 
 
@@ -69,7 +71,7 @@ def refresh_unit(engine: str, gpuprov: str) -> str:
 
 
 def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: dict,
-          labels: dict[str, str], config: str | None = None, root: str = "/") -> NodeResult:
+          labels: dict[str, str] | None, config: str | None = None, root: str = "/") -> NodeResult:
     from provision.engines.configure import configure
     from provision.k8s.labels import NFD_FILE, nfd_file
 
@@ -79,8 +81,8 @@ def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: 
     res.engine_result = eng.to_dict()
     if eng.changed:
         res.changed.append(f"{engine}: " + "; ".join(eng.changes))
-    res.labels = labels
-    files = [(NFD_FILE, nfd_file(labels), "labels")]
+    res.labels = labels or {}
+    files = [(NFD_FILE, nfd_file(labels), "labels")] if labels else []
     if cdi:
         files.append((CDI_SPEC, cdi_spec_text(disc), "CDI spec"))
         if Path(root, "run/systemd/system").is_dir():
@@ -103,5 +105,5 @@ def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: 
                 subprocess.run(["systemctl", "daemon-reload"], check=False)
                 subprocess.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
     res.cdi_spec = CDI_SPEC if cdi else None
-    res.labels_file = NFD_FILE
+    res.labels_file = NFD_FILE if labels else None
     return res

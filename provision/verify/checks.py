@@ -148,8 +148,32 @@ def gpu_container(h: NodeHost) -> CheckResult:
     return CheckResult("GPU container", "pass", out.strip().splitlines()[0])
 
 
+def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
+    """Kubernetes nodes (`gpuprov k8s node`): containerd's merged config (drop-ins included) or CRI-O's drop-in
+    names handler `nvidia`, and the GPU labels file for NFD is there."""
+    from provision.engines import containerd, crio
+
+    rc, dump, _ = h.run("containerd config dump")
+    if rc == 0:
+        if not containerd.runtime_in_dump(dump, name):
+            return CheckResult("CRI handler", "fail", f"containerd's merged config has no runtime {name!r}: "
+                               "run gpuprov k8s node")
+        where = "containerd"
+    elif h.run(f"test -f {shlex.quote(crio.dropin_path(name))}")[0] == 0:
+        where = "CRI-O"
+    elif h.run("command -v crio")[0] == 0:
+        return CheckResult("CRI handler", "fail", f"CRI-O has no gpuprov drop-in {crio.dropin_path(name)}: "
+                           "run gpuprov k8s node")
+    else:
+        return CheckResult("CRI handler", "skip", "no containerd or CRI-O on this host")
+    from provision.k8s.labels import NFD_FILE
+
+    labels = "labels for NFD" if h.run(f"test -s {NFD_FILE}")[0] == 0 else "no NFD labels file (gpuprov k8s labels --write)"
+    return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")
+
+
 CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, engine_running, runtime_registered, plain_container,
-          gpu_container)
+          gpu_container, cri_handler)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:

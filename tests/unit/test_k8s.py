@@ -190,3 +190,45 @@ def test_labels_cli_with_nvml(tmp_path, monkeypatch, capsys):
     assert main(["k8s", "labels", "--format", "kubelet"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("--node-labels=") and "nvidia.com/gpu.product=NVIDIA-H200," in out
+
+
+def test_node_setup_idempotent_with_real_containerd(tmp_path):
+    """`k8s node` on a scratch containerd config (the real `containerd config dump` checks it): handler nvidia
+    through the engine adapter, the CDI spec and the labels file written under a scratch root; a second run changes
+    nothing; the user's own setting survives."""
+    import shutil
+
+    from provision.inject import discover
+    from provision.k8s import node
+    from tests.conftest import H200
+
+    if not shutil.which("containerd"):
+        pytest.skip("needs containerd (run-tests.sh installs docker.io, which brings it)")
+    disc = discover.discover(str(H200 / "usr/local/nvidia"), proc_root=str(H200), dev_root=str(H200))
+    cfg = tmp_path / "etc/containerd/config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text('version = 2\nroot = "%s"\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+                   "  SystemdCgroup = true\n" % (tmp_path / "croot"))
+    labels = L.gfd_labels(snap(tmp_path), L.Sharing())
+    kw = dict(runtime_path="/usr/local/bin/gpuprov-runtime", default=False, cdi=True, disc=disc, labels=labels,
+              config=str(cfg), root=str(tmp_path))
+    first = node.setup("containerd", dry_run=False, **kw)
+    assert any(c.startswith("containerd: ") for c in first.changed)
+    assert f"wrote CDI spec {node.CDI_SPEC}" in first.changed and f"wrote labels {L.NFD_FILE}" in first.changed
+    dump = subprocess.run(["containerd", "--config", str(cfg), "config", "dump"], capture_output=True, text=True)
+    assert dump.returncode == 0, dump.stderr
+    merged = __import__("tomllib").loads(dump.stdout) if sys.version_info >= (3, 11) else None
+    if merged is not None:
+        cri = merged["plugins"]["io.containerd.grpc.v1.cri"]
+        nv = cri["containerd"]["runtimes"]["nvidia"]
+        assert nv["options"]["BinaryName"] == "/usr/local/bin/gpuprov-runtime"
+        assert nv["options"]["SystemdCgroup"] is True  # the runc entry's options carried over
+        ver = re.search(r" v?(\d+)\.(\d+)", subprocess.run(["containerd", "--version"], capture_output=True,
+                                                            text=True).stdout)
+        # containerd learnt enable_cdi in 1.7: bookworm's 1.6 drops the key from its merged config
+        assert cri.get("enable_cdi") is (True if tuple(map(int, ver.groups())) >= (1, 7) else None)
+    spec = yaml.safe_load((tmp_path / node.CDI_SPEC.lstrip("/")).read_text())
+    assert spec["kind"] == "nvidia.com/gpu" and {d["name"] for d in spec["devices"]} >= {"0", "all"}
+    assert read_features_dir(tmp_path / L.NFD_FEATURES_DIR.lstrip("/")) == labels
+    again = node.setup("containerd", dry_run=False, **kw)
+    assert again.changed == []

@@ -23,6 +23,7 @@ options:
   cdi: {type: bool, default: false, description: Enable CDI.}
   validate: {type: bool, default: true, description: Start a validation container.}
   bundle: {type: path, description: Offline bundle directory on the node (the only package source).}
+  kubernetes: {type: bool, default: false, description: Then `gpuprov k8s node` (CRI handler, CDI spec, NFD labels).}
   gpuprov: {type: path, default: /usr/local/bin/gpuprov, description: The gpuprov command on the node.}
 author: gpuprov developers
 """
@@ -45,6 +46,7 @@ def main() -> None:
         cdi=dict(type="bool", default=False),
         validate=dict(type="bool", default=True),
         bundle=dict(type="path"),
+        kubernetes=dict(type="bool", default=False),
         gpuprov=dict(type="path", default="/usr/local/bin/gpuprov"),
     ), supports_check_mode=True)
     p = m.params
@@ -64,13 +66,26 @@ def main() -> None:
         doc = json.loads(out)
     except ValueError:
         m.fail_json(msg="gpuprov printed no JSON", rc=rc, stdout=out, stderr=err)
+    k8s = _kubernetes(m, p) if p["kubernetes"] and rc == 0 else []
     if m.check_mode:
-        changed = doc["would_change"] > 0
+        changed = doc["would_change"] > 0 or bool(k8s)
         diff = "".join(s.get("diff", "") for s in doc["steps"])
         m.exit_json(changed=changed, steps=doc["steps"], reboot_required=False,
                     diff={"prepared": diff} if diff else {})
-    m.exit_json(changed=doc["changed"] > 0, steps=doc["steps"], reboot_required=rc == REBOOT_REQUIRED or
-                doc.get("reboot_required", False))
+    m.exit_json(changed=doc["changed"] > 0 or bool(k8s), steps=doc["steps"], kubernetes=k8s,
+                reboot_required=rc == REBOOT_REQUIRED or doc.get("reboot_required", False))
+
+
+def _kubernetes(m: AnsibleModule, p: dict) -> list:
+    """A Kubernetes pool's node side after bootstrap: `gpuprov k8s node` (same engine, CDI, default handler)."""
+    argv = [p["gpuprov"], "k8s", "node", "--json", "--engine", p["engine"], "--cdi" if p["cdi"] else "--no-cdi"]
+    argv += ["--default"] if p["default_runtime"] else []
+    argv += ["--dry-run"] if m.check_mode else []
+    rc, out, err = m.run_command(argv)
+    if rc != 0:
+        errors = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+        m.fail_json(msg=errors[-1] if errors else f"gpuprov k8s node exited {rc}", rc=rc, stderr=err, cmd=argv)
+    return json.loads(out)["changed"]
 
 
 if __name__ == "__main__":
