@@ -30,3 +30,104 @@ def write_settings(base: Path, **over) -> Path:
     p = base / "runtime.json"
     p.write_text(json.dumps({**settings(base), **over}))
     return p
+
+
+# --- the runtime's front-ends, run as an engine runs them (tests/faults/test_runtime_*.py, test_runtime_frontends) ---
+
+def fake_runc(base: Path) -> Path:
+    """A stand-in for runc that records each call (one line of argv): the front-end's hand-over is what is tested."""
+    p = base / "runc-calls"
+    exe = base / "fake-runc"
+    exe.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {p}\n')
+    exe.chmod(0o755)
+    return exe
+
+
+def runc_calls(base: Path) -> list[str]:
+    p = base / "runc-calls"
+    return p.read_text().splitlines() if p.exists() else []
+
+
+def compiled_front_end(base: Path, runc: str) -> Path:
+    """gpuprov-runtime as `runtime install` makes it (shim.c compiled, slots patched): this Python, this checkout."""
+    import sys
+
+    from provision.inject.install import front_end
+
+    data, origin, notes = front_end(runc, sys.executable)
+    assert data is not None, notes
+    exe = base / "gpuprov-runtime"
+    exe.write_bytes(data)
+    exe.chmod(0o755)
+    return exe
+
+
+def python_front_end(base: Path) -> Path:
+    import sys
+
+    from provision.inject.install import python_fallback
+
+    exe = base / "gpuprov-runtime.py"
+    exe.write_bytes(python_fallback(sys.executable))
+    exe.chmod(0o755)
+    return exe
+
+
+def gpu_bundle(base: Path, name: str, env: list[str] | None = None) -> Path:
+    """An OCI bundle asking for every GPU (Debian-like rootfs), as dockerd writes it for `-e NVIDIA_VISIBLE_DEVICES`."""
+    b = base / name
+    for d in ("usr/lib", "usr/bin", "etc", "dev"):
+        (b / "rootfs" / d).mkdir(parents=True, exist_ok=True)
+    (b / "rootfs/etc/debian_version").write_text("12.0\n")
+    cfg = {"root": {"path": "rootfs"}, "process": {"env": ["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all",
+                                                           *(env or [])],
+                                                   "capabilities": {"bounding": ["CAP_CHOWN"]}},
+           "mounts": [], "linux": {}}
+    (b / "config.json").write_text(json.dumps(cfg))
+    return b
+
+
+def edited(bundle: Path) -> bool:
+    """The GPU edits are in: device nodes and the driver's libraries."""
+    cfg = json.loads((bundle / "config.json").read_text())
+    devs = {d["path"] for d in cfg.get("linux", {}).get("devices", [])}
+    return "/dev/nvidia0" in devs and any(m["destination"].endswith("libcuda.so.1") for m in cfg.get("mounts", []))
+
+
+def editor_pid(runtime_json: Path) -> int | None:
+    """The warm editor serving this settings file (its lock names it), if it is alive."""
+    try:
+        pid = int((Path(f"{runtime_json}.sock.lock")).read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid
+
+
+def editors_for(runtime_json: Path) -> list[int]:
+    """Every live process whose environment names this settings file and runs the editor (servers included)."""
+    needle = f"GPUPROV_RUNTIME_CONFIG={runtime_json}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            cmd = (d / "cmdline").read_bytes()
+            state = (d / "stat").read_text().rsplit(") ", 1)[1][0]
+        except (OSError, IndexError):
+            continue
+        if needle in env and b"modify_main.py" in cmd and state != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def stop_editors(runtime_json: Path) -> None:
+    import signal
+
+    for pid in editors_for(runtime_json):
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass

@@ -47,7 +47,7 @@ def runtime_install(
                                              "NVIDIA_VISIBLE_DEVICES from unprivileged containers."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Install gpuprov-runtime (compiled front-end when a C compiler exists) and refresh its discovery cache."""
+    """Install gpuprov-runtime (the wheel's compiled front-end; else compiled here; else Python) and refresh discovery."""
     from provision.facts.driver_facts import find_driver_root
     from provision.inject.install import install_runtime
 
@@ -55,11 +55,14 @@ def runtime_install(
         driver_root = find_driver_root(Path("/"))[0] or "/"
     res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
                           accept_env_unprivileged=not no_env_unprivileged)
-    doc = {"runtime_path": res.runtime_path, "compiled": res.compiled, "changed": res.changed, "notes": res.notes}
+    front = "compiled" if res.compiled else "python"
+    doc = {"runtime_path": res.runtime_path, "front_end": front, "front_end_origin": res.origin,
+           "compiled": res.compiled, "changed": res.changed, "notes": res.notes}
     if json_out:
         emit_json(doc)
     else:
-        print(kv([("runtime", res.runtime_path), ("front-end", "compiled C" if res.compiled else "Python"),
+        kind = f"compiled C ({res.origin})" if res.compiled else "Python fallback"
+        print(kv([("runtime", res.runtime_path), ("front-end", kind),
                   ("changed", ", ".join(res.changed) or "nothing")]))
         for n in res.notes:
             print(f"note: {n}")

@@ -1,5 +1,6 @@
-"""Install the runtime on a host: settings, the compiled front-end (or a Python fallback), the --gpus hook
-stand-in, and a fresh discovery cache. Idempotent: files are only written when their content differs."""
+"""Install the runtime on a host: settings, the compiled front-end (the wheel's, else built here, else a Python
+fallback), the --gpus hook stand-in, and a fresh discovery cache. Idempotent: files are only written when their
+content differs."""
 from __future__ import annotations
 
 import hashlib
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from provision.fsutil import write_file
 from provision.inject import discover
+from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import DEFAULTS, settings_path
 
@@ -24,6 +26,7 @@ def _stamp(prefix: str, driver_root: str) -> str:
     from provision import __version__
 
     srcs = b"".join((HERE / n).read_bytes() for n in ("shim.c", "hook.sh", "modify.py", "edits.py", "discover.py"))
+    srcs += SHIPPED.read_bytes() if SHIPPED.exists() else b""
     return json.dumps({"version": __version__, "src": hashlib.sha256(srcs).hexdigest()[:16], "prefix": prefix,
                        "driver_root": driver_root, "python": sys.executable,
                        "runc": shutil.which("runc"), "settings": settings_path()}, sort_keys=True)
@@ -42,6 +45,7 @@ def is_installed(driver_root: str = "/", prefix: str = "/usr/local") -> bool:
 class InstallResult:
     runtime_path: str
     compiled: bool
+    origin: str | None = None  # "wheel" (shipped binary), "built-here" (compiled at install), None (Python)
     changed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -56,23 +60,64 @@ def _write_if_changed(path: Path, data: bytes, mode: int, changed: list[str]) ->
     changed.append(str(path))
 
 
-def build_shim(runc: str, python: str, out: Path) -> bytes | None:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None
+# The front-end as shipped in the wheel (compiled from shim.c when the wheel was built: setup.py), with empty slots.
+SHIPPED = HERE / "gpuprov-runtime.bin"
+SLOT = 4096  # shim.c's SLOT
+SLOTS = ("runc", "python", "modify")
+
+
+def patch_slots(binary: bytes, **paths: str) -> bytes:
+    """Write runc/python/modify paths into the binary's fixed-size slots (NUL-padded). Raises ValueError when the
+    binary does not hold exactly one empty slot of each."""
+    out = bytearray(binary)
+    for name in SLOTS:
+        marker = f"@@GPUPROV-SLOT:{name}@@".encode()
+        at = out.find(marker)
+        if at < 0 or out.find(marker, at + 1) >= 0 or any(out[at + len(marker):at + SLOT]):
+            raise ValueError(f"front-end binary: no single empty slot for {name}")
+        value = paths[name].encode()
+        if len(value) >= SLOT or b"\0" in value:
+            raise ValueError(f"front-end binary: path too long for its slot: {paths[name]}")
+        out[at:at + SLOT] = value.ljust(SLOT, b"\0")
+    return bytes(out)
+
+
+def front_end(runc: str, python: str, compile_shim: bool = True) -> tuple[bytes | None, str | None, list[str]]:
+    """(binary, origin, notes): the wheel's binary when it runs on this host, else one compiled here, else None.
+    Each candidate is run once (`--gpuprov-front-end`) before it is trusted with every container start."""
+    notes: list[str] = []
+    paths = {"runc": runc, "python": python, "modify": str(HERE / "modify_main.py")}
     with tempfile.TemporaryDirectory() as td:
-        exe = Path(td) / "gpuprov-runtime"
-        cmd = [cc, "-O2", "-s", f'-DRUNC="{runc}"', f'-DPYTHON="{python}"',
-               f'-DMODIFY="{HERE / "modify_main.py"}"', str(HERE / "shim.c"), "-o", str(exe)]
-        if subprocess.run(cmd, capture_output=True).returncode != 0:
-            return None
-        return exe.read_bytes()
+        built = Path(td) / "built"
+        candidates = [("wheel", lambda: SHIPPED.read_bytes() if SHIPPED.exists() else None)]
+        if compile_shim:
+            candidates.append(("built-here", lambda: built.read_bytes() if compile_front_end(built) else None))
+        for origin, get in candidates:
+            raw = get()
+            if raw is None:
+                continue
+            try:
+                data = patch_slots(raw, **paths)
+            except ValueError as exc:
+                notes.append(str(exc))
+                continue
+            exe = Path(td) / f"check-{origin}"
+            exe.write_bytes(data)
+            exe.chmod(0o755)
+            try:
+                ok = subprocess.run([str(exe), "--gpuprov-front-end"], capture_output=True, timeout=10).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+            if ok:
+                return data, origin, notes
+            notes.append(f"the {origin} front-end does not run on this host")
+    return None, None, notes
 
 
 def python_fallback(python: str) -> bytes:
     root = HERE.parent.parent
     # one shebang argument only (Linux passes the rest as a single word): -IS = isolated, no site
-    return (f"#!{python} -IS\n# gpuprov-runtime (Python fallback: no C compiler was found at install time)\n"
+    return (f"#!{python} -IS\n# gpuprov-runtime (Python fallback: no compiled front-end runs on this host)\n"
             f"import sys\nsys.path.insert(0, {str(root)!r})\nfrom provision.inject.shim import main\n"
             "raise SystemExit(main())\n").encode()
 
@@ -88,11 +133,12 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
                 "accept_env_unprivileged": accept_env_unprivileged}
     _write_if_changed(Path(settings_path()), (json.dumps(settings, indent=2) + "\n").encode(), 0o644, changed)
     bindir = Path(prefix) / "bin"
-    shim = build_shim(runc, python, bindir) if compile_shim else None
+    shim, origin, notes = front_end(runc, python, compile_shim)
     target = bindir / "gpuprov-runtime"
     _write_if_changed(target, shim or python_fallback(python), 0o755, changed)
     if shim is None:
-        notes.append("no C compiler: installed the Python fallback runtime (slower container starts)")
+        notes.append("no usable compiled front-end (none in the wheel, no C compiler): installed the Python fallback "
+                     "runtime (a Python start-up on every container start)")
     existing = shutil.which(HOOK_NAME)
     if existing and HOOK_MARKER not in Path(existing).read_bytes()[:4096]:
         notes.append(f"NVIDIA's {existing} is installed: left alone; --gpus containers use NVIDIA's hook")
@@ -107,5 +153,5 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         Path(STAMP).write_text(_stamp(prefix, driver_root))
     except OSError:
         pass
-    return InstallResult(str(target), shim is not None, changed, notes)
+    return InstallResult(str(target), shim is not None, origin, changed, notes)
 

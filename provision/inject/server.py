@@ -1,15 +1,29 @@
 """A warm editor for the compiled front-end: the same edits as modify_main.py, without a Python start-up per
-container. The front-end connects to a root-only unix socket; when nothing listens it runs the editor directly,
-which then leaves this server behind (detached, minimal environment) for the next containers. The server exits
-after IDLE_SECONDS without requests, or as soon as gpuprov's runtime code on disk changes (an upgrade)."""
+container. The front-end connects to a root-only unix socket; when nothing (trusted) answers it runs the editor
+directly, which then leaves this server behind (detached, minimal environment) for the next containers.
+
+- One editor at a time: a server holds an exclusive flock on `<socket>.lock` (which names its pid) for its whole
+  life; one that cannot take it exits at once, so any number of concurrent cold starts leaves exactly one.
+- Never dies on a request: every request gets one line back, `RC\\tMESSAGE`; a bad one (garbage, too long, a bundle
+  whose config.json has wrong types, a hostile env value, a client that hangs up) gets a one-line refusal and the
+  server goes on serving. A client that sends nothing is dropped after CLIENT_TIMEOUT_S.
+- Serves only from a directory that is root's alone (the front-end checks the same before it trusts the socket).
+- Exits after IDLE_SECONDS without requests, or as soon as gpuprov's runtime code on disk changes (an upgrade)."""
 from __future__ import annotations
 
+import fcntl
+import io
 import os
 import socket
+import stat
 import sys
 
 IDLE_SECONDS = 600
+CLIENT_TIMEOUT_S = 2.0  # the front-end sends its request at once; a silent client must not hold up the others
+MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
+BACKLOG = 1024  # many concurrent starts queue here instead of falling back to a Python start-up each
 DEFAULT_SOCKET = "/run/gpuprov/runtime-editor.sock"
+CODE_FILES = ("modify.py", "edits.py", "discover.py", "server.py", "shim.py")
 
 
 def socket_path() -> str:
@@ -18,65 +32,142 @@ def socket_path() -> str:
     return f"{cfg}.sock" if cfg else DEFAULT_SOCKET
 
 
+def lock_path(sock: str) -> str:
+    return f"{sock}.lock"
+
+
 def _code_stamp() -> float:
     here = os.path.dirname(os.path.abspath(__file__))
-    return max(os.stat(os.path.join(here, n)).st_mtime for n in ("modify.py", "edits.py", "discover.py", "server.py"))
+    return max(os.stat(os.path.join(here, n)).st_mtime for n in CODE_FILES)
 
 
-def serve(path: str) -> None:
+def _private_dir(path: str) -> bool:
+    """Create the socket's directory root-only; an existing one must be ours and not writable by others."""
+    d = os.path.dirname(path) or "."
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.stat(d)
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def take_lock(sock: str) -> int | None:
+    """The one-editor lock: an fd holding an exclusive flock (with our pid written in), or None when another editor
+    has it. The fd is inherited across fork, so taking it before detaching leaves no window."""
+    try:
+        fd = os.open(lock_path(sock), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _write_pid(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def handle(data: bytes) -> str:
+    """One request line -> one reply line. Never raises: whatever goes wrong becomes a one-line refusal (rc 1)."""
     from provision.inject.shim import run_create_edits
 
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return "1\tgpuprov-runtime: refused a request to the GPU editor: not UTF-8\n"
+    parts = text.rstrip("\n").split("\t")
+    if len(parts) != 3 or not parts[0].startswith("/") or "\0" in text or "\n" in text.rstrip("\n"):
+        return "1\tgpuprov-runtime: refused a malformed request to the GPU editor\n"
+    err, sys.stderr = sys.stderr, io.StringIO()  # the refusal text goes back to the front-end's stderr
+    try:
+        rc = run_create_edits(parts[0], parts[1] or None, parts[2] or None)
+        msg = sys.stderr.getvalue()
+    except BaseException as exc:  # noqa: BLE001 - the server outlives any request (run_create_edits catches its own)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        rc, msg = 1, f"gpuprov-runtime: the GPU editor failed on this request: {type(exc).__name__}: {exc}"
+    finally:
+        sys.stderr = err
+    msg = " ".join(msg.split())  # one line, whatever the message held
+    return f"{rc}\t{msg}\n"
+
+
+def _serve_one(conn: socket.socket) -> None:
+    conn.settimeout(CLIENT_TIMEOUT_S)
+    data = b""
+    try:
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(8192)
+            if not chunk:
+                return  # hung up before asking: nothing to answer
+            data += chunk
+            if len(data) > MAX_REQUEST:
+                conn.sendall(b"1\tgpuprov-runtime: refused an oversized request to the GPU editor\n")
+                return
+        conn.sendall(handle(data).encode())
+    except OSError:
+        return  # timed out, or hung up before reading the answer: the next client is served as usual
+
+
+def serve(path: str, lock_fd: int | None = None) -> int:
+    """Serve until idle. Returns 0 after serving, 1 when another editor holds the lock or the directory is unsafe."""
+    if not _private_dir(path):
+        return 1
+    if lock_fd is None:
+        lock_fd = take_lock(path)
+        if lock_fd is None:
+            return 1
+    _write_pid(lock_fd)
     stamp = _code_stamp()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = f"{path}.{os.getpid()}"
     old = os.umask(0o077)  # the socket is root's alone: only the engine's runtime may ask for edits
     try:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         srv.bind(tmp)
     finally:
         os.umask(old)
-    srv.listen(64)
-    os.replace(tmp, path)  # atomic: clients never see a half-made socket
+    srv.listen(BACKLOG)
+    os.replace(tmp, path)  # atomic: clients never see a half-made socket; a stale or foreign one is replaced
     srv.settimeout(IDLE_SECONDS)
     while True:
         try:
             conn, _ = srv.accept()
         except socket.timeout:
             break
+        except OSError:
+            continue
         with conn:
-            conn.settimeout(30)
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = conn.recv(8192)
-                if not chunk:
-                    break
-                data += chunk
-            parts = data.decode(errors="replace").rstrip("\n").split("\t")
-            if len(parts) != 3 or not parts[0]:
-                conn.sendall(b"1\n")
-                continue
-            import io
-
-            err, sys.stderr = sys.stderr, io.StringIO()  # the refusal text goes back to the front-end's stderr
-            try:
-                rc = run_create_edits(parts[0], parts[1] or None, parts[2] or None)
-                msg = sys.stderr.getvalue().replace("\n", " ").strip()
-            finally:
-                sys.stderr = err
-            conn.sendall(f"{rc}\t{msg}\n".encode())
+            _serve_one(conn)
         if _code_stamp() != stamp:
             break  # upgraded on disk: let the next container start a fresh server
     try:
-        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(srv.fileno()).st_ino:
+        if os.stat(path).st_ino == os.fstat(srv.fileno()).st_ino:
             os.unlink(path)
     except OSError:
         pass
     srv.close()
+    os.close(lock_fd)  # last: a newcomer may take over only once our socket is gone
+    return 0
 
 
 def spawn_detached() -> None:
-    """Double-fork a server with no terminal, stdio on /dev/null, and the environment we were given (minimal)."""
+    """Leave a server behind: take the lock first (losers stop here, no fork at all), then double-fork a server with
+    no terminal, stdio on /dev/null and the environment we were given (minimal), holding the inherited lock."""
+    path = socket_path()
+    if not _private_dir(path):
+        return
+    lock_fd = take_lock(path)
+    if lock_fd is None:
+        return
     if os.fork() != 0:
+        os.close(lock_fd)  # the grandchild holds the lock now
         return
     os.setsid()
     if os.fork() != 0:
@@ -85,10 +176,10 @@ def spawn_detached() -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     try:
-        serve(socket_path())
+        serve(path, lock_fd)
     finally:
         os._exit(0)
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1] if len(sys.argv) > 1 else socket_path())
+    raise SystemExit(serve(sys.argv[1] if len(sys.argv) > 1 else socket_path()))

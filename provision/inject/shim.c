@@ -1,37 +1,99 @@
-/* gpuprov-runtime, compiled front-end.  Same contract as provision/inject/shim.py:
- *   - every runc command except `create` (and `run`, which creates) is exec'd into runc at once (no parsing, no allocation);
- *   - `create` reads the bundle's config.json; only when it mentions a GPU request does it run the Python
- *     editor (isolated interpreter, fixed minimal environment), then exec runc.
- * Paths are fixed at build time (gpuprov runtime install):
- *   -DRUNC=\"/usr/sbin/runc\" -DPYTHON=\"/usr/bin/python3\" -DMODIFY=\".../provision/inject/modify_main.py\"
+/* gpuprov-runtime, compiled front-end.  Same contract as provision/inject/shim.py (one argv table tests both):
+ *   - every runc command except `create` (and `run`, which creates) is exec'd into runc at once (no allocation);
+ *   - `create` reads the bundle's config.json; only when it mentions a GPU request does it ask the warm editor
+ *     (provision/inject/server.py) over a root-only unix socket, or run the Python editor itself (isolated
+ *     interpreter, fixed minimal environment) when no trusted editor answers within REPLY_TIMEOUT_S; then exec runc.
+ * Never hangs on the editor: connect is non-blocking, the reply has a deadline, and a socket is trusted only when it,
+ * its directory and the process listening on it belong to our own uid (root) with no group/other access.
+ *
+ * Built once, without paths (the wheel carries the binary: hosts need no compiler). `gpuprov runtime install` writes
+ * the runc, python and editor paths into the three fixed-size slots below (provision/inject/install.py: patch_slots).
  */
+#define _GNU_SOURCE /* struct ucred (SO_PEERCRED) */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-static const char *value_opts[] = {"--root", "--log", "--log-format", "--criu", "--rootless", NULL};
+#define SLOT 4096
+#define REPLY_TIMEOUT_S 3
+/* Not const and not static: the compiler must read them at run time (install.py rewrites them in the binary). */
+char gpuprov_slot_runc[SLOT] = "@@GPUPROV-SLOT:runc@@";
+char gpuprov_slot_python[SLOT] = "@@GPUPROV-SLOT:python@@";
+char gpuprov_slot_modify[SLOT] = "@@GPUPROV-SLOT:modify@@";
+
+/* runc parses options with Go's flag package: `-x` and `--x` are the same option, a value comes as `--x=v` or as the
+ * next word. Global options that take a value, and those of create/run (provision/inject/shim.py has the same). */
+static const char *global_value_opts[] = {"root", "log", "log-format", "criu", "rootless", NULL};
+static const char *create_value_opts[] = {"bundle", "b", "console-socket", "pid-file", "preserve-fds", NULL};
 /* Strings whose presence means the Python editor must look (it decides precisely; this only filters). */
 static const char *triggers[] = {"NVIDIA_VISIBLE_DEVICES=", "nvidia-container-runtime-hook",
                                  "/var/run/nvidia-container-devices/", "GPUPROV_GPU_", "ALIYUN_COM_GPU_", NULL};
 
 static void exec_runc(char **argv) {
-    argv[0] = RUNC;
-    execv(RUNC, argv);
-    fprintf(stderr, "gpuprov-runtime: cannot exec %s: %s\n", RUNC, strerror(errno));
+    argv[0] = gpuprov_slot_runc;
+    execv(gpuprov_slot_runc, argv);
+    fprintf(stderr, "gpuprov-runtime: cannot exec %s: %s\n", gpuprov_slot_runc, strerror(errno));
     _exit(127);
 }
 
-static int is_value_opt(const char *a) {
-    for (int i = 0; value_opts[i]; i++)
-        if (strcmp(a, value_opts[i]) == 0) return 1;
-    return 0;
+/* The option's name without its one or two dashes, or NULL for a word that is not an option. */
+static const char *opt_name(const char *a) {
+    if (a[0] != '-' || a[1] == 0) return NULL;
+    return a[1] == '-' ? a + 2 : a + 1;
+}
+
+/* Does `name` (from opt_name) spell one of `table`? Sets *inline_value for the `name=value` form. */
+static const char *match_opt(const char *name, const char **table, const char **inline_value) {
+    *inline_value = NULL;
+    for (int i = 0; table[i]; i++) {
+        size_t n = strlen(table[i]);
+        if (strncmp(name, table[i], n) != 0) continue;
+        if (name[n] == 0) return table[i];
+        if (name[n] == '=') { *inline_value = name + n + 1; return table[i]; }
+    }
+    return NULL;
+}
+
+struct parsed {
+    int cmd_index; /* argv index of the command, 0 if none */
+    const char *log, *log_format, *bundle;
+};
+
+static struct parsed parse(int argc, char **argv) {
+    struct parsed p = {0, "", "", "."};
+    int i = 1;
+    while (i < argc) {
+        const char *name = opt_name(argv[i]), *val, *opt;
+        if (!name) { p.cmd_index = i; break; }
+        if (name[0] == 0) { p.cmd_index = i + 1 < argc ? i + 1 : 0; break; } /* `--` ends the options */
+        if ((opt = match_opt(name, global_value_opts, &val))) {
+            if (!val) val = i + 1 < argc ? argv[++i] : "";
+            if (strcmp(opt, "log") == 0) p.log = val;
+            else if (strcmp(opt, "log-format") == 0) p.log_format = val;
+        }
+        i++;
+    }
+    if (!p.cmd_index) return p;
+    for (int j = p.cmd_index + 1; j < argc; j++) { /* runc takes create's options before or after the id */
+        const char *name = opt_name(argv[j]), *val, *opt;
+        if (!name) continue;
+        if (name[0] == 0) break;
+        if ((opt = match_opt(name, create_value_opts, &val))) {
+            if (!val) val = j + 1 < argc ? argv[++j] : "";
+            if (opt[0] == 'b') p.bundle = val;
+        }
+    }
+    return p;
 }
 
 static int needs_edit(const char *bundle) {
@@ -59,69 +121,110 @@ static void socket_path(char *out, size_t n) {
     else snprintf(out, n, "%s", "/run/gpuprov/runtime-editor.sock");
 }
 
-/* Ask the warm editor: returns its exit code, or -1 when none answers (then the editor runs directly). */
+/* Trust the socket only if nobody but us (root) could have made it: the socket and its directory are ours, the socket
+ * has no group/other access, the directory no group/other write. Says why on stderr when it refuses. */
+static int socket_trusted(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return 0; /* no editor yet: the quiet, common case */
+    uid_t me = geteuid();
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = 0; else if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+    struct stat dst;
+    const char *why = NULL;
+    if (!S_ISSOCK(st.st_mode)) why = "not a socket";
+    else if (st.st_uid != me) why = "owned by another user";
+    else if (st.st_mode & 077) why = "open to group or others";
+    else if (stat(dir, &dst) != 0 || dst.st_uid != me || (dst.st_mode & 022)) why = "its directory is not root's alone";
+    if (!why) return 1;
+    fprintf(stderr, "gpuprov-runtime: not trusting the editor socket %s (%s); editing directly\n", path, why);
+    return 0;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Ask the warm editor: returns its exit code, or -1 when no trusted editor answers in time (then the editor runs
+ * directly). Nothing here can block for longer than REPLY_TIMEOUT_S. */
 static int ask_server(const char *bundle, const char *log, const char *log_format) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     socket_path(addr.sun_path, sizeof addr.sun_path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (!socket_trusted(addr.sun_path)) return -1;
+    /* Non-blocking connect: a unix socket whose backlog is full (a stopped editor) answers EAGAIN at once. */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) { close(fd); return -1; }
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.uid != geteuid()) {
+        fprintf(stderr, "gpuprov-runtime: the editor socket %s is served by uid %d, not ours; editing directly\n",
+                addr.sun_path, (int)cred.uid);
+        close(fd);
+        return -1;
+    }
     char req[12400];
     int len = snprintf(req, sizeof req, "%s\t%s\t%s\n", bundle, log, log_format);
-    if (len <= 0 || (size_t)len >= sizeof req || write(fd, req, len) != len) { close(fd); return -1; }
+    if (len <= 0 || (size_t)len >= sizeof req) { close(fd); return -1; }
+    double deadline = now() + REPLY_TIMEOUT_S;
     char resp[4096] = {0};
-    ssize_t got = 0, r;
-    while (got < (ssize_t)sizeof resp - 1 && (r = read(fd, resp + got, sizeof resp - 1 - got)) > 0) {
-        got += r;
-        if (memchr(resp, '\n', got)) break;
+    int sent = 0, got = 0;
+    while (!memchr(resp, '\n', got)) {
+        int left_ms = (int)((deadline - now()) * 1000);
+        struct pollfd pfd = {fd, sent < len ? POLLOUT : POLLIN, 0};
+        int ready = left_ms > 0 ? poll(&pfd, 1, left_ms) : 0;
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) {
+            fprintf(stderr, "gpuprov-runtime: the warm editor did not answer within %d s; editing directly\n",
+                    REPLY_TIMEOUT_S);
+            close(fd);
+            return -1;
+        }
+        ssize_t r = sent < len ? send(fd, req + sent, len - sent, MSG_NOSIGNAL) : read(fd, resp + got, sizeof resp - 1 - got);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (r <= 0 || got + r >= (int)sizeof resp - 1) { close(fd); return -1; } /* hung up: edit directly */
+        if (sent < len) sent += r; else got += r;
     }
     close(fd);
-    if (got <= 0) return -1;
-    char *msg = strchr(resp, '\t'); /* "RC\tMESSAGE\n": the editor's one-line refusal, for our stderr */
-    if (msg && msg[1] && msg[1] != '\n') fprintf(stderr, "%s", msg + 1);
-    return atoi(resp);
+    char *end;
+    long rc = strtol(resp, &end, 10);
+    if (end == resp || (*end != '\t' && *end != '\n') || rc < 0 || rc > 255) return -1; /* not an editor's answer */
+    if (*end == '\t' && end[1] != '\n') fprintf(stderr, "%.*s\n", (int)(strchr(end, '\n') - end - 1), end + 1);
+    return (int)rc;
 }
 
 int main(int argc, char **argv) {
-    int i = 1;
-    const char *cmd = NULL;
-    while (i < argc) {
-        if (is_value_opt(argv[i])) { i += 2; continue; }
-        if (argv[i][0] == '-') { i++; continue; }
-        cmd = argv[i];
-        break;
+    struct parsed p = parse(argc, argv);
+    const char *cmd = p.cmd_index ? argv[p.cmd_index] : NULL;
+    if (!cmd && argc == 2 && strcmp(argv[1], "--gpuprov-front-end") == 0) { /* install's check that we run here */
+        printf("gpuprov-runtime compiled front-end; runc %s\n", gpuprov_slot_runc);
+        return gpuprov_slot_runc[0] == '/' ? 0 : 1;
     }
     if (!cmd || (strcmp(cmd, "create") != 0 && strcmp(cmd, "run") != 0)) exec_runc(argv);
-    const char *bundle = ".", *log = "", *log_format = "";
-    for (int j = 1; j < i; j++) {
-        if (strcmp(argv[j], "--log") == 0 && j + 1 < i) log = argv[j + 1];
-        else if (strncmp(argv[j], "--log=", 6) == 0) log = argv[j] + 6;
-        else if (strcmp(argv[j], "--log-format") == 0 && j + 1 < i) log_format = argv[j + 1];
-        else if (strncmp(argv[j], "--log-format=", 13) == 0) log_format = argv[j] + 13;
-    }
-    for (int j = i + 1; j < argc; j++) {
-        if ((strcmp(argv[j], "--bundle") == 0 || strcmp(argv[j], "-b") == 0) && j + 1 < argc) bundle = argv[j + 1];
-        else if (strncmp(argv[j], "--bundle=", 9) == 0) bundle = argv[j] + 9;
-    }
+    const char *bundle = p.bundle;
     if (needs_edit(bundle)) {
         char abs_bundle[4096];
         if (bundle[0] != '/' && realpath(bundle, abs_bundle)) bundle = abs_bundle; /* the server has another cwd */
-        int rc = ask_server(bundle, log, log_format);
+        int rc = ask_server(bundle, p.log, p.log_format);
         if (rc > 0) return rc;
         if (rc == 0) exec_runc(argv);
         pid_t pid = fork();
         if (pid < 0) { perror("gpuprov-runtime: fork"); return 1; }
         if (pid == 0) {
             /* A fixed, minimal environment: nothing from the caller (or the image) reaches the editor. */
-            char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8", NULL};
+            char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8", NULL, NULL};
             const char *cfg = getenv("GPUPROV_RUNTIME_CONFIG");
             char cfgvar[4200];
             if (cfg && strlen(cfg) < 4096) {
                 snprintf(cfgvar, sizeof cfgvar, "GPUPROV_RUNTIME_CONFIG=%s", cfg);
-                envp[1] = cfgvar;
+                envp[2] = cfgvar;
             }
-            execle(PYTHON, PYTHON, "-I", "-S", MODIFY, bundle, log, log_format, "--spawn-server", (char *)NULL, envp);
-            fprintf(stderr, "gpuprov-runtime: cannot exec %s: %s\n", PYTHON, strerror(errno));
+            execle(gpuprov_slot_python, gpuprov_slot_python, "-I", "-S", gpuprov_slot_modify, bundle, p.log,
+                   p.log_format, "--spawn-server", (char *)NULL, envp);
+            fprintf(stderr, "gpuprov-runtime: cannot exec %s: %s\n", gpuprov_slot_python, strerror(errno));
             _exit(127);
         }
         int status = 0;

@@ -1,27 +1,81 @@
 """`gpuprov-runtime`: an OCI runtime with runc's command line. Only `create` edits config.json; every other
 command is handed to runc at once (exec, same argv). Kept import-light: it runs on every container start.
 
-The compiled front-end (shim.c, built by `gpuprov runtime install`) does the same hand-over in C and calls
-`python3 -I -S …/modify_main.py` only when config.json mentions a GPU request."""
+The compiled front-end (shim.c, shipped in the wheel) does the same hand-over in C and calls the warm editor (or
+`python3 -I -S …/modify_main.py`) only when config.json mentions a GPU request. This Python front-end is the fallback
+where no compiled one runs; both parse runc's argv the same way (tests/unit/test_runtime_frontends.py)."""
 from __future__ import annotations
 
 import os
 import sys
 
-# runc global options that take a value (everything else before the command is a flag).
-VALUE_OPTS = {"--root", "--log", "--log-format", "--criu", "--rootless"}
+# runc parses options with Go's flag package: `-x` and `--x` are the same option, a value comes as `--x=v` or as the
+# next word. Global options that take a value, and those of create/run (shim.c has the same tables).
+GLOBAL_VALUE_OPTS = ("root", "log", "log-format", "criu", "rootless")
+CREATE_VALUE_OPTS = ("bundle", "b", "console-socket", "pid-file", "preserve-fds")
 
 
-def global_option(argv: list[str], name: str) -> str | None:
-    """Value of a runc global option given before the command (`--log PATH` or `--log=PATH`)."""
-    for i, a in enumerate(argv):
-        if not a.startswith("-"):
-            return None
-        if a == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
+class Invocation:
+    """What the front-ends need from runc's argv (without argv[0]). A plain class, not a dataclass: importing
+    dataclasses costs 13 ms (python -X importtime), paid by every GPU container start that runs the editor."""
+    __slots__ = ("command", "bundle", "log", "log_format")
+
+    def __init__(self, command: str | None, bundle: str = ".", log: str | None = None, log_format: str | None = None):
+        self.command, self.bundle, self.log, self.log_format = command, bundle, log, log_format
+
+    def __repr__(self) -> str:
+        return f"Invocation({self.command!r}, {self.bundle!r}, {self.log!r}, {self.log_format!r})"
+
+
+def _opt_name(a: str) -> str | None:
+    if not a.startswith("-") or a == "-":
+        return None
+    return a[2:] if a.startswith("--") else a[1:]
+
+
+def _match(name: str, table: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """(option, inline value) when `name` spells an option of the table, else (None, None)."""
+    opt, eq, value = name.partition("=")
+    return (opt, value if eq else None) if opt in table else (None, None)
+
+
+def parse_argv(argv: list[str]) -> Invocation:
+    """Exactly shim.c's parse(): global options (with their values) up to the command, then create/run's options
+    wherever they appear (runc reorders them), up to a `--`."""
+    i, found = 0, {}
+    cmd_index = None
+    while i < len(argv):
+        name = _opt_name(argv[i])
+        if name is None:
+            cmd_index = i
+            break
+        if name == "":  # `--` ends the options
+            cmd_index = i + 1 if i + 1 < len(argv) else None
+            break
+        opt, val = _match(name, GLOBAL_VALUE_OPTS)
+        if opt:
+            if val is None:
+                i += 1
+                val = argv[i] if i < len(argv) else ""
+            found[opt] = val
+        i += 1
+    if cmd_index is None:
+        return Invocation(None)
+    bundle = "."
+    j = cmd_index + 1
+    while j < len(argv):
+        name = _opt_name(argv[j])
+        if name == "":
+            break
+        opt, val = _match(name, CREATE_VALUE_OPTS) if name is not None else (None, None)
+        if opt:
+            if val is None:
+                j += 1
+                val = argv[j] if j < len(argv) else ""
+            if opt in ("bundle", "b"):
+                bundle = val
+        j += 1
+    return Invocation(argv[cmd_index], bundle, found.get("log") or None, found.get("log-format") or None)
 
 
 def report_error(msg: str, log: str | None, log_format: str | None) -> None:
@@ -42,30 +96,6 @@ def report_error(msg: str, log: str | None, log_format: str | None) -> None:
         pass
 
 
-def parse_command(argv: list[str]) -> tuple[str | None, str]:
-    """(command, bundle) from runc-style argv (without argv[0])."""
-    i, cmd = 0, None
-    while i < len(argv):
-        a = argv[i]
-        if a in VALUE_OPTS:
-            i += 2
-            continue
-        if a.startswith("-"):
-            i += 1
-            continue
-        cmd = a
-        break
-    bundle = os.getcwd()
-    if cmd in ("create", "run"):
-        rest = argv[i + 1:]
-        for j, a in enumerate(rest):
-            if a in ("--bundle", "-b") and j + 1 < len(rest):
-                bundle = rest[j + 1]
-            elif a.startswith("--bundle="):
-                bundle = a.split("=", 1)[1]
-    return cmd, bundle
-
-
 def run_create_edits(bundle: str, log: str | None = None, log_format: str | None = None) -> int:
     from provision.inject.edits import Refused
     from provision.inject.modify import modify_bundle
@@ -79,14 +109,17 @@ def run_create_edits(bundle: str, log: str | None = None, log_format: str | None
     except (OSError, ValueError) as exc:  # unreadable bundle / config: say so in one line, don't start
         report_error(f"cannot prepare the GPU edits: {exc}", log, log_format)
         return 1
+    except Exception as exc:  # noqa: BLE001 - e.g. a config.json with wrong types: one line, never a traceback
+        report_error(f"cannot prepare the GPU edits: {type(exc).__name__}: {exc}", log, log_format)
+        return 1
     return 0
 
 
 def main() -> int:
     argv = sys.argv[1:]
-    cmd, bundle = parse_command(argv)
-    if cmd in ("create", "run"):  # `run` = create + start
-        rc = run_create_edits(bundle, global_option(argv, "--log"), global_option(argv, "--log-format"))
+    inv = parse_argv(argv)
+    if inv.command in ("create", "run"):  # `run` = create + start
+        rc = run_create_edits(os.path.abspath(inv.bundle), inv.log, inv.log_format)
         if rc:
             return rc
     from provision.inject.settings import load_settings

@@ -3,6 +3,8 @@ ALIYUN_COM_GPU_* aliases, into MPS client settings. Bad values and limits asked 
 refused with one line; the container's own CUDA_MPS_* variables never survive (it cannot raise its limits)."""
 from __future__ import annotations
 
+import math
+
 from provision.inject.edits import Refused
 
 GIB = 1 << 30
@@ -24,6 +26,8 @@ def parse_size(text: str, var: str, default_unit: str = "g") -> int:
         raise Refused(f"{var}={text!r}: not a size (use e.g. 6G, 512M, 1.5GiB)") from None
     if unit not in UNITS:
         raise Refused(f"{var}={text!r}: unknown unit {unit!r} (use M, G or T)")
+    if not math.isfinite(value) or value * UNITS[unit] > 1 << 62:  # 1e999 / nan / inf: not a size, never a crash
+        raise Refused(f"{var}={text!r}: not a finite size (use e.g. 6G, 512M, 1.5GiB)")
     size = int(value * UNITS[unit])
     if size <= 0:
         raise Refused(f"{var}={text!r}: the size must be positive")

@@ -6,7 +6,6 @@ import pytest
 from provision.inject import discover, edits
 from provision.inject.cdi import apply_spec, generate_spec
 from provision.inject.edits import Refused
-from provision.inject.shim import parse_command
 from tests.conftest import H200
 
 ROOT = str(H200 / "usr/local/nvidia")
@@ -128,17 +127,6 @@ def test_cdi_spec_validates_against_schema(disc):
     from tests.cdi_schema import SCHEMA
 
     jsonschema.validate(generate_spec(disc), SCHEMA)
-
-
-@pytest.mark.parametrize("argv,cmd,bundle", [
-    (["--root", "/run/x", "--log", "/l", "create", "--bundle", "/b", "id"], "create", "/b"),
-    (["create", "-b", "/c", "id"], "create", "/c"),
-    (["--systemd-cgroup", "start", "id"], "start", None),
-    (["run", "--bundle=/d", "id"], "run", "/d"),
-])
-def test_shim_argv(argv, cmd, bundle):
-    c, b = parse_command(argv)
-    assert c == cmd and (bundle is None or b == bundle)
 
 
 def test_real_h200_generated_spec_validates():
