@@ -108,6 +108,10 @@ def _serve_one(conn: socket.socket) -> None:
             data += chunk
             if len(data) > MAX_REQUEST:
                 conn.sendall(b"1\tgpuprov-runtime: refused an oversized request to the GPU editor\n")
+                conn.shutdown(socket.SHUT_WR)
+                for _ in range(64):  # drain a little, so the client reads the refusal instead of a reset
+                    if not conn.recv(65536):
+                        break
                 return
         conn.sendall(handle(data).encode())
     except OSError:

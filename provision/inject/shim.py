@@ -13,6 +13,19 @@ import sys
 # next word. Global options that take a value, and those of create/run (shim.c has the same tables).
 GLOBAL_VALUE_OPTS = ("root", "log", "log-format", "criu", "rootless")
 CREATE_VALUE_OPTS = ("bundle", "b", "console-socket", "pid-file", "preserve-fds")
+# Strings whose presence in config.json means the editor must look (it decides precisely; this only filters).
+TRIGGERS = ("NVIDIA_VISIBLE_DEVICES=", "nvidia-container-runtime-hook", "/var/run/nvidia-container-devices/",
+            "GPUPROV_GPU_", "ALIYUN_COM_GPU_")
+
+
+def needs_edit(bundle: str) -> bool:
+    """shim.c's needs_edit(): an unreadable config.json is runc's to report."""
+    try:
+        with open(os.path.join(bundle, "config.json"), "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return False
+    return any(t.encode() in data for t in TRIGGERS)
 
 
 class Invocation:
@@ -118,7 +131,7 @@ def run_create_edits(bundle: str, log: str | None = None, log_format: str | None
 def main() -> int:
     argv = sys.argv[1:]
     inv = parse_argv(argv)
-    if inv.command in ("create", "run"):  # `run` = create + start
+    if inv.command in ("create", "run") and needs_edit(inv.bundle):  # `run` = create + start
         rc = run_create_edits(os.path.abspath(inv.bundle), inv.log, inv.log_format)
         if rc:
             return rc

@@ -119,7 +119,7 @@ def test_nvidia_toolkit_hook_left_alone(tmp_path):
 @pytest.mark.skipif(not shutil.which("cc"), reason="needs a C compiler")
 def test_ld_preload_from_image_reaches_no_privileged_step(tmp_path):
     """The image's LD_PRELOAD names a library that, if ever loaded by the shim or its editor, leaves a marker."""
-    from provision.inject.install import build_shim
+    from tests.inject_helpers import compiled_front_end, stop_editors
 
     marker = tmp_path / "PWNED"
     evil_c = tmp_path / "evil.c"
@@ -127,9 +127,7 @@ def test_ld_preload_from_image_reaches_no_privileged_step(tmp_path):
                       f'{{ FILE *fp = fopen("{marker}", "w"); if (fp) fclose(fp); }}\n')
     evil = tmp_path / "evil.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(evil), str(evil_c)], check=True)
-    shim = tmp_path / "gpuprov-runtime"
-    shim.write_bytes(build_shim("/bin/true", shutil.which("python3") or "/usr/bin/python3", tmp_path))
-    shim.chmod(0o755)
+    shim = compiled_front_end(tmp_path, "/bin/true")
     rootfs(tmp_path)
     bundle = tmp_path / "bundle"
     (bundle / "config.json").write_text(json.dumps(config(["NVIDIA_VISIBLE_DEVICES=all", f"LD_PRELOAD={evil}",
@@ -138,6 +136,7 @@ def test_ld_preload_from_image_reaches_no_privileged_step(tmp_path):
     sp.write_text(json.dumps(settings(tmp_path)))
     r = subprocess.run([str(shim), "create", "--bundle", str(bundle), "x"], capture_output=True, text=True,
                        env={"PATH": os.environ["PATH"], "GPUPROV_RUNTIME_CONFIG": str(sp)})
+    stop_editors(sp)
     assert r.returncode == 0, r.stderr
     out = json.loads((bundle / "config.json").read_text())
     assert out["mounts"] and not out.get("hooks")  # edited, and no hook was added
