@@ -6,8 +6,10 @@ Every per-distro table lives here, once; the CLI, the planner and the Ansible ro
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
-from provision.decide.gputable import PciId, newest_branch, table_entry
+from provision.decide import debian
+from provision.decide.gputable import PciId, load_table, newest_branch, table_entry
 from provision.decide.targets import Target
 
 NVIDIA = 0x10DE
@@ -23,20 +25,6 @@ ELREPO_KMODS: dict[int, dict[str, str]] = {
 ELREPO_DRIVER_VERSION = "595.91.07"
 
 
-@dataclass(frozen=True)
-class DebianSuite:
-    driver_version: str  # what `nvidia-driver` packages in that suite
-    table: str  # which supported-gpus.json (driver major) describes that version
-    legacy: dict[str, str]  # legacy branch -> package of that suite
-    open_package: str | None  # the open kernel modules' DKMS package, if the suite has one
-
-
-# Debian's non-free `nvidia-driver` per suite (apt-cache policy, 2026-11) and the legacy packages each suite carries.
-DEBIAN_SUITES: dict[str, DebianSuite] = {
-    "bullseye": DebianSuite("470.256.02", "470", {"390": "nvidia-legacy-390xx-driver"}, None),
-    "bookworm": DebianSuite("535.261.03", "535", {"470": "nvidia-tesla-470-driver"}, "nvidia-open-kernel-dkms"),
-    "trixie": DebianSuite("550.163.01", "550", {}, "nvidia-open-kernel-dkms"),
-}
 # Driver branches Ubuntu packages per release (nvidia-driver-<b>[-server][-open]); -open from 515 on.
 UBUNTU_BRANCHES: dict[str, tuple[int, ...]] = {
     "18.04": (390, 470),
@@ -44,7 +32,12 @@ UBUNTU_BRANCHES: dict[str, tuple[int, ...]] = {
     "22.04": (470, 535, 550, 570, 580),
     "24.04": (535, 550, 570, 580),
 }
-LEGACY_ORDER = ("current", "580", "470", "390", "367", "340", "304", "173", "96", "71")
+# NVIDIA's CUDA repository: driver branches it publishes as EL8+ module streams / Ubuntu meta-packages (production
+# and new-feature branches from 515 on; 470 only as EL7/EL8 legacy streams).
+NVIDIA_REPO_BRANCHES: tuple[int, ...] = (470, 515, 520, 525, 530, 535, 545, 550, 555, 560, 565, 570, 575, 580, 590,
+                                         595)
+# "unknown-legacy": an id below the oldest current GPU that no table lists: some legacy series, which one unknown.
+LEGACY_ORDER = ("current", "580", "470", "390", "367", "340", "304", "173", "96", "71", "unknown-legacy")
 
 
 @dataclass(frozen=True)
@@ -62,6 +55,7 @@ class GpuDecision:
     driver_version: str | None = None  # the version the chosen packages ship, where known
     warnings: tuple[str, ...] = ()
     address: str | None = None
+    pin: str | None = None  # the branch asked for with --driver <branch>
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -103,9 +97,29 @@ def choose_modules(allowed: str, wanted: str) -> tuple[str, tuple[str, ...]]:
     return allowed, (f"--kernel-modules {wanted} is not supported by this GPU; using {allowed}",)
 
 
+@lru_cache(maxsize=1)
+def oldest_current_id() -> int:
+    """The lowest device id on the current branch: NVIDIA numbers chips upwards, so an id below it that no table
+    lists belongs to some legacy series, never to a new GPU."""
+    return min(int(k, 16) for k, e in load_table()["devices"].items() if e["branch"] == "current")
+
+
 def identify(pci: PciId) -> tuple[str, str, str, bool, tuple[str, ...]]:
-    """(name, branch, kernel_modules, known, warnings) from the table; subsystem entries win for the name."""
+    """(name, branch, kernel_modules, known, warnings) from the table; subsystem entries win for the name. Ids the
+    table lacks: Debian's lists (legacy series, or a current driver's list), else by range."""
     entry = table_entry(pci.device) if pci.vendor == NVIDIA else None
+    if entry is None and pci.vendor == NVIDIA:
+        legacy = debian.legacy_branch(pci.device)
+        if legacy:
+            return (f"NVIDIA device {pci}", legacy, "proprietary", True,
+                    (f"{pci} is not in NVIDIA's table; Debian's nvidia-detect lists put it in the {legacy} legacy "
+                     "series",))
+        if pci.device >= oldest_current_id() and debian.in_current_lists(pci.device):
+            return f"NVIDIA device {pci}", "current", "either", True, ()
+        if pci.device < oldest_current_id():
+            return (f"NVIDIA device {pci}", "unknown-legacy", "proprietary", False,
+                    (f"{pci} is older than every current GPU (below 10de:{oldest_current_id():04x}) and in no "
+                     "table: it needs a legacy driver series gpuprov cannot name; check NVIDIA's legacy GPU list",))
     if entry is None:
         return (
             f"NVIDIA device {pci}", "current", "open", False,
@@ -116,21 +130,41 @@ def identify(pci: PciId) -> tuple[str, str, str, bool, tuple[str, ...]]:
     return name, entry["branch"], entry["modules"], True, ()
 
 
-def _debian_packages(entry: dict | None, branch: str, modules: str, suite: str) -> tuple[tuple[str, ...], str | None, str | None]:
-    s = DEBIAN_SUITES[suite]
-    status = (entry or {}).get("drivers", {}).get(s.table)
-    if status == "current":
-        if modules == "open" and s.open_package:
-            return (s.open_package, "nvidia-driver", "firmware-misc-nonfree"), s.driver_version, None
-        if modules == "open":
-            return (), None, f"Debian {suite} has no open kernel modules package; this GPU needs them"
-        return ("nvidia-kernel-dkms", "nvidia-driver", "firmware-misc-nonfree"), s.driver_version, None
-    if status in s.legacy:
-        return (s.legacy[status],), status, None
-    return (), None, (
-        f"Debian {suite}'s nvidia-driver {s.driver_version} does not support this GPU (branch {branch}); "
-        "use a Debian release that packages a driver for it, or NVIDIA's repository (--driver-source nvidia)"
-    )
+def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite: str, pin: str | None
+                     ) -> tuple[tuple[str, ...], str | None, str | None]:
+    """Debian's own recommendation (nvidia-detect's lists and order), or the pinned branch's package."""
+    drv, problem = debian.pinned(device, suite, pin) if pin else debian.recommend(device, suite)
+    if drv is None:
+        return (), None, problem + ("; use NVIDIA's repository (--driver-source nvidia)" if not pin else "")
+    if modules == "open" and not drv.open_dkms and allowed == "either" and wanted == "auto":
+        modules = "proprietary"  # a Tesla/legacy package: proprietary modules only, which this GPU also runs
+    if modules == "open":
+        if not drv.open_dkms:
+            return (), None, (f"Debian {debian.SUITES[suite].version}'s {drv.package} ({drv.branch}) has no open "
+                              "kernel modules package; this GPU needs them" + (
+                                  "" if pin else "; use NVIDIA's repository (--driver-source nvidia)"))
+        return (drv.open_dkms, drv.package, "firmware-misc-nonfree"), drv.version, None
+    return (drv.kernel_dkms, drv.package) + (("firmware-misc-nonfree",) if drv.package == "nvidia-driver" else ()), \
+        drv.version, None
+
+
+def supports_branch(entry: dict | None, gpu_branch: str, b: int) -> bool:
+    """Does driver major B drive this GPU? Current GPUs: any branch from the oldest packaged one that knew them;
+    legacy GPUs: up to their legacy branch only."""
+    if gpu_branch == "unknown-legacy":
+        return False
+    if gpu_branch != "current" and b > int(gpu_branch):
+        return False
+    majors = [int(m) for m, st in ((entry or {}).get("drivers") or {}).items() if st == "current"]
+    if entry is None:
+        return b >= 570  # newer than our tables: only recent branches can know it
+    return not majors or b >= min(majors)
+
+
+def _pin_refusal(what: str, b: str, avail, entry, gpu_branch) -> str:
+    ok = [str(x) for x in sorted(avail, reverse=True) if supports_branch(entry, gpu_branch, int(x))]
+    return (f"{what} does not {'support this GPU with' if str(b) in map(str, avail) else 'package'} driver branch "
+            f"{b}; " + (f"branches that support it there: {', '.join(ok)}" if ok else "no branch there supports it"))
 
 
 def _min_branch(entry: dict | None) -> int:
@@ -139,9 +173,15 @@ def _min_branch(entry: dict | None) -> int:
     return min(majors) if majors else 570
 
 
-def _ubuntu_packages(entry, branch, modules, release, datacenter) -> tuple[tuple[str, ...], str | None, str | None]:
+def _ubuntu_packages(entry, branch, modules, release, datacenter, pin=None
+                     ) -> tuple[tuple[str, ...], str | None, str | None]:
     avail = UBUNTU_BRANCHES[release]
-    if branch == "current":
+    if pin:
+        b = int(pin)
+        if b not in avail or not supports_branch(entry, branch, b):
+            return (), None, _pin_refusal(f"Ubuntu {release}", pin, avail, entry, branch)
+        usable = [b]
+    elif branch == "current":
         usable = [b for b in avail if b >= max(_min_branch(entry), 520)]
     elif branch.isdigit():
         usable = [b for b in avail if b <= int(branch) and (int(branch) > 470 or b == int(branch))]
@@ -153,14 +193,27 @@ def _ubuntu_packages(entry, branch, modules, release, datacenter) -> tuple[tuple
     b = max(usable)
     opn = "-open" if modules == "open" and b >= 515 else ""
     if modules == "open" and b < 515:
-        return (), None, f"Ubuntu {release}'s newest usable branch {b} has no open kernel modules; this GPU needs them"
+        return (), None, f"Ubuntu {release}'s branch {b} has no open kernel modules; this GPU needs them"
     if datacenter:
         return (f"nvidia-headless-{b}-server{opn}", f"nvidia-utils-{b}-server"), str(b), None
     return (f"nvidia-driver-{b}{opn}",), str(b), None
 
 
-def _elrepo_packages(branch: str, modules: str, el_major: int) -> tuple[tuple[str, ...], str | None, str | None]:
+def _elrepo_packages(entry, branch: str, modules: str, el_major: int, pin: str | None = None
+                     ) -> tuple[tuple[str, ...], str | None, str | None]:
     kmods = ELREPO_KMODS[el_major]
+    if pin:
+        newest = newest_branch()
+        avail = [int(k) for k in kmods if k.isdigit()] + [int(newest)]
+        if int(pin) not in avail or not supports_branch(entry, branch, int(pin)):
+            return (), None, _pin_refusal(f"ELRepo for EL{el_major}", pin, avail, entry, branch) + \
+                "; or NVIDIA's repository (--driver-source nvidia)"
+        if pin == newest:
+            branch = "current"
+        else:
+            if modules == "open":
+                return (), None, f"ELRepo's kmod-nvidia-{pin}xx has no open kernel modules; this GPU needs them"
+            branch = pin
     key = "open" if branch == "current" and modules == "open" else branch
     name = kmods.get(key, "")
     if not name:
@@ -189,29 +242,48 @@ def default_source(target: Target) -> str:
     return "elrepo" if target.el_major else "nvidia"
 
 
+def _nvidia_repo(entry, branch, modules, target, pin) -> tuple[tuple[str, ...], str | None, str | None]:
+    if pin:
+        avail = [b for b in NVIDIA_REPO_BRANCHES if b != 470 or (target.el_major or 0) in (7, 8)]
+        if int(pin) not in avail or not supports_branch(entry, branch, int(pin)):
+            return (), None, _pin_refusal("NVIDIA's repository for " + target.name, pin, avail, entry, branch)
+        if modules == "open" and int(pin) < 515:
+            return (), None, f"driver branch {pin} has no open kernel modules; this GPU needs them"
+        return nvidia_repo_packages(pin, modules, target), pin, None
+    return nvidia_repo_packages(branch, modules, target), None, None
+
+
 def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto", source: str | None = None,
-               address: str | None = None) -> GpuDecision:
+               address: str | None = None, pin: str | None = None) -> GpuDecision:
+    """pin: a driver branch ("535") asked for with --driver; refused (no packages, a warning with the way out)
+    where the branch does not drive this GPU or the target does not package it."""
     name, branch, allowed, known, warnings = identify(pci)
+    if pin and pin != "current" and int(pin) < 515 and allowed == "either":
+        allowed = "proprietary"  # branches before 515 have no open modules: a Turing+ GPU runs proprietary there
     modules, w2 = choose_modules(allowed, kernel_modules)
     warnings = warnings + w2
+    pin = None if pin == "current" else pin
     base = dict(pci_id=str(pci), subsystem=pci.subsystem, name=name, branch=branch, kernel_modules=allowed,
-                modules=modules, known=known, address=address)
+                modules=modules, known=known, address=address, pin=pin)
     if target is None:
         return GpuDecision(**base, warnings=warnings)
     entry = table_entry(pci.device) if pci.vendor == NVIDIA else None
     src = source or default_source(target)
     problem = None
     if src == "nvidia":
-        pkgs, ver = nvidia_repo_packages(branch, modules, target), None
+        pkgs, ver, problem = _nvidia_repo(entry, branch, modules, target, pin)
     elif src == "elrepo":
         if not target.el_major:
             pkgs, ver, problem = (), None, f"ELRepo does not serve {target.name}; use --driver-source nvidia"
         else:
-            pkgs, ver, problem = _elrepo_packages(branch, modules, target.el_major)
+            pkgs, ver, problem = _elrepo_packages(entry, branch, modules, target.el_major, pin)
     elif target.os_id == "debian":
-        pkgs, ver, problem = _debian_packages(entry, branch, modules, target.codename)
+        pkgs, ver, problem = _debian_packages(pci.device, modules, allowed, kernel_modules, target.codename, pin)
+        if pkgs and modules == "open" and "nvidia-open-kernel-dkms" not in pkgs:
+            base["modules"] = "proprietary"
     elif target.os_id == "ubuntu":
-        pkgs, ver, problem = _ubuntu_packages(entry, branch, modules, target.version, is_datacenter(name, entry))
+        pkgs, ver, problem = _ubuntu_packages(entry, branch, modules, target.version, is_datacenter(name, entry),
+                                              pin)
     else:
         pkgs, ver, problem = (), None, f"driver source {src!r} does not apply to {target.name}"
     if problem:
