@@ -160,9 +160,15 @@ def driver_volume(
         for libs in disc["libraries"].values():
             for lib in libs:
                 _link_or_copy(lib["path"], tmp / "lib64" / lib["soname"])
+        for libs in disc.get("libraries32", {}).values():
+            for lib in libs:
+                _link_or_copy(lib["path"], tmp / "lib32" / lib["soname"])
         for bins in disc["binaries"].values():
             for b in bins:
                 _link_or_copy(b, tmp / "bin" / os.path.basename(b))
+        for man in disc.get("manifests", []):  # share/vulkan/icd.d/… : mount share/ at /usr/share for graphics
+            if not man.get("rewrite"):
+                _link_or_copy(man["path"], tmp / man["container_path"].lstrip("/").replace("usr/", "", 1))
         os.replace(tmp, vdir)
     cur = base / "current"
     if not (cur.is_symlink() and os.readlink(cur) == disc["version"]):
@@ -177,6 +183,9 @@ def driver_volume(
 def _link_or_copy(src: str, dst: Path) -> None:
     import shutil
 
+    if dst.exists():  # a library that serves two capabilities (libnvidia-gpucomp)
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(src, dst)
     except OSError:

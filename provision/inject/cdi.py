@@ -1,10 +1,23 @@
-"""CDI specs (REFERENCE.md §5) from discovery, and applying one to an OCI config (what a CDI-aware engine does)."""
+"""CDI specs (REFERENCE.md §5) from discovery, and applying one to an OCI config (what a CDI-aware engine does).
+
+Same devices and files as `nvidia-ctk cdi generate` on the same host (every capability: utility, compute, video,
+graphics, display, ngx), with gpuprov's no-hook design: libraries are mounted at their SONAME in the directories
+images' loaders search by default, so no create-symlinks or update-ldcache hook has to run in the container.
+`refresh_specs` is the one way specs reach /var/run/cdi and /etc/cdi (CLI `gpuprov cdi refresh`, the systemd path
+unit, Kubernetes node set-up)."""
 from __future__ import annotations
 
+import json
+import os
+
 from provision.inject import edits
+from provision.inject.capabilities import CAPABILITIES
 
 KIND = "nvidia.com/gpu"
 LIBDIRS = (edits.DEBIAN_LIBDIR, edits.RHEL_LIBDIR)
+SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # what docker, containerd, CRI-O and podman read by default
+SPEC_NAME = "nvidia.yaml"
+MARKER = "GPUPROV_DRIVER_VERSION"  # in every spec gpuprov writes: a file without it is someone else's
 
 
 def _node(n: dict) -> dict:
@@ -12,38 +25,122 @@ def _node(n: dict) -> dict:
             "permissions": "rw"}
 
 
+def _mount(m: dict, dest: str) -> dict:
+    return {"hostPath": m["source"], "containerPath": dest, "options": ["ro", "nosuid", "nodev", "bind"]}
+
+
+def _gpu_edits(g: dict) -> dict:
+    return {"deviceNodes": [_node(g["node"])] + [_node(n) for n in g.get("drm", [])]}
+
+
 def generate_spec(disc: dict, *, libdirs: tuple[str, ...] = LIBDIRS) -> dict:
-    """One spec: devices by index, by UUID and `all`; common edits (control nodes, libraries, binaries)."""
-    common = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "none",
-                                        "NVIDIA_DRIVER_CAPABILITIES": "utility,compute"}, libdir=libdirs[0])
-    mounts = []
-    for m in common["mounts"]:
+    """One spec: devices by index, by UUID and `all`; common edits (control nodes, every capability's files)."""
+    caps = [c for c in CAPABILITIES if c != "compat32"] + (["compat32"] if disc.get("libraries32") else [])
+    mounts, seen = [], set()
+    for m in edits.driver_mounts(disc, caps, libdir=libdirs[0], with_firmware=True):
         dests = [m["destination"]]
-        if m["destination"].startswith(libdirs[0] + "/"):
+        if m["destination"].startswith(libdirs[0] + "/"):  # the image's loader picks one of these by distro
             dests = [d + m["destination"][len(libdirs[0]):] for d in libdirs]
-        mounts += [{"hostPath": m["source"], "containerPath": d, "options": ["ro", "nosuid", "nodev", "bind"]}
-                   for d in dests]
+        for d in dests:
+            if d not in seen:
+                seen.add(d)
+                mounts.append(_mount(m, d))
+    if disc.get("ipc", {}).get("persistenced"):
+        mounts.append({"hostPath": disc["ipc"]["persistenced"], "containerPath": "/var/run/nvidia-persistenced/socket",
+                       "options": list(edits.IPC_OPTS)})
     gpu_devices = []
     for g in disc.get("gpus", []):
-        gedits = {"deviceNodes": [_node(g["node"])]}
-        gpu_devices.append({"name": str(g["index"]), "containerEdits": gedits})
+        gpu_devices.append({"name": str(g["index"]), "containerEdits": _gpu_edits(g)})
         if g.get("uuid"):
-            gpu_devices.append({"name": g["uuid"], "containerEdits": gedits})
-    all_dev = {"name": "all", "containerEdits": {"deviceNodes": [_node(g["node"]) for g in disc.get("gpus", [])]}}
-    fw = [{"hostPath": f["path"], "containerPath": f["container_path"], "options": ["ro", "nosuid", "nodev", "bind"]}
-          for f in disc.get("firmware", [])]
+            gpu_devices.append({"name": g["uuid"], "containerEdits": _gpu_edits(g)})
+    all_nodes = [n for g in disc.get("gpus", []) for n in _gpu_edits(g)["deviceNodes"]]
+    control = [disc["nodes"][k] for k in ("ctl", "modeset", "uvm", "uvm-tools") if k in disc["nodes"]]
     return {
         # 0.5.0: the lowest version allowing device names that start with a digit and hostPath on device nodes.
         "cdiVersion": "0.5.0",
         "kind": KIND,
-        "devices": gpu_devices + [all_dev],
+        "devices": gpu_devices + [{"name": "all", "containerEdits": {"deviceNodes": all_nodes}}],
         "containerEdits": {
-            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"GPUPROV_DRIVER_VERSION={disc.get('version')}"],
-            "deviceNodes": [_node(n) for n in [disc["nodes"]["ctl"]] +
-                            [disc["nodes"][k] for k in ("uvm", "uvm-tools") if k in disc["nodes"]]],
-            "mounts": mounts + fw,
+            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"{MARKER}={disc.get('version')}"],
+            "deviceNodes": [_node(n) for n in control],
+            "mounts": mounts,
         },
     }
+
+
+def render(spec: dict, fmt: str = "yaml") -> str:
+    if fmt == "json":
+        return json.dumps(spec, indent=2) + "\n"
+    import yaml
+
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+class ForeignSpec(Exception):
+    """A spec file gpuprov did not write is where it would write its own."""
+
+
+def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, proc_root: str = "/",
+                  dev_root: str = "/", gen_dir: str | None = None) -> list[str]:
+    """(Re)write DIR/nvidia.yaml in each of `dirs` from the running driver; returns the files that changed (none
+    when the driver did not change). Refuses to replace a spec that gpuprov did not write (e.g. nvidia-ctk's).
+    Kubernetes node set-up calls this; so does `gpuprov cdi refresh` and the gpuprov-cdi-refresh systemd units."""
+    from provision.inject import discover
+
+    disc = discover.discover(driver_root, proc_root=proc_root, dev_root=dev_root)
+    if not disc.get("version"):
+        raise FileNotFoundError("no NVIDIA driver is loaded (/proc/driver/nvidia/version): no CDI spec to write")
+    discover.write_manifests(disc, gen_dir or discover.GENERATED_DIR)
+    text = render(generate_spec(disc))
+    changed = []
+    for d in dirs:
+        path = os.path.join(d, SPEC_NAME)
+        try:
+            with open(path) as fh:
+                old = fh.read()
+        except FileNotFoundError:
+            old = None
+        if old == text:
+            continue
+        if old is not None and MARKER not in old:
+            raise ForeignSpec(f"{path} was not written by gpuprov (NVIDIA's nvidia-ctk?); remove it or keep using it")
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        changed.append(path)
+    return changed
+
+
+# Refresh when the driver changes: a driver install/upgrade runs depmod (modules.dep.bin changes) for the running
+# kernel, and the spec is rewritten at every boot (/var/run/cdi is a tmpfs). procfs cannot be watched by inotify.
+SYSTEMD_UNITS = {
+    "gpuprov-cdi-refresh.service": """[Unit]
+Description=Refresh gpuprov's CDI spec for NVIDIA GPUs (/etc/cdi, /var/run/cdi)
+After=systemd-modules-load.service nvidia-persistenced.service
+ConditionPathExists=/proc/driver/nvidia/version
+
+[Service]
+Type=oneshot
+ExecStart={gpuprov} cdi refresh
+
+[Install]
+WantedBy=multi-user.target
+""",
+    "gpuprov-cdi-refresh.path": """[Unit]
+Description=Refresh gpuprov's CDI spec when the NVIDIA driver's modules change
+
+[Path]
+PathChanged=/lib/modules/%v/modules.dep.bin
+PathChanged=/proc/driver/nvidia/version
+Unit=gpuprov-cdi-refresh.service
+
+[Install]
+WantedBy=paths.target
+""",
+}
 
 
 def apply_spec(config: dict, spec: dict, names: list[str]) -> None:

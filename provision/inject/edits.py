@@ -2,7 +2,7 @@
 No I/O here: every rule about *what* a GPU container gets lives in this file and is unit-tested."""
 from __future__ import annotations
 
-from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES
+from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES, LIB32_DEST
 
 LIB_RO = ["ro", "nosuid", "nodev", "bind"]
 IPC_OPTS = ["nosuid", "nodev", "noexec", "bind"]
@@ -143,6 +143,40 @@ def _node(n: dict) -> dict:
             "uid": 0, "gid": 0}
 
 
+def _ro(source: str, destination: str) -> dict:
+    return {"destination": destination, "source": source, "type": "bind", "options": list(LIB_RO)}
+
+
+def driver_mounts(disc: dict, caps: list[str], *, libdir: str = DEBIAN_LIBDIR, with_firmware: bool = True) -> list[dict]:
+    """Read-only bind mounts for the capabilities: libraries at their SONAME in `libdir` (32-bit ones in the
+    image's 32-bit dir with compat32), binaries in /usr/bin, loader manifests where the image's loaders look, and
+    GSP firmware where the kernel would look for it (old kernels only). Nothing for a capability not asked for."""
+    out: list[dict] = []
+    seen: set[str] = set()
+
+    def add(m: dict) -> None:
+        if m["destination"] not in seen:
+            seen.add(m["destination"])
+            out.append(m)
+
+    lib32dir = LIB32_DEST.get(libdir, "/usr/lib")
+    for cap in caps:
+        for lib in disc.get("libraries", {}).get(cap, []):
+            add(_ro(lib["path"], f"{libdir}/{lib['soname']}"))
+        if "compat32" in caps:
+            for lib in disc.get("libraries32", {}).get(cap, []):
+                add(_ro(lib["path"], f"{lib32dir}/{lib['soname']}"))
+        for path in disc.get("binaries", {}).get(cap, []):
+            add(_ro(path, "/usr/bin/" + path.rsplit("/", 1)[-1]))
+        for man in disc.get("manifests", []):
+            if man["cap"] == cap and (not man.get("rewrite") or man.get("generated")):
+                add(_ro(man.get("generated") or man["path"], man["container_path"]))
+    if with_firmware and disc.get("firmware_needed", True):
+        for fw in disc.get("firmware", []):
+            add(_ro(fw["path"], fw["container_path"]))
+    return out
+
+
 def compute_edits(disc: dict, env: dict[str, str], *, libdir: str = DEBIAN_LIBDIR,
                   selectors: list[str] | None = None) -> dict | None:
     """OCI edits for one container, or None when it asked for no GPU. Raises Refused."""
@@ -163,17 +197,9 @@ def compute_edits(disc: dict, env: dict[str, str], *, libdir: str = DEBIAN_LIBDI
     if "display" in caps and "modeset" in disc["nodes"]:
         nodes.append(disc["nodes"]["modeset"])
     nodes += [g["node"] for g in gpus]
-    mounts = []
-    for cap in caps:
-        for lib in disc.get("libraries", {}).get(cap, []):
-            mounts.append({"destination": f"{libdir}/{lib['soname']}", "source": lib["path"], "type": "bind",
-                           "options": list(LIB_RO)})
-        for path in disc.get("binaries", {}).get(cap, []):
-            mounts.append({"destination": "/usr/bin/" + path.rsplit("/", 1)[-1], "source": path, "type": "bind",
-                           "options": list(LIB_RO)})
-    for fw in disc.get("firmware", []) if gpus else []:
-        mounts.append({"destination": fw["container_path"], "source": fw["path"], "type": "bind",
-                       "options": list(LIB_RO)})
+    if "graphics" in caps or "display" in caps:
+        nodes += [n for g in gpus for n in g.get("drm", [])]
+    mounts = driver_mounts(disc, caps, libdir=libdir, with_firmware=bool(gpus))
     if "utility" in caps and disc.get("ipc", {}).get("persistenced"):
         mounts.append({"destination": "/var/run/nvidia-persistenced/socket", "source": disc["ipc"]["persistenced"],
                        "type": "bind", "options": list(IPC_OPTS)})
