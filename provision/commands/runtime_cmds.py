@@ -1,8 +1,8 @@
 """`gpuprov runtime …`, `gpuprov cdi …`, `gpuprov docker-args`, `gpuprov driver-volume`: the injection side."""
 from __future__ import annotations
 
-import json
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -87,18 +87,19 @@ def cdi_generate(
     output: Optional[Path] = typer.Option(None, help="Write here (default: stdout), e.g. /etc/cdi/nvidia.yaml."),
     fmt: str = typer.Option("yaml", "--format", help="yaml|json"),
 ) -> None:
-    """Write a CDI spec (kind nvidia.com/gpu; devices by index, UUID and `all`)."""
-    from provision.inject.cdi import generate_spec
+    """Write a CDI spec (kind nvidia.com/gpu; devices by index, UUID and `all`; every capability's files)."""
+    from provision.inject.cdi import generate_spec, render
+    from provision.inject.discover import write_manifests
 
     if fmt not in ("yaml", "json"):
         raise UsageError("--format must be yaml or json")
-    spec = generate_spec(_discover(driver_root))
-    if fmt == "json":
-        text = json.dumps(spec, indent=2) + "\n"
-    else:
-        import yaml
-
-        text = yaml.safe_dump(spec, sort_keys=False)
+    disc = _discover(driver_root)
+    try:
+        write_manifests(disc)
+    except OSError as exc:  # not root: manifests that need a rewritten copy are left out of the spec
+        print(f"warning: {exc}; loader manifests naming absolute paths are left out", file=sys.stderr)
+    spec = generate_spec(disc)
+    text = render(spec, fmt)
     if output is None:
         print(text, end="")
     else:
@@ -106,7 +107,54 @@ def cdi_generate(
 
         with host_lock("cdi generate"):
             write_file(output, text, mode=0o644, backup=False)
-        print(f"wrote {output} ({len(spec['devices'])} devices)", file=__import__("sys").stderr)
+        print(f"wrote {output} ({len(spec['devices'])} devices)", file=sys.stderr)
+
+
+@cdi_app.command("refresh")
+def cdi_refresh(
+    driver_root: Optional[str] = typer.Option(None, help="Driver root (default: detected)."),
+    spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-separated directories to write nvidia.yaml in."),
+    install_units: bool = typer.Option(False, "--install-units",
+                                       help="Also install and enable gpuprov-cdi-refresh.{service,path} (systemd)."),
+) -> None:
+    """Write the CDI spec where engines read it; rewrites only when the driver changed. Run at boot and on driver
+    changes by the gpuprov-cdi-refresh systemd units (--install-units)."""
+    from provision.inject.cdi import ForeignSpec, refresh_specs
+
+    disc = _discover(driver_root)  # same driver-root resolution (and error) as generate
+    s = _settings_roots()
+    try:
+        with host_lock("cdi refresh"):
+            changed = refresh_specs(disc["driver_root"], dirs=tuple(d for d in spec_dirs.split(":") if d),
+                                    proc_root=s["proc_root"], dev_root=s["dev_root"])
+    except ForeignSpec as exc:
+        raise GpuprovError(str(exc), exit_code=6) from None
+    print("\n".join(f"wrote {p}" for p in changed) or "CDI spec up to date", file=sys.stderr)
+    if install_units:
+        _install_cdi_units()
+
+
+def _settings_roots() -> dict:
+    from provision.inject.settings import load_settings, settings_path
+
+    return load_settings() if os.path.exists(settings_path()) else {"proc_root": "/", "dev_root": "/"}
+
+
+def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
+    import shutil
+    import subprocess
+
+    from provision.fsutil import write_file
+    from provision.inject.cdi import refresh_units
+
+    units = refresh_units(shutil.which("gpuprov") or "/usr/local/bin/gpuprov")
+    for name, text in units.items():
+        write_file(unit_dir / name, text, backup=False)
+    if os.path.isdir("/run/systemd/system"):
+        subprocess.run(["systemctl", "daemon-reload"], check=False)
+        subprocess.run(["systemctl", "enable", "--now", "gpuprov-cdi-refresh.path"], check=False)
+        subprocess.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
+    print(f"installed {', '.join(units)} in {unit_dir}", file=sys.stderr)
 
 
 @cdi_app.command("list")

@@ -114,13 +114,17 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
     return changed
 
 
-# Refresh when the driver changes: a driver install/upgrade runs depmod (modules.dep.bin changes) for the running
-# kernel, and the spec is rewritten at every boot (/var/run/cdi is a tmpfs). procfs cannot be watched by inotify.
-SYSTEMD_UNITS = {
-    "gpuprov-cdi-refresh.service": """[Unit]
-Description=Refresh gpuprov's CDI spec for NVIDIA GPUs (/etc/cdi, /var/run/cdi)
+def refresh_units(gpuprov: str, engine_unit: str | None = None) -> dict[str, str]:
+    """systemd units that keep the spec current (file name -> text); the one definition, also used by
+    `gpuprov k8s node`. The service runs at every boot before the engine (/var/run/cdi is a tmpfs and a new driver
+    becomes the loaded one at boot); the path unit re-runs it when a driver install runs depmod for the running
+    kernel (modules.dep.bin changes). procfs cannot be watched with inotify, so /proc/driver/nvidia is not."""
+    before = f"Before={engine_unit}\n" if engine_unit else ""
+    return {
+        "gpuprov-cdi-refresh.service": f"""[Unit]
+Description=Refresh gpuprov's CDI spec for the NVIDIA driver loaded now (/etc/cdi, /var/run/cdi)
 After=systemd-modules-load.service nvidia-persistenced.service
-ConditionPathExists=/proc/driver/nvidia/version
+{before}ConditionPathExists=/proc/driver/nvidia/version
 
 [Service]
 Type=oneshot
@@ -129,18 +133,17 @@ ExecStart={gpuprov} cdi refresh
 [Install]
 WantedBy=multi-user.target
 """,
-    "gpuprov-cdi-refresh.path": """[Unit]
-Description=Refresh gpuprov's CDI spec when the NVIDIA driver's modules change
+        "gpuprov-cdi-refresh.path": """[Unit]
+Description=Refresh gpuprov's CDI spec when NVIDIA kernel modules are installed for the running kernel
 
 [Path]
 PathChanged=/lib/modules/%v/modules.dep.bin
-PathChanged=/proc/driver/nvidia/version
 Unit=gpuprov-cdi-refresh.service
 
 [Install]
 WantedBy=paths.target
 """,
-}
+    }
 
 
 def apply_spec(config: dict, spec: dict, names: list[str]) -> None:

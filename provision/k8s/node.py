@@ -56,18 +56,16 @@ def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
 
 
 def cdi_spec_text(disc: dict) -> str:
-    import yaml
+    from provision.inject.cdi import generate_spec, render
 
-    from provision.inject.cdi import generate_spec
-
-    return yaml.safe_dump(generate_spec(disc), sort_keys=False)
+    return render(generate_spec(disc))
 
 
 def refresh_unit(engine: str, gpuprov: str) -> str:
-    from provision.render import render
+    """The one CDI refresh unit (provision/inject/cdi.py: refresh_units), ordered before this node's engine."""
+    from provision.inject.cdi import refresh_units
 
-    return render("gpuprov-cdi-refresh.service.j2", engine_unit=ENGINE_UNITS[engine], gpuprov=gpuprov,
-                  spec_path=CDI_SPEC)
+    return refresh_units(gpuprov, ENGINE_UNITS[engine])["gpuprov-cdi-refresh.service"]
 
 
 def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: dict,

@@ -139,11 +139,10 @@ def test_real_h200_generated_spec_validates():
     """The spec `gpuprov cdi generate` wrote on a real H200 host (tests/fixtures/cdi) passes the schema."""
     import json
 
-    from tests.conftest import FIXTURES
-
     import jsonschema
 
     from tests.cdi_check import validate
+    from tests.conftest import FIXTURES
 
     spec = json.loads((FIXTURES / "cdi/h200-generated.json").read_text())
     validate(spec)
