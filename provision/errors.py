@@ -17,6 +17,8 @@ Exit codes (documented in README.md):
  13  disk full or read-only: a write could not complete; the file is untouched
  14  conflicts with the operator's own setting (a runtime of that name pointing elsewhere, another
      default-runtime); --replace-runtime overrides
+ 15  driver installed, but no NVIDIA device to verify it on (image baking, a VM without its GPU)
+ 16  the driver's kernel module failed to build (DKMS); the module package was rolled back, dpkg is consistent
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ HOST_BUSY = 11
 DECLINED = 12
 WRITE_FAILED = 13
 CONFLICT = 14
+NO_DEVICE = 15
+DKMS_FAILED = 16
 
 
 class GpuprovError(Exception):
@@ -91,3 +95,15 @@ class RuntimeConflict(GpuprovError):
     """The operator's own runtime / default-runtime would be replaced: theirs unless --replace-runtime."""
 
     exit_code = CONFLICT
+
+
+class NoDeviceToVerify(GpuprovError):
+    """The driver is installed and its module built, but there is no NVIDIA device here to load it on."""
+
+    exit_code = NO_DEVICE
+
+
+class DkmsBuildFailed(GpuprovError):
+    """DKMS could not build the kernel module: named with the compiler's first error; rolled back."""
+
+    exit_code = DKMS_FAILED
