@@ -109,6 +109,7 @@ class Engine(ABC):
     name: ClassVar[str]
     default_config: ClassVar[str]
     daemon_names: ClassVar[tuple[str, ...]]  # the daemon's process name(s) (/proc/PID/comm)
+    check_error: str | None = None  # why check() said False (one line, for the error after the roll-back)
 
     def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
         return Path(config or self.default_config)

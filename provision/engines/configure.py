@@ -85,8 +85,8 @@ def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: Configur
                 write_file(edit.path, edit.old, backup=False)
             if bak:
                 bak.unlink(missing_ok=True)
-        raise StepFailed(f"{eng.name} rejects the edited {path} (its own check does not show runtime "
-                         f"{req.name!r}); the change was rolled back")
+        why = eng.check_error or f"its own check does not show runtime {req.name!r}"
+        raise StepFailed(f"{eng.name} rejects the edited {path} ({why}); the change was rolled back")
     res.verified = ok
 
 

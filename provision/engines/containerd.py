@@ -1,121 +1,512 @@
-"""containerd config.toml (v1: no version key, v2, v3) edited with tomlkit, keeping comments and other settings."""
+"""containerd: gpuprov's runtime goes into a drop-in, `conf.d/99-gpuprov.toml` beside the main config, which the main
+config imports (the way `nvidia-ctk` does it). The operator's config.toml keeps every byte but one `imports` entry;
+removing the drop-in and that entry unregisters the runtime.
+
+How containerd reads imports decides what the drop-in must hold (measured with `containerd config dump`, see
+tests/unit/test_containerd_dropin.py and tests/cri/):
+- containerd 1.x (1.6 bookworm, 1.7 trixie): a plugin section in an imported file *replaces* that plugin's whole
+  section from earlier files. A drop-in holding only `runtimes.nvidia` would wipe the operator's CRI settings
+  (sandbox_image, registry mirrors, their runc entry — and with it the default runtime, so the CRI plugin would not
+  start). So on 1.x the drop-in carries the CRI section exactly as containerd reads it today (from the last file
+  that defines it: config.toml or one of its imports) plus gpuprov's runtime.
+- containerd 2.x merges imported plugin sections key by key: the drop-in holds gpuprov's keys only.
+Files are read in containerd's order (the main config, then its imports breadth first, relative paths from the
+importing file's directory, globs sorted), so what gpuprov copies is what containerd would use.
+
+After writing, `containerd config dump` (the binary of the live daemon when one reads this config, else the one on
+PATH) must show the runtime, and every setting the dump showed before must still be there with the same value;
+otherwise configure rolls both files back (engines/configure.py).
+"""
 from __future__ import annotations
 
+import copy
+import fnmatch
+import glob
+import os
+import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision import effects
-from provision.engines.base import Change, Daemon, Engine, EnginePlan, FileEdit, RuntimeRequest, flag_value, read_config
-from provision.errors import ConfigInvalid
+from provision.engines.base import Change, Daemon, Engine, EnginePlan, FileEdit, RuntimeRequest, flag_value
+from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed, UsageError
 
 CONFIG = "/etc/containerd/config.toml"
-CRI_PATHS = {
-    1: ("plugins", "cri", "containerd"),
-    2: ("plugins", "io.containerd.grpc.v1.cri", "containerd"),
-    3: ("plugins", "io.containerd.cri.v1.runtime", "containerd"),
-}
+DROPIN = Path("conf.d") / "99-gpuprov.toml"  # relative to the main config's directory
+# The CRI plugin's table per config version: runtimes live in its `containerd.runtimes`; enable_cdi and
+# cdi_spec_dirs directly in it (version 3 split the CRI plugin; the runtime part holds all three).
+CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+CDI_DIRS = ["/etc/cdi", "/var/run/cdi"]
+RUNC_TYPE = "io.containerd.runc.v2"
+ZERO = ("", 0, False, [], {})  # Go's zero values as a dump shows them
+# A CRI runtime handler name (Kubernetes RuntimeClass.handler is a DNS label).
+HANDLER_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+HEADER = ("# Written by gpuprov (engine configure containerd): its GPU runtime as a CRI handler.\n"
+          "# To unregister, remove this file and its entry in the main config's `imports`.\n")
 
+
+@dataclass(frozen=True)
+class Binary:
+    """The containerd that will read the config: its path and version decide the import semantics and CDI."""
+
+    path: str | None
+    version: tuple[int, int] | None  # (major, minor); None: unknown (no binary)
+
+    @property
+    def deep_merge(self) -> bool:
+        return self.version is not None and self.version >= (2, 0)
+
+    @property
+    def cdi(self) -> bool:
+        """CDI in the CRI plugin (`enable_cdi`) exists from 1.7. Unknown: written (1.6 ignores the key)."""
+        return self.version is None or self.version >= (1, 7)
+
+    @property
+    def native_version(self) -> int:
+        return 3 if self.deep_merge else 2
+
+
+def binary_version(path: str) -> tuple[int, int] | None:
+    """`containerd --version` → (major, minor), e.g. "containerd github.com/containerd/containerd/v2 2.1.9+unknown"."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"\sv?(\d+)\.(\d+)\.\d+", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def find_binary(live_exe: str | None = None) -> Binary:
+    import shutil
+
+    path = live_exe or shutil.which("containerd")
+    return Binary(path, binary_version(path) if path else None)
+
+
+# --- reading configs as containerd does ----------------------------------------------------------------------------
 
 @dataclass
-class TomlResult:
-    text: str
-    changed: bool
-    changes: list[str] = field(default_factory=list)
+class Source:
+    path: Path
+    doc: dict  # plain values
+    version: int
+
+    def cri(self) -> dict | None:
+        node = self.doc.get("plugins", {}).get(CRI_PLUGIN[self.version])
+        return node if isinstance(node, dict) else None
 
 
-def _table(parent, key):
-    import tomlkit
-
-    if key not in parent:
-        parent[key] = tomlkit.table()
-    return parent[key]
-
-
-def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default: bool = False,
-          cdi: bool = False, new_version: int = 2, path: str = CONFIG) -> TomlResult:
+def parse(text: str, path: Path | str):
+    """A tomlkit document of a containerd config, refused (ConfigInvalid, exit 6) where containerd would refuse it
+    or where gpuprov could not edit it without losing something: not TOML, duplicate keys, `version` not an
+    integer containerd knows, `imports` not a list of strings, a runtime that is not a table."""
     import tomlkit
 
     try:
-        doc = tomlkit.parse(text) if text.strip() else tomlkit.document()
-    except Exception as exc:  # tomlkit raises its own ParseError subclasses
-        raise ConfigInvalid(f"{path} is not valid TOML ({exc}); fix it, then run again (the file was not changed)") from None
-    if not text.strip():
-        doc["version"] = new_version
-    version = int(doc.get("version", 1))
-    if version not in CRI_PATHS:
-        raise ConfigInvalid(f"{path}: unsupported config version {version}; gpuprov knows 1, 2 and 3")
-    node = doc
-    for k in CRI_PATHS[version]:
-        node = _table(node, k)
-    cri_plugin = doc["plugins"][CRI_PATHS[version][1]]
-    runtimes = _table(node, "runtimes")
-    before = tomlkit.dumps(doc)
-    rt = _table(runtimes, runtime_name)
-    rt["runtime_type"] = "io.containerd.runc.v2"
-    opts = _table(rt, "options")
-    runc_opts = runtimes.get("runc", {}).get("options", {}) if "runc" in runtimes else {}
-    for k, v in runc_opts.items():  # keep the runc entry's options (e.g. SystemdCgroup) for ours
-        if k != "BinaryName" and k not in opts:
-            opts[k] = v
-    opts["BinaryName"] = runtime_path
-    if default:
-        node["default_runtime_name"] = runtime_name
-    if cdi:
-        cri_plugin["enable_cdi"] = True
-        if "cdi_spec_dirs" not in cri_plugin:
-            cri_plugin["cdi_spec_dirs"] = ["/etc/cdi", "/var/run/cdi"]
-    after = tomlkit.dumps(doc)
-    if after == before and text.strip():
-        return TomlResult(text, False, [])
-    changes = [f"{'.'.join(CRI_PATHS[version])}.runtimes.{runtime_name} -> {runtime_path}"]
-    if default:
-        changes.append(f"default_runtime_name -> {runtime_name}")
-    if cdi:
-        changes.append("enable_cdi -> true")
-    return TomlResult(after, True, changes)
+        doc = tomlkit.parse(text)
+    except Exception as exc:  # tomlkit's ParseError subclasses (duplicate keys included)
+        raise ConfigInvalid(f"{path} is not valid TOML ({exc}); fix it, then run again (the file was not "
+                            "changed)") from None
+    plain = doc.unwrap()
+    version = plain.get("version", 1)
+    if type(version) is not int or version not in CRI_PLUGIN:
+        raise ConfigInvalid(f"{path}: `version = {tomlkit.item(version).as_string()}` is not a containerd config "
+                            "version (an integer: 1, 2 or 3); fix it, then run again (the file was not changed)")
+    imports = plain.get("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+        raise ConfigInvalid(f"{path}: `imports` must be a list of file names; fix it, then run again (the file "
+                            "was not changed)")
+    cri = plain.get("plugins", {}).get(CRI_PLUGIN[version], {}) if isinstance(plain.get("plugins"), dict) else {}
+    runtimes = cri.get("containerd", {}).get("runtimes", {}) if isinstance(cri, dict) else {}
+    for name, rt in (runtimes.items() if isinstance(runtimes, dict) else [("", runtimes)]):
+        if not isinstance(rt, dict) or not isinstance(rt.get("options", {}), dict):
+            raise ConfigInvalid(f"{path}: runtime {name!r} is not a table; fix it, then run again (the file was "
+                                "not changed)")
+    return doc
 
 
-def runtime_in_dump(dump_text: str, runtime_name: str) -> bool:
-    """Whether `containerd config dump` output lists our runtime (any config version)."""
-    import tomlkit
+def _read(path: Path) -> str | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigInvalid(f"cannot read {path}: {exc.strerror}; the file was not changed") from None
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise ConfigInvalid(f"{path} is not UTF-8 text (byte {exc.start}); fix it, then run again (the file was "
+                            "not changed)") from None
 
-    doc = tomlkit.parse(dump_text).unwrap()
-    for path in CRI_PATHS.values():
-        node = doc
-        for k in path:
-            node = node.get(k, {}) if isinstance(node, dict) else {}
-        if runtime_name in (node.get("runtimes") or {}):
+
+def resolve_imports(importer: Path, entries: list[str]) -> list[Path]:
+    """containerd's resolveImports: relative to the importing file's directory; globs expanded and sorted."""
+    out: list[Path] = []
+    for e in entries:
+        p = e if os.path.isabs(e) else os.path.join(os.path.dirname(importer), e)
+        if any(c in p for c in "*?["):
+            out += [Path(x) for x in sorted(glob.glob(p))]
+        else:
+            out.append(Path(p))
+    return out
+
+
+def _same(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def load_chain(main: Path, main_doc, skip: Path) -> list[Source]:
+    """The files containerd reads for `main`, in its order (breadth first, each once), without `skip` (our own
+    drop-in: what it holds is what we are about to compute)."""
+    sources: list[Source] = []
+    pending: list[tuple[Path, object]] = [(main, main_doc)]
+    seen: set[str] = set()
+    while pending:
+        path, doc = pending.pop(0)
+        key = os.path.realpath(path)
+        if key in seen:
+            continue
+        seen.add(key)
+        if doc is None:
+            text = _read(path)
+            if text is None:
+                raise ConfigInvalid(f"{path} (imported by the containerd config) does not exist: containerd would "
+                                    "not start; fix the `imports` list, then run again (nothing was changed)")
+            doc = parse(text, path)
+        plain = doc.unwrap()
+        if not _same(path, skip):
+            sources.append(Source(path, plain, plain.get("version", 1)))
+        pending += [(p, None) for p in resolve_imports(path, plain.get("imports", []))]
+    return sources
+
+
+def imports_cover(main: Path, entries: list[str], target: Path) -> bool:
+    """Whether one of `entries` (as containerd resolves them) names `target`, existing yet or not."""
+    t = os.path.realpath(target)
+    for e in entries:
+        p = e if os.path.isabs(e) else os.path.join(os.path.dirname(main), e)
+        if os.path.realpath(p) == t or (any(c in p for c in "*?[") and fnmatch.fnmatch(t, os.path.realpath(p))):
             return True
     return False
 
 
+def _non_zero(d: dict) -> dict:
+    """A dump's entry without Go zero values ("", 0, false, []): an entry containerd decodes from a file starts from
+    zero values, so leaving them out changes nothing and keeps the drop-in short."""
+    out = {}
+    for k, v in d.items():
+        v = _non_zero(v) if isinstance(v, dict) else v
+        if v not in ZERO or v is True:
+            out[k] = v
+    return out
+
+
+def _merge_deep(into: dict, new: dict) -> dict:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge_deep(into[k], v)
+        else:
+            into[k] = copy.deepcopy(v)
+    return into
+
+
+def effective_cri(sources: list[Source], binary: Binary, version: int) -> dict:
+    """The CRI plugin table containerd would use, as the operator wrote it (no defaults). 1.x: the last file that
+    defines it wins whole; 2.x: all files merged key by key."""
+    mine = [s for s in sources if s.cri() is not None]
+    other = [s for s in mine if s.version != version]
+    if other and not binary.deep_merge:
+        raise ConfigInvalid(f"{other[0].path} is a version-{other[0].version} containerd config and defines the CRI "
+                            f"plugin, but {sources[0].path} is version {version}: make them one version "
+                            "(`containerd config migrate`), then run again (nothing was changed)")
+    if binary.deep_merge:
+        out: dict = {}
+        for s in mine:
+            if s.version == version:
+                _merge_deep(out, s.cri())
+        return out
+    return copy.deepcopy(mine[-1].cri()) if mine else {}
+
+
+# --- the plan --------------------------------------------------------------------------------------------------------
+
+@dataclass
+class DropinPlan:
+    """The two files (main config, drop-in) as they are and as gpuprov would write them, and what changes."""
+
+    main: Path
+    dropin: Path
+    main_old: str | None
+    main_new: str
+    dropin_old: str | None
+    dropin_new: str
+    changes: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def edits(self) -> list[tuple[Path, str | None, str]]:
+        """Drop-in first: the import line must never name a file that is not there yet."""
+        return [(p, o, n) for p, o, n in ((self.dropin, self.dropin_old, self.dropin_new),
+                                         (self.main, self.main_old, self.main_new)) if o != n]
+
+
+def validate_request(name: str, path: str) -> None:
+    if not HANDLER_RE.match(name):
+        raise UsageError(f"runtime name {name!r} is not a CRI handler name (lowercase letters, digits and '-', at "
+                         "most 63, as Kubernetes' RuntimeClass.handler): e.g. --runtime-name nvidia")
+    if not os.path.isabs(path) or any(ord(c) < 32 or c == "\x7f" for c in path) or ".." in Path(path).parts:
+        raise UsageError(f"runtime path {path!r} must be an absolute path without '..' or control characters: e.g. "
+                         "--runtime-path /usr/local/bin/gpuprov-runtime")
+
+
+def dropin_path(main: Path) -> Path:
+    return main.parent / DROPIN
+
+
+def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = False, cdi: bool = False,
+         replace: bool = False, binary: Binary, runc_from_dump: dict | None = None) -> DropinPlan:
+    """What configuring containerd would write. Reads files only. `runc_from_dump`: the runc entry exactly as
+    `containerd config dump` shows it (defaults filled in), used where the operator wrote none."""
+    import tomlkit
+
+    validate_request(runtime_name, runtime_path)
+    dropin = dropin_path(main)
+    main_old = _read(main)
+    main_doc = parse(main_old, main) if main_old is not None else tomlkit.document()
+    version = main_doc.unwrap().get("version", 1) if main_old is not None else binary.native_version
+    if version == 1 and binary.deep_merge:
+        raise ConfigInvalid(f"{main} is a version-1 containerd config, which containerd "
+                            f"{'.'.join(map(str, binary.version))} no longer reads: run `containerd config migrate`, "
+                            "then run again (nothing was changed)")
+    sources = load_chain(main, main_doc, dropin) if main_old is not None else []
+    cri = effective_cri(sources, binary, version)
+    runtimes = cri.get("containerd", {}).get("runtimes", {})
+    theirs = runtimes.get(runtime_name)
+    if theirs is not None and theirs.get("options", {}).get("BinaryName") != runtime_path and not replace:
+        raise RuntimeConflict(f"containerd already has a runtime {runtime_name!r} "
+                              f"({theirs.get('options', {}).get('BinaryName') or theirs.get('runtime_type')}): it is "
+                              f"yours, so gpuprov leaves it; use another --runtime-name, or --replace-runtime to "
+                              "replace it (nothing was changed)")
+    current_default = cri.get("containerd", {}).get("default_runtime_name")
+    if default and current_default not in (None, "runc", runtime_name) and not replace:
+        raise RuntimeConflict(f"containerd's default runtime is {current_default!r}, set by you: gpuprov leaves it; "
+                              "drop --default, or add --replace-runtime (nothing was changed)")
+
+    # The runc entry as containerd uses it: from its own dump when there is a binary (defaults such as 2.x's
+    # `sandboxer` filled in), else as written in the files.
+    runc = _non_zero(runc_from_dump or {}) or runtimes.get("runc") or {"runtime_type": RUNC_TYPE}
+    # Ours: the runc entry's settings (SystemdCgroup, sandboxer, …) with gpuprov's runtime as the binary. Never a
+    # previous entry of the same name: its args and options belonged to another binary.
+    ours = copy.deepcopy(runc)
+    ours["runtime_type"] = RUNC_TYPE
+    ours.setdefault("options", {})["BinaryName"] = runtime_path
+    changes = [(f"{CRI_PLUGIN[version]}.containerd.runtimes.{runtime_name}", runtime_path)]
+    warnings: list[str] = []
+    if binary.deep_merge:
+        section: dict = {"containerd": {"runtimes": {runtime_name: ours}}}
+    else:
+        section = copy.deepcopy(cri)
+        rts = section.setdefault("containerd", {}).setdefault("runtimes", {})
+        # An explicit runtimes table replaces containerd's default one: keep a runc entry (the default handler).
+        rts.setdefault("runc", copy.deepcopy(runc))
+        rts[runtime_name] = ours
+    if default:
+        section.setdefault("containerd", {})["default_runtime_name"] = runtime_name
+        changes.append(("default_runtime_name", runtime_name))
+    if cdi:
+        if binary.cdi:
+            section["enable_cdi"] = True
+            section["cdi_spec_dirs"] = cri.get("cdi_spec_dirs", CDI_DIRS)
+            changes.append(("enable_cdi", "true"))
+        else:
+            warnings.append(f"containerd {'.'.join(map(str, binary.version))} has no CDI support (1.7 and later "
+                            "have): GPUs reach containers through the runtime (device plugin envvar or "
+                            "volume-mounts strategy)")
+    doc = tomlkit.document()
+    doc["version"] = version
+    doc["plugins"] = {CRI_PLUGIN[version]: section}
+    dropin_new = HEADER + tomlkit.dumps(doc)
+
+    main_new = main_old
+    imports = main_doc.unwrap().get("imports", [])
+    if not imports_cover(main, imports, dropin):
+        if "imports" in main_doc:
+            main_doc["imports"].append(str(dropin))
+        else:
+            main_doc["imports"] = [str(dropin)]
+        if main_old is None:
+            main_doc["version"] = version
+        main_new = tomlkit.dumps(main_doc)
+        changes.append(("imports", f"+ {dropin}"))
+    return DropinPlan(main, dropin, main_old, main_new or "", _read(dropin), dropin_new, changes, warnings)
+
+
+# --- checks with containerd itself ---------------------------------------------------------------------------------
+
+def config_dump(binary: str, main: Path) -> dict:
+    """`containerd --config MAIN config dump` as data (its stdout; warnings go to stderr)."""
+    try:
+        p = subprocess.run([binary, "--config", str(main), "config", "dump"], capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StepFailed(f"`{binary} config dump` could not run: {exc}") from None
+    if p.returncode != 0:
+        raise StepFailed(f"`{binary} --config {main} config dump` failed: {p.stderr.strip()[-300:]}")
+    return _toml_loads(p.stdout)
+
+
+def dump_cri(dump: dict) -> dict:
+    """The CRI runtime table of a dump (dumps are always the binary's native version: 2 on 1.x, 3 on 2.x)."""
+    plugins = dump.get("plugins", {})
+    return plugins.get(CRI_PLUGIN[dump.get("version", 2)], {})
+
+
+def dump_runtime(dump: dict, runtime_name: str) -> dict | None:
+    return dump_cri(dump).get("containerd", {}).get("runtimes", {}).get(runtime_name)
+
+
+def runtime_in_dump(dump_text: str, runtime_name: str) -> bool:
+    """Whether `containerd config dump` output (its text) lists the runtime (verify uses it on remote hosts)."""
+    try:
+        return dump_runtime(_toml_loads(dump_text), runtime_name) is not None
+    except ValueError:
+        return False
+
+
+def _toml_loads(text: str) -> dict:
+    try:
+        import tomllib  # Python >= 3.11
+    except ModuleNotFoundError:  # pragma: no cover - hosts with Python 3.9/3.10
+        import tomlkit
+
+        try:
+            return tomlkit.parse(text).unwrap()
+        except Exception as exc:
+            raise ValueError(str(exc)) from None
+    return tomllib.loads(text)
+
+
+def _leaves(d, prefix=()):
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from _leaves(v, (*prefix, k))
+    else:
+        yield prefix, d
+
+
+def lost_settings(before: dict, after: dict, *, runtime_name: str, default: bool, cdi: bool) -> list[str]:
+    """Settings `containerd config dump` showed before that are gone or changed after, except gpuprov's own."""
+    cri = ("plugins", CRI_PLUGIN[before.get("version", 2)])
+    ours = {(*cri, "containerd", "runtimes", runtime_name), ("imports",)}
+    if default:
+        ours.add((*cri, "containerd", "default_runtime_name"))
+    if cdi:
+        ours |= {(*cri, "enable_cdi"), (*cri, "cdi_spec_dirs")}
+    lost = []
+    for path, value in _leaves(before):
+        if any(path[:len(o)] == o for o in ours):
+            continue
+        node = after
+        for k in path:
+            node = node.get(k, KeyError) if isinstance(node, dict) else KeyError
+        if node != value and not (node is KeyError and value in ZERO):  # an absent key reads as Go's zero value
+            lost.append(".".join(path))
+    return lost
+
+
+def check_dump(binary: str, main: Path, *, runtime_name: str, runtime_path: str, default: bool, cdi: bool,
+               before: dict | None) -> str | None:
+    """None when containerd reads the written config as intended; else why not (one line)."""
+    try:
+        after = config_dump(binary, main)
+    except StepFailed as exc:
+        return str(exc)
+    rt = dump_runtime(after, runtime_name)
+    if rt is None or rt.get("options", {}).get("BinaryName") != runtime_path:
+        return f"`containerd config dump` does not show runtime {runtime_name!r} -> {runtime_path}"
+    if default and dump_cri(after).get("containerd", {}).get("default_runtime_name") != runtime_name:
+        return f"`containerd config dump` does not show default_runtime_name = {runtime_name!r}"
+    if before is not None:
+        lost = lost_settings(before, after, runtime_name=runtime_name, default=default, cdi=cdi)
+        if lost:
+            return f"the edit would change settings of yours: {', '.join(lost[:5])}"
+    return None
+
+
+# --- the adapter ---------------------------------------------------------------------------------------------------
+
 class ContainerdEngine(Engine):
-    """containerd on the Engine interface (a straight port of the previous behaviour: the main config edited in
-    place, checked with `containerd config dump`, restarted under systemd)."""
+    """containerd behind the Engine interface: plan = the drop-in and the `imports` entry; check = `containerd config
+    dump` (runtime listed, nothing of the operator's changed; else configure rolls both files back); apply = a
+    restart (containerd reads its config only at start)."""
 
     name = "containerd"
     default_config = CONFIG
     daemon_names = ("containerd",)
 
+    def __init__(self) -> None:
+        self.binary: Binary | None = None
+        self.before: dict | None = None
+        self.restarted = False
+
+    def find_binary(self, path: Path) -> Binary:
+        """The live daemon's own binary when one reads this config (its version is what counts), else PATH's."""
+        daemon = self.live_daemon(path)
+        exe = None
+        if daemon is not None:
+            try:
+                exe = os.readlink(f"/proc/{daemon.pid}/exe")
+                exe = exe if daemon.in_our_mount_namespace() and os.path.exists(exe) else None
+            except OSError:
+                exe = None
+        return find_binary(exe)
+
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
-        old = read_config(path)
-        m = merge(old or "", runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi,
-                  path=str(path))
+        validate_request(req.name, req.path)
+        self.binary = self.find_binary(path)
+        if path.exists():
+            _ = parse(_read(path) or "", path)  # refuse an invalid file before asking containerd anything
+        if self.binary.path:
+            try:
+                self.before = config_dump(self.binary.path, path)
+            except StepFailed as exc:
+                raise ConfigInvalid(f"containerd itself rejects {path} as it is ({exc}); fix it, then run again "
+                                    "(nothing was changed)") from None
+        p = plan(path, runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi,
+                 replace=req.replace, binary=self.binary,
+                 runc_from_dump=dump_runtime(self.before, "runc") if self.before else None)
         # containerd re-reads its config only at start: every change needs a restart.
-        changes = [Change(*c.split(" -> ", 1), reload=False) for c in m.changes]
-        return EnginePlan([FileEdit(path, old, m.text)] if m.changed else [], changes)
+        return EnginePlan([FileEdit(f, old, new) for f, old, new in p.edits],
+                          [Change(k, v, reload=False) for k, v in p.changes] if p.edits else [], p.warnings)
 
     def daemon_config(self, argv: list[str]) -> str:
         return flag_value(argv, ("--config", "-c")) or CONFIG
 
     def check(self, path: Path, req: RuntimeRequest) -> bool | None:
-        if not effects.which("containerd"):
+        if not (self.binary and self.binary.path):
             return None
-        dump = effects.run(["containerd", "--config", str(path), "config", "dump"], check=False)
-        return dump.returncode == 0 and runtime_in_dump(dump.output, req.name)
+        self.check_error = check_dump(self.binary.path, path, runtime_name=req.name, runtime_path=req.path,
+                                      default=req.default, cdi=req.cdi, before=self.before)
+        return self.check_error is None
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
-        if effects.has_systemd():
+        if effects.has_systemd() and daemon.in_our_mount_namespace():
             effects.run(["systemctl", "restart", "containerd"], check=False)
+            self.restarted = True
             return "systemctl restart containerd"
-        return f"restart containerd (pid {daemon.pid}) to apply the change (no systemd here)"
+        return f"restart containerd (pid {daemon.pid}) to apply the change (it reads its config only at start)"
+
+    def verify(self, daemon: Daemon, req: RuntimeRequest, *, wait: bool = True) -> bool | None:
+        """After a restart: the CRI plugin loaded (`ctr plugins ls`: a CRI config containerd cannot use leaves it in
+        `error`, and kubelet without a runtime)."""
+        ctr = effects.which("ctr")
+        if not (self.restarted and ctr and self.before is not None):
+            return None
+        address = self.before.get("grpc", {}).get("address") or "/run/containerd/containerd.sock"
+
+        def cri_ok() -> bool:
+            p = effects.run([ctr, "--address", address, "plugins", "ls"], check=False, timeout=10)
+            return any(ln.split()[1:2] == [CRI_PLUGIN[2]] and ln.split()[-1] == "ok" for ln in p.output.splitlines())
+
+        return effects.wait_for(cri_ok, 30 if wait else 0)
