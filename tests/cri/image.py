@@ -1,0 +1,106 @@
+"""A local OCI image for CRI tests (no registry here): this host's sh, ls, cat, sleep and the C libraries they load,
+packed as an OCI image archive that `ctr images import` reads. It serves as the pod sandbox ("pause") image —
+its entrypoint sleeps — and as the workload image."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+
+BINARIES = ("sh", "ls", "cat", "sleep", "echo")
+NAME = "docker.io/gpuprov-test/ctrd-pause:1"  # the normalised name CRI resolves "gpuprov-test/ctrd-pause:1" to
+
+
+def _libs(binary: str) -> list[str]:
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    libs = []
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) > 2 and parts[2].startswith("/"):
+            libs.append(parts[2])
+        elif parts and parts[0].startswith("/"):
+            libs.append(parts[0])
+    return libs
+
+
+def _layer() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        done: set[str] = set()
+
+        def add_dir(d: str) -> None:
+            parts = d.strip("/").split("/")
+            for i in range(1, len(parts) + 1):
+                p = "/".join(parts[:i])
+                if p and p not in done:
+                    info = tarfile.TarInfo(p)
+                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+                    tar.addfile(info)
+                    done.add(p)
+
+        def add_file(src: str, arc: str) -> None:
+            arc = arc.lstrip("/")
+            if arc in done:
+                return
+            add_dir(os.path.dirname(arc))
+            info = tar.gettarinfo(os.path.realpath(src), arcname=arc)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with open(os.path.realpath(src), "rb") as fh:
+                tar.addfile(info, fh)
+            done.add(arc)
+
+        for d in ("bin", "dev", "proc", "sys", "tmp", "etc", "usr/lib/x86_64-linux-gnu", "run", "var/run"):
+            add_dir(d)
+        for b in BINARIES:
+            path = shutil.which(b)
+            add_file(path, f"/bin/{b}")
+            for lib in _libs(path):
+                add_file(lib, lib)
+        # Debian's loader layout: the runtime mounts driver libraries where this image's loader looks.
+        add_file("/etc/debian_version", "/etc/debian_version")
+    return buf.getvalue()
+
+
+def oci_archive(name: str = NAME) -> bytes:
+    """An OCI image layout (index.json, oci-layout, blobs) in a tar, named `name` for `ctr images import`."""
+    blobs: dict[str, bytes] = {}
+
+    def blob(data: bytes) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"digest": digest, "size": len(data)}
+
+    layer = _layer()
+    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/bin/sleep", "infinity"], "Env": ["PATH=/bin"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    }).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(layer)}],
+    }).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", **blob(manifest),
+        "platform": {"architecture": "amd64", "os": "linux"},
+        "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]},
+    }]}).encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
+        files.update({f"blobs/sha256/{d.split(':')[1]}": data for d, data in blobs.items()})
+        for d in ("blobs", "blobs/sha256"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for arc, data in files.items():
+            info = tarfile.TarInfo(arc)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
