@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision import effects
+from provision.engines import cri as cri_names
 from provision.engines.base import Change, Daemon, Engine, EnginePlan, FileEdit, RuntimeRequest, flag_value
-from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed, UsageError
+from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 
 CONFIG = "/etc/containerd/config.toml"
 DROPIN = Path("conf.d") / "99-gpuprov.toml"  # relative to the main config's directory
@@ -40,8 +41,6 @@ CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1
 CDI_DIRS = ["/etc/cdi", "/var/run/cdi"]
 RUNC_TYPE = "io.containerd.runc.v2"
 ZERO = ("", 0, False, [], {})  # Go's zero values as a dump shows them
-# A CRI runtime handler name (Kubernetes RuntimeClass.handler is a DNS label).
-HANDLER_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 HEADER = ("# Written by gpuprov (engine configure containerd): its GPU runtime as a CRI handler.\n"
           "# To unregister, remove this file and its entry in the main config's `imports`.\n")
 
@@ -251,15 +250,6 @@ class DropinPlan:
                                          (self.main, self.main_old, self.main_new)) if o != n]
 
 
-def validate_request(name: str, path: str) -> None:
-    if not HANDLER_RE.match(name):
-        raise UsageError(f"runtime name {name!r} is not a CRI handler name (lowercase letters, digits and '-', at "
-                         "most 63, as Kubernetes' RuntimeClass.handler): e.g. --runtime-name nvidia")
-    if not os.path.isabs(path) or any(ord(c) < 32 or c == "\x7f" for c in path) or ".." in Path(path).parts:
-        raise UsageError(f"runtime path {path!r} must be an absolute path without '..' or control characters: e.g. "
-                         "--runtime-path /usr/local/bin/gpuprov-runtime")
-
-
 def dropin_path(main: Path) -> Path:
     return main.parent / DROPIN
 
@@ -270,7 +260,7 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
     `containerd config dump` shows it (defaults filled in), used where the operator wrote none."""
     import tomlkit
 
-    validate_request(runtime_name, runtime_path)
+    cri_names.validate(runtime_name, runtime_path)
     dropin = dropin_path(main)
     main_old = _read(main)
     main_doc = parse(main_old, main) if main_old is not None else tomlkit.document()
@@ -331,12 +321,12 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
     main_new = main_old
     imports = main_doc.unwrap().get("imports", [])
     if not imports_cover(main, imports, dropin):
+        if main_old is None:
+            main_doc["version"] = version
         if "imports" in main_doc:
             main_doc["imports"].append(str(dropin))
         else:
             main_doc["imports"] = [str(dropin)]
-        if main_old is None:
-            main_doc["version"] = version
         main_new = tomlkit.dumps(main_doc)
         changes.append(("imports", f"+ {dropin}"))
     return DropinPlan(main, dropin, main_old, main_new or "", _read(dropin), dropin_new, changes, warnings)
@@ -463,13 +453,14 @@ class ContainerdEngine(Engine):
         return find_binary(exe)
 
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
-        validate_request(req.name, req.path)
+        cri_names.validate(req.name, req.path)
         self.binary = self.find_binary(path)
-        if path.exists():
-            _ = parse(_read(path) or "", path)  # refuse an invalid file before asking containerd anything
+        if path.exists():  # refuse what gpuprov cannot read (exit 6) before asking containerd anything
+            load_chain(path, parse(_read(path) or "", path), dropin_path(path))
         if self.binary.path:
             try:
-                self.before = config_dump(self.binary.path, path)
+                # No config yet: containerd's defaults (an empty file reads as one).
+                self.before = config_dump(self.binary.path, path if path.exists() else Path("/dev/null"))
             except StepFailed as exc:
                 raise ConfigInvalid(f"containerd itself rejects {path} as it is ({exc}); fix it, then run again "
                                     "(nothing was changed)") from None
@@ -488,6 +479,10 @@ class ContainerdEngine(Engine):
             return None
         self.check_error = check_dump(self.binary.path, path, runtime_name=req.name, runtime_path=req.path,
                                       default=req.default, cdi=req.cdi, before=self.before)
+        if self.check_error and "does not show runtime" in self.check_error and not self.binary.deep_merge:
+            self.check_error += (f"; containerd {'.'.join(map(str, self.binary.version or ()))} lets a file imported "
+                                 f"after {dropin_path(path)} that defines the CRI plugin replace its whole section: "
+                                 "import gpuprov's drop-in last")
         return self.check_error is None
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:

@@ -1,17 +1,17 @@
-"""Engine configuration: daemon.json merge (with a property test), dockerd flag clashes, containerd v1/v2/v3, CRI-O."""
+"""Engine configuration: daemon.json merge (with a property test), dockerd flag clashes. containerd and CRI-O:
+tests/unit/test_containerd_dropin.py, tests/unit/test_crio_dropin.py."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provision.engines import containerd, crio, docker
+from provision.engines import docker
 from provision.engines.configure import configure
 from provision.errors import ConfigInvalid, RuntimeConflict
-from tests.conftest import needs, run_cli
+from tests.conftest import run_cli
 
 RT = "/usr/local/bin/gpuprov-runtime"
 USER_DOC = {"data-root": "/srv/docker", "insecure-registries": ["registry.local:5000"],
@@ -120,73 +120,3 @@ def test_flag_clash_detected(tmp_path):
     assert p.read_text() == '{"data-root": "/srv"}'
     res = configure("docker", config=str(p), runtime_path=RT, restart=False, unit_root=tmp_path)
     assert any("data-root" in w for w in res.warnings)  # a user clash we did not cause: explained, not fatal
-
-
-V1 = """# my containerd config
-[plugins.cri.containerd]
-  snapshotter = "overlayfs"
-"""
-V2 = """version = 2
-# keep me
-[plugins."io.containerd.grpc.v1.cri".containerd]
-  default_runtime_name = "runc"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-      SystemdCgroup = true
-"""
-V3 = """version = 3
-# containerd 2.x
-[plugins."io.containerd.cri.v1.runtime".containerd]
-  default_runtime_name = "runc"
-"""
-
-
-@pytest.mark.parametrize("text,version", [(V1, 1), (V2, 2), (V3, 3)])
-def test_containerd_versions(text, version):
-    import tomllib
-
-    m = containerd.merge(text, runtime_path=RT, default=True, cdi=True)
-    doc = tomllib.loads(m.text)
-    node = doc
-    for k in containerd.CRI_PATHS[version]:
-        node = node[k]
-    assert node["runtimes"]["nvidia"]["options"]["BinaryName"] == RT
-    assert node["default_runtime_name"] == "nvidia"
-    assert all(ln in m.text for ln in text.splitlines() if ln.startswith("#"))  # comments kept
-    assert not containerd.merge(m.text, runtime_path=RT, default=True, cdi=True).changed
-    if version == 2:
-        assert node["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is True  # copied from runc's options
-        assert "# keep me" in m.text
-
-
-@needs("containerd")
-@pytest.mark.parametrize("text", [V1, V2])
-def test_containerd_config_dump_real(tmp_path, text):
-    """containerd itself parses the result and lists the runtime (`containerd config dump`)."""
-    p = tmp_path / "config.toml"
-    p.write_text(containerd.merge(text, runtime_path=RT).text)
-    out = subprocess.run(["containerd", "--config", str(p), "config", "dump"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert containerd.runtime_in_dump(out.stdout, "nvidia")
-
-
-def test_containerd_invalid_untouched(tmp_path):
-    p = tmp_path / "config.toml"
-    p.write_text("version = 2\n[plugins.\n")
-    with pytest.raises(ConfigInvalid):
-        configure("containerd", config=str(p), runtime_path=RT, restart=False)
-    assert p.read_text() == "version = 2\n[plugins.\n"
-
-
-def test_crio_dropin(tmp_path):
-    import tomllib
-
-    text = crio.render(runtime_path=RT, default=True)
-    doc = tomllib.loads(text)
-    assert doc["crio"]["runtime"]["default_runtime"] == "nvidia"
-    assert doc["crio"]["runtime"]["runtimes"]["nvidia"] == {"runtime_path": RT, "runtime_type": "oci",
-                                                            "runtime_root": "/run/gpuprov-runtime"}
-    p = tmp_path / "99.toml"
-    assert configure("crio", config=str(p), runtime_path=RT, restart=False).changed
-    assert not configure("crio", config=str(p), runtime_path=RT, restart=False).changed
