@@ -106,9 +106,11 @@ def _shim_bundle_dirs(pid: int, proc: str) -> list[str]:
 def _config_candidates(cid: str, pid: int, proc: str) -> list[str]:
     out = []
     for d in _shim_bundle_dirs(pid, proc):
-        out.append(os.path.join(d, "config.json"))
-        # grouped shims (one per pod) run in the sandbox's bundle: the container's is its sibling
-        out.append(os.path.join(os.path.dirname(d.rstrip("/")), cid, "config.json"))
+        d = d.rstrip("/")
+        if cid in d.split("/"):  # the container's own bundle (containerd: .../<id>, CRI-O: .../<id>/userdata)
+            out.append(os.path.join(d, "config.json"))
+        # one shim per pod (containerd's CRI) runs in the sandbox's bundle: the container's is its sibling
+        out.append(os.path.join(os.path.dirname(d), cid, "config.json"))
     for root in _BUNDLE_ROOTS:
         try:
             out += [os.path.join(root, ns, cid, "config.json") for ns in os.listdir(root)]
@@ -136,7 +138,8 @@ def _resolve(cid: str, engine: str, pid: int, proc: str) -> ContainerRef:
             continue
         names = _names(spec.get("annotations") or {})
         if names:
-            return ContainerRef(cid, "cri-o" if "io.kubernetes.pod.name" in spec["annotations"] else engine, *names)
+            cri = "containerd" if any(k in spec["annotations"] for k in _NAME_KEYS[0]) else "cri-o"
+            return ContainerRef(cid, cri, *names)
         if engine != "docker":
             return ContainerRef(cid, engine, cid[:12])
     if engine == "docker":

@@ -1,0 +1,64 @@
+"""Kubernetes node path in CI: bookworm's containerd 1.6, private (tests/cri harness), configured by
+`gpuprov k8s node`; a pod through handler `nvidia` (gpuprov-runtime, fake driver root from the H200 capture) created
+over the CRI gRPC API as kubelet would; the container's real process is mapped by gpuprov's process->container code
+to the pod, namespace and container names that `gpuprov metrics` puts on container_accelerator_*."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs
+from tests.inject_helpers import settings
+
+pytestmark = [pytest.mark.integration, needs("containerd", "runc")]
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    from tests import k8s_cri
+    from tests.cri.harness import Containerd
+
+    base = tmp_path_factory.mktemp("k8snode")
+    s = settings(base)
+    env = {"GPUPROV_RUNTIME_CONFIG": str(base / "runtime.json")}
+    r = k8s_cri.gpuprov("runtime", "install", "--prefix", str(base / "rt"), "--driver-root", s["driver_root"],
+                        "--dev-root", s["dev_root"], "--proc-root", s["proc_root"], "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((base / "runtime.json").read_text())
+    (base / "runtime.json").write_text(json.dumps({**cfg, "cache": str(base / "discovery.json")}))
+    c = Containerd(Path(shutil.which("containerd")).parent, env=env)
+    res = k8s_cri.k8s_node(c, str(base / "rt/bin/gpuprov-runtime"), env=env)
+    c.start(c.base / "config.toml")
+    c.import_image()
+    pods = k8s_cri.Pods(c)
+    yield c, pods, res
+    pods.close()
+    c.cleanup()
+
+
+def test_handler_from_gpuprov_dropin(node):
+    c, _, res = node
+    assert any(ch.startswith("containerd: ") for ch in res["changed"])
+    dump = c.ctr("version")  # containerd answers with gpuprov's drop-in loaded
+    assert dump.returncode == 0
+
+
+def test_cri_pod_through_handler_mapped_to_its_names(node):
+    from provision.metrics.containers import ContainerRef, container_of
+
+    _, pods, _ = node
+    cid, pid = pods.run("gpu-job", ["sh", "-c", "ls /dev; sleep 60"], {"NVIDIA_VISIBLE_DEVICES": "0"})
+    ref = container_of(pid)
+    assert ref == ContainerRef(cid, "containerd", "gpu-job-ctr", "gpu-job", "gpuprov-test")
+    cg = Path(f"/proc/{pid}/cgroup").read_text()
+    assert "/kubepods/besteffort/pod" in cg and cid in cg  # kubelet's layout, as the mapping expects
+    import time
+
+    for _ in range(50):
+        if "nvidia0" in pods.log("gpu-job"):
+            break
+        time.sleep(0.1)
+    assert "nvidia0" in pods.log("gpu-job").split()  # the runtime behind handler `nvidia` injected GPU 0's node
