@@ -18,8 +18,10 @@ def create_cmd(
     target: str = typer.Option(..., "--target", help="Release to build for, e.g. debian-12."),
     components: str = typer.Option("engine,runtime", "--components", help="Comma list of driver,engine,runtime."),
     output: Path = typer.Option(..., "--output", help="A new directory, or FILE.tar.gz."),
-    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", help="GPUs the target has (for the driver)."),
+    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", "--for-gpu",
+                                               help="GPUs the target has (for the driver); as bootstrap --for-gpu."),
     kernel: Optional[str] = typer.Option(None, "--kernel", help="The target's `uname -r` (driver: headers)."),
+    driver: str = typer.Option("auto", "--driver", help="auto or a driver branch (535): as bootstrap --driver."),
     sign_key: Optional[str] = typer.Option(None, "--sign-key", help="gpg key to sign SHA256SUMS with."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -36,8 +38,10 @@ def create_cmd(
         raise UsageError(f"--components takes {','.join(COMPONENTS)} (got {components!r})")
     tgt = parse_target(target)
     drv: list[str] = []
+    if driver != "auto" and not driver.isdigit():
+        raise UsageError(f"--driver {driver!r}: use auto or a driver branch such as 535")
     for p in pci_id or []:
-        d = decide_gpu(parse_pci_id(p), tgt)
+        d = decide_gpu(parse_pci_id(p), tgt, pin=driver if driver.isdigit() else None)
         if not d.packages:
             raise UsageError(f"no driver package for {p} on {tgt.name}: {'; '.join(d.warnings)}")
         drv += [x for x in d.packages if x not in drv]

@@ -118,3 +118,15 @@ def test_pin_refused_with_the_way_out(pci, target, kw, pin, needle):
     assert d.packages == ()
     assert needle in d.warnings[-1]
     assert "branches that support it there" in d.warnings[-1] or "no branch" in d.warnings[-1]
+
+
+def test_bundle_create_takes_the_same_driver_options(tmp_path):
+    """bundle create --for-gpu/--driver decide exactly as bootstrap does: a refused pin stops before any download."""
+    from tests.conftest import run_cli
+
+    r = run_cli("bundle", "create", "--target", "debian-12", "--components", "driver", "--output",
+                str(tmp_path / "b"), "--for-gpu", "10de:2330", "--driver", "470")
+    assert r.returncode == 2 and "does not support this GPU" in r.stderr and not (tmp_path / "b").exists()
+    r = run_cli("bundle", "create", "--target", "debian-12", "--components", "driver", "--output",
+                str(tmp_path / "b"), "--for-gpu", "10de:2330", "--driver", "newest")
+    assert r.returncode == 2 and "--driver" in r.stderr
