@@ -162,6 +162,8 @@ def modify_config(config: dict, bundle: str, settings: dict) -> bool:
         return False  # NVIDIA's own toolkit hook: leave the whole job to it, never break such a host
     selectors = edits.requested_devices(env)
     mounted = _mounted_device_list(config)
+    if selectors == [DEVICE_LIST_DIR]:  # the device plugin's volume-mounts strategy: the list is in the mounts
+        selectors = mounted
     if selectors is None or (not settings["accept_env_unprivileged"] and not is_privileged(config)):
         selectors = mounted  # multi-tenant policy: only the device lists the orchestrator mounted count
     changed = False

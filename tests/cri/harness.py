@@ -121,6 +121,13 @@ class Containerd:
         self.ctr("images", "import", str(tar))
         return image.NAME
 
+    def config_dump(self, config: Path) -> dict:
+        import tomllib
+
+        p = subprocess.run([self.binary, "--config", str(config), "config", "dump"], capture_output=True, text=True,
+                           check=True)
+        return tomllib.loads(p.stdout)
+
     def plugin_status(self, plugin_id: str) -> str | None:
         """`ctr plugins ls` status of a plugin (ok / error / skip)."""
         for line in self.ctr("plugins", "ls").stdout.splitlines()[1:]:
@@ -138,7 +145,9 @@ class Containerd:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
-        for pid in self.shim_pids():  # shims started by this containerd outlive it by design
+        # Shims started by this containerd outlive it by design; so does gpuprov's warm editor that a container
+        # start spawned (it serves the settings file named in our environment).
+        for pid in self.shim_pids() + self.editor_pids():
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -156,6 +165,18 @@ class Containerd:
                 continue
             if b"-address" in argv and self.socket.encode() in argv and b"containerd-shim" in argv[0]:
                 pids.append(int(entry.name))
+        return pids
+
+    def editor_pids(self) -> list[int]:
+        mark = f"GPUPROV_RUNTIME_CONFIG={self.env.get('GPUPROV_RUNTIME_CONFIG', '-')}".encode()
+        pids = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if mark in Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0"):
+                        pids.append(int(entry.name))
+                except OSError:
+                    continue
         return pids
 
     def unmount_all(self) -> None:
