@@ -62,10 +62,15 @@ class Pods:
         return cid, int(json.loads(st.info["info"])["pid"])
 
     def log(self, name: str) -> str:
-        from tests.cri.client import log_text
-
         p = self.c.base / "logs" / f"{name}-ctr.log"
-        return log_text(p) if p.exists() else ""
+        if not p.exists():
+            return ""
+        out = []  # CRI log lines: `<time> <stream> <P|F> <text>` (read as bytes: programs may print any)
+        for line in p.read_bytes().decode(errors="replace").splitlines():
+            parts = line.split(" ", 3)
+            if len(parts) == 4:
+                out.append(parts[3] + ("\n" if parts[2] == "F" else ""))
+        return "".join(out)
 
     def close(self) -> None:
         for p in self.pods:
