@@ -14,7 +14,7 @@ export PATH=/tmp/bin:/usr/local/bin:$PATH
 xz -dc "$K/runc.xz" > /usr/sbin/runc && chmod 755 /usr/sbin/runc && cp -L "$K"/lib/* /usr/local/lib/ && ldconfig
 tar -xJf "$K/docker-cdi.tar.xz" -C /
 mkdir -p /etc/docker /tmp/tiny
-echo '{"iptables": false, "ip6tables": false, "bridge": "none", "ip-masq": false}' > /etc/docker/daemon.json
+echo '{"iptables": false, "ip6tables": false, "bridge": "none", "ip-masq": false, "userland-proxy": false}' > /etc/docker/daemon.json  # no docker-proxy in the kit
 { nvidia-smi -L; uname -r; runc --version | head -1; dockerd --version; docker --version; } > "$out/host.txt" 2>&1
 log "gpuprov runtime install / engine configure docker --default --cdi / cdi refresh"
 gpuprov runtime install --json > "$out/install.json" 2>&1; echo "runtime install rc=$?"
