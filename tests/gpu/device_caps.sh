@@ -5,7 +5,15 @@
 # benchmark (bare runc vs no-GPU vs compute vs all capabilities). Results under $OUT.
 # Carry CAPS_KIT (default .gpu-caps, from tests/gpu/prepare_caps_kit.sh). Rehearse: CAPS_DRY=1 stops before dockerd.
 set -uo pipefail
-out=${OUT:-/tmp/gpuprov-out}; mkdir -p "$out"; K=${CAPS_KIT:-.gpu-caps}
+# Everything goes to $out; $OUT gets the key files and one archive of all (the device tool returns 8 files at most).
+OUT=${OUT:-/tmp/gpuprov-out}; out=/tmp/caps-results; mkdir -p "$OUT" "$out"; K=${CAPS_KIT:-.gpu-caps}
+finish() {
+  cp /tmp/dockerd.log "$out/dockerd.log" 2>/dev/null
+  tar -C "$out" -czf "$OUT/caps-results.tgz" .
+  for f in pytest-docker.txt docker-results.json bench-runtime.txt nvidia-ctk-spec.yaml gpuprov-cdi.yaml; do
+    cp "$out/$f" "$OUT/" 2>/dev/null; done
+}
+trap finish EXIT
 log() { echo "[$(date +%T)] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$K"/whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GPUPROV_LOCK_DIR=/tmp/gpuprov-lock
@@ -49,5 +57,4 @@ GPUPROV_GPU_OUT=$out/docker-results.json CAPS_NVIDIA_CTK_SPEC=$out/nvidia-ctk-sp
 log "start-cost benchmark"
 GPU_KIT_ROOTFS=/tmp/tiny timeout 200 python3 bench/runtime_bench.py --runtime /usr/local/bin/gpuprov-runtime \
   -n "${BENCH_N:-30}" 2>&1 | tee "$out/bench-runtime.txt"
-cp /tmp/dockerd.log "$out/dockerd.log"
 log done
