@@ -84,12 +84,28 @@ class Pods:
 def workload_image(c: Containerd, extra: dict[str, str]) -> str:
     """The harness's image plus named host programs (with the C libraries they load) at /bin/<name>."""
     name = "docker.io/gpuprov-test/k8s-workload:1"
-    saved = image.BINARIES
+    saved, saved_libs = image.BINARIES, image._libs
+
+    def libs(binary: str) -> list[str]:
+        # glibc's companions that the injected driver libraries load (libcuda: libm, libdl, libpthread, librt),
+        # as any distribution's base image has them
+        return saved_libs(binary) + glibc_companions(saved_libs(binary))
+
     try:
-        image.BINARIES = saved + tuple(extra)
+        image.BINARIES, image._libs = saved + tuple(extra), libs
         tar = c.base / "workload.tar"
         tar.write_bytes(image.oci_archive(name))
     finally:
-        image.BINARIES = saved
+        image.BINARIES, image._libs = saved, saved_libs
     c.ctr("images", "import", str(tar))
     return name
+
+
+def glibc_companions(libs: list[str]) -> list[str]:
+    """libm/libdl/libpthread/librt beside the libc a program loads."""
+    libc = next((x for x in libs if os.path.basename(x) == "libc.so.6"), None)
+    if not libc:
+        return []
+    d = os.path.dirname(libc)
+    return [os.path.join(d, n) for n in ("libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+            if os.path.exists(os.path.join(d, n))]

@@ -74,7 +74,7 @@ def main() -> None:
     c.import_image()
     img = k8s_cri.workload_image(c, {"gpuprov-hold": ""})
     pods = k8s_cri.Pods(c)
-    gpu = {"NVIDIA_VISIBLE_DEVICES": "1", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+    gpu = {"NVIDIA_VISIBLE_DEVICES": "1", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility", "PATH": "/bin:/usr/bin"}
     try:
         cid, pid = pods.run("single", ["sh", "-c", "nvidia-smi -L; gpuprov-hold 3000 30"], gpu, img)
         log = wait_for(pods, "single", "holding")
