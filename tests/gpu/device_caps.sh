@@ -21,17 +21,19 @@ mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m provision "$@"\n' > /tmp
 export PATH=/tmp/bin:/usr/local/bin:$PATH
 xz -dc "$K/runc.xz" > /usr/sbin/runc && chmod 755 /usr/sbin/runc && cp -L "$K"/lib/* /usr/local/lib/ && ldconfig
 tar -xJf "$K/docker-cdi.tar.xz" -C /
-mkdir -p /etc/docker /tmp/tiny
-echo '{"iptables": false, "ip6tables": false, "bridge": "none", "ip-masq": false, "userland-proxy": false}' > /etc/docker/daemon.json  # no docker-proxy in the kit
+# A dockerd of our own (own socket, data, exec root, config): a warm machine may still run someone else's.
+export DOCKER_HOST=unix:///tmp/caps-docker.sock; cfg=/tmp/caps-daemon.json; mkdir -p /tmp/tiny
+echo '{"iptables": false, "ip6tables": false, "bridge": "none", "ip-masq": false, "userland-proxy": false}' > $cfg  # no docker-proxy in the kit
 { nvidia-smi -L; uname -r; runc --version | head -1; dockerd --version; docker --version; } > "$out/host.txt" 2>&1
 log "gpuprov runtime install / engine configure docker --default --cdi / cdi refresh"
 gpuprov runtime install --json > "$out/install.json" 2>&1; echo "runtime install rc=$?"
-gpuprov engine configure docker --default --cdi --no-restart > "$out/engine.txt" 2>&1; echo "engine configure rc=$?"
+gpuprov engine configure docker --config $cfg --default --cdi --no-restart > "$out/engine.txt" 2>&1; echo "engine configure rc=$?"
 gpuprov cdi refresh > "$out/cdi-refresh.txt" 2>&1; echo "cdi refresh rc=$?"; cat "$out/cdi-refresh.txt"
-cp /etc/docker/daemon.json "$out/daemon.json"; cp /var/run/cdi/nvidia.yaml "$out/gpuprov-cdi.yaml" 2>/dev/null
+cp $cfg "$out/daemon.json"; cp /var/run/cdi/nvidia.yaml "$out/gpuprov-cdi.yaml" 2>/dev/null
 [ -n "${CAPS_DRY:-}" ] && exit 0
 log "dockerd"
-(setsid dockerd > /tmp/dockerd.log 2>&1 &)
+(setsid dockerd --config-file $cfg -H $DOCKER_HOST --data-root /var/lib/caps-docker --exec-root /tmp/caps-exec \
+   --pidfile /tmp/caps-docker.pid > /tmp/dockerd.log 2>&1 &)
 for _ in $(seq 60); do docker info > /dev/null 2>&1 && break; sleep 0.5; done
 docker info 2>&1 | grep -iE "server version|runtimes|default runtime|cdi" > "$out/docker-info.txt"
 cat "$out/docker-info.txt"
