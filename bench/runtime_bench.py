@@ -5,6 +5,8 @@
 Targets (issue 4): no-GPU start <= 1.15x bare runc; GPU start <= 2.0x bare runc.
 Usage (on the GPU host, after `source .gpu-kit/env.sh`):
   python3 bench/runtime_bench.py --runtime PREFIX/bin/gpuprov-runtime [-n 30] [--json]
+Several front-ends in the same run (e.g. before/after a change): --runtime NAME=PATH, repeated; the first one's
+ratios are the headline (bench/device_bench.sh does this on a lent GPU host).
 """
 from __future__ import annotations
 
@@ -25,20 +27,21 @@ from tests.oci import lifecycle, make_config, write_bundle  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runtime", required=True)
+    ap.add_argument("--runtime", required=True, action="append", help="PATH or NAME=PATH; repeat to compare")
     ap.add_argument("-n", type=int, default=30)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpuprov-bench-"))
     rootfs = work / "rootfs"
     shutil.copytree(os.environ["GPU_KIT_ROOTFS"], rootfs, symlinks=True)
-    cases = {
-        "runc": ("runc", []),
-        "gpuprov_nogpu": (args.runtime, []),
-        "gpuprov_gpu": (args.runtime, ["NVIDIA_VISIBLE_DEVICES=all"]),
-        # every capability (graphics, video, display…): ~60 more read-only mounts than compute-only
-        "gpuprov_gpu_allcaps": (args.runtime, ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"]),
-    }
+    runtimes = dict(r.split("=", 1) if "=" in r else ("gpuprov", r) for r in args.runtime)
+    first = next(iter(runtimes))
+    cases = {"runc": ("runc", [])}
+    for name, path in runtimes.items():
+        cases[f"{name}_nogpu"] = (path, [])
+        cases[f"{name}_gpu"] = (path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    # every capability (graphics, video, display…): ~60 more read-only mounts than compute-only (first runtime only)
+    cases[f"{first}_gpu_allcaps"] = (runtimes[first], ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"])
     # Breakdown of the GPU path: bare runc on a config already edited once (the mounts' cost inside runc),
     # and the editor alone (python3 -I -S modify_main.py on a fresh config).
     from provision.inject.modify import modify_bundle
@@ -54,7 +57,7 @@ def main() -> int:
     phases: dict[str, dict[str, list[float]]] = {}
     for i in range(args.n + 3):  # 3 warm-ups, then interleaved measurements
         names = list(cases)
-        names = names[i % 3:] + names[:i % 3]  # rotate the order each round: no case always runs first
+        names = names[i % len(names):] + names[:i % len(names)]  # rotate: no case always runs first
         for name in names:
             rt, env = cases[name]
             cfg = edited if env is None else make_config(str(rootfs), ["/bin/true"], env)
@@ -74,9 +77,10 @@ def main() -> int:
             times["editor_only"].append(time.perf_counter() - t)
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     res = {f"{k}_ms": round(v, 2) for k, v in med.items()}
-    res["nogpu_ratio"] = round(med["gpuprov_nogpu"] / med["runc"], 3)
-    res["gpu_ratio"] = round(med["gpuprov_gpu"] / med["runc"], 3)
-    res["allcaps_ratio"] = round(med["gpuprov_gpu_allcaps"] / med["runc"], 3)
+    res["nogpu_ratio"] = round(med[f"{first}_nogpu"] / med["runc"], 3)
+    res["gpu_ratio"] = round(med[f"{first}_gpu"] / med["runc"], 3)
+    res["allcaps_ratio"] = round(med[f"{first}_gpu_allcaps"] / med["runc"], 3)
+    res["ratios"] = {f"{n}_{c}": round(med[f"{n}_{c}"] / med["runc"], 3) for n in runtimes for c in ("nogpu", "gpu")}
     res["n"] = args.n
     res["p25_p75_ms"] = {k: [round(statistics.quantiles(v, n=4)[0] * 1000, 2), round(statistics.quantiles(v, n=4)[2] * 1000, 2)]
                          for k, v in times.items()}
@@ -87,9 +91,10 @@ def main() -> int:
         print(json.dumps(res))
     else:
         print(f"bare runc            {med['runc']:7.2f} ms (reference)")
-        print(f"gpuprov, no GPU      {med['gpuprov_nogpu']:7.2f} ms  {res['nogpu_ratio']:.2f}x  (target <= 1.15x)")
-        print(f"gpuprov, GPU (all)   {med['gpuprov_gpu']:7.2f} ms  {res['gpu_ratio']:.2f}x  (target <= 2.0x)")
-        print(f"gpuprov, GPU, caps=all {med['gpuprov_gpu_allcaps']:5.2f} ms  {res['allcaps_ratio']:.2f}x")
+        for n in runtimes:
+            print(f"{n}, no GPU {med[f'{n}_nogpu']:7.2f} ms  {res['ratios'][f'{n}_nogpu']:.3f}x  (target <= 1.15x)")
+            print(f"{n}, GPU (all) {med[f'{n}_gpu']:7.2f} ms  {res['ratios'][f'{n}_gpu']:.3f}x  (target <= 2.0x)")
+        print(f"{first}, GPU, caps=all {med[f'{first}_gpu_allcaps']:5.2f} ms  {res['allcaps_ratio']:.2f}x")
         for c, ph in res["phases_ms"].items():
             print(f"  {c:20} " + "  ".join(f"{p} {v:6.2f}" for p, v in ph.items()))
         print(f"  of which: runc with the same edits {med['runc_preedited_gpu']:7.2f} ms; "

@@ -102,3 +102,64 @@ def needs(*binaries: str, docker: bool = False):
                                                               not have_docker() else [])
     return pytest.mark.skipif(bool(missing) and not IN_CI,
                               reason=f"needs {', '.join(missing)} (run-tests.sh installs them)")
+
+
+# --- The test machine's own gpuprov is not the tests' to change (issue 12) ---------------------------------------
+# Tests install and configure gpuprov only inside host containers (tests/integration/hosts.py) or under tmp paths
+# (GPUPROV_RUNTIME_CONFIG, --config, --prefix). After every run these paths must be exactly as the run found them
+# (so `./run-tests.sh` and `./install.sh --yes` work in either order); otherwise the run fails, naming them.
+# GPUPROV_TEST_WATCH (colon-separated globs) replaces the list: tests/unit/test_host_untouched.py uses it.
+HOST_GPUPROV = ("/usr/local/bin/gpuprov*", "/usr/local/bin/nvidia-container-runtime-hook", "/etc/gpuprov",
+                "/etc/docker/daemon.json")
+_HOST_STATE = pytest.StashKey[dict]()
+
+
+def host_gpuprov_state() -> dict[str, str]:
+    """path -> what it is (type, mode, owner, content hash or link target), for every watched path that exists."""
+    import glob
+    import hashlib
+    import stat
+
+    watch = os.environ.get("GPUPROV_TEST_WATCH")
+    out: dict[str, str] = {}
+    for pattern in watch.split(":") if watch else HOST_GPUPROV:
+        for top in glob.glob(pattern):
+            paths = [Path(top)]
+            if os.path.isdir(top) and not os.path.islink(top):
+                paths += sorted(Path(top).rglob("*"))
+            for p in paths:
+                try:
+                    st = os.lstat(p)
+                    if stat.S_ISLNK(st.st_mode):
+                        desc = f"link -> {os.readlink(p)}"
+                    elif stat.S_ISREG(st.st_mode):
+                        desc = f"file {st.st_mode & 0o7777:o} {st.st_uid}:{st.st_gid} " \
+                               f"{hashlib.sha256(p.read_bytes()).hexdigest()[:16]}"
+                    else:
+                        desc = f"{stat.S_IFMT(st.st_mode):o} {st.st_mode & 0o7777:o} {st.st_uid}:{st.st_gid}"
+                except OSError as exc:
+                    desc = f"unreadable: {exc.strerror}"
+                out[str(p)] = desc
+    return out
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_HOST_STATE] = host_gpuprov_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = session.config.stash.get(_HOST_STATE, None)
+    if before is None:
+        return
+    after = host_gpuprov_state()
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    if not changed:
+        return
+    lines = [f"  {p}: {before.get(p, 'absent')} => {after.get(p, 'absent')}" for p in changed]
+    msg = "the tests changed the host's own gpuprov (they must work inside host containers):\n" + "\n".join(lines)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.write_line("\nFAILED host untouched: " + msg, red=True)
+    else:
+        sys.stderr.write(msg + "\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

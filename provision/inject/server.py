@@ -135,6 +135,7 @@ def serve(path: str, lock_fd: int | None = None) -> int:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         srv.bind(tmp)
+        os.chmod(tmp, 0o600)  # connecting needs write permission only; nobody else gets any
     finally:
         os.umask(old)
     srv.listen(BACKLOG)

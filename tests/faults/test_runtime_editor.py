@@ -2,7 +2,7 @@
 editor (server.py), driven exactly as an engine drives them: `gpuprov-runtime --root … --log … create --bundle B id`
 on bundles asking for GPUs, against the fake driver root built from the H200 capture (real mknod device nodes).
 runc is a recording stand-in here: what is under test is the front-end's hand-over and the edits it made first
-(the same front-end starts real containers through real runc and dockerd in tests/integration/test_runtime_host.py).
+(the same front-end starts real containers through real runc and dockerd in tests/integration/test_runtime_docker.py).
 
 Each case failed on the previous main: a stopped editor hung `create` forever, a client that hung up or a bad value
 killed the editor with a traceback, 200 cold starts left a dozen editors, and any socket at the path was trusted."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "gpuprov-test/bookworm-minbase:1"
+SYSTEMD_IMAGE = "gpuprov-test/bookworm-systemd:1"  # minbase + systemd systemd-sysv dbus (TESTING.md), no compiler
 NESTED = ["--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
           "--security-opt", "apparmor=unconfined", "--device-cgroup-rule", "a *:* rwm", "--cgroupns", "host",
           "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/var/lib/docker:exec"]
@@ -30,6 +31,21 @@ def ensure_image() -> str:
         subprocess.run(["docker", "import", "-", IMAGE], stdin=tar.stdout, check=True, capture_output=True)
         tar.wait()
     return IMAGE
+
+
+def ensure_systemd_image() -> str:
+    """The closest thing to a fresh Debian 12 server: minbase plus systemd as PID 1. No compiler, no pip."""
+    if sh("docker", "image", "inspect", SYSTEMD_IMAGE, check=False).returncode == 0:
+        return SYSTEMD_IMAGE
+    name = f"gpuprov-build-systemd-{uuid.uuid4().hex[:8]}"
+    try:
+        sh("docker", "run", "--name", name, ensure_image(), "bash", "-c",
+           "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+           "systemd systemd-sysv dbus >/dev/null && apt-get clean", timeout=900)
+        sh("docker", "commit", "-c", 'CMD ["/lib/systemd/systemd"]', name, SYSTEMD_IMAGE)
+    finally:
+        sh("docker", "rm", "-f", name, check=False)
+    return SYSTEMD_IMAGE
 
 
 def ensure_wheelhouse() -> Path:
@@ -53,16 +69,23 @@ def ensure_wheelhouse() -> Path:
 
 class Host:
     def __init__(self, name: str | None = None, network: str | None = None, volumes: dict | None = None,
-                 wheelhouse: bool = True):
+                 wheelhouse: bool = True, systemd: bool = False):
         self.name = name or f"gpuprov-host-{uuid.uuid4().hex[:8]}"
         args = ["docker", "run", "-d", "--name", self.name, *NESTED, "-v", f"{REPO}:/src:ro"]
+        if systemd:
+            args += ["--tmpfs", "/run", "--tmpfs", "/run/lock", "-e", "container=docker"]
         if wheelhouse:
             args += ["-v", f"{ensure_wheelhouse()}:/wh:ro"]
         for src, dst in (volumes or {}).items():
             args += ["-v", f"{src}:{dst}:ro"]
         if network:
             args += ["--network", network]
-        sh(*args, ensure_image(), "sleep", "infinity")
+        if systemd:
+            sh(*args, ensure_systemd_image())
+            self.exec("for i in $(seq 60); do s=$(systemctl is-system-running); "
+                      "case $s in running|degraded) exit 0;; esac; sleep 1; done; exit 1", check=True)
+        else:
+            sh(*args, ensure_image(), "sleep", "infinity")
 
     def exec(self, script: str, check: bool = False, timeout: float = 900, input_text: str | None = None):
         return sh("docker", "exec", "-i", self.name, "bash", "-c", script, check=check, timeout=timeout,

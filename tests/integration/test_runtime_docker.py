@@ -1,105 +1,141 @@
-"""The injection runtime through the real Docker engine (no GPU here: a fake driver root built from the H200
-capture, real mknod device nodes). Registered with `gpuprov engine configure docker`."""
+"""The injection runtime through a real Docker engine, on a bare Debian 12 server: a systemd host container with no
+compiler and no pip, where `./install.sh --yes` (from the wheelhouse built on this machine, as an offline host gets
+it) installs gpuprov, docker.io and the runtime. Everything happens inside that host: the test machine's own
+gpuprov, /etc/gpuprov, daemon.json and dockerd are never touched (tests/conftest.py checks that after every run).
+
+No GPU here: after the install, the runtime is pointed at a fake driver root built from the H200 capture (real
+mknod device nodes inside the host), then containers are started with `docker run` as users start them."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-from pathlib import Path
+import shlex
 
 import pytest
 
-from tests.conftest import needs, run_cli
-from tests.inject_helpers import settings
+from provision.plan import validate
+from tests.conftest import needs
+from tests.integration.hosts import Host
 
-pytestmark = [pytest.mark.integration, needs("runc", docker=True)]
-DAEMON = Path("/etc/docker/daemon.json")
-SETTINGS = Path("/etc/gpuprov/runtime.json")
-
-
-def docker(*args, check=True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
+FIXTURE = "/src/tests/fixtures/hosts/h200-vm"
+FAKE_DEV = "/opt/fake-gpu"
+NODES = {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (238, 0), "nvidia-uvm-tools": (238, 1)}
+IMAGE = validate.IMAGE  # built by bootstrap's validation step from the host's own files
 
 
 @pytest.fixture(scope="module")
-def registered(tmp_path_factory):
-    base = tmp_path_factory.mktemp("gpuhost")
-    saved = {p: p.read_bytes() if p.exists() else None for p in (DAEMON, SETTINGS)}
-    s = settings(base)
-    r = run_cli("runtime", "install", "--prefix", "/usr/local", "--driver-root", s["driver_root"], "--dev-root",
-                s["dev_root"], "--proc-root", s["proc_root"], "--json")
+def host():
+    h = Host(systemd=True)
+    try:
+        yield h
+    finally:
+        h.remove()
+
+
+@pytest.fixture(scope="module")
+def installed(host):
+    """`./install.sh --yes` on the bare server; returns `gpuprov runtime install --json` for the fake GPU host."""
+    bare = host.exec("for t in gcc cc c99 clang tcc pip pip3 gpuprov; do command -v $t; done")
+    assert bare.stdout == "", f"not a bare host: {bare.stdout}"
+    assert host.exec("python3 -m pip --version").returncode != 0
+    r = host.exec("cd /src && GPUPROV_WHEELHOUSE=/wh ./install.sh --yes", timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert host.exec("systemctl is-active docker").stdout.strip() == "active"
+    assert host.exec("command -v gcc cc").stdout == "", "the install brought a compiler along"
+    mk = " && ".join(f"mknod -m 666 {FAKE_DEV}/dev/{n} c {a} {b}" for n, (a, b) in NODES.items())
+    host.exec(f"mkdir -p {FAKE_DEV}/dev && {mk}", check=True)
+    r = host.exec(f"gpuprov runtime install --driver-root {FIXTURE}/usr/local/nvidia --dev-root {FAKE_DEV} "
+                  f"--proc-root {FIXTURE} --json")
     assert r.returncode == 0, r.stderr
-    cfg = json.loads(SETTINGS.read_text())
-    cfg["cache"] = str(base / "discovery.json")
-    SETTINGS.write_text(json.dumps(cfg))
-    r = run_cli("engine", "configure", "docker", "--runtime-path", "/usr/local/bin/gpuprov-runtime", "--json")
+    return json.loads(r.stdout)
+
+
+def docker(host: Host, *args: str):
+    return host.exec("docker " + " ".join(shlex.quote(a) for a in args), timeout=300)
+
+
+def test_bare_server_gets_the_compiled_front_end(host, installed):
+    assert installed["front_end"] == "compiled" and installed["front_end_origin"] == "wheel", installed
+    assert host.exec("head -c 4 /usr/local/bin/gpuprov-runtime | od -c | head -1").stdout.split()[1:5] == \
+        ["177", "E", "L", "F"]
+    assert "compiled front-end" in host.exec("/usr/local/bin/gpuprov-runtime --gpuprov-front-end").stdout
+
+
+def test_runtime_listed_by_docker_info(host, installed):
+    assert "nvidia" in json.loads(docker(host, "info", "--format", "{{json .Runtimes}}").stdout)
+
+
+def test_gpu_container_gets_files_and_nodes(host, installed):
+    r = docker(host, "run", "--rm", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "sh", "-c",
+               "ls /dev; cat /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/bin/nvidia-smi; cat /proc/mounts; "
+               "echo NVD=$NVIDIA_VISIBLE_DEVICES")
+    out = r.stdout
     assert r.returncode == 0, r.stderr
-    res = json.loads(r.stdout)
-    assert res["verified"] is True
-    from provision.plan.validate import IMAGE, ensure_image
-
-    ensure_image()
-    yield IMAGE
-    for p, data in saved.items():
-        if data is None:
-            p.unlink(missing_ok=True)
-        else:
-            p.write_bytes(data)
-    pid = int(Path("/var/run/docker.pid").read_text())
-    os.kill(pid, signal.SIGHUP)
-
-
-def test_runtime_listed_by_docker_info(registered):
-    assert "nvidia" in json.loads(docker("info", "--format", "{{json .Runtimes}}").stdout)
-
-
-def test_gpu_container_gets_files_and_nodes(registered):
-    out = docker("run", "--rm", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=all", registered, "sh", "-c",
-                 "ls /dev; cat /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/bin/nvidia-smi; cat /proc/mounts; "
-                 "echo NVD=$NVIDIA_VISIBLE_DEVICES").stdout
-    for node in ("nvidiactl", "nvidia0", "nvidia-uvm", "nvidia-uvm-tools"):
+    for node in NODES:
         assert node in out.split(), out
     assert "fake libcuda.so.580.159.04" in out and "fake nvidia-smi" in out
     lib_line = next(ln for ln in out.splitlines() if "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in ln)
     assert " ro," in lib_line and "nosuid" in lib_line and "nodev" in lib_line
     assert "NVD=GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98" in out
+    assert host.exec("test -S /run/gpuprov/runtime-editor.sock && stat -c %a:%U /run/gpuprov/runtime-editor.sock"
+                     ).stdout.strip() == "600:root", "the warm editor serves from a root-only socket"
 
 
-def test_void_gets_nothing(registered):
-    out = docker("run", "--rm", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=void", registered, "sh", "-c",
+def test_void_gets_nothing(host, installed):
+    out = docker(host, "run", "--rm", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=void", IMAGE, "sh", "-c",
                  "ls /dev; cat /proc/mounts").stdout
     assert "nvidia" not in out
 
 
-def test_plain_container_untouched(registered):
-    out = docker("run", "--rm", registered, "sh", "-c", "ls /dev; cat /proc/mounts").stdout
-    assert "nvidia" not in out
-    out = docker("run", "--rm", "--runtime", "nvidia", registered, "sh", "-c", "ls /dev; cat /proc/mounts").stdout
-    assert "nvidia" not in out
+def test_plain_container_untouched(host, installed):
+    """Whatever the default runtime (bootstrap makes it `nvidia`), a container asking for no GPU gets nothing."""
+    for extra in ([], ["--runtime", "runc"], ["--runtime", "nvidia"]):
+        r = docker(host, "run", "--rm", *extra, IMAGE, "sh", "-c", "ls /dev; cat /proc/mounts")
+        assert r.returncode == 0 and "nvidia" not in r.stdout, (extra, r.stdout, r.stderr)
 
 
-def test_gpus_flag_through_runtime(registered):
+def test_gpus_flag_through_runtime(host, installed):
     """`--gpus all`: dockerd adds the prestart hook it finds on PATH (ours); the runtime removes it and injects."""
-    assert shutil.which("nvidia-container-runtime-hook", path="/usr/local/bin:/usr/bin")
-    r = docker("run", "--rm", "--runtime", "nvidia", "--gpus", "all", registered, "sh", "-c", "ls /dev", check=False)
+    assert host.exec("command -v nvidia-container-runtime-hook").stdout.strip() == \
+        "/usr/local/bin/nvidia-container-runtime-hook"
+    r = docker(host, "run", "--rm", "--runtime", "nvidia", "--gpus", "all", IMAGE, "sh", "-c", "ls /dev")
     assert r.returncode == 0, r.stderr
     assert "nvidia0" in r.stdout.split()
 
 
-def test_gpus_flag_without_runtime_explains(registered):
-    r = docker("run", "--rm", "--gpus", "all", registered, "true", check=False)
+def test_gpus_flag_without_runtime_explains(host, installed):
+    r = docker(host, "run", "--rm", "--runtime", "runc", "--gpus", "all", IMAGE, "true")
     assert r.returncode != 0 and "--runtime nvidia" in r.stderr
 
 
-def test_unsatisfied_requirement_refuses_start(registered):
-    r = docker("run", "--rm", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=all", "-e",
-               "NVIDIA_REQUIRE_CUDA=cuda>=13.1", registered, "true", check=False)
-    assert r.returncode != 0 and "NVIDIA_REQUIRE_CUDA" in r.stderr and "cuda 13.0" in r.stderr
+def test_refusal_reaches_docker_run_in_one_line(host, installed):
+    """containerd passes runc `--log …/log.json --log-format json`; the front-end writes its reason there, so
+    `docker run` shows gpuprov's sentence instead of `unable to retrieve OCI runtime error`."""
+    r = docker(host, "run", "--rm", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=all", "-e",
+               "NVIDIA_REQUIRE_CUDA=cuda>=13.1", IMAGE, "true")
+    assert r.returncode != 0
+    assert "gpuprov-runtime: NVIDIA_REQUIRE_CUDA='cuda>=13.1' is not satisfied by this host (cuda 13.0" in r.stderr
+    assert "unable to retrieve OCI runtime error" not in r.stderr, r.stderr
 
 
-def test_docker_args_fallback(registered):
-    r = run_cli("docker-args", "--gpus", "0", "--driver-root", json.loads(SETTINGS.read_text())["driver_root"])
+def test_python_front_end_refusal_reaches_docker_run(host, installed):
+    """The Python fallback (hosts where no compiled front-end runs) parses runc's options the same way: before, it
+    stopped at `--root`'s value, never saw `--log`, and users read `unable to retrieve OCI runtime error`."""
+    host.exec("/opt/gpuprov/bin/python -c 'import sys; from provision.inject.install import python_fallback; "
+              "open(\"/usr/local/bin/gpuprov-runtime-py\", \"wb\").write(python_fallback(sys.executable))' && "
+              "chmod 755 /usr/local/bin/gpuprov-runtime-py", check=True)
+    r = host.exec("gpuprov engine configure docker --runtime-name gpuprov-py "
+                  "--runtime-path /usr/local/bin/gpuprov-runtime-py --json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = docker(host, "run", "--rm", "--runtime", "gpuprov-py", "-e", "NVIDIA_VISIBLE_DEVICES=all", "-e",
+               "NVIDIA_REQUIRE_CUDA=cuda>=13.1", IMAGE, "true")
+    assert r.returncode != 0
+    assert "gpuprov-runtime: NVIDIA_REQUIRE_CUDA='cuda>=13.1' is not satisfied" in r.stderr, r.stderr
+    r = docker(host, "run", "--rm", "--runtime", "gpuprov-py", "-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "ls", "/dev")
+    assert r.returncode == 0 and "nvidia0" in r.stdout.split(), r.stderr
+
+
+def test_docker_args_fallback(host, installed):
+    r = host.exec(f"gpuprov docker-args --gpus 0 --driver-root {FIXTURE}/usr/local/nvidia")
     assert r.returncode == 0, r.stderr
     assert "--device=/dev/nvidiactl" in r.stdout and ":/usr/bin/nvidia-smi:ro" in r.stdout
