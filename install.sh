@@ -16,6 +16,14 @@ if [ -n "${GPUPROV_WHEELHOUSE:-}" ]; then
 else
   "$prefix/bin/pip" install -q "$here"
 fi
-# gpuprov-runtime itself is installed by `gpuprov runtime install` (a compiled front-end where a compiler exists)
+# gpuprov-runtime itself is installed by `gpuprov runtime install`: the compiled front-end the wheel carries (built
+# when the wheel was built, on a machine with a C compiler), else compiled here, else a Python fallback. Say so now
+# when this install can only get the fallback, with the way out.
+if ! "$prefix/bin/python" -c 'import sys, provision.inject.install as i; sys.exit(not i.SHIPPED.exists())' 2>/dev/null \
+   && ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
+  echo "note: no C compiler here and the gpuprov wheel carries no compiled runtime front-end: containers will start" \
+       "through the slower Python front-end. For the compiled one, build the wheels on any Linux machine of this" \
+       "architecture with a C compiler (pip wheel $here -w DIR) and run GPUPROV_WHEELHOUSE=DIR $0 $*" >&2
+fi
 ln -sf "$prefix/bin/gpuprov" /usr/local/bin/gpuprov
 exec /usr/local/bin/gpuprov bootstrap "$@"

@@ -21,9 +21,7 @@ print(json.dumps({"runtime": r.runtime_path, "compiled": r.compiled, "origin": r
 PY
 cat "$out/install.json"
 python3 bench/runtime_bench.py --runtime after=/tmp/rt/bin/gpuprov-runtime --runtime before=/tmp/g/before \
-  --runtime after_dyn=/tmp/g/after_dyn -n "${BENCH_N:-60}" 2>&1 | tee "$out/bench-runtime.txt"
-python3 bench/runtime_bench.py --runtime after=/tmp/rt/bin/gpuprov-runtime --runtime before=/tmp/g/before \
-  --runtime after_dyn=/tmp/g/after_dyn -n "${BENCH_N:-60}" --json > "$out/bench-runtime.json" 2>&1
+  --runtime after_dyn=/tmp/g/after_dyn -n "${BENCH_N:-60}" --json 2>&1 | tee "$out/bench-runtime.json"
 python3 -I -S - > "$out/nvidia-smi-in-container.txt" 2>&1 <<'PY'
 import os, sys
 from pathlib import Path
