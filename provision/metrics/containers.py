@@ -157,10 +157,25 @@ def _resolve(cid: str, engine: str, pid: int, proc: str) -> ContainerRef:
     return ContainerRef(cid, engine, cid[:12])
 
 
+def _in_host_mount_ns(pid: int, proc: str) -> bool:
+    """A process in the host's mount namespace is no container's, whatever cgroup it sits in (seen on a GPU host:
+    the MPS server started from a job's cgroup `/<id>`, which looks like a runc container's)."""
+    try:
+        mine = os.readlink(f"{proc}/{pid}/ns/mnt")
+    except OSError:
+        return False
+    for ref in (f"{proc}/1/ns/mnt", "/proc/self/ns/mnt"):  # the host's init; else gpuprov's own (a host process)
+        try:
+            return mine == os.readlink(ref)
+        except OSError:
+            continue
+    return False
+
+
 def container_of(pid: int, proc: str = "/proc", cache: dict | None = None) -> ContainerRef | None:
     """The container that process `pid` runs in (None for a host process or a process that is gone)."""
     cg = _read(f"{proc}/{pid}/cgroup")
-    if cg is None:
+    if cg is None or _in_host_mount_ns(pid, proc):
         return None
     found = container_id_from_cgroup(cg)
     if not found:

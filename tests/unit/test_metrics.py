@@ -156,11 +156,22 @@ def test_real_process_in_a_real_cgroup(tmp_path):
     if not os.access(cg_dir.parent, os.W_OK):  # v1: /sys/fs/cgroup itself is a read-only tmpfs, pids/ is not
         pytest.skip("needs root and a writable cgroup hierarchy (CI has both)")
     cg_dir.mkdir(exist_ok=True)
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    p = subprocess.Popen(["unshare", "--mount", "sleep", "30"])  # a container has its own mount namespace
     try:
         (cg_dir / "cgroup.procs").write_text(str(p.pid))
+        for _ in range(50):  # until unshare(2) has run
+            if os.readlink(f"/proc/{p.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
+                break
+            time.sleep(0.05)
         ref = containers.container_of(p.pid)
         assert ref is not None and ref.id == "gpuprov-k8s-test-ctr"
+        host = subprocess.Popen(["sleep", "30"])  # same cgroup, host mount namespace: a host process, not a container
+        try:
+            (cg_dir / "cgroup.procs").write_text(str(host.pid))
+            assert containers.container_of(host.pid) is None
+        finally:
+            host.kill()
+            host.wait()
         assert containers.container_of(os.getpid()) is None or containers.container_of(os.getpid()).id != ref.id
     finally:
         p.kill()
