@@ -140,8 +140,14 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
     except GpuprovError as exc:  # driver not loaded yet (reboot pending): the engine side still gets done
         labels = None
         print(f"warning: no GPU labels: {exc}", file=__import__("sys").stderr)
+    disc = None
+    if cdi:
+        try:
+            disc = _discover(None)
+        except GpuprovError as exc:
+            print(f"warning: no CDI spec now: {exc}", file=__import__("sys").stderr)
     res = node.setup(name, runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
-                     dry_run=dry_run, disc=_discover(None), labels=labels, config=config)
+                     dry_run=dry_run, disc=disc, labels=labels, config=config)
     if manifests and not dry_run:
         manifests_cmd(output=manifests, sharing=sharing, replicas=replicas, strategy="auto",
                       namespace="nvidia-device-plugin")

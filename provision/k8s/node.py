@@ -68,7 +68,7 @@ def refresh_unit(engine: str, gpuprov: str) -> str:
     return refresh_units(gpuprov, ENGINE_UNITS[engine])["gpuprov-cdi-refresh.service"]
 
 
-def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: dict,
+def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: dict | None,
           labels: dict[str, str] | None, config: str | None = None, root: str = "/") -> NodeResult:
     from provision.engines.configure import configure
     from provision.k8s.labels import NFD_FILE, nfd_file
@@ -82,7 +82,8 @@ def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: 
     res.labels = labels or {}
     files = [(NFD_FILE, nfd_file(labels), "labels")] if labels else []
     if cdi:
-        files.append((CDI_SPEC, cdi_spec_text(disc), "CDI spec"))
+        if disc:  # no driver yet (a reboot pending): the refresh unit writes the spec at the next boot
+            files.append((CDI_SPEC, cdi_spec_text(disc), "CDI spec"))
         if Path(root, "run/systemd/system").is_dir():
             gp = shutil.which("gpuprov") or "/usr/local/bin/gpuprov"
             files.append((REFRESH_UNIT, refresh_unit(engine, gp), "CDI refresh unit"))
@@ -102,6 +103,6 @@ def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: 
 
                 subprocess.run(["systemctl", "daemon-reload"], check=False)
                 subprocess.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
-    res.cdi_spec = CDI_SPEC if cdi else None
+    res.cdi_spec = CDI_SPEC if cdi and disc else None
     res.labels_file = NFD_FILE if labels else None
     return res
