@@ -253,3 +253,27 @@ def test_node_cli_before_the_driver_loads(tmp_path):
     doc = __import__("json").loads(p.stdout)
     assert doc["labels_file"] is None and any("runtimes.nvidia" in c for c in doc["changed"])
     assert cfg.read_text() == "version = 2\n"  # a dry run changes nothing
+
+
+def test_verify_checks_the_cri_handler(tmp_path):
+    """`gpuprov verify`'s CRI check on a node whose containerd config (a scratch one, read by the real
+    `containerd config dump`) has, then lacks, gpuprov's handler."""
+    import shutil
+
+    from provision.engines.configure import configure
+    from provision.verify.checks import LocalHost, cri_handler
+
+    if not shutil.which("containerd"):
+        pytest.skip("needs containerd (run-tests.sh installs docker.io, which brings it)")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("version = 2\n")
+
+    class Node(LocalHost):  # this host's commands, with containerd reading the scratch config
+        def run(self, cmd):
+            return super().run(cmd.replace("containerd config dump", f"containerd --config {cfg} config dump"))
+
+    r = cri_handler(Node())
+    assert (r.status, r.detail) == ("fail", "containerd's merged config has no runtime 'nvidia': run gpuprov k8s node")
+    configure("containerd", config=str(cfg), runtime_path="/usr/local/bin/gpuprov-runtime")
+    r = cri_handler(Node())
+    assert r.status == "pass" and r.detail.startswith("containerd handler 'nvidia'")
