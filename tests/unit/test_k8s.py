@@ -18,6 +18,7 @@ from provision.errors import GpuprovError, UsageError
 from provision.k8s import labels as L
 from provision.k8s import manifests as M
 from provision.metrics import nvml
+from tests.conftest import needs
 from tests.fake_nvml import FakeNVML
 from tests.k8s_contract import device_plugin_config as dpc
 from tests.k8s_contract.nfd_local import parse_feature_file, read_features_dir
@@ -192,18 +193,16 @@ def test_labels_cli_with_nvml(tmp_path, monkeypatch, capsys):
     assert out.startswith("--node-labels=") and "nvidia.com/gpu.product=NVIDIA-H200," in out
 
 
+@needs("containerd")
 def test_node_setup_idempotent_with_real_containerd(tmp_path):
     """`k8s node` on a scratch containerd config (the real `containerd config dump` checks it): handler nvidia
     through the engine adapter, the CDI spec and the labels file written under a scratch root; a second run changes
     nothing; the user's own setting survives."""
-    import shutil
 
     from provision.inject import discover
     from provision.k8s import node
     from tests.conftest import H200
 
-    if not shutil.which("containerd"):
-        pytest.skip("needs containerd (run-tests.sh installs docker.io, which brings it)")
     disc = discover.discover(str(H200 / "usr/local/nvidia"), proc_root=str(H200), dev_root=str(H200))
     cfg = tmp_path / "etc/containerd/config.toml"
     cfg.parent.mkdir(parents=True)
@@ -234,13 +233,11 @@ def test_node_setup_idempotent_with_real_containerd(tmp_path):
     assert again.changed == []
 
 
+@needs("containerd")
 def test_node_cli_before_the_driver_loads(tmp_path):
     """A fresh node (no driver yet: Ansible's check mode, or before the reboot): the engine side is done, labels and
     the CDI spec are skipped with a warning, not a failure."""
-    import shutil
 
-    if not shutil.which("containerd"):
-        pytest.skip("needs containerd (run-tests.sh installs docker.io, which brings it)")
     cfg = tmp_path / "config.toml"
     cfg.write_text("version = 2\n")
     env = {"GPUPROV_RUNTIME_CONFIG": str(tmp_path / "runtime.json"), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
@@ -255,16 +252,14 @@ def test_node_cli_before_the_driver_loads(tmp_path):
     assert cfg.read_text() == "version = 2\n"  # a dry run changes nothing
 
 
+@needs("containerd")
 def test_verify_checks_the_cri_handler(tmp_path):
     """`gpuprov verify`'s CRI check on a node whose containerd config (a scratch one, read by the real
     `containerd config dump`) has, then lacks, gpuprov's handler."""
-    import shutil
 
     from provision.engines.configure import configure
     from provision.verify.checks import LocalHost, cri_handler
 
-    if not shutil.which("containerd"):
-        pytest.skip("needs containerd (run-tests.sh installs docker.io, which brings it)")
     cfg = tmp_path / "config.toml"
     cfg.write_text("version = 2\n")
 
