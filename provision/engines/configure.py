@@ -67,27 +67,46 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
 
 
 def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult, *, check: bool) -> None:
-    """Write every edit (backups kept); when the engine's own check rejects the result, put the old files back."""
+    """Write every edit (backups kept); when one write fails, or the engine's own check rejects the result, put the
+    old files back (a drop-in written before its `imports` line is removed again)."""
     done: list[tuple] = []
-    for edit in plan.edits:
-        if edit.changed:
-            bak = write_file(edit.path, edit.new, mode=0o644, backup=bool(edit.old))
-            done.append((edit, bak))
-            res.backup = res.backup or (str(bak) if bak else None)
+    made: list[Path] = []  # directories this write creates (a drop-in's conf.d): removed again on a roll-back
+    try:
+        for edit in plan.edits:
+            if edit.changed:
+                parent = edit.path.parent
+                while not parent.exists():
+                    made.append(parent)
+                    parent = parent.parent
+                bak = write_file(edit.path, edit.new, mode=0o644, backup=bool(edit.old))
+                done.append((edit, bak))
+                res.backup = res.backup or (str(bak) if bak else None)
+    except BaseException:
+        _roll_back(done, made)
+        raise
     if not check:
         return
     ok = eng.check(path, req)
     if ok is False:
-        for edit, bak in reversed(done):
-            if edit.old is None:
-                edit.path.unlink(missing_ok=True)
-            else:
-                write_file(edit.path, edit.old, backup=False)
-            if bak:
-                bak.unlink(missing_ok=True)
+        _roll_back(done, made)
         why = eng.check_error or f"its own check does not show runtime {req.name!r}"
         raise StepFailed(f"{eng.name} rejects the edited {path} ({why}); the change was rolled back")
     res.verified = ok
+
+
+def _roll_back(done: list[tuple], made: list[Path]) -> None:
+    for edit, bak in reversed(done):
+        if edit.old is None:
+            edit.path.unlink(missing_ok=True)
+        else:
+            write_file(edit.path, edit.old, backup=False)
+        if bak:
+            bak.unlink(missing_ok=True)
+    for d in made:  # deepest first
+        try:
+            d.rmdir()
+        except OSError:
+            pass
 
 
 def _not_signalled(eng, path: Path) -> str:

@@ -252,3 +252,38 @@ def test_user_settings_survive_a_second_run(node):
     assert {p: p.read_bytes() for p in before} == before
     backups = [f for f in os.listdir(node.base / "etc") if ".gpuprov-" in f]
     assert len(backups) == 1 and backups[0].startswith("config.toml.gpuprov-")  # the first run's, of theirs
+
+
+def test_import_after_the_dropin(node, tmp_path):
+    """A file imported after gpuprov's drop-in defines the CRI plugin. containerd 1.x lets it replace the drop-in's
+    whole section: `config dump` shows it, both files are put back (main config byte-identical, drop-in removed),
+    exit 5 with the way out. containerd 2.x merges key by key: the handler and the operator's setting both hold."""
+    late, later, main = tmp_path / "late.toml", tmp_path / "later.toml", tmp_path / "config.toml"
+    late.write_text(f'version = 2\nimports = ["{later}"]\n')
+    later.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  max_container_log_line_size = 777\n')
+    main.write_text(f'version = 2\nimports = ["{late}"]\n')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    r = run_cli("engine", "configure", "containerd", "--config", str(main), "--runtime-path", node.runtime, "--json",
+                env={**node.env, "PATH": node.ctrd.path_env})
+    if node.version < (2, 0):
+        assert r.returncode == 5 and "rolled back" in r.stderr and "drop-in last" in r.stderr, r.stderr
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+        return
+    assert r.returncode == 0, r.stderr
+    rt = node.ctrd.config_dump(main)["plugins"]["io.containerd.cri.v1.runtime"]
+    assert rt["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"] == node.runtime
+    assert rt["max_container_log_line_size"] == 777
+
+
+def test_default_handler(node):
+    """`--default`: the handler kubelet uses for pods without a RuntimeClass is gpuprov's (after a restart:
+    containerd reads its config only at start)."""
+    r = run_cli("engine", "configure", "containerd", "--config", str(node.main), "--runtime-path", node.runtime,
+                "--cdi", "--default", "--json", env={**node.env, "PATH": node.ctrd.path_env})
+    assert r.returncode == 0 and "default_runtime_name -> nvidia" in json.loads(r.stdout)["changes"], r.stderr
+    node.cri.close()
+    node.ctrd.stop()
+    node.ctrd.start(node.main)
+    node.cri = CRI(node.ctrd.socket)
+    out = node.run("default", handler="", env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    assert nvidia_nodes(out) == set(NODES)

@@ -126,6 +126,7 @@ def test_rolled_back_when_containerd_does_not_read_it(tmp_path):
     assert r.returncode == 5 and "rolled back" in r.stderr and "import gpuprov's drop-in last" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert files(tmp_path) == snapshot  # main byte-identical, no drop-in, no backup left
+    assert not (tmp_path / "conf.d").exists()  # nor the directory made for it
 
 
 @pytest.mark.parametrize("bad", ['version = "2"\n', "version = 2.0\n", "version = 4\n", "version = true\n",
@@ -233,3 +234,19 @@ def test_version_1_config_on_containerd_1_6(tmp_path):
     after = cri(dump(main))
     assert after["sandbox_image"] == "registry.local/pause:3.9"
     assert after["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"] == RT
+
+
+@needs("chattr")
+def test_failed_write_midway_leaves_nothing(tmp_path):
+    """The drop-in is written first; when the main config then cannot be written (here: immutable), the drop-in and
+    the conf.d directory made for it are removed again: exit 13, the operator's file as it was."""
+    main = tmp_path / "config.toml"
+    main.write_text("version = 2\n")
+    subprocess.run(["chattr", "+i", str(main)], check=True)
+    try:
+        with pytest.raises(GpuprovError) as e:
+            configure("containerd", config=str(main), runtime_path=RT)
+    finally:
+        subprocess.run(["chattr", "-i", str(main)], check=True)
+    assert e.value.exit_code == 13
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"] and main.read_text() == "version = 2\n"
