@@ -20,7 +20,8 @@ LIBRARIES = {
     "graphics": ("libnvidia-eglcore", "libnvidia-glcore", "libnvidia-tls", "libnvidia-glsi", "libnvidia-fbc",
                  "libnvidia-ifr", "libnvidia-rtcore", "libnvoptix", "libGLX_nvidia", "libEGL_nvidia",
                  "libGLESv2_nvidia", "libGLESv1_CM_nvidia", "libnvidia-glvkspirv", "libnvidia-cbl",
-                 "libnvidia-gpucomp", "libnvidia-vksc-core", "libnvidia-present"),  # gpucomp: GL and CUDA both
+                 "libnvidia-gpucomp", "libnvidia-vksc-core", "libnvidia-present", "libnvidia-allocator"),
+    # gpucomp: GL and CUDA both; allocator: CUDA and the GBM backend (gbm/nvidia-drm_gbm.so)
     "ngx": ("libnvidia-ngx",),
 }
 # video needs the compute libraries too (NVDEC/NVENC sit on CUDA).

@@ -163,6 +163,8 @@ def driver_mounts(disc: dict, caps: list[str], *, libdir: str = DEBIAN_LIBDIR, w
     for cap in caps:
         for lib in disc.get("libraries", {}).get(cap, []):
             add(_ro(lib["path"], f"{libdir}/{lib['soname']}"))
+            if cap == "graphics" and lib["name"] == "libnvidia-allocator":  # Mesa's libgbm loads NVIDIA's backend
+                add(_ro(lib["path"], f"{libdir}/gbm/nvidia-drm_gbm.so"))  # by this name (nvidia-ctk: a symlink)
         if "compat32" in caps:
             for lib in disc.get("libraries32", {}).get(cap, []):
                 add(_ro(lib["path"], f"{lib32dir}/{lib['soname']}"))

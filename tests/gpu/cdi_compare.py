@@ -44,20 +44,31 @@ def _reason(path: str) -> str | None:
     return next((why for key, why in REASONS if key in path), None)
 
 
+def _moved_why(path: str) -> str:
+    if path.endswith((".json", ".icd")):
+        return "same manifest; gpuprov puts loader manifests under /usr/share, which the loaders search as well as /etc"
+    if "/bin/" in path:
+        return "same binary; gpuprov mounts binaries in /usr/bin, on every image's PATH"
+    return ("same library; gpuprov mounts it at its SONAME in the image's default library directories, so no "
+            "ldconfig or create-symlinks hook has to run in the container")
+
+
 def compare(theirs: dict, ours: dict) -> dict:
     our_paths = {m["containerPath"]: m for m in _mounts(ours)}
     our_by_host: dict[str, list[str]] = {}
     for m in _mounts(ours):
         our_by_host.setdefault(_real(m["hostPath"]), []).append(m["containerPath"])
+    # manifests: the host may keep them behind a symlink (/usr/share/vulkan/… -> the driver root): match by name too
+    our_manifests = {os.path.basename(p): p for p in our_paths if p.endswith((".json", ".icd"))}
     same, moved, explained, unexplained = [], [], [], []
     for m in _mounts(theirs):
         cp = m["containerPath"]
         if cp in our_paths:
             same.append(cp)
         elif _real(m["hostPath"]) in our_by_host:
-            moved.append({"theirs": cp, "ours": our_by_host[_real(m["hostPath"])],
-                          "why": "same host file; gpuprov mounts libraries at their SONAME in the image's default "
-                                 "library directories and binaries in /usr/bin, so no ldconfig or symlink hook runs"})
+            moved.append({"theirs": cp, "ours": our_by_host[_real(m["hostPath"])], "why": _moved_why(cp)})
+        elif os.path.basename(cp) in our_manifests:
+            moved.append({"theirs": cp, "ours": [our_manifests[os.path.basename(cp)]], "why": _moved_why(cp)})
         elif _reason(cp) or _reason(m["hostPath"]):
             explained.append({"path": cp, "why": _reason(cp) or _reason(m["hostPath"])})
         else:

@@ -24,7 +24,7 @@ tar -xJf "$K/docker-cdi.tar.xz" -C /
 # A dockerd of our own (own socket, data, exec root, config): a warm machine may still run someone else's.
 export DOCKER_HOST=unix:///tmp/caps-docker.sock; cfg=/tmp/caps-daemon.json; mkdir -p /tmp/tiny
 echo '{"iptables": false, "ip6tables": false, "bridge": "none", "ip-masq": false, "userland-proxy": false}' > $cfg  # no docker-proxy in the kit
-{ nvidia-smi -L; uname -r; runc --version | head -1; dockerd --version; docker --version; } > "$out/host.txt" 2>&1
+{ nvidia-smi -L; uname -r; ldd /usr/local/nvidia/lib64/libGLX_nvidia.so.0; runc --version | head -1; dockerd --version; docker --version; } > "$out/host.txt" 2>&1
 log "gpuprov runtime install / engine configure docker --default --cdi / cdi refresh"
 gpuprov runtime install --json > "$out/install.json" 2>&1; echo "runtime install rc=$?"
 gpuprov engine configure docker --config $cfg --default --cdi --no-restart > "$out/engine.txt" 2>&1; echo "engine configure rc=$?"

@@ -18,6 +18,7 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 # shellcheck disable=SC2086
 apt_dl() { (cd "$work" && apt-get $opts download "$@" >/dev/null 2>&1); }
 
+rm -f "$dest/gfx.tar.xz"
 [ -s "$dest/docker-cdi.tar.xz" ] || bash "$here/docker_kit.sh" "$dest" "$2"
 
 # runc + libseccomp (runc is dynamically linked against it)
@@ -29,8 +30,10 @@ r=$work/tiny; cp -a "${GPU_KIT_ROOTFS:?source .gpu-kit/env.sh first}" "$r"
 for a in grep sleep head; do [ -e "$r/bin/$a" ] || ln -s busybox "$r/bin/$a"; done
 tar -C "$r" -cJf "$dest/tiny.tar.xz" .
 
-# the graphics/video image: Debian 12's loaders (glvnd EGL + GLES, Vulkan loader) and the probes
-apt_dl libegl1/bookworm libglvnd0/bookworm libgles2/bookworm libvulkan1/bookworm
+# the graphics/video image: Debian 12's loaders (glvnd EGL + GLES, Vulkan loader) and the probes, plus the X client
+# libraries NVIDIA's Vulkan ICD (libGLX_nvidia.so.0) links against even when rendering headless
+apt_dl libegl1/bookworm libglvnd0/bookworm libgles2/bookworm libvulkan1/bookworm libx11-6/bookworm \
+  libxext6/bookworm libxcb1/bookworm libxau6/bookworm libxdmcp6/bookworm libbsd0/bookworm libmd0/bookworm
 for d in "$work"/*.deb; do dpkg -x "$d" "$r"; done
 mkdir -p "$r/probes"
 gcc -O2 -Wall -o "$r/probes/gfx_probe" "$here/probes/gfx_probe.c" -ldl

@@ -119,6 +119,9 @@ def test_egl_and_vulkan_headless_with_graphics():
                          cmd=("/probes/gfx_probe", "egl"))
     rc_vk, out_vk = docker_run("--gpus", "all", "-e", "NVIDIA_DRIVER_CAPABILITIES=graphics", image=GFX,
                                cmd=("/probes/gfx_probe", "vulkan"))
+    if rc_vk != 0:  # say why: the loader's own account of which manifests and libraries it tried
+        out_vk += docker_run("--gpus", "all", "-e", "NVIDIA_DRIVER_CAPABILITIES=graphics", "-e",
+                             "VK_LOADER_DEBUG=error,warn,driver", image=GFX, cmd=("/probes/gfx_probe", "vulkan"))[1]
     _record("egl_graphics", out)
     _record("vulkan_graphics", out_vk)
     assert rc == 0 and "EGL_VENDOR=NVIDIA" in out and "GL_RENDERER=NVIDIA" in out, out

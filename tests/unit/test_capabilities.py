@@ -219,3 +219,33 @@ def test_driver_volume_carries_manifests(tmp_path):
     assert json.loads((cur / "share/vulkan/icd.d/nvidia_icd.json").read_text())["ICD"]["library_path"] == \
         "libGLX_nvidia.so.0"
     assert (cur / "lib64/libnvidia-gpucomp.so.580.159.04").exists()  # in two capabilities, linked once
+
+
+def test_graphics_gbm_backend(disc):
+    got = {m["destination"]: m["source"] for m in edits.driver_mounts(disc, ["graphics"])}
+    assert got[f"{edits.DEBIAN_LIBDIR}/gbm/nvidia-drm_gbm.so"].endswith("libnvidia-allocator.so.580.159.04")
+
+
+def test_real_specs_nvidia_ctk_vs_gpuprov():
+    """The two specs generated side by side on a 2x H200 host (tests/gpu/device_caps.sh, 2026-11-21): every device
+    node and container path of nvidia-ctk's is in gpuprov's, or the difference has its reason."""
+    import yaml
+
+    from tests.cdi_check import validate
+    from tests.conftest import FIXTURES
+    from tests.gpu.cdi_compare import compare
+
+    theirs = yaml.safe_load((FIXTURES / "cdi/h200x2-nvidia-ctk.yaml").read_text())
+    ours = yaml.safe_load((FIXTURES / "cdi/h200x2-gpuprov.yaml").read_text())
+    validate(ours)
+    validate(theirs)
+    r = compare(theirs, ours)
+    assert r["unexplained"] == [] and r["device_names_missing"] == []
+    assert r["their_nodes"] == r["our_nodes"] == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0",
+                                                  "/dev/nvidia1", "/dev/nvidiactl"]
+    assert r["their_mounts"] == 35 and len(r["same_file_other_path"]) == 32
+    assert [e["path"].rsplit("/", 1)[1] for e in r["explained"]] == ["gsp_ga10x.bin", "gsp_tu10x.bin"]
+    broken = dict(ours, containerEdits=dict(ours["containerEdits"], mounts=[
+        m for m in ours["containerEdits"]["mounts"] if "libnvcuvid" not in m["containerPath"]]))
+    assert [u["path"] for u in compare(theirs, broken)["unexplained"]] == [
+        "/usr/local/nvidia/lib64/libnvcuvid.so.580.159.04"]  # a library we lost would be caught
