@@ -25,6 +25,7 @@ from provision.errors import HostBusy, WriteFailed
 
 LOCK_DIRS = ("/run/gpuprov", "/var/lib/gpuprov")
 LOCK_NAME = "host.lock"
+RECORD = 128  # bytes of "PID what" kept in the lock file
 
 _depth = 0  # > 0 while this process holds the lock
 _no_wait = os.environ.get("GPUPROV_NO_WAIT", "") not in ("", "0")
@@ -57,7 +58,7 @@ def _open() -> tuple[int, str]:
 
 def _holder(fd: int) -> str:
     try:
-        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        text = os.pread(fd, RECORD, 0).decode(errors="replace").strip()
     except OSError:
         text = ""
     pid, _, what = text.partition(" ")
@@ -86,8 +87,9 @@ def host_lock(what: str, *, wait: bool | None = None) -> Iterator[None]:
                                "without --no-wait to wait") from None
             print(f"gpuprov: waiting for {holder} to finish (lock {path})…", file=sys.stderr, flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {what}\n".encode(), 0)
+        # Who holds it, for whoever waits. A fixed-size record, never a truncation: ext4 flushes a file truncated to
+        # zero when it is closed (auto_da_alloc), which made the lock cost ~4 ms instead of ~10 µs.
+        os.pwrite(fd, f"{os.getpid()} {what}"[:RECORD - 1].ljust(RECORD - 1).encode() + b"\n", 0)
         _depth = 1
         yield
     finally:

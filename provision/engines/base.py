@@ -110,6 +110,7 @@ class Engine(ABC):
     default_config: ClassVar[str]
     daemon_names: ClassVar[tuple[str, ...]]  # the daemon's process name(s) (/proc/PID/comm)
     check_error: str | None = None  # why check() said False (one line, for the error after the roll-back)
+    pid_files: ClassVar[tuple[str, ...]] = ()  # where the daemon usually says its pid: looked at first (fast path)
 
     def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
         return Path(config or self.default_config)
@@ -125,10 +126,12 @@ class Engine(ABC):
 
     def live_daemon(self, path: Path) -> Daemon | None:
         """The running daemon that reads `path`, if any. A --config no running daemon reads is never signalled."""
-        for pid, argv in find_processes(self.daemon_names):
-            d = Daemon(pid, tuple(argv), self.daemon_config(argv))
-            if d.reads(path):
-                return d
+        for candidates in (lambda: processes_in_pid_files(self.pid_files, self.daemon_names),
+                           lambda: find_processes(self.daemon_names)):  # the /proc scan only when needed
+            for pid, argv in candidates():
+                d = Daemon(pid, tuple(argv), self.daemon_config(argv))
+                if d.reads(path):
+                    return d
         return None
 
     def running_daemons(self) -> list[Daemon]:
@@ -242,6 +245,22 @@ def find_processes(names: tuple[str, ...]) -> list[tuple[int, list[str]]]:
             continue  # exited meanwhile
         found.append((int(entry.name), argv))
     return sorted(found)
+
+
+def processes_in_pid_files(pid_files: tuple[str, ...], names: tuple[str, ...]) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of the processes named in these pid files, when they are still running under one of `names`."""
+    found = []
+    for pidfile in pid_files:
+        try:
+            pid = int(Path(pidfile).read_text().strip())
+            with open(f"/proc/{pid}/comm") as fh:
+                if fh.read().strip() not in names:
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                found.append((pid, [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:

@@ -163,6 +163,7 @@ class DockerEngine(Engine):
     name = "docker"
     default_config = DAEMON_JSON
     daemon_names = ("dockerd",)
+    pid_files = ("/run/docker.pid", "/var/run/docker.pid")
 
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
         old = read_config(path)

@@ -1,0 +1,59 @@
+"""One host lock: concurrent writers lose nothing; --no-wait fails fast with exit 11; a waiter says whom it waits for."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+from tests.conftest import gpuprov_bin
+from tests.faults.conftest import HOST_BUSY, RT, root_only, user_daemon_json
+
+pytestmark = root_only
+
+
+def _start(p, name, lock, *extra):
+    return subprocess.Popen([*gpuprov_bin(), *extra, "engine", "configure", "docker", "--config", str(p),
+                             "--runtime-path", RT, "--runtime-name", name, "--no-restart"],
+                            env={**os.environ, "GPUPROV_LOCK_DIR": str(lock)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    """20 rounds of two concurrent `engine configure` adding different runtimes to one daemon.json: both exit 0 and
+    both runtimes (and the operator's keys) are there every time."""
+    p = tmp_path / "daemon.json"
+    p.write_bytes(user_daemon_json())
+    lost = []
+    for i in range(20):
+        a, b = _start(p, f"a{i}", tmp_path / "lock"), _start(p, f"b{i}", tmp_path / "lock")
+        ra, rb = a.wait(60), b.wait(60)
+        assert (ra, rb) == (0, 0), (a.stderr.read(), b.stderr.read())
+        doc = json.loads(p.read_text())
+        lost += [n for n in (f"a{i}", f"b{i}") if n not in doc["runtimes"]]
+    assert lost == []
+    doc = json.loads(p.read_text())
+    assert len(doc["runtimes"]) == 41 and doc["runtimes"]["kata"] == {"path": "/opt/kata/bin/kata-runtime"}
+    assert doc["data-root"] == "/srv/docker"
+
+
+def test_no_wait_fails_fast_and_waiter_waits(tmp_path, monkeypatch):
+    from provision.hostlock import host_lock
+
+    monkeypatch.setenv("GPUPROV_LOCK_DIR", str(tmp_path / "lock"))
+    p = tmp_path / "daemon.json"
+    old = user_daemon_json()
+    p.write_bytes(old)
+    with host_lock("test holder"):
+        t = time.monotonic()
+        fast = _start(p, "x", tmp_path / "lock", "--no-wait")
+        assert fast.wait(30) == HOST_BUSY
+        err = fast.stderr.read()
+        assert time.monotonic() - t < 10 and f"pid {os.getpid()}: gpuprov test holder" in err
+        assert len(err.strip().splitlines()) == 1 and p.read_bytes() == old
+        waiter = _start(p, "y", tmp_path / "lock")
+        time.sleep(3)
+        assert waiter.poll() is None  # still waiting for us
+    assert waiter.wait(30) == 0
+    assert "waiting for pid" in waiter.stderr.read()
+    assert "y" in json.loads(p.read_text())["runtimes"]
