@@ -30,10 +30,13 @@ def enable_cmd(
 ) -> None:
     """Start the MPS control daemon for the chosen GPUs (pipe dir /run/gpuprov/mps, logs /var/log/gpuprov/mps)."""
     from provision.errors import UsageError
-    from provision.inject.edits import Refused
+    from provision.inject.edits import Refused, is_index
     from provision.share import mps
     from provision.share.limits import parse_percent, parse_size
 
+    bad = [x for x in gpus.split(",") if not is_index(x.strip())] if gpus else []
+    if bad:  # ASCII digits only: int() would take '１' or '٣' as 1 and 3
+        raise UsageError(f"--gpus takes GPU indices such as 0,1 (got {', '.join(map(repr, bad))})")
     try:
         ids = [int(x) for x in gpus.split(",")] if gpus else None
         mem = parse_size(default_memory, "--default-memory") if default_memory else None

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from provision.errors import HostUnreadable
-from provision.facts.rootfs import under
+from provision.facts.rootfs import NotRegular, read_bytes_bounded, under
 
 # ID / ID_LIKE words -> family. Order matters: the first match wins.
 FAMILY_WORDS = (
@@ -54,7 +54,10 @@ def _package_manager(family: str, os_id: str, major: str) -> str:
     return {"suse": "zypper", "arch": "pacman", "alpine": "apk"}.get(family, "unknown")
 
 
-def read_distro(root: Path) -> DistroFacts:
+def _release_files(root: Path) -> dict[str, bytes]:
+    """The release files present under `root`, each read once through the bounded, non-blocking reader: `distro`
+    then parses copies of these alone, so it never opens anything else in the tree (a FIFO named
+    etc/x-release would otherwise hang it)."""
     candidates = ["etc/os-release", "usr/lib/os-release", *LEGACY_FILES]
     present = [c for c in candidates if under(root, c).exists()]
     if not present:
@@ -62,17 +65,35 @@ def read_distro(root: Path) -> DistroFacts:
             f"no os-release under {root} (looked for /etc/os-release, /usr/lib/os-release and legacy release "
             "files): pass --root pointing at a host's root, or use --target to name the release"
         )
+    out = {}
     for c in present:
         try:
-            under(root, c).read_bytes()
+            out[c] = read_bytes_bounded(under(root, c), 1 << 20)
         except OSError as exc:
+            why = "not a regular file" if isinstance(exc, NotRegular) else exc.strerror
             raise HostUnreadable(
-                f"cannot read {under(root, c)}: {exc.strerror}; run as root or fix its permissions") from None
+                f"cannot read {under(root, c)}: {why}; run as root or fix the file") from None
+    return out
+
+
+def read_distro(root: Path) -> DistroFacts:
+    import tempfile
+
     import distro  # deferred: only detection needs it (keeps other commands' start-up small)
 
-    info = distro.LinuxDistribution(
-        include_lsb=False, include_uname=False, include_oslevel=False, root_dir=str(root)
-    )
+    files = _release_files(root)
+    with tempfile.TemporaryDirectory(prefix="gpuprov-release-") as td:
+        for rel, data in files.items():
+            (Path(td) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(td) / rel).write_bytes(data)
+        info = distro.LinuxDistribution(
+            include_lsb=False, include_uname=False, include_oslevel=False, root_dir=td
+        )
+        info.info()  # parse now, while the copies exist (distro reads lazily)
+        return _facts(root, info)
+
+
+def _facts(root: Path, info) -> DistroFacts:
     # The raw ID (distro normalises some, e.g. "ol" -> "oracle"); legacy release files only give distro's.
     os_id = info.os_release_attr("id") or info.id()
     if not os_id:

@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from provision.facts.rootfs import is_live, read_first_line, read_text, under
+from provision.facts.rootfs import is_live, read_bytes_bounded, read_first_line, read_text, under
 from provision.inject.capabilities import DRIVER_LIB_DIRS
 
 SECURE_BOOT_VAR = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -54,7 +54,7 @@ def kernel_release(root: Path) -> str | None:
 
 def secure_boot(root: Path) -> bool | None:
     try:
-        data = under(root, SECURE_BOOT_VAR).read_bytes()
+        data = read_bytes_bounded(under(root, SECURE_BOOT_VAR))
     except OSError:
         return None if not under(root, "sys/firmware/efi").exists() else False
     # efivarfs: 4 bytes of attributes, then the value; the last byte is 1 when Secure Boot is on.

@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from provision.facts.rootfs import is_live, under
+from provision.facts.rootfs import is_live, read_bytes_bounded, under
 
 BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
 VERSION_RE = re.compile(r"(\d+\.\d+(?:\.\d+)?(?:[-+~][\w.+~-]*)?)")
@@ -143,7 +143,7 @@ def read_engines(root: Path) -> list[EngineFacts]:
         cfg = under(root, spec.config)
         text = None
         try:
-            text = cfg.read_text()
+            text = read_bytes_bounded(cfg).decode()  # a FIFO or huge file here must not hang detect
         except OSError:
             pass
         if binaries[spec.name] is None and text is None:

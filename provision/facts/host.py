@@ -11,7 +11,7 @@ from provision.errors import Unsupported
 from provision.facts.distro_facts import DistroFacts, read_distro
 from provision.facts.driver_facts import DriverFacts, read_driver
 from provision.facts.engines import EngineFacts, read_engines
-from provision.facts.pci import PciDisplayDevice, scan_display_devices
+from provision.facts.pci import PciDisplayDevice, scan_pci
 
 SCHEMA = "gpuprov.detect/v1"
 
@@ -33,7 +33,7 @@ class HostReport:
         for dev, dec in self.gpus:
             g = dec.to_dict()
             if dev is not None:
-                g.update(address=dev.address, pci_class=f"{dev.pci_class:06x}", bound_driver=dev.driver,
+                g.update(address=dev.address, pci_class=dev.to_dict()["pci_class"], bound_driver=dev.driver,
                          numa_node=dev.numa_node)
             gpus.append(g)
         return {
@@ -59,7 +59,9 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
             target = target_for(distro.id, distro.major, distro.like)
         except Unsupported as exc:
             warnings.append(str(exc))
-    devices = scan_display_devices(root)
+    scan = scan_pci(root)
+    devices = scan.devices
+    warnings += scan.warnings
     gpus = []
     for dev in devices:
         if not dev.is_nvidia:

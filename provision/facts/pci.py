@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from provision.facts.rootfs import under
+from provision.facts.rootfs import read_text_file, under
 
 NVIDIA_VENDOR = 0x10DE
 # PCI class (base, subclass): VGA 0x0300, 3D controller 0x0302, other display 0x0380.
@@ -19,7 +20,7 @@ class PciDisplayDevice:
     device_id: int
     subsystem_vendor_id: int | None
     subsystem_device_id: int | None
-    pci_class: int  # 24-bit class code, e.g. 0x030200
+    pci_class: int | None  # 24-bit class code, e.g. 0x030200; None when it could not be read
     driver: str | None  # bound kernel driver (nvidia, nouveau, vfio-pci) or None
     numa_node: int | None
 
@@ -39,48 +40,98 @@ class PciDisplayDevice:
             device_id=f"{self.device_id:04x}",
             subsystem_vendor_id=None if self.subsystem_vendor_id is None else f"{self.subsystem_vendor_id:04x}",
             subsystem_device_id=None if self.subsystem_device_id is None else f"{self.subsystem_device_id:04x}",
-            pci_class=f"{self.pci_class:06x}",
+            pci_class=None if self.pci_class is None else f"{self.pci_class:06x}",
         )
         return d
 
 
-def _hex(path: Path) -> int | None:
+def _hex(path: Path) -> int:
+    """A sysfs hex attribute ("0x10de\n"). Raises OSError (unreadable, not a regular file) or ValueError."""
+    return int(read_text_file(path, 4096).strip(), 16)
+
+
+# modalias, e.g. pci:v000010DEd00002335sv000010DEsd000018BFbc03sc02i00: the same ids again, read when an attribute
+# cannot be (a capture that lost one, a file made unreadable).
+MODALIAS_RE = re.compile(r"^pci:v([0-9A-F]{8})d([0-9A-F]{8})sv([0-9A-F]{8})sd([0-9A-F]{8})bc([0-9A-F]{2})"
+                         r"sc([0-9A-F]{2})i([0-9A-F]{2})", re.I)
+
+
+def _modalias(d: Path) -> dict[str, int]:
     try:
-        return int(path.read_text().strip(), 16)
-    except (OSError, ValueError):
-        return None
+        m = MODALIAS_RE.match(read_text_file(d / "modalias", 4096).strip())
+    except OSError:
+        return {}
+    if not m:
+        return {}
+    v, dev, sv, sd, bc, sc, pi = (int(x, 16) for x in m.groups())
+    return {"vendor": v, "device": dev, "subsystem_vendor": sv, "subsystem_device": sd,
+            "class": (bc << 16) | (sc << 8) | pi}
 
 
-def scan_display_devices(root: Path) -> list[PciDisplayDevice]:
-    """Every display-class PCI device (any vendor), sorted by address."""
+@dataclass
+class PciScan:
+    devices: list[PciDisplayDevice]
+    warnings: list[str]
+
+
+def scan_pci(root: Path) -> PciScan:
+    """Every display-class PCI device (any vendor), sorted by address. An attribute that cannot be read never
+    drops a device silently: its modalias is tried, then the device is reported with what could be read (an
+    NVIDIA device whose class is unknown counts as a GPU) and a warning says what was missing
+    (tests/faults/test_detect_sysfs.py)."""
     base = under(root, "sys/bus/pci/devices")
     try:
         entries = sorted(os.listdir(base))
     except OSError:
-        return []
-    found = []
+        return PciScan([], [])
+    found: list[PciDisplayDevice] = []
+    warnings: list[str] = []
     for addr in entries:
         d = base / addr
-        cls = _hex(d / "class")
-        if cls is None or (cls >> 8) not in DISPLAY_CLASSES:
+        vals: dict[str, int | None] = {}
+        errors: dict[str, str] = {}
+        alias: dict[str, int] | None = None
+        for name in ("class", "vendor", "device", "subsystem_vendor", "subsystem_device"):
+            try:
+                vals[name] = _hex(d / name)
+            except (OSError, ValueError) as exc:
+                if alias is None:
+                    alias = _modalias(d)
+                vals[name] = alias.get(name)
+                if vals[name] is None:
+                    errors[name] = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "not a hex number"
+        cls, vendor, device = vals["class"], vals["vendor"], vals["device"]
+        if cls is not None and (cls >> 8) not in DISPLAY_CLASSES:
             continue
-        vendor, device = _hex(d / "vendor"), _hex(d / "device")
-        if vendor is None or device is None:
+        if vendor is None or (vendor == NVIDIA_VENDOR and device is None):
+            missing = ", ".join(f"{k} ({v})" for k, v in errors.items())
+            warnings.append(f"PCI device {addr}: cannot read {missing}; it was not checked for an NVIDIA GPU "
+                            "(run detect as root, or fix the --root tree)")
             continue
+        if cls is None and vendor != NVIDIA_VENDOR:
+            continue  # another vendor's device of unknown class: not ours to report
+        if errors:
+            missing = ", ".join(f"{k} ({v})" for k, v in errors.items())
+            warnings.append(f"PCI device {addr} ({vendor:04x}:{device:04x}): cannot read {missing}; reported with "
+                            "what could be read")
         try:
             driver = os.path.basename(os.readlink(d / "driver"))  # dangling in captures: readlink still works
         except OSError:
             driver = None
         numa = None
         try:
-            numa = int((d / "numa_node").read_text().strip())
+            numa = int(read_text_file(d / "numa_node", 4096).strip())
         except (OSError, ValueError):
             pass
         found.append(
             PciDisplayDevice(
                 address=addr, vendor_id=vendor, device_id=device,
-                subsystem_vendor_id=_hex(d / "subsystem_vendor"), subsystem_device_id=_hex(d / "subsystem_device"),
+                subsystem_vendor_id=vals["subsystem_vendor"], subsystem_device_id=vals["subsystem_device"],
                 pci_class=cls, driver=driver, numa_node=None if numa is None or numa < 0 else numa,
             )
         )
-    return found
+    return PciScan(found, warnings)
+
+
+def scan_display_devices(root: Path) -> list[PciDisplayDevice]:
+    return scan_pci(root).devices

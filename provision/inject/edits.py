@@ -57,16 +57,24 @@ def capabilities(env: dict[str, str]) -> list[str]:
     return caps
 
 
+def is_index(s: str) -> bool:
+    """ASCII digits only: str.isdigit() and int() also take '１' or '٣' (and isdigit '²', which int() refuses)."""
+    return s.isascii() and s.isdigit()
+
+
 def select_gpus(selectors: list[str], gpus: list[dict]) -> list[dict]:
     if selectors == ["all"]:
         return list(gpus)
     chosen = []
     for s in selectors:
-        if s.isdigit():
+        if is_index(s):
             match = [g for g in gpus if g["index"] == int(s)]
         elif s.startswith("GPU-"):
             match = [g for g in gpus if (g.get("uuid") or "").lower().startswith(s.lower())]
-        elif s.startswith("MIG-") or (s.count(":") == 1 and s.replace(":", "").isdigit()):
+            if len(match) > 1:  # a prefix must name one GPU, never several (tests/faults/test_detect_selectors.py)
+                raise Refused(f"NVIDIA_VISIBLE_DEVICES={s!r} is ambiguous: it is the start of "
+                              f"{', '.join(g['uuid'] for g in match)}; give more of the UUID")
+        elif s.startswith("MIG-") or (s.count(":") == 1 and is_index(s.replace(":", ""))):
             raise Refused(f"MIG device {s} requested but no MIG instances are configured on this host")
         else:
             match = []

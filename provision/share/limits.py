@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from provision.inject.edits import Refused
+from provision.inject.edits import Refused, is_index
 
 GIB = 1 << 30
 UNITS = {"": GIB, "g": GIB, "gi": GIB, "gib": GIB, "gb": GIB, "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20,
@@ -43,8 +43,14 @@ def parse_memory(text: str, var: str, n_gpus: int, default_unit: str = "g") -> d
         out = {}
         for x in items:
             k, _, v = x.partition("=")
-            if not k.strip().isdigit():
+            if not is_index(k.strip()):
                 raise Refused(f"{var}={text!r}: {k!r} is not a GPU index")
+            if int(k) >= n_gpus:  # a limit for a GPU the container does not see would silently apply to none
+                raise Refused(f"{var}={text!r}: GPU index {int(k)} is not visible to this container "
+                              f"(it sees {n_gpus} GPU(s), indices 0-{n_gpus - 1})" if n_gpus else
+                              f"{var}={text!r}: this container sees no GPU")
+            if int(k) in out:
+                raise Refused(f"{var}={text!r}: GPU index {int(k)} given twice")
             out[int(k)] = parse_size(v, var, default_unit)
         return out
     if any("=" in x for x in items):
