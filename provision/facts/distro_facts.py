@@ -15,6 +15,7 @@ FAMILY_WORDS = (
     ("suse", "suse"), ("opensuse", "suse"), ("sles", "suse"),
     ("arch", "arch"), ("alpine", "alpine"),
 )
+RELEASE_MAX = 64 << 10  # real os-release files are under 1 KiB
 LEGACY_FILES = ("etc/centos-release", "etc/redhat-release", "etc/system-release", "etc/oracle-release")
 
 
@@ -65,14 +66,23 @@ def _release_files(root: Path) -> dict[str, bytes]:
             f"no os-release under {root} (looked for /etc/os-release, /usr/lib/os-release and legacy release "
             "files): pass --root pointing at a host's root, or use --target to name the release"
         )
-    out = {}
+    out, odd = {}, []
     for c in present:
         try:
-            out[c] = read_bytes_bounded(under(root, c), 1 << 20)
+            data = read_bytes_bounded(under(root, c), RELEASE_MAX + 1)
+        except NotRegular:
+            odd.append(c)  # a FIFO, device or directory: not a release file; the others may still say
+            continue
         except OSError as exc:
-            why = "not a regular file" if isinstance(exc, NotRegular) else exc.strerror
             raise HostUnreadable(
-                f"cannot read {under(root, c)}: {why}; run as root or fix the file") from None
+                f"cannot read {under(root, c)}: {exc.strerror}; run as root or fix its permissions") from None
+        if len(data) > RELEASE_MAX:
+            odd.append(c)  # megabytes are not an os-release (and would take `distro` minutes to parse)
+        else:
+            out[c] = data
+    if not out:
+        raise HostUnreadable(f"cannot read {under(root, odd[0])}: not a regular file of at most {RELEASE_MAX} "
+                             "bytes; restore it from the distro package, or pass --target to name the release")
     return out
 
 
