@@ -2,38 +2,72 @@
 package steps pointed at the bundle's repository alone. Fails closed: no other source is ever configured."""
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import tarfile
+import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from provision.bundle import aptrepo, manifest
+from provision.bundle.unpack import unpack
 from provision.errors import BUNDLE_MISMATCH, GpuprovError
 
-EXTRACT_DIR = Path("/var/lib/gpuprov/bundles")
+
+def extract_base() -> Path:
+    """Where .tar.gz bundles are unpacked: a root-only directory (GPUPROV_BUNDLE_DIR overrides it; a user who is
+    not root gets a private directory in the temporary directory)."""
+    if os.environ.get("GPUPROV_BUNDLE_DIR"):
+        return Path(os.environ["GPUPROV_BUNDLE_DIR"])
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpuprov/bundles")
+    return Path(tempfile.gettempdir()) / f"gpuprov-bundles-{os.geteuid()}"
 
 
 class BundleMismatch(GpuprovError):
     exit_code = BUNDLE_MISMATCH
 
 
-def open_bundle(path: Path) -> Path:
-    """A bundle directory as is; a .tar.gz is unpacked (member paths checked) under /var/lib/gpuprov/bundles."""
+@dataclass
+class OpenBundle:
+    """A verified bundle: its directory, and whether gpuprov unpacked it (then `discard` removes the copy)."""
+    path: Path
+    result: manifest.VerifyResult
+    unpacked: bool = False
+
+    def discard(self) -> None:
+        if self.unpacked:
+            shutil.rmtree(self.path.parent, ignore_errors=True)
+
+
+def open_verified(path: Path, keyring: str | None = None) -> OpenBundle:
+    """A bundle directory, or a .tar.gz unpacked (members filtered) into a private directory, then verified
+    (manifest.verify). Raises BundleInvalid (exit 8) when anything fails, after removing what was unpacked."""
     if path.is_dir():
-        return path.resolve()
-    if not path.is_file():
+        bundle, unpacked = path.resolve(), False
+    elif path.is_file():
+        bundle, unpacked = unpack(path, extract_base()), True
+    else:
         raise manifest.BundleInvalid(f"{path}: no such bundle (a directory or .tar.gz from `gpuprov bundle create`)")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    dest = EXTRACT_DIR / digest
-    if not (dest / "gpuprov-bundle" / "manifest.json").exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(path) as tar:
-            for m in tar.getmembers():
-                if m.name.startswith("/") or ".." in m.name.split("/") or m.issym() or m.islnk() or m.isdev():
-                    raise manifest.BundleInvalid(f"{path}: unsafe member {m.name!r}; refusing to unpack")
-            tar.extractall(dest)
-    return dest / "gpuprov-bundle"
+    opened = OpenBundle(bundle, manifest.VerifyResult(False, None), unpacked)
+    try:
+        opened.result = manifest.verify(bundle, keyring)
+    except BaseException:
+        opened.discard()
+        raise
+    if not opened.result.ok:
+        opened.discard()
+        problems = opened.result.problems
+        exc = manifest.BundleInvalid(f"{path}: " + "; ".join(problems[:5])
+                                     + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+                                     + (" (the unpacked copy was removed)" if unpacked else ""))
+        exc.problems = problems
+        raise exc
+    if unpacked:  # one copy per bundle content: a re-run replaces it instead of piling up copies
+        final = bundle.parent.parent / manifest.sha256(bundle / "SHA256SUMS")[:16]
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(bundle.parent, final)
+        opened.path = final / bundle.name
+    return opened
 
 
 def preflight(target: dict, distro, kernel: str | None) -> None:
@@ -50,22 +84,25 @@ def preflight(target: dict, distro, kernel: str | None) -> None:
 
 
 def check_bundle(path: Path, keyring: str | None = None, root: Path = Path("/")) -> tuple[Path, dict]:
+    """Verify first (nothing is read from an unverified bundle), then the preflight and the repository."""
     from provision.facts.distro_facts import read_distro
     from provision.facts.driver_facts import kernel_release
 
-    bundle = open_bundle(path)
+    opened = open_verified(path, keyring)
+    bundle, man = opened.path, opened.result.manifest
     try:
-        target = json.loads((bundle / "manifest.json").read_text())["target"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise manifest.BundleInvalid(f"{bundle}: not a gpuprov bundle ({exc})") from None
-    preflight(target, read_distro(root), kernel_release(root))
-    res = manifest.verify(bundle, keyring)
-    if not res.ok:
-        raise manifest.BundleInvalid(f"{bundle}: " + "; ".join(res.problems[:5])
-                                     + (f" (+{len(res.problems) - 5} more)" if len(res.problems) > 5 else ""))
-    available = aptrepo.repo_packages(bundle / "repo")
-    missing = [p for pkgs in res.manifest["components"].values() for p in pkgs if p not in available]
+        target = man["target"]
+        preflight(target, read_distro(root), kernel_release(root))
+        available = aptrepo.repo_packages(bundle / "repo")
+        missing = [p for pkgs in man["components"].values() for p in pkgs if p not in available]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        opened.discard()
+        raise manifest.BundleInvalid(f"{path}: not a gpuprov bundle ({exc!r})") from None
+    except BaseException:
+        opened.discard()
+        raise
     if missing:
+        opened.discard()
         raise manifest.BundleInvalid(f"{', '.join(missing)}: missing from bundle {bundle}; rebuild it with "
                                      "`gpuprov bundle create` (nothing was installed)")
-    return bundle, res.manifest
+    return bundle, man

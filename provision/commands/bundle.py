@@ -57,18 +57,24 @@ def create_cmd(
 @bundle_app.command("verify")
 def verify_cmd(path: Path = typer.Argument(...), keyring: Optional[str] = typer.Option(None, "--keyring"),
                json_out: bool = typer.Option(False, "--json")) -> None:
-    """Checksums, signature when present, manifest consistency. Exit 8 when anything fails."""
-    from provision.bundle.install import open_bundle
-    from provision.bundle.manifest import BundleInvalid, verify
+    """Checksums, signature (required with --keyring), SHA256SUMS naming every file exactly once, manifest.
+    Exit 8 when anything fails; a .tar.gz is unpacked into a private directory that is removed afterwards."""
+    from provision.bundle.install import open_verified
+    from provision.bundle.manifest import BundleInvalid
 
-    res = verify(open_bundle(path), keyring)
+    try:
+        opened = open_verified(path, keyring)
+    except BundleInvalid as exc:
+        if json_out:
+            emit_json({"ok": False, "signed": False, "problems": getattr(exc, "problems", [str(exc)])})
+        raise
+    opened.discard()
+    res = opened.result
     if json_out:
         emit_json(res.to_dict())
-    elif res.ok:
+    else:
         print(f"bundle OK: {len(res.manifest['files'])} files, target {res.manifest['target']['name']}"
               + (", signature good" if res.signed else ", unsigned"))
-    if not res.ok:
-        raise BundleInvalid(f"{path}: " + "; ".join(res.problems[:5]))
 
 
 @bundle_app.command("install")

@@ -1,0 +1,97 @@
+"""Bundles for the fault tests: small ones in the exact layout `gpuprov bundle create` writes (manifest.json and
+SHA256SUMS by the product's own manifest.write_manifest, install-offline.sh the product's own), a real gpg
+signer made in the test, and the tampering an attacker would do (swap a file, rewrite the checksums, drop the
+signature)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.bundle import manifest
+
+TARGET = {"os_id": "debian", "version": "12", "codename": "bookworm", "arch": "amd64", "kernel": None,
+          "name": "debian-12"}
+COMPONENTS = {"runtime": {"python3": "3.11.2-1+b1"}}
+SCRIPT = Path(manifest.__file__).with_name("install-offline.sh")
+GPG_ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def small_bundle(root: Path, keys: list[dict] | None = None) -> Path:
+    """A bundle directory: install-offline.sh, a repo index and a wheel (contents are bytes, not packages)."""
+    (root / "repo").mkdir(parents=True)
+    (root / "wheels").mkdir()
+    (root / "install-offline.sh").write_text(SCRIPT.read_text())
+    (root / "install-offline.sh").chmod(0o755)
+    (root / "repo/Packages").write_text("Package: python3\nVersion: 3.11.2-1+b1\nFilename: ./python3.deb\n")
+    (root / "repo/python3.deb").write_bytes(b"!<arch>\n" + os.urandom(4096))
+    (root / "wheels/gpuprov-0-py3-none-any.whl").write_bytes(b"PK\x03\x04" + os.urandom(4096))
+    manifest.write_manifest(root, TARGET, COMPONENTS, keys)
+    return root
+
+
+def rewrite_sums(root: Path, drop_keys: bool = False) -> None:
+    """What an attacker does after changing files: manifest and SHA256SUMS made to match the files again (the
+    manifest's `keys` kept, or dropped to pass as unsigned)."""
+    man = json.loads((root / "manifest.json").read_text())
+    manifest.write_manifest(root, man["target"], man["components"], [] if drop_keys else man.get("keys"))
+
+
+@dataclass
+class Signer:
+    home: Path
+    keyring: Path
+    fingerprint: str
+
+    def sign(self, bundle: Path) -> None:
+        """Sign as `gpuprov bundle create --sign-key` does: the manifest names the key, SHA256SUMS signed."""
+        man = json.loads((bundle / "manifest.json").read_text())
+        manifest.write_manifest(bundle, man["target"], man["components"], [{"fingerprint": self.fingerprint}])
+        manifest.sign(bundle, self.fingerprint, str(self.home))
+
+
+def make_signer(base: Path, email: str = "bundles@gpuprov.invalid") -> Signer:
+    home = base / "gnupg"
+    home.mkdir(mode=0o700, parents=True)
+    env = {**GPG_ENV, "GNUPGHOME": str(home)}
+    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", email, "ed25519", "sign", "never"],
+                   check=True, capture_output=True, env=env)
+    out = subprocess.run(["gpg", "--batch", "--with-colons", "--fingerprint", email], capture_output=True,
+                         text=True, check=True, env=env).stdout
+    fpr = next(ln.split(":")[9] for ln in out.splitlines() if ln.startswith("fpr:"))
+    keyring = base / "signer.gpg"
+    subprocess.run(["gpg", "--batch", "--export", "-o", str(keyring), fpr], check=True, capture_output=True, env=env)
+    return Signer(home, keyring, fpr)
+
+
+def tar_of(bundle: Path, out: Path, extra: list[tuple[tarfile.TarInfo, bytes | None]] = (),
+           mode_of=None) -> Path:
+    """`bundle` as gpuprov-bundle/ in a .tar.gz (as `bundle create` packs it), plus hand-made hostile members."""
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(bundle, arcname="gpuprov-bundle", filter=mode_of)
+        for info, data in extra:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes | None = b"", mode: int = 0o644,
+           linkname: str = "", uid: int = 0) -> tuple[tarfile.TarInfo, bytes | None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.linkname, info.uid = kind, mode, linkname, uid
+    if kind in (tarfile.CHRTYPE, tarfile.BLKTYPE):
+        info.devmajor, info.devminor = 1, 5
+    if kind == tarfile.REGTYPE:
+        info.size = len(data or b"")
+    else:
+        data = None
+    return info, data
+
+
+def copy(bundle: Path, dst: Path) -> Path:
+    shutil.copytree(bundle, dst, symlinks=True)
+    return dst
