@@ -4,16 +4,20 @@ signer made in the test, and the tampering an attacker would do (swap a file, re
 signature)."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import json
 import os
 import shutil
 import subprocess
 import tarfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from provision.bundle import manifest
+from tests.conftest import run_cli
 
 TARGET = {"os_id": "debian", "version": "12", "codename": "bookworm", "arch": "amd64", "kernel": None,
           "name": "debian-12"}
@@ -92,6 +96,52 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes | None = b"", m
     return info, data
 
 
-def copy(bundle: Path, dst: Path) -> Path:
-    shutil.copytree(bundle, dst, symlinks=True)
+def link_copy(bundle: Path, dst: Path) -> Path:
+    """A copy of a (large) bundle made of hard links; the files that get rewritten are made independent first
+    (manifest.json, SHA256SUMS and its signature are rewritten in place by the product's own writers)."""
+    shutil.copytree(bundle, dst, copy_function=os.link)
+    for name in ("manifest.json", "SHA256SUMS", "SHA256SUMS.sig"):
+        detach(dst / name)
     return dst
+
+
+def detach(path: Path) -> None:
+    if path.exists():
+        data = path.read_bytes()
+        path.unlink()
+        path.write_bytes(data)
+
+
+def trap_wheel(like: Path, marker: str) -> bytes:
+    """A wheel with the same name and version as `like` whose `gpuprov` command only writes `marker`: installed
+    and run, it proves the bundle's code ran."""
+    name, version = like.name.split("-")[:2]
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        "gpuprov_trap.py": f"import pathlib\n\ndef main():\n    pathlib.Path({marker!r}).write_text('ran')\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: gpuprov-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/entry_points.txt": "[console_scripts]\ngpuprov = gpuprov_trap:main\n",
+    }
+    record = "".join(f"{n},sha256={_b64sha(d.encode())},{len(d.encode())}\n" for n, d in files.items())
+    files[f"{dist}/RECORD"] = record + f"{dist}/RECORD,,\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for n, d in files.items():
+            z.writestr(n, d)
+    return buf.getvalue()
+
+
+def _b64sha(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def build_debian12(out: Path) -> Path:
+    """The real Debian 12 bundle (engine + runtime) the integration tests share: built once per session."""
+    r = run_cli("bundle", "create", "--target", "debian-12", "--components", "engine,runtime", "--output",
+                str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    print(f"\nbundle: {res['packages']} packages, {res['bytes'] / 1e6:.1f} MB, built in {res['seconds']} s")
+    assert "[1/4]" in r.stderr and "[4/4]" in r.stderr  # progress on stderr, JSON on stdout
+    return out

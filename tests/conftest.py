@@ -163,3 +163,11 @@ def pytest_sessionfinish(session, exitstatus):
     else:
         sys.stderr.write(msg + "\n")
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def debian12_bundle(tmp_path_factory):
+    """The real Debian 12 bundle (engine + runtime), built once for every test that needs one (tests/bundles.py)."""
+    from tests.bundles import build_debian12
+
+    return build_debian12(tmp_path_factory.mktemp("bundles") / "debian-12")

@@ -9,6 +9,8 @@ import typer
 from provision.hostlock import changes_host
 from provision.output import emit_json, kv
 
+KEYRING_HELP = ("The signer's key (`gpg --export KEY > FILE`): the bundle must then be signed by it, a missing "
+                "SHA256SUMS.sig is refused (exit 8).")
 bundle_app = typer.Typer(help="Offline bundles: create (connected machine), verify, install (network off).",
                          no_args_is_help=True)
 
@@ -55,7 +57,8 @@ def create_cmd(
 
 
 @bundle_app.command("verify")
-def verify_cmd(path: Path = typer.Argument(...), keyring: Optional[str] = typer.Option(None, "--keyring"),
+def verify_cmd(path: Path = typer.Argument(...),
+               keyring: Optional[str] = typer.Option(None, "--keyring", help=KEYRING_HELP),
                json_out: bool = typer.Option(False, "--json")) -> None:
     """Checksums, signature (required with --keyring), SHA256SUMS naming every file exactly once, manifest.
     Exit 8 when anything fails; a .tar.gz is unpacked into a private directory that is removed afterwards."""
@@ -81,7 +84,7 @@ def verify_cmd(path: Path = typer.Argument(...), keyring: Optional[str] = typer.
 @changes_host("bundle install")
 def install_cmd(
     path: Path = typer.Argument(..., help="Bundle directory or .tar.gz."),
-    keyring: Optional[str] = typer.Option(None, "--keyring", help="Keyring holding the bundle signer's key."),
+    keyring: Optional[str] = typer.Option(None, "--keyring", help=KEYRING_HELP),
     json_out: bool = typer.Option(False, "--json"),
     no_validate: bool = typer.Option(False, "--no-validate"),
 ) -> None:

@@ -99,6 +99,8 @@ def bootstrap_cmd(
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip the validation container."),
     bundle: Optional[Path] = typer.Option(None, "--bundle", help="Install packages from this offline bundle only "
                                           "(verified first; never falls back to the network)."),
+    bundle_keyring: Optional[str] = typer.Option(None, "--bundle-keyring", help="The --bundle's signer key: the "
+                                                 "bundle must then be signed by it (exit 8 otherwise)."),
     driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
@@ -126,7 +128,7 @@ def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json
 
         from provision.bundle.install import check_bundle
 
-        checked, _ = check_bundle(bundle)
+        checked, _ = check_bundle(bundle, bundle_keyring)
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
     state = ap.read_state()
     if state.get("reboot_required"):

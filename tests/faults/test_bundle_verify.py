@@ -173,3 +173,13 @@ def test_setuid_file_in_bundle(tmp_path):
     b = small_bundle(tmp_path / "b")
     (b / "install-offline.sh").chmod(0o4755)
     refused(verify(b), "install-offline.sh: setuid/setgid")
+
+
+def test_bootstrap_bundle_keyring(signed, signer):
+    """bootstrap --bundle takes the keyring too (checked before anything, so --dry-run is enough to show it)."""
+    swap_wheel(signed)
+    rewrite_sums(signed, drop_keys=True)
+    (signed / "SHA256SUMS.sig").unlink()
+    r = run_cli("bootstrap", "--bundle", str(signed), "--bundle-keyring", str(signer.keyring), "--dry-run",
+                timeout=120)
+    refused(r, "SHA256SUMS.sig is missing")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from provision.bundle import manifest
+from tests.bundles import link_copy, make_signer
 from tests.conftest import needs, run_cli
 from tests.integration.hosts import Host
 
@@ -18,15 +19,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bundles") / "debian-12"
-    r = run_cli("bundle", "create", "--target", "debian-12", "--components", "engine,runtime", "--output",
-                str(out), "--json")
-    assert r.returncode == 0, r.stderr
-    res = json.loads(r.stdout)
-    print(f"\nbundle: {res['packages']} packages, {res['bytes'] / 1e6:.1f} MB, built in {res['seconds']} s")
-    assert "[1/4]" in r.stderr and "[4/4]" in r.stderr  # progress on stderr, JSON on stdout
-    return out
+def bundle(debian12_bundle):
+    return debian12_bundle
+
+
+@pytest.fixture(scope="module")
+def signer(tmp_path_factory):
+    return make_signer(tmp_path_factory.mktemp("signer"))
 
 
 def copy_of(bundle: Path, tmp_path: Path, name: str) -> Path:
@@ -55,25 +54,21 @@ def test_altered_package_refused(bundle, tmp_path):
     assert r.returncode == 8 and "checksum mismatch" in r.stderr
 
 
-def test_signed_bundle(bundle, tmp_path):
-    if not shutil.which("gpg"):
-        pytest.skip("gpg not installed")
-    home = tmp_path / "gnupg"
-    home.mkdir(mode=0o700)
-    env = {"GNUPGHOME": str(home)}
-    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "bundles@gpuprov.invalid", "ed25519",
-                    "sign", "never"], check=True, capture_output=True, env={**env, "PATH": "/usr/bin:/bin"})
-    b = copy_of(bundle, tmp_path, "signed")
-    fpr = manifest.sign(b, "bundles@gpuprov.invalid", str(home))
-    keyring = tmp_path / "signer.gpg"
-    subprocess.run(["gpg", "--batch", "--export", "-o", str(keyring), fpr], check=True, env={**env, "PATH": "/usr/bin:/bin"})
-    assert manifest.verify(b, str(keyring)).ok
+@needs("gpg", "gpgv")
+def test_signed_bundle(bundle, tmp_path, signer):
+    b = link_copy(bundle, tmp_path / "signed")
+    signer.sign(b)
+    res = manifest.verify(b, str(signer.keyring))
+    assert res.ok and res.signed, res.problems
+    r = run_cli("bundle", "verify", str(b), "--keyring", str(signer.keyring), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["signed"], r.stderr
     (b / "SHA256SUMS").write_text((b / "SHA256SUMS").read_text() + "\n")  # any change breaks the signature
-    res = manifest.verify(b, str(keyring))
+    res = manifest.verify(b, str(signer.keyring))
     assert not res.ok and any("signature" in p for p in res.problems)
 
 
-def test_offline_install_in_network_none_host(bundle, tmp_path):
+@needs("gpg", "gpgv")
+def test_offline_install_in_network_none_host(bundle, tmp_path, signer):
     missing = copy_of(bundle, tmp_path, "missing")
     # an incomplete (but self-consistent) bundle: docker.io dropped from the repository and every index
     for deb in (missing / "repo").glob("docker.io_*.deb"):
@@ -88,8 +83,21 @@ def test_offline_install_in_network_none_host(bundle, tmp_path):
     manifest.write_manifest(eleven, {**man11["target"], "version": "11", "codename": "bullseye",
                                      "name": "debian-11"}, man11["components"])
 
+    # the install itself: the bundle signed, checked with the host's own gpgv against the signer's key
+    signed = link_copy(bundle, tmp_path / "signed")
+    signer.sign(signed)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    shutil.copy(signer.keyring, keys / "signer.gpg")
+    # and the same bundle as a .tar.gz, for `gpuprov bundle install` (unpacked into a private directory)
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    with tarfile.open(tars / "bundle.tar.gz", "w:gz", compresslevel=1) as tar:
+        tar.add(signed, arcname="gpuprov-bundle")
+
     h = Host(network="none", wheelhouse=False,
-             volumes={bundle: "/bundle", missing: "/bundle-missing", eleven: "/bundle-11"})
+             volumes={bundle: "/bundle", missing: "/bundle-missing", eleven: "/bundle-11", signed: "/bundle-signed",
+                      keys: "/keys", tars: "/tars"})
     try:
         # prove the network is really off: only loopback, and apt cannot reach its archive
         assert h.exec("ls /sys/class/net").stdout.split() == ["lo"]
@@ -104,7 +112,7 @@ def test_offline_install_in_network_none_host(bundle, tmp_path):
         r = h.exec("gpuprov bundle install /bundle-11")
         assert r.returncode == 9 and "this bundle is for debian-11" in r.stderr, r.stderr
 
-        r = h.exec("bash /bundle/install-offline.sh --json")
+        r = h.exec("bash /bundle-signed/install-offline.sh --keyring /keys/signer.gpg --json")
         assert r.returncode == 0, r.stdout + r.stderr
         res = json.loads(r.stdout)
         steps = {s["id"]: s for s in res["steps"]}
@@ -112,8 +120,13 @@ def test_offline_install_in_network_none_host(bundle, tmp_path):
         assert h.exec("dpkg-query -W -f '${Status}' docker.io").stdout == "install ok installed"
         assert "nvidia" in json.loads(h.exec("docker info --format '{{json .Runtimes}}'").stdout)
 
-        again = json.loads(h.exec("bash /bundle/install-offline.sh --json").stdout)
+        again = json.loads(h.exec("bash /bundle/install-offline.sh --json").stdout)  # unsigned: accepted as such
         assert again["changed"] == 0, again
+        r = h.exec("gpuprov bundle install /tars/bundle.tar.gz --keyring /keys/signer.gpg --json")
+        assert r.returncode == 0 and json.loads(r.stdout)["changed"] == 0, r.stdout + r.stderr
+        # what was unpacked is root's alone: the base and the bundle's directory are 0700
+        assert h.exec("stat -c %a /var/lib/gpuprov/bundles /var/lib/gpuprov/bundles/*").stdout.split() == [
+            "700", "700"]
         after = h.exec("cat /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | sha256sum").stdout
         assert before == after  # the host's own repository configuration is as it was
     finally:
