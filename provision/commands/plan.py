@@ -115,11 +115,12 @@ def bootstrap_cmd(
                    not no_validate, replace_runtime)
     # Held from planning to the end (the prompt included), so the plan shown is the one applied.
     with nullcontext() if dry_run or check else host_lock("bootstrap"):
-        _bootstrap(opt, yes=yes, dry_run=dry_run, check=check, reboot=reboot, json_out=json_out, bundle=bundle)
+        _bootstrap(opt, yes=yes, dry_run=dry_run, check=check, reboot=reboot, json_out=json_out, bundle=bundle,
+                   bundle_keyring=bundle_keyring)
 
 
 def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json_out: bool,
-               bundle: Optional[Path]) -> None:
+               bundle: Optional[Path], bundle_keyring: Optional[str] = None) -> None:
     from provision import errors
     from provision.plan import apply as ap
 
