@@ -21,7 +21,6 @@ COMPONENTS = ("driver", "engine", "runtime")
 # CPython of each release (the wheels for gpuprov's own dependencies must match it).
 TARGET_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13", "jammy": "3.10", "noble": "3.12",
                  "focal": "3.8"}
-PY_DEPS = ("typer>=0.12,<0.29", "distro>=1.8", "jinja2>=3.0", "requests>=2.25", "tomlkit>=0.11", "PyYAML>=5.4")
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -92,6 +91,15 @@ def resolve_and_download(target: Target, packages: list[str], out: Path, enable_
     shutil.rmtree(out / "partial", ignore_errors=True)
 
 
+def py_deps() -> list[str]:
+    """gpuprov's own dependencies, read from its pyproject.toml: one list, so a dependency added there is in every
+    bundle (a hand-kept copy here once missed one, and the offline install failed on the air-gapped host)."""
+    import tomlkit
+
+    doc = tomlkit.parse((SOURCE_ROOT / "pyproject.toml").read_text())
+    return [str(d) for d in doc["project"]["dependencies"]]
+
+
 def build_wheels(target: Target, wheels: Path) -> None:
     py = TARGET_PYTHON.get(target.codename)
     if not py:
@@ -102,7 +110,7 @@ def build_wheels(target: Target, wheels: Path) -> None:
                    check=True, capture_output=True)
     plats = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "any"]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", py,
-           "--implementation", "cp", "-d", str(wheels), *[a for p in plats for a in ("--platform", p)], *PY_DEPS]
+           "--implementation", "cp", "-d", str(wheels), *[a for p in plats for a in ("--platform", p)], *py_deps()]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise StepFailed(f"downloading gpuprov's Python dependencies for Python {py} failed: {p.stderr[-500:]}")

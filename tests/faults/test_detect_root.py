@@ -17,13 +17,15 @@ NVRM = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Rel
 # Every file detect opens on a Debian host with one H100 (engine configs from the engines table itself).
 READ_PATHS = [f"{GPU}/class", f"{GPU}/vendor", f"{GPU}/device", f"{GPU}/subsystem_device", f"{GPU}/numa_node",
               "proc/driver/nvidia/version", "proc/modules", "proc/sys/kernel/osrelease", "sys/module/nvidia/version",
-              SECURE_BOOT_VAR, "etc/redhat-release", "etc/foo-release",
+              SECURE_BOOT_VAR, "etc/redhat-release",
               *[e.config.lstrip("/") for e in ENGINES]]
 LIMIT_S = 30  # detect takes about a second here; a hang is what this catches
 
 
 def hostile_root(tmp_path, kind: str, rel: str):
-    root = make_host(tmp_path, "debian-12", "datacenter", nvrm=NVRM, kernel="6.1.0-28-amd64")
+    # sys/module/nvidia/version is read when /proc/driver/nvidia/version says nothing
+    nvrm = None if rel.startswith("sys/module") else NVRM
+    root = make_host(tmp_path, "debian-12", "datacenter", nvrm=nvrm, kernel="6.1.0-28-amd64")
     (root / "sys/firmware/efi/efivars").mkdir(parents=True)
     # as the kernel writes it: what an unreadable attribute is recovered from
     (root / GPU / "modalias").write_text("pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00\n")

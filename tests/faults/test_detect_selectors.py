@@ -12,7 +12,9 @@ from tests.conftest import run_cli
 # Two cards whose UUIDs share their first 8 hex digits (UUIDs are random: a short prefix can name both).
 GPUS = [{"index": 0, "uuid": "GPU-3c1e2a5b-9f7d-4c2e-8a1b-0d9e8f7a6b5c", "minor": 0, "bus_id": "00000000:18:00.0"},
         {"index": 1, "uuid": "GPU-3c1e2a5b-1234-4abc-9def-112233445566", "minor": 1, "bus_id": "00000000:2A:00.0"}]
-NON_ASCII = ["１", "٣", "²", "０", "1\u0660"]  # fullwidth 1, Arabic-Indic 3, superscript 2, fullwidth 0, '1' + Arabic 0
+# Each names an index these GPUs have, as int() reads it (fullwidth 1, Arabic-Indic 0, fullwidth 0, Arabic-Indic 1),
+# or one int() cannot read at all though str.isdigit() says yes (superscript 2).
+NON_ASCII = ["１", "\u0660", "０", "\u0661", "²"]
 
 
 def test_ambiguous_uuid_prefix_refused():
@@ -76,7 +78,7 @@ def test_compute_edits_refuses_ambiguous_prefix():
         compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "GPU-3c1e"})
 
 
-@pytest.mark.parametrize("sel", ["１", "٣"])
+@pytest.mark.parametrize("sel", ["１", "\u0663"])
 def test_share_enable_non_ascii_gpu_is_usage_error(sel):
     r = run_cli("share", "enable", "--gpus", f"0,{sel}", timeout=60)
     assert r.returncode == 2 and "--gpus takes GPU indices" in r.stderr, r.stderr
