@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 
+from provision.fsutil import write_file
 from provision.inject import edits
 from provision.inject.capabilities import CAPABILITIES
 
@@ -105,11 +106,7 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
         if old is not None and MARKER not in old:
             raise ForeignSpec(f"{path} was not written by gpuprov (NVIDIA's nvidia-ctk?); remove it or keep using it")
         os.makedirs(d, mode=0o755, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_file(path, text, mode=0o644, keep_mode=False, backup=False)
         changed.append(path)
     return changed
 

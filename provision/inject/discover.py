@@ -357,11 +357,7 @@ def write_manifests(doc: dict, gen_dir: str = GENERATED_DIR) -> dict:
         if m["path"].endswith(".icd"):
             text = m["rewrite"] + "\n"
         target = os.path.join(d, os.path.basename(m["container_path"]))
-        tmp = f"{target}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        write_file(target, text, mode=0o644, keep_mode=False, backup=False)
         m["generated"] = target
     return doc
 
