@@ -1,5 +1,5 @@
-"""containerd's CRI, for real: a private containerd (Debian bookworm's 1.6, and the 2.x of Debian sid unpacked with
-`dpkg -x`) configured by `gpuprov engine configure containerd`, then driven through its CRI gRPC API as kubelet
+"""containerd's CRI, for real: a private containerd (Debian bookworm's 1.6, and trixie's 1.7 and sid's 2.x unpacked
+with `dpkg -x`) configured by `gpuprov engine configure containerd`, then driven through its CRI gRPC API as kubelet
 drives it (RunPodSandbox with runtime_handler "nvidia", CreateContainer, StartContainer), against a fake GPU host
 built from the H200 capture (driver files of the capture, real mknod device nodes).
 
@@ -51,6 +51,7 @@ CRI_V2 = """version = 2
   restrict_oom_score_adj = true
   stream_server_port = "0"
   max_container_log_line_size = 4321
+  cdi_spec_dirs = ["{b}/cdi"]  # containerd 1.7 reads it; 1.6 has no CDI and ignores it
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{b}/cni/bin"
     conf_dir = "{b}/cni/conf"
@@ -85,7 +86,7 @@ class Node:
     """One private containerd configured by gpuprov, with a CRI client and the fake GPU host's discovery."""
 
     def __init__(self, which: str):
-        self.ctrd = Containerd(Path("/usr/bin") if which == "bookworm" else newer_containerd())
+        self.ctrd = Containerd(Path("/usr/bin") if which == "bookworm" else newer_containerd(which))
         self.version = tuple(int(x) for x in re.findall(r"\d+", self.ctrd.version())[:2])
         b = self.base = self.ctrd.base
         self.main, self.cri_file = b / "etc/config.toml", b / "etc/cri.toml"
@@ -135,7 +136,8 @@ class Node:
         self.ctrd.cleanup()
 
 
-@pytest.fixture(scope="module", params=["bookworm", "newer"])
+# bookworm's containerd 1.6 (on PATH), trixie's 1.7 and sid's 2.x (unpacked from those suites).
+@pytest.fixture(scope="module", params=["bookworm", "trixie", "sid"])
 def node(request):
     n = Node(request.param)
     yield n
@@ -187,6 +189,9 @@ def test_configured_through_the_dropin(node):
         assert dump["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == IMAGE
         assert rt["enable_cdi"] is True and rt["cdi_spec_dirs"] == [f"{node.base}/cdi"]  # theirs kept
         assert "sandbox_image" not in dropin.read_text()  # 2.x: only gpuprov's keys in the drop-in
+    elif node.version >= (1, 7):  # 1.x with CDI: the drop-in carries the CRI section as it was, plus CDI
+        assert rt["sandbox_image"] == IMAGE and rt["enable_cdi"] is True and rt["cdi_spec_dirs"] == [f"{node.base}/cdi"]
+        assert "sandbox_image" in dropin.read_text()
     else:
         assert rt["sandbox_image"] == IMAGE and "enable_cdi" not in rt  # 1.6 has no CDI
         assert any("no CDI support" in w for w in res["warnings"])
