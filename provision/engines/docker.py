@@ -159,6 +159,24 @@ def conflicts(doc: dict, flags: dict[str, str]) -> list[str]:
     return [f"{k!r} is set in daemon.json and as a dockerd flag in {flags[k]}" for k in doc if k in flags]
 
 
+def cdi_warning() -> list[str]:
+    """CDI device names (`docker run --device nvidia.com/gpu=0`) need dockerd >= 25 (daemon.json features.cdi)."""
+    import subprocess
+
+    exe = shutil.which("dockerd", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
+        major = int(out.split("version", 1)[1].strip().split(".", 1)[0])
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return []
+    if major >= 25:
+        return []
+    return [f"dockerd {out.split('version', 1)[1].strip().split(',')[0]} has no CDI support (docker >= 25 reads "
+            "features.cdi): `--device nvidia.com/gpu=…` works after an engine upgrade; --gpus works now"]
+
+
 class DockerEngine(Engine):
     name = "docker"
     default_config = DAEMON_JSON
@@ -177,6 +195,8 @@ class DockerEngine(Engine):
                 raise ConfigInvalid("; ".join(ours) + ": dockerd would refuse to start. Remove the flag from the "
                                     "unit (systemctl edit docker) or leave this key out; daemon.json was not changed")
             warnings = clashes
+        if req.cdi:
+            warnings += cdi_warning()
         return EnginePlan([FileEdit(path, old, m.text)] if m.changed else [], m.changes, warnings)
 
     def daemon_config(self, argv: list[str]) -> str:

@@ -249,3 +249,20 @@ def test_real_specs_nvidia_ctk_vs_gpuprov():
         m for m in ours["containerEdits"]["mounts"] if "libnvcuvid" not in m["containerPath"]]))
     assert [u["path"] for u in compare(theirs, broken)["unexplained"]] == [
         "/usr/local/nvidia/lib64/libnvcuvid.so.580.159.04"]  # a library we lost would be caught
+
+
+@pytest.mark.parametrize("version,warned", [("20.10.24+dfsg1", True), ("26.1.5+dfsg1", False)])
+def test_engine_configure_docker_cdi_warns_on_old_dockerd(tmp_path, version, warned):
+    """`engine configure docker --cdi` writes features.cdi; a dockerd older than 25 is told it has no CDI."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "dockerd").write_text(f"#!/bin/sh\necho 'Docker version {version}, build 1a2b3c4'\n")
+    (bindir / "dockerd").chmod(0o755)
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text("{}")
+    r = run_cli("engine", "configure", "docker", "--config", str(cfg), "--cdi", "--dry-run", "--runtime-path",
+                "/usr/local/bin/gpuprov-runtime", env={"PATH": f"{bindir}:{os.environ['PATH']}",
+                                                       "GPUPROV_LOCK_DIR": str(tmp_path / "lock")})
+    assert r.returncode == 0, r.stderr
+    assert '"cdi": true' in r.stdout
+    assert ("has no CDI support" in r.stdout) is warned, r.stdout
