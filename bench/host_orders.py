@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The README's two commands in either order on fresh Debian 12 servers (systemd host containers, no compiler, no
+pip, no gpuprov), each leaving the host as the first one left it:
+
+  A: ./run-tests.sh TESTS  then  ./install.sh --yes
+  B: ./install.sh --yes    then  ./run-tests.sh TESTS
+
+Checks: both commands exit 0 in both orders; in B, the tests leave the installed gpuprov (/usr/local/bin/gpuprov*,
+the hook, /etc/gpuprov, /etc/docker/daemon.json) byte-identical; in A, install.sh works on the host the tests left.
+The checkout is copied into each host (run-tests.sh makes its .venv there); pip inside reaches the same package
+index as this machine (its CA bundle, find-links and index directories mounted read-only, as `pip config` names
+them here). A whole `./run-tests.sh` nests hosts three deep and takes long: TESTS (default: the unit and fault
+tests plus tests/integration/test_runtime_docker.py, the module that used to change the host) says what runs.
+
+Usage (root): python3 bench/host_orders.py [--tests 'tests/unit tests/faults …'] [--json]"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.integration.hosts import Host  # noqa: E402
+
+DEFAULT_TESTS = "tests/unit tests/faults tests/integration/test_runtime_docker.py"
+WATCH = "sha256sum /usr/local/bin/gpuprov* /usr/local/bin/nvidia-container-runtime-hook /etc/docker/daemon.json " \
+        "$(find /etc/gpuprov -type f 2>/dev/null) 2>/dev/null; ls -l /usr/local/bin/gpuprov* 2>/dev/null"
+PIP_DIRS = [p for p in ("/etc/ssl/certs/ca-certificates.crt", "/opt/wheels", "/opt/pypi", "/opt/pypi-more")
+            if os.path.exists(p)]
+PIP_ENV = " ".join(f"{k}={v!r}" for k, v in (
+    ("PIP_CERT", os.environ.get("PIP_CERT", "")), ("PIP_FIND_LINKS", os.environ.get("PIP_FIND_LINKS", "")),
+    ("PIP_EXTRA_INDEX_URL", "file:///opt/pypi/simple file:///opt/pypi-more/simple"
+     if os.path.exists("/opt/pypi") else ""), ("PIP_DEFAULT_TIMEOUT", "180")) if v)
+
+
+def step(h: Host, name: str, script: str, log: dict, timeout: float = 3600) -> bool:
+    t = time.monotonic()
+    r = h.exec(script, timeout=timeout)
+    log[name] = {"rc": r.returncode, "seconds": round(time.monotonic() - t, 1),
+                 "tail": (r.stdout + r.stderr)[-1500:]}
+    return r.returncode == 0
+
+
+def order(name: str, first: str, tests: str, results: dict) -> None:
+    log: dict = {}
+    results[name] = log
+    h = Host(name=f"h-runtime-orders-{name}-{os.getpid()}", systemd=True, wheelhouse=False,
+             volumes={p: p for p in PIP_DIRS})
+    try:
+        h.exec("mkdir -p /root/gpuprov && tar -C /src --exclude=./.venv --exclude=./.git --exclude=./.gpu-kit "
+               "--exclude=./.whl -cf - . | tar -C /root/gpuprov -xf -", check=True)
+        bare = h.exec("for t in gcc cc pip pip3 gpuprov; do command -v $t; done").stdout
+        log["bare"] = bare == ""
+        cmds = {"tests": f"cd /root/gpuprov && env {PIP_ENV} CI=true ./run-tests.sh -q -p no:cacheprovider {tests}",
+                "install": f"cd /root/gpuprov && env {PIP_ENV} ./install.sh --yes"}
+        seq = ["tests", "install"] if first == "tests" else ["install", "tests"]
+        ok = step(h, seq[0], cmds[seq[0]], log)
+        before = h.exec(WATCH).stdout
+        ok = step(h, seq[1], cmds[seq[1]], log) and ok
+        after = h.exec(WATCH).stdout
+        if first == "install":
+            log["gpuprov_untouched_by_tests"] = before == after and "gpuprov-runtime" in before
+            log["watched"] = before
+        log["ok"] = ok and log["bare"] and log.get("gpuprov_untouched_by_tests", True)
+    finally:
+        h.remove()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tests", default=DEFAULT_TESTS)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    results: dict = {}
+    t = time.monotonic()
+    threads = [threading.Thread(target=order, args=(n, f, args.tests, results))
+               for n, f in (("A-tests-then-install", "tests"), ("B-install-then-tests", "install"))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    results["total_seconds"] = round(time.monotonic() - t, 1)
+    results["tests"] = args.tests
+    ok = all(v.get("ok") for k, v in results.items() if isinstance(v, dict))
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        for k, v in results.items():
+            if isinstance(v, dict):
+                print(k, "ok" if v.get("ok") else "FAILED",
+                      {s: (v[s]["rc"], v[s]["seconds"]) for s in ("tests", "install") if s in v})
+                if not v.get("ok"):
+                    for s in ("tests", "install"):
+                        print(v.get(s, {}).get("tail", ""))
+        print("total", results["total_seconds"], "s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
