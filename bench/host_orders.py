@@ -29,10 +29,13 @@ from tests.integration.hosts import Host  # noqa: E402
 DEFAULT_TESTS = "tests/unit tests/faults tests/integration/test_runtime_docker.py"
 WATCH = "sha256sum /usr/local/bin/gpuprov* /usr/local/bin/nvidia-container-runtime-hook /etc/docker/daemon.json " \
         "$(find /etc/gpuprov -type f 2>/dev/null) 2>/dev/null; ls -l /usr/local/bin/gpuprov* 2>/dev/null"
-PIP_DIRS = [p for p in ("/etc/ssl/certs/ca-certificates.crt", "/opt/wheels", "/opt/pypi", "/opt/pypi-more")
-            if os.path.exists(p)]
+# This machine's CA bundle goes in beside the host's own (its ca-certificates package must stay writable).
+CA = os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt")
+PIP_DIRS = {p: p for p in ("/opt/wheels", "/opt/pypi", "/opt/pypi-more") if os.path.exists(p)}
+PIP_DIRS.update({CA: "/opt/ci-ca.crt"} if os.path.exists(CA) else {})
 PIP_ENV = " ".join(f"{k}={v!r}" for k, v in (
-    ("PIP_CERT", os.environ.get("PIP_CERT", "")), ("PIP_FIND_LINKS", os.environ.get("PIP_FIND_LINKS", "")),
+    ("PIP_CERT", "/opt/ci-ca.crt" if os.path.exists(CA) else ""),
+    ("PIP_FIND_LINKS", os.environ.get("PIP_FIND_LINKS", "")),
     ("PIP_EXTRA_INDEX_URL", "file:///opt/pypi/simple file:///opt/pypi-more/simple"
      if os.path.exists("/opt/pypi") else ""), ("PIP_DEFAULT_TIMEOUT", "180")) if v)
 
@@ -49,7 +52,7 @@ def order(name: str, first: str, tests: str, results: dict) -> None:
     log: dict = {}
     results[name] = log
     h = Host(name=f"h-runtime-orders-{name}-{os.getpid()}", systemd=True, wheelhouse=False,
-             volumes={p: p for p in PIP_DIRS})
+             volumes=PIP_DIRS)
     try:
         h.exec("mkdir -p /root/gpuprov && tar -C /src --exclude=./.venv --exclude=./.git --exclude=./.gpu-kit "
                "--exclude=./.whl -cf - . | tar -C /root/gpuprov -xf -", check=True)

@@ -42,10 +42,11 @@ def _code_stamp() -> float:
 
 
 def _private_dir(path: str) -> bool:
-    """Create the socket's directory root-only; an existing one must be ours and not writable by others."""
+    """The socket's directory must be ours and writable by nobody else (created 0755: /run/gpuprov also holds the
+    MPS pipe directory, which a non-root MPS daemon must be able to reach)."""
     d = os.path.dirname(path) or "."
     try:
-        os.makedirs(d, mode=0o700, exist_ok=True)
+        os.makedirs(d, mode=0o755, exist_ok=True)
         st = os.stat(d)
     except OSError:
         return False
