@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ FIXTURES = Path(__file__).parent / "fixtures"
 DISTROS = FIXTURES / "distros"
 H200 = FIXTURES / "hosts" / "h200-vm"
 REPO = Path(__file__).resolve().parents[1]
+# gpuprov's host lock for every gpuprov these tests start: a private one, so that the suite never queues behind (or
+# makes wait) a real gpuprov run, or another checkout's test run, on the same machine. Hosts in containers have
+# their own /run. Tests of the lock itself set their own.
+os.environ.setdefault("GPUPROV_LOCK_DIR", tempfile.mkdtemp(prefix="gpuprov-test-lock-"))
 
 # sysfs setups: address -> (vendor, device, class, subvendor, subdevice, bound driver)
 SYSFS_SETUPS: dict[str, dict[str, tuple]] = {
