@@ -346,6 +346,27 @@ def config_dump(binary: str, main: Path) -> dict:
     return _toml_loads(p.stdout)
 
 
+def operators_dump(binary: str, main: Path) -> dict:
+    """`config dump` of the operator's own configuration: without gpuprov's drop-in (a copy of the main config whose
+    imports are resolved as containerd resolves them, minus the drop-in), so that a re-run compares with what the
+    operator has now, not with gpuprov's earlier copy."""
+    import tempfile
+
+    import tomlkit
+
+    dropin = dropin_path(main)
+    if not main.exists():
+        return config_dump(binary, Path("/dev/null"))  # containerd's defaults (an empty file reads as one)
+    if not dropin.exists():
+        return config_dump(binary, main)
+    doc = parse(_read(main) or "", main)
+    doc["imports"] = [str(p) for p in resolve_imports(main, doc.unwrap().get("imports", [])) if not _same(p, dropin)]
+    with tempfile.TemporaryDirectory(prefix="gpuprov-containerd-") as td:
+        copy_ = Path(td) / "config.toml"
+        copy_.write_text(tomlkit.dumps(doc))
+        return config_dump(binary, copy_)
+
+
 def dump_cri(dump: dict) -> dict:
     """The CRI runtime table of a dump (dumps are always the binary's native version: 2 on 1.x, 3 on 2.x)."""
     plugins = dump.get("plugins", {})
@@ -459,8 +480,7 @@ class ContainerdEngine(Engine):
             load_chain(path, parse(_read(path) or "", path), dropin_path(path))
         if self.binary.path:
             try:
-                # No config yet: containerd's defaults (an empty file reads as one).
-                self.before = config_dump(self.binary.path, path if path.exists() else Path("/dev/null"))
+                self.before = operators_dump(self.binary.path, path)
             except StepFailed as exc:
                 raise ConfigInvalid(f"containerd itself rejects {path} as it is ({exc}); fix it, then run again "
                                     "(nothing was changed)") from None

@@ -250,3 +250,17 @@ def test_failed_write_midway_leaves_nothing(tmp_path):
         subprocess.run(["chattr", "-i", str(main)], check=True)
     assert e.value.exit_code == 13
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"] and main.read_text() == "version = 2\n"
+
+
+def test_operator_edit_after_configure_is_picked_up_by_a_rerun(tmp_path):
+    """containerd 1.x: the drop-in holds a copy of the CRI section, so an edit of the operator's own CRI settings is
+    shadowed until gpuprov runs again; `--dry-run`/`--check` shows it, and the re-run carries the new value over."""
+    main = tmp_path / "config.toml"
+    main.write_text(USER_MAIN.format(root=tmp_path / "root"))
+    assert cli("--config", str(main)).returncode == 0
+    main.write_text(main.read_text().replace("registry.local/pause:3.9", "registry.local/pause:3.10"))
+    assert cri(dump(main))["sandbox_image"] == "registry.local/pause:3.9"  # shadowed by the drop-in's copy
+    r = cli("--config", str(main), "--dry-run")
+    assert json.loads(r.stdout)["changed"] is True and "pause:3.10" in json.loads(r.stdout)["diff"]
+    assert cli("--config", str(main)).returncode == 0
+    assert cri(dump(main))["sandbox_image"] == "registry.local/pause:3.10"
