@@ -21,14 +21,19 @@ class CommandResult:
 
 
 def run(argv: list[str], *, check: bool = True, env: dict | None = None, timeout: float | None = None,
-        input_text: str | None = None) -> CommandResult:
+        input_text: str | bytes | None = None) -> CommandResult:
+    """Run argv, output captured. `input_text` as bytes feeds binary stdin (e.g. an image tar to `docker import`)."""
+    binary = isinstance(input_text, bytes)
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, input=input_text)
+        p = subprocess.run(argv, capture_output=True, env=env, timeout=timeout, input=input_text,
+                           **({} if binary else {"text": True, "errors": "replace"}))
     except FileNotFoundError:
         raise StepFailed(f"command not found: {argv[0]} (needed for: {' '.join(argv)})") from None
     except subprocess.TimeoutExpired:
         raise StepFailed(f"timed out after {timeout}s: {' '.join(argv)}") from None
-    res = CommandResult(argv, p.returncode, (p.stdout or "") + (p.stderr or ""))
+    out, err = ((p.stdout or b"").decode(errors="replace"), (p.stderr or b"").decode(errors="replace")) if binary \
+        else (p.stdout or "", p.stderr or "")
+    res = CommandResult(argv, p.returncode, out + err)
     if check and p.returncode != 0:
         tail = "\n".join(res.output.strip().splitlines()[-15:])
         raise StepFailed(f"`{' '.join(argv)}` failed with exit code {p.returncode}:\n{tail}")

@@ -6,10 +6,11 @@ from typing import List, Optional
 
 import typer
 
+from provision.options import CHOICES
 from provision.output import emit_json, kv, table
 
-MODULE_CHOICES = ("auto", "open", "proprietary")
-SOURCE_CHOICES = ("distro", "elrepo", "nvidia")
+MODULE_CHOICES = CHOICES["kernel_modules"]
+SOURCE_CHOICES = CHOICES["driver_source"]
 
 
 def check_choice(value: str, choices: tuple[str, ...], option: str) -> str:
@@ -79,6 +80,8 @@ def detect(
     from provision.decide.gputable import parse_pci_id
     from provision.decide.targets import parse_target
     from provision.facts.host import detect_host, detect_ids
+    from provision.facts.rootfs import is_live
+    from provision.probe.engines import with_versions
 
     check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
     if driver_source is not None:
@@ -94,6 +97,8 @@ def detect(
 
             raise HostUnreadable(f"--root {root} is not a directory")
         report = detect_host(root, target=tgt, kernel_modules=kernel_modules, source=driver_source)
+        if is_live(root):  # versions take running each engine binary: the probe layer, live host only
+            report.engines = with_versions(report.engines)
     if json_out:
         emit_json(report.to_dict())
     else:

@@ -9,25 +9,52 @@ import typer
 
 from provision.output import emit_json
 
-ENGINES = ("docker", "containerd", "none")
+
+def _parse_mirrors(mirror: list[str]) -> dict[str, str]:
+    from provision.errors import UsageError
+    from provision.options import Mirror, values
+
+    out = {}
+    for item in mirror:
+        name, sep, url = item.partition("=")
+        if not sep or name not in values(Mirror) or "://" not in url:
+            raise UsageError(f"--mirror {item!r}: use NAME=URL with NAME one of {', '.join(values(Mirror))} "
+                             "(e.g. docker-ce=https://mirror.example/docker-ce/linux)")
+        out[name] = url
+    return out
+
+
+def _parse_stages(only: Optional[str]) -> tuple[str, ...]:
+    from provision.errors import UsageError
+    from provision.options import Stage, values
+
+    if only is None:
+        return values(Stage)
+    stages = tuple(s.strip() for s in only.split(",") if s.strip())
+    bad = [s for s in stages if s not in values(Stage)]
+    if bad or not stages:
+        raise UsageError(f"--only {only!r}: a comma list of {', '.join(values(Stage))}")
+    return stages
 
 
 def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate,
-             replace_runtime=False):
-    from provision.commands.detect import MODULE_CHOICES, SOURCE_CHOICES, check_choice
+             replace_runtime=False, only=None, mirror=()):
+    from provision.commands.detect import check_choice
+    from provision.options import CHOICES
     from provision.plan.build import Options
 
-    check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
-    check_choice(driver_source, SOURCE_CHOICES, "--driver-source")
-    check_choice(engine, ENGINES, "--engine")
-    check_choice(engine_source, ("auto", "distro", "docker-ce"), "--engine-source")
+    check_choice(kernel_modules, CHOICES["kernel_modules"], "--kernel-modules")
+    check_choice(driver_source, CHOICES["driver_source"], "--driver-source")
+    check_choice(engine, CHOICES["engine"], "--engine")
+    check_choice(engine_source, CHOICES["engine_source"], "--engine-source")
     if driver not in ("auto", "skip"):
         from provision.errors import UsageError
 
         raise UsageError("--driver takes auto or skip in this version (branch pinning: use --driver-source nvidia)")
     return Options(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                    engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
-                   validate=validate, replace_runtime=replace_runtime)
+                   validate=validate, replace_runtime=replace_runtime, stages=_parse_stages(only),
+                   mirrors=_parse_mirrors(list(mirror or ())))
 
 
 def _plan(root: Path, target: Optional[str], opt):
@@ -42,16 +69,19 @@ def _plan(root: Path, target: Optional[str], opt):
 
 
 def _print_plan(report, steps, json_out: bool) -> None:
-    doc = {"schema": "gpuprov.plan/v1", "target": report.target.name if report.target else None,
-           "steps": [s.to_dict() for s in steps]}
+    """The plan as it will run: each step's commands (shell-quoted, paste-able), its file diffs against the host
+    under the plan's root, and the check that skips it."""
+    root = Path(report.root or "/")
+    doc = {"schema": "gpuprov.plan/v1", "root": str(root), "target": report.target.name if report.target else None,
+           "steps": [s.to_dict(root) for s in steps]}
     if json_out:
         emit_json(doc)
         return
     print(f"Plan for {report.target.name} ({len(steps)} steps):")
     for i, s in enumerate(doc["steps"], 1):
-        print(f"{i:2}. {s['title']}{'  [reboot]' if s['reboot'] else ''}")
-        for c in s["commands"]:
-            print(f"      $ {c}")
+        print(f"{i:2}. {s['title']}{'  [reboot]' if s['reboot'] else ''}  ({s['check']})")
+        for line in s["actions"]:
+            print(f"      {line}")
         for p, diff in s["diffs"].items():
             print(diff.rstrip("\n") if diff else f"      (file {p} unchanged)")
 
@@ -70,6 +100,10 @@ OPTS = dict(
     replace_runtime=typer.Option(False, "--replace-runtime", help="Replace your own runtime of that name (its "
                                  "runtimeArgs are dropped) or your default-runtime (without it: exit 14, nothing "
                                  "changed)."),
+    only=typer.Option(None, "--only", help="Only these stages, a comma list of driver, engine, runtime, validate "
+                      "(the fleet role's tags)."),
+    mirror=typer.Option([], "--mirror", help="NAME=URL: fetch repository NAME (elrepo, epel, cuda, docker-ce) from "
+                        "a mirror of the same tree; repeatable."),
 )
 
 
@@ -81,10 +115,11 @@ def plan_cmd(
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
+    only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, True,
-                   replace_runtime)
+                   replace_runtime, only, mirror)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -105,6 +140,7 @@ def bootstrap_cmd(
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
+    only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
 ) -> None:
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
     from contextlib import nullcontext
@@ -112,7 +148,7 @@ def bootstrap_cmd(
     from provision.hostlock import host_lock
 
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
-                   not no_validate, replace_runtime)
+                   not no_validate, replace_runtime, only, mirror)
     # Held from planning to the end (the prompt included), so the plan shown is the one applied.
     with nullcontext() if dry_run or check else host_lock("bootstrap"):
         _bootstrap(opt, yes=yes, dry_run=dry_run, check=check, reboot=reboot, json_out=json_out, bundle=bundle,

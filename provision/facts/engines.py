@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from provision.facts.rootfs import is_live, read_bytes_bounded, under
+from provision.facts.rootfs import read_bytes_bounded, under
 
 BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
-VERSION_RE = re.compile(r"(\d+\.\d+(?:\.\d+)?(?:[-+~][\w.+~-]*)?)")
 
 
 @dataclass(frozen=True)
@@ -97,48 +94,11 @@ def parse_config(name: str, text: str) -> tuple[tuple[str, ...], str | None, dic
     return tuple(eng.get("runtimes", {})), eng.get("runtime"), {}
 
 
-def _versions(commands: dict[str, list[str]]) -> dict[str, str | None]:
-    """Each engine's version. Cached by the binary's inode/size/mtime (an upgrade changes them); on a miss every
-    `--version` runs at once, since each engine binary takes tens of ms to start."""
-    from provision import cache
-
-    cached = cache.load("engine-versions.json")
-    keys = {name: cache.file_key(argv[0]) for name, argv in commands.items()}
-    out: dict[str, str | None] = {n: cached[k] for n, k in keys.items() if k and k in cached}
-    procs = {}
-    for name, argv in commands.items():
-        if name in out:
-            continue
-        try:
-            procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        except OSError:
-            procs[name] = None
-    for name, p in procs.items():
-        if p is None:
-            out[name] = None
-            continue
-        try:
-            text, _ = p.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out[name] = None
-            continue
-        m = VERSION_RE.search(text or "")
-        out[name] = m.group(1) if m else None
-    if procs:
-        fresh = {k: out[n] for n, k in keys.items() if k and out.get(n)}
-        cache.store("engine-versions.json", {**{k: v for k, v in cached.items() if k.split(":")[0] not in
-                                               {x.split(":")[0] for x in fresh}}, **fresh})
-    return out
-
-
 def read_engines(root: Path) -> list[EngineFacts]:
+    """Engines found under `root`, by their binaries and config files (read only; `version` is left None: it
+    takes running the binary, which `provision.probe.engines.with_versions` does on the live host)."""
     found = []
-    live = is_live(root)
     binaries = {spec.name: find_binary(root, spec.binary) for spec in ENGINES}
-    versions = _versions(
-        {s.name: [binaries[s.name], *s.version_args] for s in ENGINES if binaries[s.name]}
-    ) if live else {}
     for spec in ENGINES:
         cfg = under(root, spec.config)
         text = None
@@ -163,7 +123,7 @@ def read_engines(root: Path) -> list[EngineFacts]:
             runtimes, default = ("runc",), "runc"
         found.append(
             EngineFacts(
-                name=spec.name, binary=binaries[spec.name], version=versions.get(spec.name),
+                name=spec.name, binary=binaries[spec.name], version=None,
                 config_path=spec.config, config_exists=text is not None, config_valid=valid, config_error=error,
                 runtimes=runtimes, default_runtime=default, extra=extra,
             )

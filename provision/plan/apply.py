@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision.errors import GpuprovError, StepFailed
+from provision.fsutil import write_file
 from provision.output import progress
-from provision.plan.steps import Step, read_or_empty
+from provision.plan.steps import Step
 
 STATE_DIR = Path(os.environ.get("GPUPROV_STATE_DIR", "/var/lib/gpuprov"))
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
@@ -53,9 +54,7 @@ def read_state() -> dict:
 
 
 def write_state(state: dict) -> None:
-    from provision.fsutil import atomic_write_text
-
-    atomic_write_text(STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n", mode=0o644, backup=False)
+    write_file(STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n", mode=0o644, backup=False)
 
 
 def log(line: str) -> None:
@@ -67,34 +66,33 @@ def log(line: str) -> None:
         pass
 
 
-def check_plan(steps: list[Step]) -> dict:
-    """Check mode: which steps would change, with their diffs; nothing is changed."""
-    from provision import effects
-
+def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
+    """Check mode: which steps would change, with their diffs and the exact commands they would run; nothing is
+    changed. Every check and diff reads through `root`."""
     out = []
     for step in steps:
         if step.verify_only:
             continue
+        item = {"id": step.id, "title": step.title}
         try:
-            done = step.satisfied()
+            done = step.satisfied(root)
         except GpuprovError as exc:
-            out.append({"id": step.id, "title": step.title, "would_change": True, "error": str(exc)})
+            out.append({**item, "would_change": True, "error": str(exc)})
             continue
-        item = {"id": step.id, "title": step.title, "would_change": not done}
+        item["would_change"] = not done
         if not done:
-            diffs = [effects.unified_diff(read_or_empty(p), t, p) for p, t in step.files.items()]
-            if step.preview:
-                try:
-                    diffs.append(step.preview())
-                except GpuprovError as exc:
-                    item["error"] = str(exc)
-            item["diff"] = "".join(d for d in diffs if d)
-            item["commands"] = [" ".join(c) for c in step.commands]
+            try:
+                item["diff"] = "".join(d for d in step.diffs(root).values() if d)
+            except GpuprovError as exc:
+                item["diff"], item["error"] = "", str(exc)
+            item["commands"] = [c.shell() for c in step.commands]
+            item["actions"] = step.lines()
         out.append(item)
     return {"would_change": sum(i["would_change"] for i in out), "steps": out}
 
 
 def apply_plan(steps: list[Step], *, quiet: bool = False) -> ApplyResult:
+    """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order."""
     res = ApplyResult()
     n = len(steps)
     say = (lambda m: None) if quiet else progress
@@ -103,7 +101,7 @@ def apply_plan(steps: list[Step], *, quiet: bool = False) -> ApplyResult:
         say(f"[{i}/{n}] {step.title} …")
         try:
             if step.verify_only:
-                detail = step.apply() if step.action else None
+                detail = step.apply() if step.actions else None
                 status = "verified"
             elif step.satisfied():
                 detail, status = None, "ok"

@@ -4,35 +4,46 @@ from __future__ import annotations
 
 from provision.decide.targets import Target
 
-ELREPO_KEY = {7: "https://www.elrepo.org/RPM-GPG-KEY-elrepo.org", 8: "https://www.elrepo.org/RPM-GPG-KEY-elrepo.org",
-              9: "https://www.elrepo.org/RPM-GPG-KEY-v2-elrepo.org",
-              10: "https://www.elrepo.org/RPM-GPG-KEY-v2-elrepo.org"}
+# Each repository's base URL; `--mirror NAME=URL` (names: provision.options.Mirror) replaces one, e.g. with an
+# internal mirror of the same tree. The paths below a base are the upstream layout.
+BASES = {"elrepo": "https://www.elrepo.org", "epel": "https://dl.fedoraproject.org/pub/epel",
+         "cuda": "https://developer.download.nvidia.com/compute/cuda/repos",
+         "docker-ce": "https://download.docker.com/linux"}
+MirrorMap = dict  # name -> base URL (only the ones overridden)
 
 
-def elrepo_release(el: int) -> str:
-    return f"https://www.elrepo.org/elrepo-release-{el}.el{el}.elrepo.noarch.rpm"
+def base(name: str, mirrors: MirrorMap | None = None) -> str:
+    return ((mirrors or {}).get(name) or BASES[name]).rstrip("/")
 
 
-def cuda_repo(target: Target) -> str:
+def elrepo_key(el: int, mirrors: MirrorMap | None = None) -> str:
+    return f"{base('elrepo', mirrors)}/RPM-GPG-KEY-{'v2-' if el >= 9 else ''}elrepo.org"
+
+
+def elrepo_release(el: int, mirrors: MirrorMap | None = None) -> str:
+    return f"{base('elrepo', mirrors)}/elrepo-release-{el}.el{el}.elrepo.noarch.rpm"
+
+
+def cuda_repo(target: Target, mirrors: MirrorMap | None = None) -> str:
     tree = "amzn2023" if target.os_id == "amzn" else f"rhel{target.el_major}"
-    return f"https://developer.download.nvidia.com/compute/cuda/repos/{tree}/x86_64/cuda-{tree}.repo"
+    return f"{base('cuda', mirrors)}/{tree}/x86_64/cuda-{tree}.repo"
 
 
-def epel_release(el: int) -> str:
-    return f"https://dl.fedoraproject.org/pub/epel/epel-release-latest-{el}.noarch.rpm"
+def epel_release(el: int, mirrors: MirrorMap | None = None) -> str:
+    return f"{base('epel', mirrors)}/epel-release-latest-{el}.noarch.rpm"
 
 
-DOCKER_CE_GPG = {"debian": "https://download.docker.com/linux/debian/gpg",
-                 "ubuntu": "https://download.docker.com/linux/ubuntu/gpg"}
+def docker_ce_gpg(target: Target, mirrors: MirrorMap | None = None) -> str:
+    return f"{base('docker-ce', mirrors)}/{target.os_id}/gpg"
 
 
-def docker_ce_repo_file(target: Target) -> str:
+def docker_ce_repo_file(target: Target, mirrors: MirrorMap | None = None) -> str:
     distro = "rhel" if target.os_id == "rhel" else "centos"
-    return f"https://download.docker.com/linux/{distro}/docker-ce.repo"
+    return f"{base('docker-ce', mirrors)}/{distro}/docker-ce.repo"
 
 
-def docker_ce_apt_source(target: Target) -> str:
-    return (f"deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/"
+def docker_ce_apt_source(target: Target, mirrors: MirrorMap | None = None) -> str:
+    return (f"deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {base('docker-ce', mirrors)}/"
             f"{target.os_id} {target.codename} stable\n")
 
 

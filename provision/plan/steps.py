@@ -1,73 +1,411 @@
-"""A step: what it will run or write (for plan/dry-run), how to tell it is already done, and how to do it."""
+"""The step model. A step is data: the actions it takes (commands with their argv, files with their full new
+content, a service start) and the check that says it is already done. `plan`, `--dry-run`, `--check` and `apply`
+all walk these same objects, so what is printed is what runs:
+
+- `Command`: printed with `shlex.join` (paste it into a shell and it does the same); applied by running exactly
+  that argv through `effects.run`. A `gpuprov …` command is dispatched through gpuprov's own command line in this
+  process (`run_gpuprov`): the same code the printed command runs, under the host lock bootstrap already holds
+  (a child process would wait for that lock), without a second interpreter start-up.
+- `WriteFile`: printed as a unified diff against the file under the plan's root; applied by an atomic write.
+- `StartService`: printed as the commands it runs, in order, with the fallback it takes without systemd.
+
+Checks are data too, and read through the host root they are given; checks that need the live host (a daemon's
+answer, the package database of a running system) say "cannot tell" (False: would change) for any other root.
+"""
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Union
 
 from provision import effects
-from provision.fsutil import atomic_write_text
+from provision.errors import GpuprovError, StepFailed
+from provision.facts.rootfs import is_live, under
+from provision.fsutil import write_file
+
+LIVE = Path("/")
+DOCKERD_LOG = "/var/log/gpuprov-dockerd.log"
 
 
-@dataclass
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()  # extra environment, printed as `K=V` before the command
+    may_fail: bool = False  # its failure is not the step's (printed `|| true`): the next command repairs it
+
+    def shell(self) -> str:
+        return " ".join([f"{k}={shlex.quote(v)}" for k, v in self.env] + [shlex.join(self.argv)]
+                        + (["|| true"] if self.may_fail else []))
+
+    def lines(self) -> list[str]:
+        return [f"$ {self.shell()}"]
+
+    def execute(self) -> str:
+        if self.argv[0] == "gpuprov":
+            return run_gpuprov(list(self.argv[1:]))
+        res = effects.run(list(self.argv), check=False, env={**os.environ, **dict(self.env)}, timeout=3600)
+        if res.returncode == 0 or self.may_fail:
+            return res.output
+        tail = "\n".join(res.output.strip().splitlines()[-15:])
+        raise StepFailed(f"`{self.shell()}` failed with exit code {res.returncode}:\n{tail}")
+
+
+def run_gpuprov(args: list[str]) -> str:
+    """`gpuprov ARGS` through the command line's own dispatch, in this process; its stdout is captured (it must
+    not mix with bootstrap's --json) and returned. Its errors are raised as they are (same message, same code)."""
+    import contextlib
+    import io
+
+    from provision.cli import app
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = app(args=args, prog_name="gpuprov", standalone_mode=False)
+    if isinstance(rc, int) and rc != 0:
+        raise StepFailed(f"`{shlex.join(['gpuprov', *args])}` exited {rc}: {out.getvalue().strip()[-300:]}")
+    return out.getvalue()
+
+
+@dataclass(frozen=True)
+class WriteFile:
+    path: str
+    content: str
+    mode: int = 0o644
+
+    def lines(self) -> list[str]:
+        return [f"write {self.path} (atomic; an existing file keeps its mode and owner and gets a backup)"]
+
+    def diff(self, root: Path) -> str:
+        return effects.unified_diff(read_or_empty(under(root, self.path)), self.content, self.path)
+
+    def execute(self) -> str:
+        write_file(self.path, self.content, mode=self.mode)
+        return f"wrote {self.path}"
+
+
+@dataclass(frozen=True)
+class StartService:
+    """Start an engine's daemon and enable it at boot, then wait until its client answers. Where systemd runs, one
+    `systemctl enable --now`; without it (containers, minimal hosts) the SysV script, and when that is missing or
+    fails (a container that cannot raise its ulimits), the daemon itself in the background."""
+    name: str  # the unit / init script: docker
+    daemon: str  # the binary for the last resort: dockerd
+    systemd: bool  # decided from the plan's root (/run/systemd/system)
+
+    def commands(self) -> list[tuple[str, ...]]:
+        if self.systemd:
+            return [("systemctl", "enable", "--now", self.name)]
+        return [(f"/etc/init.d/{self.name}", "start"), (self.daemon,)]
+
+    def lines(self) -> list[str]:
+        if self.systemd:
+            return [f"$ {shlex.join(self.commands()[0])}", "  (then wait until `docker info` answers)"]
+        init, daemon = (shlex.join(c) for c in self.commands())
+        return [f"$ {init}", f"  (if that fails or is missing: `{daemon}` in the background, log {DOCKERD_LOG};"
+                " then wait until `docker info` answers)"]
+
+    def execute(self) -> str:
+        ready = lambda: effects.docker_runtimes() is not None  # noqa: E731
+        if self.systemd:
+            effects.run(list(self.commands()[0]))
+            how = shlex.join(self.commands()[0])
+        else:
+            init, daemon = self.commands()
+            if Path(init[0]).exists() and effects.run(list(init), check=False).returncode == 0 \
+                    and effects.wait_for(ready, 20):
+                return shlex.join(init)
+            spawn_background(list(daemon), DOCKERD_LOG)
+            how = f"{shlex.join(daemon)} (background; log {DOCKERD_LOG})"
+        if not effects.wait_for(ready, 60):
+            raise StepFailed(f"{self.daemon} did not come up after `{how}`; see `journalctl -u {self.name}` or "
+                             "the log named there")
+        return how
+
+
+@dataclass(frozen=True)
+class ImportImage:
+    """A local image built from this host's own files (no registry): the tar is made in-process, from the binaries
+    named and the libraries `ldd` lists for them, and fed to `docker import` only when the image is missing."""
+    image: str
+    binaries: tuple[str, ...]
+
+    def commands(self) -> list[tuple[str, ...]]:
+        return [("docker", "image", "inspect", self.image), ("docker", "import", "-", self.image)]
+
+    def lines(self) -> list[str]:
+        inspect, imp = (shlex.join(c) for c in self.commands())
+        return [f"$ {inspect} >/dev/null || {imp} < <tar of {', '.join(self.binaries)} and their libraries, "
+                "taken from this host>"]
+
+    def execute(self) -> str:
+        from provision.plan import validate
+
+        inspect, imp = self.commands()
+        if effects.run(list(inspect), check=False).returncode == 0:
+            return ""
+        effects.run(list(imp), input_text=validate.build_image_tar(self.binaries))
+        return ""
+
+
+def spawn_background(argv: list[str], log: str) -> None:
+    """A daemon that outlives gpuprov (its own session, output to `log`)."""
+    with open(log, "ab") as fh:
+        subprocess.Popen(argv, stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+Action = Union[Command, WriteFile, StartService, ImportImage]
+
+
+# ---------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True)
+class Never:
+    """Nothing tells that the step is done: it always runs (e.g. the validation container)."""
+    reason: str = "always runs"
+
+    def satisfied(self, root: Path) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return self.reason
+
+
+@dataclass(frozen=True)
+class Already:
+    """Nothing to do: the step only reports a fact found while planning."""
+    reason: str
+
+    def satisfied(self, root: Path) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return self.reason
+
+
+@dataclass(frozen=True)
+class FilesMatch:
+    files: tuple[tuple[str, str], ...]  # (path, content)
+
+    def satisfied(self, root: Path) -> bool:
+        return all(read_or_empty(under(root, p)) == t for p, t in self.files)
+
+    def describe(self) -> str:
+        verb = "hold" if len(self.files) > 1 else "holds"
+        return f"skipped when {', '.join(p for p, _ in self.files)} already {verb} this content"
+
+
+@dataclass(frozen=True)
+class PathExists:
+    path: str
+
+    def satisfied(self, root: Path) -> bool:
+        return under(root, self.path).exists()
+
+    def describe(self) -> str:
+        return f"skipped when {self.path} exists"
+
+
+@dataclass(frozen=True)
+class DirEmpty:
+    path: str
+
+    def satisfied(self, root: Path) -> bool:
+        return not any(under(root, self.path).glob("*"))
+
+    def describe(self) -> str:
+        return f"skipped when {self.path} is empty"
+
+
+@dataclass(frozen=True)
+class PackagesInstalled:
+    manager: str  # apt | dnf | yum
+    packages: tuple[str, ...]
+
+    def satisfied(self, root: Path) -> bool:
+        return packages_installed(self.manager, self.packages, root)
+
+    def describe(self) -> str:
+        db = "dpkg" if self.manager == "apt" else "rpm"
+        return f"skipped when {db} lists {' '.join(self.packages) or 'nothing'} as installed"
+
+
+@dataclass(frozen=True)
+class RuntimeInstalled:
+    driver_root: str
+
+    def satisfied(self, root: Path) -> bool:
+        from provision.inject import install
+
+        return is_live(root) and install.is_installed(self.driver_root)
+
+    def describe(self) -> str:
+        return "skipped when gpuprov-runtime is installed from these sources with these settings"
+
+
+@dataclass(frozen=True)
+class EngineConfigured:
+    """The engine's config already holds the runtime (its adapter's merge changes nothing) and, for docker, the
+    live daemon lists it."""
+    engine: str
+    runtime_name: str
+    runtime_path: str
+    default: bool
+    cdi: bool
+    replace: bool = False
+
+    def _plan(self, root: Path):
+        """The adapter's plan against the config under `root`, and the config's path on the host."""
+        from provision import engines
+        from provision.engines.base import RuntimeRequest
+
+        eng = engines.get(self.engine)
+        req = RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
+                             replace=self.replace)
+        path = under(root, str(eng.config_path(None, req)))
+        if self.engine == "containerd" and not is_live(root):
+            # The adapter asks the live containerd (its version, `config dump`); a host tree's containerd cannot be
+            # run: plan from the files alone, as for a containerd of unknown version.
+            from provision.engines import containerd
+            from provision.engines.base import EnginePlan, FileEdit
+
+            p = containerd.plan(path, runtime_name=req.name, runtime_path=req.path, default=req.default,
+                                cdi=req.cdi, replace=req.replace, binary=containerd.Binary(None, None))
+            return EnginePlan([FileEdit(f, old, new) for f, old, new in p.edits], [], p.warnings), root
+        return eng.plan(path, req, unit_root=root), root
+
+    def satisfied(self, root: Path) -> bool:
+        if not is_live(root) or self._plan(root)[0].changed:
+            return False
+        return self.engine != "docker" or self.runtime_name in (effects.docker_runtimes() or [])
+
+    def preview(self, root: Path) -> dict[str, str]:
+        """{path on the host: diff} for every file the merge would write, read under `root`."""
+        plan, root = self._plan(root)
+        out = {}
+        for edit in plan.edits:
+            if edit.changed:
+                host = "/" + str(Path(edit.path).relative_to(root)) if not is_live(root) else str(edit.path)
+                out[host] = effects.unified_diff(edit.old or "", edit.new, host)
+        return out
+
+    def describe(self) -> str:
+        return (f"skipped when {self.engine}'s config already registers {self.runtime_name!r}"
+                + (" and dockerd lists it" if self.engine == "docker" else ""))
+
+
+@dataclass(frozen=True)
+class ServiceAnswers:
+    name: str  # docker
+
+    def satisfied(self, root: Path) -> bool:
+        return is_live(root) and effects.docker_runtimes() is not None
+
+    def describe(self) -> str:
+        return "skipped when `docker info` answers"
+
+
+Check = Union[Never, Already, FilesMatch, PathExists, DirEmpty, PackagesInstalled, RuntimeInstalled,
+              EngineConfigured, ServiceAnswers]
+
+
+# ---------------------------------------------------------------- the step
+
+
+@dataclass(frozen=True)
 class Step:
     id: str  # stable identifier: "driver.packages", "engine.config"
+    stage: str  # provision.options.Stage: what `bootstrap --only` / the role's tags select
     title: str
-    commands: list[list[str]] = field(default_factory=list)  # what apply runs, in order (shown by plan)
-    files: dict[str, str] = field(default_factory=dict)  # path -> new content (shown as diffs by plan)
-    check: Optional[Callable[[], bool]] = None  # True = already satisfied (nothing to do)
-    action: Optional[Callable[[], str | None]] = None  # custom apply; default: write files, run commands
-    verify_only: bool = False  # a check that changes nothing (validation): never counted as a change
+    actions: tuple[Action, ...] = ()
+    check: Check = field(default_factory=Never)
+    verify_only: bool = False  # changes nothing (validation, facts): never counted as a change
     reboot: bool = False  # doing this step requires a reboot afterwards
-    notes: list[str] = field(default_factory=list)
-    preview: Optional[Callable[[], str]] = None  # a diff computed on the live host (check mode), when files won't say
+    notes: tuple[str, ...] = ()  # shown with the plan and appended to the step's result
+    hint: str | None = None  # appended to a failure's message: what to do about it
 
-    def satisfied(self) -> bool:
-        return bool(self.check and self.check())
+    @property
+    def commands(self) -> list[Command]:
+        return [a for a in self.actions if isinstance(a, Command)]
+
+    @property
+    def files(self) -> dict[str, str]:
+        return {a.path: a.content for a in self.actions if isinstance(a, WriteFile)}
+
+    def lines(self) -> list[str]:
+        return [ln for a in self.actions for ln in a.lines()]
+
+    def diffs(self, root: Path) -> dict[str, str]:
+        out = {a.path: a.diff(root) for a in self.actions if isinstance(a, WriteFile)}
+        if isinstance(self.check, EngineConfigured):
+            out.update(self.check.preview(root))
+        return out
+
+    def satisfied(self, root: Path = LIVE) -> bool:
+        return self.check.satisfied(root)
 
     def apply(self) -> str | None:
-        if self.action:
-            return self.action()
-        for path, text in self.files.items():
-            atomic_write_text(Path(path), text, mode=0o644)
-        for argv in self.commands:
-            effects.run(argv, timeout=3600)
-        return None
+        outs = []
+        for a in self.actions:
+            try:
+                out = a.execute()
+            except GpuprovError as exc:
+                if self.hint:
+                    raise type(exc)(f"{exc}; {self.hint}", exit_code=exc.exit_code) from None
+                raise
+            last = [ln for ln in (out or "").strip().splitlines() if ln.strip()]
+            if last and isinstance(a, (Command, StartService)):
+                outs.append(last[-1].strip())
+        detail = "; ".join(outs + list(self.notes))
+        return detail or None
 
-    def to_dict(self, diffs: bool = True) -> dict:
-        d = {"id": self.id, "title": self.title, "commands": [" ".join(c) for c in self.commands],
-             "files": sorted(self.files), "reboot": self.reboot, "verify_only": self.verify_only,
-             "notes": self.notes}
+    def to_dict(self, root: Path = LIVE, diffs: bool = True) -> dict:
+        d = {"id": self.id, "title": self.title, "commands": [c.shell() for c in self.commands],
+             "actions": [ln for ln in self.lines()], "files": sorted(self.files), "check": self.check.describe(),
+             "reboot": self.reboot, "verify_only": self.verify_only, "notes": list(self.notes)}
         if diffs:
-            d["diffs"] = {p: effects.unified_diff(read_or_empty(p), t, p) for p, t in self.files.items()}
+            d["diffs"] = self.diffs(root)
         return d
 
 
-def read_or_empty(path: str) -> str:
+def executed_argvs(step: Step) -> list[tuple[str, ...]]:
+    """Every argv the step may run, in order: what a test compares with what apply really ran."""
+    out: list[tuple[str, ...]] = []
+    for a in step.actions:
+        if isinstance(a, Command):
+            out.append(a.argv)
+        elif isinstance(a, (StartService, ImportImage)):
+            out += a.commands()
+    return out
+
+
+def read_or_empty(path: Path | str) -> str:
     try:
         return Path(path).read_text()
     except OSError:
         return ""
 
 
-def files_match(files: dict[str, str]) -> bool:
-    return all(read_or_empty(p) == t for p, t in files.items())
-
-
-def packages_installed(pm: str, packages: tuple[str, ...]) -> bool:
-    """All packages installed (dpkg/rpm database; one fast query)."""
+def packages_installed(pm: str, packages: tuple[str, ...], root: Path = LIVE) -> bool:
+    """All packages installed, by the package database under `root` (one fast query; reads only)."""
     if not packages:
         return True
     if pm == "apt":
-        argv = ["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *packages]
+        argv = ["dpkg-query", f"--admindir={under(root, 'var/lib/dpkg')}", "-W", "-f", "${Package} ${Status}\n",
+                *packages]
     else:
-        argv = ["rpm", "-q", "--whatprovides", *[p.split(":")[0] for p in packages]]
+        argv = ["rpm", "--root", str(root), "-q", "--whatprovides", *[p.split(":")[0] for p in packages]]
     try:
-        p = subprocess.run(argv, capture_output=True, text=True)
-    except FileNotFoundError:
+        p = effects.run(argv, check=False)
+    except StepFailed:  # the package manager itself is missing under this root: nothing is installed by it
         return False
     if pm == "apt":
-        ok = {ln.split()[0] for ln in p.stdout.splitlines() if ln.endswith("install ok installed")}
+        ok = {ln.split()[0] for ln in p.output.splitlines() if ln.endswith("install ok installed")}
         return all(pkg in ok for pkg in packages)
     return p.returncode == 0

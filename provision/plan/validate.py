@@ -5,26 +5,25 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import subprocess
 import tarfile
 
-from provision import __version__
-from provision.errors import StepFailed
+from provision import __version__, effects
 
 IMAGE = f"gpuprov-validate:{__version__}"
 BINARIES = ("sh", "cat", "ls", "echo")
+OK_WORD = "gpuprov-validate-ok"
 
 
-def commands(runtime: str, gpu: bool) -> list[list[str]]:
-    base = ["docker", "run", "--rm", "--runtime", runtime]
-    cmds = [base + [IMAGE, "sh", "-c", "echo gpuprov-validate-ok"]]
+def run_argvs(runtime: str, gpu: bool) -> list[tuple[str, ...]]:
+    base = ("docker", "run", "--rm", "--runtime", runtime)
+    cmds = [base + (IMAGE, "sh", "-c", f"echo {OK_WORD}")]
     if gpu:
-        cmds.append(base + ["-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "nvidia-smi", "-L"])
+        cmds.append(base + ("-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "nvidia-smi", "-L"))
     return cmds
 
 
 def _deps(binary: str) -> list[str]:
-    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    out = effects.run(["ldd", binary], check=False).output
     libs = []
     for line in out.splitlines():
         parts = line.split()
@@ -35,7 +34,7 @@ def _deps(binary: str) -> list[str]:
     return libs
 
 
-def build_image_tar() -> bytes:
+def build_image_tar(binaries: tuple[str, ...] = BINARIES) -> bytes:
     """A tiny rootfs: sh/cat/ls and the C libraries they load, taken from this host. /etc/debian_version marks
     the loader layout when the host is Debian-family (so driver libraries land where its loader looks)."""
     buf = io.BytesIO()
@@ -55,7 +54,7 @@ def build_image_tar() -> bytes:
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(info)
             added.add(d)
-        for b in BINARIES:
+        for b in binaries:
             path = shutil.which(b)
             if not path:
                 continue
@@ -68,20 +67,7 @@ def build_image_tar() -> bytes:
 
 
 def ensure_image() -> None:
-    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode == 0:
-        return
-    p = subprocess.run(["docker", "import", "-", IMAGE], input=build_image_tar(), capture_output=True)
-    if p.returncode != 0:
-        raise StepFailed(f"could not build the validation image: {p.stderr.decode(errors='replace').strip()}")
+    """The validation image, imported from this host's files when it is missing (tests and `verify` use it)."""
+    from provision.plan.steps import ImportImage
 
-
-def run(runtime: str, gpu: bool) -> str:
-    ensure_image()
-    results = []
-    for argv in commands(runtime, gpu):
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        if p.returncode != 0:
-            raise StepFailed(f"validation container failed: `{' '.join(argv)}` exited {p.returncode}: "
-                             f"{(p.stderr or p.stdout).strip()[-400:]}")
-        results.append(p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "")
-    return "; ".join(results) + ("" if gpu else " (no GPU on this host: checked a plain container)")
+    ImportImage(IMAGE, BINARIES).execute()

@@ -1,12 +1,28 @@
 """The node checks. Each takes a host adapter (local commands, or testinfra's `host`) and returns a CheckResult;
-a failure says what is wrong on that host in one line."""
+a failure says what is wrong on that host in one line.
+
+The engine is the one that answers on the node: dockerd (`docker info`), else containerd (`ctr version`). Container
+checks never reach a registry: the check image is built on the node from its own files (`gpuprov verify
+--prepare`, the same image bootstrap's validation step imports), docker runs it with `--pull never`, containerd
+runs it as a plain rootfs (`ctr run --rootfs`) through the runtime binary (`--runc-binary`)."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
+import tarfile
 from dataclasses import asdict, dataclass
 from functools import cached_property
+from pathlib import Path
+
+from provision.engines.containerd import runtime_in_dump
+from provision.plan.validate import IMAGE
+
+RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
+ROOTFS = "/var/lib/gpuprov/verify/rootfs"  # containerd's check container: the image's files, unpacked
+CTR = "ctr --namespace gpuprov"
+OK_WORD = "gpuprov-verify-ok"
 
 
 @dataclass
@@ -33,6 +49,11 @@ class NodeHost:
         except ValueError:
             return None
 
+    def prepare(self, engine: str) -> str | None:
+        """Build the check image from the node's own files; None when done, else why it could not be."""
+        rc, out, err = self.run(f"gpuprov verify --prepare {shlex.quote(engine)}")
+        return None if rc == 0 else ((err or out).strip().splitlines() or [f"exit {rc}"])[-1]
+
     @cached_property
     def facts(self) -> dict | None:
         return self.json_of("gpuprov detect --json")
@@ -40,6 +61,14 @@ class NodeHost:
     @cached_property
     def runtimes(self) -> dict | None:
         return self.json_of("docker info --format '{{json .Runtimes}}'")
+
+    @cached_property
+    def engine(self) -> str | None:
+        """docker when dockerd answers; containerd when its daemon answers `ctr version`; else None."""
+        if self.runtimes is not None:
+            return "docker"
+        rc, out, _ = self.run("ctr version")
+        return "containerd" if rc == 0 and "Server:" in out else None
 
 
 class LocalHost(NodeHost):
@@ -49,6 +78,15 @@ class LocalHost(NodeHost):
         except subprocess.TimeoutExpired:
             return 124, "", f"timed out: {cmd}"
         return p.returncode, p.stdout, p.stderr
+
+    def prepare(self, engine: str) -> str | None:
+        from provision.errors import GpuprovError
+
+        try:
+            prepare_image(engine)
+        except GpuprovError as exc:
+            return str(exc)
+        return None
 
 
 class TestinfraHost(NodeHost):
@@ -60,6 +98,27 @@ class TestinfraHost(NodeHost):
     def run(self, cmd: str) -> tuple[int, str, str]:
         r = self.host.run(cmd)
         return r.rc, r.stdout, r.stderr
+
+
+def prepare_image(engine: str) -> None:
+    """On this host: the check image for `engine`, from this host's own files (no registry)."""
+    from provision.plan import validate
+
+    if engine == "docker":
+        validate.ensure_image()
+        return
+    root = Path(ROOTFS)
+    stamp = root / ".gpuprov-image"
+    if stamp.exists() and stamp.read_text() == IMAGE:
+        return
+    import io
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True, mode=0o755)
+    with tarfile.open(fileobj=io.BytesIO(validate.build_image_tar())) as tar:
+        tar.extractall(root)  # our own tar, built a moment ago from this host's files
+    stamp.write_text(IMAGE)
 
 
 def _gpus(h: NodeHost) -> list:
@@ -105,19 +164,31 @@ def versions_coherent(h: NodeHost) -> CheckResult:
 
 
 def engine_running(h: NodeHost) -> CheckResult:
-    if h.runtimes is None:
-        return CheckResult("engine running", "fail", "`docker info` fails: dockerd is not running or not installed")
-    return CheckResult("engine running", "pass", "dockerd answers")
+    if h.engine is None:
+        return CheckResult("engine running", "fail", "neither `docker info` nor `ctr version` reaches a daemon: "
+                           "the engine is not running or not installed (gpuprov bootstrap starts it)")
+    return CheckResult("engine running", "pass", "dockerd answers" if h.engine == "docker" else
+                       "containerd answers")
 
 
 def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
-    rts = h.runtimes
-    if rts is None:
-        return CheckResult("runtime registered", "fail", "cannot ask dockerd (not running)")
-    if name not in rts:
-        return CheckResult("runtime registered", "fail", f"runtime {name!r} is not registered in dockerd "
-                           f"(has: {', '.join(rts)}): run gpuprov engine configure docker")
-    path = (rts[name] or {}).get("path", "")
+    if h.engine == "containerd":
+        rc, out, err = h.run("containerd config dump")
+        if rc != 0:
+            return CheckResult("runtime registered", "fail", f"`containerd config dump` failed: "
+                               f"{(err or out).strip()[-200:]}")
+        if not runtime_in_dump(out, name):
+            return CheckResult("runtime registered", "fail", f"runtime {name!r} is not in containerd's CRI config: "
+                               "run gpuprov engine configure containerd")
+        path = RUNTIME_PATH
+    else:
+        rts = h.runtimes
+        if rts is None:
+            return CheckResult("runtime registered", "fail", "cannot ask the engine (not running)")
+        if name not in rts:
+            return CheckResult("runtime registered", "fail", f"runtime {name!r} is not registered in dockerd "
+                               f"(has: {', '.join(rts)}): run gpuprov engine configure docker")
+        path = (rts[name] or {}).get("path", "")
     rc, _, _ = h.run(f"test -x {shlex.quote(path)}")
     if rc != 0:
         return CheckResult("runtime registered", "fail", f"runtime {name!r} points to {path}, which is missing or "
@@ -125,27 +196,51 @@ def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
     return CheckResult("runtime registered", "pass", f"{name} -> {path}")
 
 
-def plain_container(h: NodeHost) -> CheckResult:
-    from provision.plan.validate import IMAGE
+def container_argv(engine: str, cid: str, env: dict[str, str], argv: list[str]) -> str:
+    """The command that starts the check container through the runtime, never pulling anything."""
+    if engine == "docker":
+        envs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+        return shlex.join(["docker", "run", "--rm", "--pull", "never", "--runtime", "nvidia", *envs, IMAGE, *argv])
+    envs = [a for k, v in env.items() for a in ("--env", f"{k}={v}")]
+    return shlex.join([*shlex.split(CTR), "run", "--rm", "--runc-binary", RUNTIME_PATH, *envs, "--rootfs", ROOTFS,
+                       cid, *argv])
 
-    rc, out, err = h.run(f"docker run --rm --runtime nvidia {IMAGE} sh -c 'echo gpuprov-verify-ok'")
-    if rc != 0 or "gpuprov-verify-ok" not in out:
+
+def _container(h: NodeHost, name: str, env: dict[str, str], argv: list[str]) -> tuple[CheckResult | None, str]:
+    if h.engine is None:
+        return CheckResult(name, "fail", "no engine answers (see `engine running`)"), ""
+    why = h.prepare(h.engine)
+    if why:
+        return CheckResult(name, "fail", f"could not build the check image from this host's files: {why}"), ""
+    rc, out, err = h.run(container_argv(h.engine, f"gpuprov-verify-{os.getpid()}", env, argv))
+    if rc != 0:
         last = (err or out).strip().splitlines()
-        return CheckResult("container through the runtime", "fail",
-                           f"`docker run --runtime nvidia` failed: {last[-1] if last else f'exit {rc}'}")
-    return CheckResult("container through the runtime", "pass", "a plain container starts through runtime nvidia")
+        return CheckResult(name, "fail", f"a container through runtime nvidia ({h.engine}) failed: "
+                           f"{last[-1] if last else f'exit {rc}'}"), out
+    return None, out
+
+
+def plain_container(h: NodeHost) -> CheckResult:
+    name = "container through the runtime"
+    bad, out = _container(h, name, {}, ["sh", "-c", f"echo {OK_WORD}"])
+    if bad:
+        return bad
+    if OK_WORD not in out:
+        return CheckResult(name, "fail", f"the container ran but printed {out.strip()[-100:]!r}")
+    return CheckResult(name, "pass", f"a plain container starts through runtime nvidia ({h.engine})")
 
 
 def gpu_container(h: NodeHost) -> CheckResult:
-    from provision.plan.validate import IMAGE
-
-    skip = _skip_without_gpu("GPU container", h)
+    name = "GPU container"
+    skip = _skip_without_gpu(name, h)
     if skip:
         return skip
-    rc, out, err = h.run(f"docker run --rm --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all {IMAGE} nvidia-smi -L")
-    if rc != 0 or "GPU 0" not in out:
-        return CheckResult("GPU container", "fail", f"nvidia-smi -L in a container failed: {(err or out).strip()[-200:]}")
-    return CheckResult("GPU container", "pass", out.strip().splitlines()[0])
+    bad, out = _container(h, name, {"NVIDIA_VISIBLE_DEVICES": "all"}, ["nvidia-smi", "-L"])
+    if bad:
+        return bad
+    if "GPU 0" not in out:
+        return CheckResult(name, "fail", f"nvidia-smi -L in a container printed no GPU: {out.strip()[-200:]}")
+    return CheckResult(name, "pass", out.strip().splitlines()[0])
 
 
 def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:

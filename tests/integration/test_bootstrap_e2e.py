@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.conftest import needs
-from tests.integration.hosts import Host
+from tests.integration.hosts import Host, sh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               needs("debootstrap", docker=True)]
@@ -115,3 +115,20 @@ def test_5_killed_run_converges():
         assert again["changed"] == 0
     finally:
         h.remove()
+
+
+def test_6_verify_without_any_network(host):
+    """`gpuprov verify` on a bootstrapped host cut off from every network (no registry, no DNS): the check image is
+    built from the host's own files (removed first, so it must be), every check passes or says why it is skipped."""
+    assert host.exec("docker rmi gpuprov-validate:0.1.0").returncode == 0
+    sh("docker", "network", "disconnect", "bridge", host.name)
+    # no interface but loopback and the nested engine's own bridge, no default route: no registry, no DNS
+    assert set(host.exec("ls /sys/class/net").stdout.split()) <= {"lo", "docker0"}
+    assert host.exec("awk '$2 == \"00000000\"' /proc/net/route").stdout == ""
+    r = host.exec("gpuprov verify --json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["container through the runtime"]["status"] == "pass", checks
+    assert all(c["status"] == "pass" or (c["status"] == "skip" and c["detail"] == "no NVIDIA GPU on this host")
+               for c in checks.values()), checks
+    print("\n" + host.exec("gpuprov verify").stdout)

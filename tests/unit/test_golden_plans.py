@@ -28,9 +28,10 @@ def plan_doc(tmp_path, name: str, sysfs: str, opt: Options) -> dict:
         steps = build_plan(rep, opt)
     except GpuprovError as exc:
         return {"error": str(exc), "exit_code": exc.exit_code}
+    # Files as diffs against the fixture's own tree (the plan's --root): a changed file shows only its change.
     return {"target": rep.target.name, "gpus": [d.pci_id for _, d in rep.gpus],
-            "steps": [{"id": s.id, "commands": [" ".join(c) for c in s.commands],
-                       "files": {p: t for p, t in s.files.items()}, "reboot": s.reboot} for s in steps]}
+            "steps": [{"id": s.id, "actions": s.lines(), "files": {p: d.splitlines() for p, d in s.diffs(root).items()},
+                       "check": s.check.describe(), "reboot": s.reboot} for s in steps]}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DISTROS.iterdir() if p.name != "centos-7-legacy"))
@@ -46,15 +47,22 @@ def test_golden_plan(tmp_path, name):
 def test_golden_docker_ce_on_debian(tmp_path):
     doc = plan_doc(tmp_path, "debian-12", "none", Options(engine_source="docker-ce"))
     repo = next(s for s in doc["steps"] if s["id"] == "engine.repo")
-    assert "signed-by=/etc/apt/keyrings/docker.asc" in repo["files"]["/etc/apt/sources.list.d/docker.list"]
-    assert any("docker.asc" in c for c in repo["commands"])
+    assert any(ln.startswith("+deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc]")
+               for ln in repo["files"]["/etc/apt/sources.list.d/docker.list"])
+    assert any("docker.asc" in c for c in repo["actions"])
 
 
 def test_debian_components_enabled_in_existing_entries(tmp_path):
     doc = plan_doc(tmp_path, "debian-12", "datacenter", Options())
     comp = next(s for s in doc["steps"] if s["id"] == "driver.components")
-    assert comp["files"]["/etc/apt/sources.list"].splitlines()[0] == (
-        "deb http://mirror.invalid/debian bookworm main contrib non-free non-free-firmware")
+    # a minimal diff against the fixture's own sources.list: its two entries extended, nothing else
+    changed = [ln for ln in comp["files"]["/etc/apt/sources.list"]
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    assert changed == [
+        "-deb http://mirror.invalid/debian bookworm main",
+        "-deb http://mirror.invalid/debian-security bookworm-security main",
+        "+deb http://mirror.invalid/debian bookworm main contrib non-free non-free-firmware",
+        "+deb http://mirror.invalid/debian-security bookworm-security main contrib non-free non-free-firmware"]
 
 
 def test_present_driver_left_alone():
@@ -62,7 +70,8 @@ def test_present_driver_left_alone():
 
     rep = detect_host(H200, engines=False)
     steps = build_plan(rep, Options(engine="none"))
-    assert steps[0].id == "driver.present" and "left alone" in steps[0].title
+    present = next(s for s in steps if s.id.startswith("driver."))
+    assert present.id == "driver.present" and "left alone" in present.title
     assert not any(s.id.startswith("driver.packages") for s in steps)
 
 

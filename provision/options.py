@@ -1,0 +1,59 @@
+"""The choices of bootstrap's options, declared once. The CLI checks values against them, and
+tests/unit/test_option_choices.py holds the Ansible module's argument spec, the role's argument_specs.yml and
+defaults/main.yml to them (those cannot import gpuprov: the module runs with the node's own Python)."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class KernelModules(str, Enum):
+    AUTO = "auto"
+    OPEN = "open"
+    PROPRIETARY = "proprietary"
+
+
+class DriverSource(str, Enum):
+    DISTRO = "distro"
+    ELREPO = "elrepo"
+    NVIDIA = "nvidia"
+
+
+class Engine(str, Enum):
+    DOCKER = "docker"
+    CONTAINERD = "containerd"
+    NONE = "none"
+
+
+class EngineSource(str, Enum):
+    AUTO = "auto"
+    DISTRO = "distro"
+    DOCKER_CE = "docker-ce"
+
+
+class Stage(str, Enum):
+    """What `bootstrap --only` (and the role's tags) select: each step belongs to one stage."""
+    DRIVER = "driver"
+    ENGINE = "engine"
+    RUNTIME = "runtime"
+    VALIDATE = "validate"
+
+
+class Mirror(str, Enum):
+    """Repositories whose base URL `--mirror NAME=URL` replaces (provision/plan/repos.py)."""
+    ELREPO = "elrepo"
+    EPEL = "epel"
+    CUDA = "cuda"
+    DOCKER_CE = "docker-ce"
+
+
+def values(enum: type[Enum]) -> tuple[str, ...]:
+    return tuple(m.value for m in enum)
+
+
+# bootstrap option -> its choices (the Ansible module's parameter of the same name, with _ for -)
+CHOICES: dict[str, tuple[str, ...]] = {
+    "kernel_modules": values(KernelModules),
+    "driver_source": values(DriverSource),
+    "engine": values(Engine),
+    "engine_source": values(EngineSource),
+}

@@ -1,0 +1,51 @@
+"""A small on-disk cache for probe results that are slow to get but keyed by something cheap to check (an
+engine's `--version`, keyed by the binary's inode, size and mtime). Best effort: a cache that cannot be read or
+written is simply not used. Only the probe layer writes it."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.fsutil import write_file
+
+DEFAULT_DIR = "/var/cache/gpuprov"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPUPROV_CACHE_DIR", DEFAULT_DIR))
+
+
+@dataclass(frozen=True)
+class FileKey:
+    """What changes when a binary is upgraded: its path, inode, size and mtime."""
+    path: str
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: str) -> FileKey | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return cls(path, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "ino": self.ino, "size": self.size, "mtime_ns": self.mtime_ns}
+
+
+def load(name: str) -> dict:
+    try:
+        return json.loads((cache_dir() / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def store(name: str, data: dict) -> None:
+    try:
+        write_file(cache_dir() / name, json.dumps(data, sort_keys=True), mode=0o644, backup=False, durable=False)
+    except OSError:
+        pass

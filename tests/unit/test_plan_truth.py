@@ -1,0 +1,185 @@
+"""The plan tells the truth: what `plan` prints is exactly what `apply` runs, and building a plan writes nothing.
+
+- printed == executed: every step of whole-host plans is applied with `effects.run` (and the in-process
+  `gpuprov …` dispatch, the background spawn and file writes) recorded instead of done; the recorded argvs, in
+  order, must be the ones the plan lists, each
+  printed shell-quoted so that pasting it runs the same argv.
+- no writes: plans are built (a) under a read-only view of the whole filesystem (a mount namespace where every
+  mount is remounted read-only) and (b) under a Python audit hook that fails on any open-for-write, mkdir, rename,
+  unlink, chmod or subprocess.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from provision import effects
+from provision.facts.host import detect_host
+from provision.plan import steps as st
+from provision.plan.build import Options, build_plan
+from tests.conftest import DISTROS, REPO, gpuprov_bin, make_host, needs
+from tests.unit.test_golden_plans import LEGACY_GPU
+
+KERNEL = "6.1.0-27-amd64"
+
+
+class Recorder:
+    """Stands in for the host: records what apply would do, answers like a fresh host where everything runs
+    (the image is missing, the SysV script fails, so the background daemon is spawned)."""
+
+    def __init__(self, monkeypatch):
+        self.argvs: list[tuple[str, ...]] = []
+        self.envs: list[dict] = []
+        self.writes: list[tuple[str, str]] = []
+        real_run = effects.run
+
+        def run(argv, *, check=True, env=None, timeout=None, input_text=None):
+            if argv[0] == "ldd":  # the read that finds the libraries of the image's binaries, as printed
+                return real_run(argv, check=check)
+            self.argvs.append(tuple(argv))
+            self.envs.append(env or {})
+            failing = argv[:3] == ["docker", "image", "inspect"] or argv[0].startswith("/etc/init.d/")
+            return effects.CommandResult(list(argv), 1 if failing else 0, "done\n")
+
+        monkeypatch.setattr(effects, "run", run)
+        def gpuprov(args):
+            self.argvs.append(("gpuprov", *args))
+            self.envs.append({})
+            return "done\n"
+
+        monkeypatch.setattr(st, "run_gpuprov", gpuprov)
+        monkeypatch.setattr(st, "spawn_background", lambda argv, log: self.argvs.append(tuple(argv)))
+        monkeypatch.setattr(st, "write_file", lambda path, text, **kw: self.writes.append((str(path), text)))
+        monkeypatch.setattr(effects, "wait_for", lambda pred, *a, **kw: True)
+
+
+def _printed_argvs(step: st.Step) -> list[tuple[str, ...]]:
+    """The argvs as a reader of the printed plan sees them: `$ ` lines split on shell operators, `K=V` prefixes
+    dropped, plus the fallback named in backquotes."""
+    out = []
+    for line in step.lines():
+        if line.startswith("$ "):
+            text = line[2:].split(" < <", 1)[0]
+            cmd: list[str] = []
+            for tok in shlex.split(text.removesuffix(" || true")) + ["||"]:
+                if tok in ("||", ">/dev/null"):
+                    if cmd:
+                        out.append(tuple(cmd))
+                    cmd = []
+                elif not (not cmd and "=" in tok and tok.split("=")[0].isupper()):
+                    cmd.append(tok)
+        elif "`" in line:
+            out.append(tuple(shlex.split(line.split("`")[1])))
+    return out
+
+
+CASES = [("debian-12", "datacenter", Options()), ("debian-12", "none", Options(engine_source="docker-ce")),
+         ("ubuntu-24.04", "datacenter", Options(cdi=True)), ("rocky-9", "datacenter", Options()),
+         ("rocky-9", "none", Options(driver_source="nvidia", engine="containerd"))]
+
+
+@pytest.mark.parametrize("distro,sysfs,opt", CASES, ids=[f"{d}-{s}-{i}" for i, (d, s, _) in enumerate(CASES)])
+def test_printed_equals_executed(tmp_path, monkeypatch, distro, sysfs, opt):
+    root = make_host(tmp_path, distro, sysfs, kernel=KERNEL)
+    steps = build_plan(detect_host(root, engines=False), opt)
+    rec = Recorder(monkeypatch)
+    for step in steps:
+        step.apply()
+    expected = [a for s in steps for a in st.executed_argvs(s)]
+    assert rec.argvs == expected
+    assert rec.argvs == [a for s in steps for a in _printed_argvs(s)]
+    assert rec.writes == [(p, t) for s in steps for p, t in s.files.items()]
+    # each environment assignment printed before a command is in that command's environment
+    cmds = [c for s in steps for c in s.commands]
+    for c in cmds:
+        i = rec.argvs.index(c.argv)
+        assert all(rec.envs[i].get(k) == v for k, v in c.env)
+        # shell-quoted: pasting it gives this argv (and `|| true` exactly when its failure is not the step's)
+        assert shlex.split(c.shell().removesuffix(" || true"))[len(c.env):] == list(c.argv)
+        assert c.shell().endswith(" || true") == c.may_fail
+
+
+def test_bundle_plan_writes_its_source_list_only_when_applied(tmp_path, monkeypatch):
+    root = make_host(tmp_path, "debian-12", "none", kernel=KERNEL)
+    bundle = tmp_path / "bundle" / "repo"
+    bundle.mkdir(parents=True)
+    steps = build_plan(detect_host(root, engines=False), Options(bundle=str(bundle), validate=False))
+    rec = Recorder(monkeypatch)
+    for step in steps:
+        step.apply()
+    assert "/var/lib/gpuprov/bundle-apt/bundle.list" in \
+        [p for p, _ in rec.writes]
+    assert rec.argvs == [a for s in steps for a in st.executed_argvs(s)]
+
+
+def test_quoting_survives_a_shell():
+    c = st.Command(("sh", "-c", 'echo "it\'s $A"; true'), (("A", "b c"),))
+    out = subprocess.run(["bash", "-c", c.shell()], capture_output=True, text=True)
+    assert out.stdout == "it's b c\n"
+
+
+FORBID = textwrap.dedent("""
+    import contextlib, io, json, os, sys
+    def hook(event, args):
+        if event == "open" and len(args) > 2 and isinstance(args[0], (str, bytes)):
+            mode, flags = args[1] or "r", args[2] or 0
+            if any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                raise SystemExit(f"WRITE {args[0]!r}")
+        elif event in ("os.mkdir", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.chmod", "os.chown",
+                       "os.symlink", "os.link", "os.truncate", "shutil.copyfile", "subprocess.Popen", "os.exec",
+                       "os.posix_spawn", "os.fork"):
+            raise SystemExit(f"{event} {args[:2]!r}")
+    from provision.cli import main
+    runs = json.loads(sys.argv[1])
+    sys.addaudithook(hook)
+    results = []
+    for argv in runs:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(argv)
+        results.append([rc, out.getvalue()])
+    print(json.dumps(results))
+""")
+
+
+def test_plan_opens_nothing_for_writing(tmp_path):
+    """Under an audit hook that stops the process at the first write or command, whole plans are built: every
+    fixture distro, with docker, containerd + CDI, docker-ce."""
+    runs = []
+    for distro in sorted(p.name for p in DISTROS.iterdir() if p.name != "centos-7-legacy"):  # as the goldens
+        root = make_host(tmp_path, distro, LEGACY_GPU.get(distro, "datacenter"), kernel=KERNEL)
+        for extra in ([], ["--engine", "containerd", "--cdi"], ["--engine-source", "docker-ce"]):
+            runs.append(["plan", "--json", "--root", str(root), *extra])
+    p = subprocess.run([sys.executable, "-c", FORBID, json.dumps(runs)], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    results = json.loads(p.stdout)
+    assert len(results) == len(runs)
+    for argv, (rc, out) in zip(runs, results):
+        assert rc == 0, argv
+        assert json.loads(out)["steps"], argv
+
+
+@needs("unshare")
+def test_plan_on_a_read_only_filesystem(tmp_path):
+    """The whole host read-only (every mount remounted read-only in a private mount namespace): `plan` of this
+    live host, of a fixture root and `bootstrap --dry-run` all succeed and print the same as on a writable one."""
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL)
+    script = ("set -e; mount --make-rprivate /; "
+              "awk '{print $2}' /proc/self/mounts | sort -u | "
+              "while read -r mp; do mount -o remount,bind,ro \"$mp\" 2>/dev/null || true; done; "
+              "if touch /tmp/.gpuprov-ro-probe 2>/dev/null; then echo NOT-READ-ONLY; exit 99; fi; "
+              "exec \"$@\"")
+    gp = gpuprov_bin()
+    for args in (["plan", "--json"], ["plan", "--json", "--root", str(root)], ["bootstrap", "--dry-run", "--json"]):
+        ro = subprocess.run(["unshare", "-m", "bash", "-c", script, "ro", *gp, *args], capture_output=True,
+                            text=True)
+        if "Operation not permitted" in ro.stderr and "unshare" in ro.stderr:
+            pytest.skip("no mount namespaces here (unprivileged)")
+        assert ro.returncode == 0, ro.stdout + ro.stderr
+        rw = subprocess.run([*gp, *args], capture_output=True, text=True)
+        assert json.loads(ro.stdout) == json.loads(rw.stdout)
