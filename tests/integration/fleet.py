@@ -13,12 +13,17 @@ from tests.integration.hosts import REPO, Host, ensure_wheelhouse
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
+CONTAINERS = REPO / "inventories/containers/hosts.yml"
+
+
 def write_inventory(path: Path, hosts: list[Host], **extra_vars) -> Path:
-    inv = {"all": {"children": {"gpu_nodes": {
-        "hosts": {h.name: {"ansible_connection": "community.docker.docker"} for h in hosts},
-        "vars": {"ansible_python_interpreter": "/usr/bin/python3", "gpuprov_allow_network": True,
-                 "gpuprov_wheelhouse": str(ensure_wheelhouse()), "gpuprov_driver": "skip",
-                 "gpuprov_wheel_archive": str(path.parent / "gpuprov-wheels.tar"), **extra_vars}}}}}
+    """inventories/containers (the README's inventory for container nodes) with these hosts in place of its
+    examples, and this checkout's wheelhouse."""
+    inv = yaml.safe_load(CONTAINERS.read_text())
+    nodes = inv["all"]["children"]["gpu_nodes"]
+    nodes["hosts"] = {h.name: None for h in hosts}
+    nodes["vars"].update({"gpuprov_wheelhouse": str(ensure_wheelhouse()),
+                          "gpuprov_wheel_archive": str(path.parent / "gpuprov-wheels.tar"), **extra_vars})
     path.write_text(yaml.safe_dump(inv))
     return path
 

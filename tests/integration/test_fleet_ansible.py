@@ -21,7 +21,7 @@ SUITE = REPO / "provision/verify/test_gpu_node.py"
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    hosts = [Host() for _ in range(3)]
+    hosts = [Host(f"arch-fleet-{i}-{os.getpid()}") for i in range(3)]
     try:
         inv = write_inventory(tmp_path_factory.mktemp("inv") / "hosts.yml", hosts)
         yield hosts, inv
@@ -51,6 +51,24 @@ def test_2_second_run_changes_nothing(fleet):
     rc, out, recap = playbook(inv)
     assert rc == 0, out[-3000:]
     assert all(r["changed"] == 0 for r in recap.values()), recap
+
+
+def test_2b_tags_runtime_changes_only_the_runtime(fleet):
+    """`--tags runtime` runs `bootstrap --only runtime`: the runtime removed by hand comes back, and no other stage
+    runs (the validation image removed by hand stays removed; the log names runtime steps only)."""
+    hosts, inv = fleet
+    h = hosts[0]
+    h.exec("rm -f /usr/local/bin/gpuprov-runtime; docker rmi gpuprov-validate:0.1.0")
+    before = len(h.read("/var/log/gpuprov/bootstrap.log").splitlines())
+    rc, out, recap = playbook(inv, "--tags", "runtime", "--limit", h.name)
+    assert rc == 0, out[-3000:]
+    assert recap[h.name]["changed"] == 1, recap
+    assert h.exec("test -x /usr/local/bin/gpuprov-runtime").returncode == 0
+    assert h.exec("docker image inspect gpuprov-validate:0.1.0").returncode != 0  # validate did not run
+    run = h.read("/var/log/gpuprov/bootstrap.log").decode().splitlines()[before:]
+    assert {ln.split()[2] for ln in run} == {"runtime.install", "engine.config"}, run
+    rc, out, recap = playbook(inv, "--limit", h.name)  # the whole role again: the validation image is rebuilt
+    assert rc == 0 and h.exec("docker image inspect gpuprov-validate:0.1.0").returncode == 0, out[-2000:]
 
 
 def test_3_check_diff_shows_daemon_json_and_changes_nothing(fleet):

@@ -24,6 +24,13 @@ options:
   validate: {type: bool, default: true, description: Start a validation container.}
   bundle: {type: path, description: Offline bundle directory on the node (the only package source).}
   kubernetes: {type: bool, default: false, description: Then `gpuprov k8s node` (CRI handler, CDI spec, NFD labels).}
+  stages:
+    type: list
+    elements: str
+    choices: [driver, engine, runtime, validate]
+    default: [driver, engine, runtime, validate]
+    description: Only these stages (`gpuprov bootstrap --only`); the role derives them from the play's tags.
+  mirrors: {type: dict, default: {}, description: "Repository name (elrepo, epel, cuda, docker-ce) -> base URL of a mirror."}
   gpuprov: {type: path, default: /usr/local/bin/gpuprov, description: The gpuprov command on the node.}
 author: gpuprov developers
 """
@@ -34,21 +41,29 @@ reboot_required: {description: A reboot is needed to finish (driver installed / 
 REBOOT_REQUIRED = 7
 
 
+# The option choices are gpuprov's own (provision/options.py); tests/unit/test_option_choices.py holds these to them
+# (this module runs with the node's Python, where gpuprov cannot be imported).
+STAGES = ["driver", "engine", "runtime", "validate"]
+ARGUMENT_SPEC = dict(
+    driver=dict(type="str", default="auto", choices=["auto", "skip"]),
+    kernel_modules=dict(type="str", default="auto", choices=["auto", "open", "proprietary"]),
+    driver_source=dict(type="str", default="distro", choices=["distro", "elrepo", "nvidia"]),
+    engine=dict(type="str", default="docker", choices=["docker", "containerd", "none"]),
+    engine_source=dict(type="str", default="auto", choices=["auto", "distro", "docker-ce"]),
+    runtime_name=dict(type="str", default="nvidia"),
+    default_runtime=dict(type="bool", default=True),
+    cdi=dict(type="bool", default=False),
+    validate=dict(type="bool", default=True),
+    bundle=dict(type="path"),
+    kubernetes=dict(type="bool", default=False),
+    stages=dict(type="list", elements="str", choices=STAGES, default=STAGES),
+    mirrors=dict(type="dict", default={}),
+    gpuprov=dict(type="path", default="/usr/local/bin/gpuprov"),
+)
+
+
 def main() -> None:
-    m = AnsibleModule(argument_spec=dict(
-        driver=dict(type="str", default="auto", choices=["auto", "skip"]),
-        kernel_modules=dict(type="str", default="auto", choices=["auto", "open", "proprietary"]),
-        driver_source=dict(type="str", default="distro", choices=["distro", "elrepo", "nvidia"]),
-        engine=dict(type="str", default="docker", choices=["docker", "containerd", "none"]),
-        engine_source=dict(type="str", default="auto", choices=["auto", "distro", "docker-ce"]),
-        runtime_name=dict(type="str", default="nvidia"),
-        default_runtime=dict(type="bool", default=True),
-        cdi=dict(type="bool", default=False),
-        validate=dict(type="bool", default=True),
-        bundle=dict(type="path"),
-        kubernetes=dict(type="bool", default=False),
-        gpuprov=dict(type="path", default="/usr/local/bin/gpuprov"),
-    ), supports_check_mode=True)
+    m = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = m.params
     argv = [p["gpuprov"], "bootstrap", "--json", "--driver", p["driver"], "--kernel-modules", p["kernel_modules"],
             "--driver-source", p["driver_source"], "--engine", p["engine"], "--engine-source", p["engine_source"],
@@ -57,6 +72,10 @@ def main() -> None:
     argv += ["--cdi"] if p["cdi"] else []
     argv += [] if p["validate"] else ["--no-validate"]
     argv += ["--bundle", p["bundle"]] if p["bundle"] else []
+    argv += ["--only", ",".join(p["stages"])] if set(p["stages"]) != set(STAGES) else []
+    argv += [a for name, url in sorted((p["mirrors"] or {}).items()) for a in ("--mirror", f"{name}={url}")]
+    if not p["stages"]:
+        m.exit_json(changed=False, steps=[], reboot_required=False, msg="no stage selected by the tags")
     argv += ["--check"] if m.check_mode else ["--yes"]
     rc, out, err = m.run_command(argv)
     errors = [ln for ln in err.splitlines() if ln.startswith("Error:")]
@@ -66,7 +85,7 @@ def main() -> None:
         doc = json.loads(out)
     except ValueError:
         m.fail_json(msg="gpuprov printed no JSON", rc=rc, stdout=out, stderr=err)
-    k8s = _kubernetes(m, p) if p["kubernetes"] and rc == 0 else []
+    k8s = _kubernetes(m, p) if p["kubernetes"] and "runtime" in p["stages"] and rc == 0 else []
     if m.check_mode:
         changed = doc["would_change"] > 0 or bool(k8s)
         diff = "".join(s.get("diff", "") for s in doc["steps"])
