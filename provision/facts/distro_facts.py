@@ -87,20 +87,23 @@ def _release_files(root: Path) -> dict[str, bytes]:
 
 
 def read_distro(root: Path) -> DistroFacts:
-    import tempfile
+    import os
 
     import distro  # deferred: only detection needs it (keeps other commands' start-up small)
 
+    # `distro` is pointed at exactly the files checked above (regular, bounded), by name: it opens nothing else
+    # (a FIFO named etc/x-release would hang it) and nothing is copied (facts write nothing: plans run on a
+    # read-only root). /dev/null stands for "none of that kind".
     files = _release_files(root)
-    with tempfile.TemporaryDirectory(prefix="gpuprov-release-") as td:
-        for rel, data in files.items():
-            (Path(td) / rel).parent.mkdir(parents=True, exist_ok=True)
-            (Path(td) / rel).write_bytes(data)
-        info = distro.LinuxDistribution(
-            include_lsb=False, include_uname=False, include_oslevel=False, root_dir=td
-        )
-        info.info()  # parse now, while the copies exist (distro reads lazily)
-        return _facts(root, info)
+    os_rel = next((c for c in ("etc/os-release", "usr/lib/os-release") if c in files), None)
+    legacy = next((c for c in LEGACY_FILES if c in files), None)
+    info = distro.LinuxDistribution(
+        include_lsb=False, include_uname=False, include_oslevel=False, root_dir=str(root),
+        os_release_file=str(under(root, os_rel)) if os_rel else os.devnull,
+        distro_release_file=str(under(root, legacy)) if legacy else os.devnull,
+    )
+    info.info()  # parse now
+    return _facts(root, info)
 
 
 def _facts(root: Path, info) -> DistroFacts:

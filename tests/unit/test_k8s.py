@@ -264,6 +264,8 @@ def test_verify_checks_the_cri_handler(tmp_path):
     cfg.write_text("version = 2\n")
 
     class Node(LocalHost):  # this host's commands, with containerd reading the scratch config
+        engine = "containerd"  # a containerd node (this machine's dockerd answers too: verify would call it Docker)
+
         def run(self, cmd):
             return super().run(cmd.replace("containerd config dump", f"containerd --config {cfg} config dump"))
 
