@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.inject import modify
+from provision.inject import discover, modify
 from provision.inject.edits import Refused
 from tests.inject_helpers import fake_dev, settings
 
@@ -66,7 +66,7 @@ def test_sources_never_from_the_image(tmp_path):
     link = tmp_path / "link-to-lib.so"
     os.symlink(lib["path"], link)
     disc["libraries"]["compute"].append({"name": "x", "path": str(link), "soname": "libx.so.1"})
-    json.dump({**disc, "key": "", "schema": 1}, open(s["cache"], "w"))
+    json.dump({**disc, "key": "", "schema": discover.SCHEMA}, open(s["cache"], "w"))  # the cache the runtime reads
     cfg = run_modify(tmp_path, config(["NVIDIA_VISIBLE_DEVICES=all"]), proc_root=str(tmp_path / "noproc"))
     srcs = [m["source"] for m in cfg["mounts"]]
     assert str(inside) not in srcs and str(link) not in srcs
@@ -141,3 +141,21 @@ def test_ld_preload_from_image_reaches_no_privileged_step(tmp_path):
     out = json.loads((bundle / "config.json").read_text())
     assert out["mounts"] and not out.get("hooks")  # edited, and no hook was added
     assert not marker.exists()
+
+
+def test_graphics_manifests_stay_inside_the_image_and_come_from_the_driver_root(tmp_path):
+    """Loader manifests (graphics) obey the same rules: an image whose /usr/share/vulkan is a link to a host path,
+    or whose glvnd directory climbs with `..`, still gets them inside itself; their sources are the driver root's."""
+    r = rootfs(tmp_path)
+    host_target = tmp_path / "host-vulkan"
+    host_target.mkdir()
+    (r / "usr/share").mkdir(parents=True)
+    os.symlink(str(host_target), r / "usr/share/vulkan")
+    os.symlink("../../../../../../../etc", r / "usr/share/glvnd")
+    cfg = run_modify(tmp_path, config(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics"]))
+    by_dest = {m["destination"]: m["source"] for m in cfg["mounts"]}
+    assert f"{host_target}/icd.d/nvidia_icd.json" in by_dest  # reinterpreted under rootfs, not the host's dir
+    assert "/etc/egl_vendor.d/10_nvidia.json" in by_dest
+    assert list(host_target.iterdir()) == []
+    root = settings(tmp_path)["driver_root"]
+    assert all(src.startswith(root + "/") for src in by_dest.values()), by_dest
