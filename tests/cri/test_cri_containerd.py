@@ -283,9 +283,17 @@ def test_import_after_the_dropin(node, tmp_path):
 def test_default_handler(node):
     """`--default`: the handler kubelet uses for pods without a RuntimeClass is gpuprov's (after a restart:
     containerd reads its config only at start)."""
+    # PATH as it is (bookworm's containerd first): the live daemon that reads this config is found, and its own
+    # binary decides the drop-in's shape; that daemon (and only it) is the one to restart.
     r = run_cli("engine", "configure", "containerd", "--config", str(node.main), "--runtime-path", node.runtime,
-                "--cdi", "--default", "--json", env={**node.env, "PATH": node.ctrd.path_env})
-    assert r.returncode == 0 and "default_runtime_name -> nvidia" in json.loads(r.stdout)["changes"], r.stderr
+                "--cdi", "--default", "--json", env=node.env)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert "default_runtime_name -> nvidia" in res["changes"] and res["verified"] is True
+    assert not any(c.startswith("imports") for c in res["changes"])  # the main config already imports it
+    assert f"pid {node.ctrd.proc.pid}" in res["restart"]
+    copied = "max_container_log_line_size" in (node.base / "etc/conf.d/99-gpuprov.toml").read_text()
+    assert copied is (node.version < (2, 0))  # 1.x: the CRI section copied; 2.x: gpuprov's keys only
     node.cri.close()
     node.ctrd.stop()
     node.ctrd.start(node.main)
