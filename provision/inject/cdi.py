@@ -143,6 +143,38 @@ WantedBy=paths.target
     }
 
 
+class SpecCurrent:
+    """Bootstrap's check for its `cdi.spec` step: the spec files hold what `gpuprov cdi refresh` would write now and
+    the refresh units are installed (where systemd runs)."""
+
+    def __init__(self, driver_root: str, dirs: tuple[str, ...] = SPEC_DIRS, unit_dir: str = "/etc/systemd/system"):
+        self.driver_root, self.dirs, self.unit_dir = driver_root, dirs, unit_dir
+
+    def satisfied(self, root) -> bool:
+        from provision.facts.rootfs import is_live
+        from provision.inject import discover
+
+        if not is_live(root):
+            return False
+        disc = discover.discover(self.driver_root)
+        if not disc.get("version"):
+            return False
+        text = render(generate_spec(discover.write_manifests(disc)))
+        for d in self.dirs:
+            try:
+                with open(os.path.join(d, SPEC_NAME)) as fh:
+                    if fh.read() != text:
+                        return False
+            except OSError:
+                return False
+        units = not os.path.isdir("/run/systemd/system") or all(
+            os.path.exists(os.path.join(self.unit_dir, n)) for n in refresh_units("gpuprov"))
+        return units
+
+    def describe(self) -> str:
+        return f"skipped when {', '.join(os.path.join(d, SPEC_NAME) for d in self.dirs)} match the loaded driver"
+
+
 def apply_spec(config: dict, spec: dict, names: list[str]) -> None:
     """Apply the spec's common edits plus those of the named devices (e.g. ["all"]) to an OCI config."""
     chosen = [d for d in spec["devices"] if d["name"] in names]

@@ -233,6 +233,12 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                           actions=(Command(tuple(argv)),),
                           check=EngineConfigured(opt.engine, opt.runtime_name, RUNTIME_PATH, opt.default_runtime,
                                                  opt.cdi, opt.replace_runtime)))
+    if opt.cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
+        from provision.inject.cdi import SpecCurrent  # rewrite it at every boot and on a driver install
+
+        steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
+                          actions=(Command(("gpuprov", "cdi", "refresh", "--install-units")),),
+                          check=SpecCurrent(droot)))
     return steps
 
 

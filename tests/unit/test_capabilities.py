@@ -266,3 +266,18 @@ def test_engine_configure_docker_cdi_warns_on_old_dockerd(tmp_path, version, war
     assert r.returncode == 0, r.stderr
     assert '"cdi": true' in r.stdout
     assert ("has no CDI support" in r.stdout) is warned, r.stdout
+
+
+def test_bootstrap_plans_the_cdi_spec_only_with_cdi_and_a_loaded_driver(tmp_path):
+    env = {"GPUPROV_LOCK_DIR": str(tmp_path / "lock")}
+
+    def steps(*args):
+        r = run_cli("plan", "--root", str(H200), *args, "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        return {s["id"]: s for s in json.loads(r.stdout)["steps"]}
+
+    with_cdi = steps("--cdi")
+    assert with_cdi["cdi.spec"]["commands"] == ["gpuprov cdi refresh --install-units"]
+    assert "/etc/cdi/nvidia.yaml" in with_cdi["cdi.spec"]["check"]
+    assert "cdi.spec" not in steps()
+    assert not cdi.SpecCurrent(ROOT).satisfied(tmp_path)  # a fixture tree is never the live host
