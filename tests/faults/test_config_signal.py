@@ -1,6 +1,6 @@
-"""The engine that is signalled is the one that reads the file: `engine configure docker --config /tmp/x.json` must
-not reload the host's dockerd (it used to SIGHUP whatever /run/docker.pid named). Proven with a real dockerd on a
-fresh Debian 12 host (a container with a nested engine): its log records every reload."""
+"""On a fresh Debian 12 host with a real dockerd (a container with a nested engine; its log records every reload):
+`engine configure docker --config /tmp/x.json` must not reload the live dockerd (it used to SIGHUP whatever
+/run/docker.pid named), the live daemon.json must; and bootstrap keeps the operator's default-runtime."""
 from __future__ import annotations
 
 import json
@@ -63,3 +63,20 @@ def test_live_config_reloads_the_live_dockerd(host):
     new_pid, new_reloads = _dockerd(host)
     assert new_pid == pid and new_reloads == reloads + 1
     assert host.exec("test -L /etc/docker/daemon.json").returncode == 0
+
+
+def test_bootstrap_keeps_the_operators_default_runtime(host):
+    """`bootstrap` registers its runtime as the default; an operator's own default-runtime (crun here) stops it with
+    exit 14 and daemon.json byte-identical, until --replace-runtime."""
+    user = json.dumps({"default-runtime": "crun", "runtimes": {"crun": {"path": "/usr/bin/crun"}}}, indent=4) + "\n"
+    host.exec("rm -f /etc/docker/daemon.json")
+    host.write("/etc/docker/daemon.json", user)
+    boot = f"{GPUPROV} bootstrap --yes --driver skip --no-validate"
+    r = host.exec(boot)
+    assert r.returncode == 14, r.stdout[-1000:] + r.stderr[-1000:]
+    assert "'crun'" in r.stderr and "--replace-runtime" in r.stderr
+    assert host.read("/etc/docker/daemon.json") == user.encode()
+    r = host.exec(boot + " --replace-runtime")
+    assert r.returncode == 0, r.stdout[-1000:] + r.stderr[-1000:]
+    doc = json.loads(host.read("/etc/docker/daemon.json"))
+    assert doc["default-runtime"] == "nvidia" and doc["runtimes"]["crun"] == {"path": "/usr/bin/crun"}
