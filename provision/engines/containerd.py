@@ -519,9 +519,12 @@ class ContainerdEngine(Engine):
         if not (self.restarted and ctr and self.before is not None):
             return None
         address = self.before.get("grpc", {}).get("address") or "/run/containerd/containerd.sock"
+        return effects.wait_for(lambda: cri_plugin_ok(address, ctr), 30 if wait else 0)
 
-        def cri_ok() -> bool:
-            p = effects.run([ctr, "--address", address, "plugins", "ls"], check=False, timeout=10)
-            return any(ln.split()[1:2] == [CRI_PLUGIN[2]] and ln.split()[-1] == "ok" for ln in p.output.splitlines())
 
-        return effects.wait_for(cri_ok, 30 if wait else 0)
+def cri_plugin_ok(address: str, ctr: str = "ctr") -> bool:
+    """Whether the containerd on `address` runs its CRI plugin (`ctr plugins ls`: TYPE ID PLATFORMS STATUS; a CRI
+    config it cannot use leaves `io.containerd.grpc.v1 cri` in `error`)."""
+    p = effects.run([ctr, "--address", address, "plugins", "ls"], check=False, timeout=10)
+    return p.returncode == 0 and any(ln.split()[:2] == ["io.containerd.grpc.v1", "cri"] and ln.split()[-1] == "ok"
+                                     for ln in p.output.splitlines())

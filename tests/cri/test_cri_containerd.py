@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provision.engines import containerd
 from provision.inject import cdi, discover, edits
 from tests.conftest import needs, run_cli
 from tests.cri.client import CRI, log_text
@@ -298,5 +299,26 @@ def test_default_handler(node):
     node.ctrd.stop()
     node.ctrd.start(node.main)
     node.cri = CRI(node.ctrd.socket)
+    assert containerd.cri_plugin_ok(node.ctrd.socket, str(node.ctrd.bindir / "ctr"))  # what verify asks
     out = node.run("default", handler="", env={"NVIDIA_VISIBLE_DEVICES": "0"})
     assert nvidia_nodes(out) == set(NODES)
+
+
+def test_a_runtimes_table_without_runc_stops_the_cri_plugin():
+    """Why the 1.x drop-in keeps a runc entry: a CRI section whose runtimes table lacks it (what a drop-in holding
+    only `runtimes.nvidia` amounts to on containerd 1.6) leaves the default handler undefined, and the CRI plugin
+    does not start — kubelet would find no runtime. `cri_plugin_ok` (what verify asks after a restart) sees it."""
+    c = Containerd(Path("/usr/bin"))
+    try:
+        b = c.base
+        (b / "config.toml").write_text(
+            f'version = 2\nroot = "{b}/root"\nstate = "{b}/state"\n[grpc]\n  address = "{c.socket}"\n'
+            f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{b}/opt"\n'
+            '[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true\n  stream_server_port = "0"\n'
+            '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+            '    runtime_type = "io.containerd.runc.v2"\n')
+        c.start(b / "config.toml")
+        assert c.plugin_status("cri") == "error"
+        assert not containerd.cri_plugin_ok(c.socket, str(c.bindir / "ctr"))
+    finally:
+        c.cleanup()
