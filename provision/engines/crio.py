@@ -100,7 +100,7 @@ class CrioEngine(Engine):
     def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
         """--config names the drop-in file, or the drop-in directory (then gpuprov's file goes in it)."""
         p = Path(config or DROPIN_DIR)
-        return p / DROPIN_NAME if p.is_dir() or not config else p
+        return p / DROPIN_NAME if p.is_dir() or p.name.endswith(".d") else p
 
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
         cri_names.validate(req.name, req.path)

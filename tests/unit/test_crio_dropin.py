@@ -31,9 +31,12 @@ def test_dropin_written_and_idempotent(tmp_path):
     assert files(tmp_path) == snapshot
 
 
-def test_fixed_name_in_the_dropin_dir():
-    assert crio.CrioEngine().config_path(None, None) == crio.Path("/etc/crio/crio.conf.d/99-gpuprov.conf")
+def test_fixed_name_in_the_dropin_dir(tmp_path):
+    eng = crio.CrioEngine()
+    assert eng.config_path(None, None) == crio.Path("/etc/crio/crio.conf.d/99-gpuprov.conf")
     assert crio.dropin_path("anything") == "/etc/crio/crio.conf.d/99-gpuprov.conf"
+    assert eng.config_path(str(tmp_path / "new/crio.conf.d"), None) == tmp_path / "new/crio.conf.d/99-gpuprov.conf"
+    assert eng.config_path(str(tmp_path / "mine.conf"), None) == tmp_path / "mine.conf"
 
 
 @pytest.mark.parametrize("name,path", [('nv"idia', RT), ("../../../etc/cron.d/x", RT), ("a/b", RT), ("..", RT),
