@@ -25,7 +25,8 @@ STAMP = "/var/lib/gpuprov/runtime/install.stamp"
 def _stamp(prefix: str, driver_root: str) -> str:
     from provision import __version__
 
-    srcs = b"".join((HERE / n).read_bytes() for n in ("shim.c", "hook.sh", "modify.py", "edits.py", "discover.py"))
+    srcs = b"".join((HERE / n).read_bytes() for n in ("shim.c", "hook.sh", "modify.py", "edits.py", "discover.py",
+                                                             "capabilities.py"))
     srcs += SHIPPED.read_bytes() if SHIPPED.exists() else b""
     return json.dumps({"version": __version__, "src": hashlib.sha256(srcs).hexdigest()[:16], "prefix": prefix,
                        "driver_root": driver_root, "python": sys.executable,

@@ -23,7 +23,7 @@ CLIENT_TIMEOUT_S = 2.0  # the front-end sends its request at once; a silent clie
 MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
 BACKLOG = 1024  # many concurrent starts queue here instead of falling back to a Python start-up each
 DEFAULT_SOCKET = "/run/gpuprov/runtime-editor.sock"
-CODE_FILES = ("modify.py", "edits.py", "discover.py", "server.py", "shim.py")
+CODE_FILES = ("modify.py", "edits.py", "discover.py", "capabilities.py", "server.py", "shim.py")
 
 
 def socket_path() -> str:
