@@ -41,6 +41,11 @@ NO_DEVICE = 15
 DKMS_FAILED = 16
 
 
+class Refused(Exception):
+    """The runtime refuses a container (it asked for something this host cannot give): one line, through runc's
+    log to the user; the runtime exits REQUIREMENT_FAILED. Not a GpuprovError: it never reaches cli.main."""
+
+
 class GpuprovError(Exception):
     """A user-facing failure: one line saying what is wrong and what to do."""
 
@@ -66,6 +71,17 @@ class Unsupported(GpuprovError):
 
 class StepFailed(GpuprovError):
     exit_code = STEP_FAILED
+
+
+class BundleInvalid(GpuprovError):
+    """An offline bundle failed verification (checksums, signature, manifest, members)."""
+    exit_code = BUNDLE_INVALID
+    problems: list[str]  # every problem found, when verification found several
+
+
+class BundleMismatch(GpuprovError):
+    """An offline bundle is for another release, architecture or kernel than this host."""
+    exit_code = BUNDLE_MISMATCH
 
 
 class ConfigInvalid(GpuprovError):

@@ -43,16 +43,3 @@ def repo_packages(repo: Path) -> dict[str, str]:
         elif line.startswith("Version: ") and pkg:
             out[pkg] = line.split(": ", 1)[1]
     return out
-
-
-def source_list(repo: Path) -> str:
-    """The one-line sources list naming the bundle's repository alone (trusted: SHA256SUMS was verified first)."""
-    return f"deb [trusted=yes] file:{repo.resolve()} ./\n"
-
-
-def apt_options(repo: Path, state: Path) -> list[str]:
-    """apt pointed at the bundle alone: its own sources list (`source_list`, written to state/bundle.list by the
-    plan's step) and lists dir, no other sources, no network. Pure: planning writes nothing."""
-    return ["-o", f"Dir::Etc::SourceList={state / 'bundle.list'}", "-o", "Dir::Etc::SourceParts=-",
-            "-o", f"Dir::State::Lists={state / 'lists'}", "-o", "Acquire::Languages=none",
-            "-o", "APT::Get::List-Cleanup=false"]

@@ -60,11 +60,6 @@ def dnf_plan(target: Target, packages: list[str], dest: str = "/bundle/repo") ->
     ]
 
 
-def dnf_install_cmd(repo: str, packages: list[str]) -> list[str]:
-    return ["dnf", "--disablerepo=*", f"--repofrompath=gpuprov,file://{repo}", "--enablerepo=gpuprov",
-            "--setopt=gpuprov.gpgcheck=0", "--setopt=gpuprov.module_hotfixes=true", "install", "-y", *packages]
-
-
 def _image(target: Target) -> str:
     from provision.bundle.images import ensure_image
 

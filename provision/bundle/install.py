@@ -10,7 +10,7 @@ from pathlib import Path
 
 from provision.bundle import aptrepo, manifest
 from provision.bundle.unpack import unpack
-from provision.errors import BUNDLE_MISMATCH, GpuprovError
+from provision.errors import BundleInvalid, BundleMismatch
 
 
 def extract_base() -> Path:
@@ -21,10 +21,6 @@ def extract_base() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/gpuprov/bundles")
     return Path(tempfile.gettempdir()) / f"gpuprov-bundles-{os.geteuid()}"
-
-
-class BundleMismatch(GpuprovError):
-    exit_code = BUNDLE_MISMATCH
 
 
 @dataclass
@@ -47,7 +43,7 @@ def open_verified(path: Path, keyring: str | None = None) -> OpenBundle:
     elif path.is_file():
         bundle, unpacked = unpack(path, extract_base()), True
     else:
-        raise manifest.BundleInvalid(f"{path}: no such bundle (a directory or .tar.gz from `gpuprov bundle create`)")
+        raise BundleInvalid(f"{path}: no such bundle (a directory or .tar.gz from `gpuprov bundle create`)")
     opened = OpenBundle(bundle, manifest.VerifyResult(False, None), unpacked)
     try:
         opened.result = manifest.verify(bundle, keyring)
@@ -57,7 +53,7 @@ def open_verified(path: Path, keyring: str | None = None) -> OpenBundle:
     if not opened.result.ok:
         opened.discard()
         problems = opened.result.problems
-        exc = manifest.BundleInvalid(f"{path}: " + "; ".join(problems[:5])
+        exc = BundleInvalid(f"{path}: " + "; ".join(problems[:5])
                                      + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
                                      + (" (the unpacked copy was removed)" if unpacked else ""))
         exc.problems = problems
@@ -97,12 +93,12 @@ def check_bundle(path: Path, keyring: str | None = None, root: Path = Path("/"))
         missing = [p for pkgs in man["components"].values() for p in pkgs if p not in available]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         opened.discard()
-        raise manifest.BundleInvalid(f"{path}: not a gpuprov bundle ({exc!r})") from None
+        raise BundleInvalid(f"{path}: not a gpuprov bundle ({exc!r})") from None
     except BaseException:
         opened.discard()
         raise
     if missing:
         opened.discard()
-        raise manifest.BundleInvalid(f"{', '.join(missing)}: missing from bundle {bundle}; rebuild it with "
+        raise BundleInvalid(f"{', '.join(missing)}: missing from bundle {bundle}; rebuild it with "
                                      "`gpuprov bundle create` (nothing was installed)")
     return bundle, man

@@ -11,15 +11,10 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision.errors import BUNDLE_INVALID, GpuprovError, UsageError
+from provision.errors import UsageError
 
 SCHEMA = "gpuprov.bundle/v1"
 META = ("manifest.json", "SHA256SUMS", "SHA256SUMS.sig")
-
-
-class BundleInvalid(GpuprovError):
-    exit_code = BUNDLE_INVALID
-    problems: list[str]  # every problem found, when verification found several
 
 
 def sha256(path: Path) -> str:

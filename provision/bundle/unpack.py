@@ -18,7 +18,8 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from provision.bundle.manifest import BundleInvalid, path_problem
+from provision.bundle.manifest import path_problem
+from provision.errors import BundleInvalid
 
 TOP = "gpuprov-bundle"  # the one top-level directory `gpuprov bundle create` writes
 

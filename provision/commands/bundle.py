@@ -63,7 +63,7 @@ def verify_cmd(path: Path = typer.Argument(...),
     """Checksums, signature (required with --keyring), SHA256SUMS naming every file exactly once, manifest.
     Exit 8 when anything fails; a .tar.gz is unpacked into a private directory that is removed afterwards."""
     from provision.bundle.install import open_verified
-    from provision.bundle.manifest import BundleInvalid
+    from provision.errors import BundleInvalid
 
     try:
         opened = open_verified(path, keyring)
@@ -111,8 +111,9 @@ def install_cmd(
 def plan_cmd(target: str = typer.Option(..., "--target"), packages: str = typer.Option("docker-ce,containerd.io"),
              json_out: bool = typer.Option(False, "--json")) -> None:
     """The commands a bundle for TARGET is built and installed with (the EL path: dnf download + createrepo_c)."""
-    from provision.bundle.create import dnf_install_cmd, dnf_plan
+    from provision.bundle.create import dnf_plan
     from provision.decide.targets import parse_target
+    from provision.plan.repos import dnf_install_cmd
 
     t = parse_target(target)
     pk = [p for p in packages.split(",") if p]

@@ -29,10 +29,9 @@ def enable_cmd(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Start the MPS control daemon for the chosen GPUs (pipe dir /run/gpuprov/mps, logs /var/log/gpuprov/mps)."""
-    from provision.errors import UsageError
-    from provision.inject.edits import Refused, is_index
+    from provision.errors import Refused, UsageError
     from provision.share import mps
-    from provision.share.limits import parse_percent, parse_size
+    from provision.share.limits import is_index, parse_percent, parse_size
 
     bad = [x for x in gpus.split(",") if not is_index(x.strip())] if gpus else []
     if bad:  # ASCII digits only: int() would take '１' or '٣' as 1 and 3

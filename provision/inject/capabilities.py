@@ -1,8 +1,8 @@
 """What each driver capability needs inside a container (REFERENCE.md §4). The one table for runtime, CDI and
 docker-args."""
 
-# Where a driver root keeps its libraries (a root of its own like /usr/local/nvidia, or a distro's /).
-DRIVER_LIB_DIRS = ("lib64", "lib", "usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
+from provision.facts.driver_facts import DRIVER_LIB_DIRS  # noqa: F401 - where a driver root keeps its libraries
+
 # Where it keeps 32-bit ones (the `compat32` capability; a datacentre driver root such as the H200 capture has none).
 DRIVER_LIB32_DIRS = ("lib32", "usr/lib/i386-linux-gnu", "usr/lib32", "usr/lib")
 # compat32 libraries go where the image's 32-bit loader looks: Debian's multiarch dir, else /usr/lib (RHEL).

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 
+from provision.facts.driver_facts import DRIVER_LIB_DIRS as LIB_DIRS
 from provision.fsutil import write_file
 from provision.inject.capabilities import (
     BINARIES,
@@ -15,7 +16,6 @@ from provision.inject.capabilities import (
     MANIFEST_DIRS,
     MANIFESTS,
 )
-from provision.inject.capabilities import DRIVER_LIB_DIRS as LIB_DIRS
 
 BIN_DIRS = ("bin", "usr/bin", "sbin", "usr/sbin")
 CACHE_FILE = "/var/lib/gpuprov/runtime/discovery.json"

@@ -2,7 +2,9 @@
 No I/O here: every rule about *what* a GPU container gets lives in this file and is unit-tested."""
 from __future__ import annotations
 
+from provision.errors import Refused
 from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES, LIB32_DEST
+from provision.share.limits import is_index
 
 LIB_RO = ["ro", "nosuid", "nodev", "bind"]
 IPC_OPTS = ["nosuid", "nodev", "noexec", "bind"]
@@ -13,10 +15,6 @@ DRIVER_CUDA = ((595, "13.2"), (590, "13.1"), (580, "13.0"), (575, "12.9"), (570,
                (560, "12.6"), (555, "12.5"), (550, "12.4"), (545, "12.3"), (535, "12.2"), (530, "12.1"),
                (525, "12.0"), (520, "11.8"), (515, "11.7"), (510, "11.6"), (495, "11.5"), (470, "11.4"),
                (465, "11.3"), (460, "11.2"), (455, "11.1"), (450, "11.0"), (440, "10.2"), (418, "10.1"))
-
-
-class Refused(Exception):
-    """The container asked for something this host cannot give; the start is refused with this one line."""
 
 
 def env_dict(env_list: list[str] | None) -> dict[str, str]:
@@ -55,11 +53,6 @@ def capabilities(env: dict[str, str]) -> list[str]:
     for c in list(caps):
         caps.extend(x for x in IMPLIES.get(c, ()) if x not in caps)
     return caps
-
-
-def is_index(s: str) -> bool:
-    """ASCII digits only: str.isdigit() and int() also take '１' or '٣' (and isdigit '²', which int() refuses)."""
-    return s.isascii() and s.isdigit()
 
 
 def select_gpus(selectors: list[str], gpus: list[dict]) -> list[dict]:

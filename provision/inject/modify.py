@@ -16,9 +16,9 @@ import os
 import posixpath
 import stat
 
+from provision.errors import Refused
 from provision.fsutil import write_file
 from provision.inject import discover, edits
-from provision.inject.edits import Refused
 
 HOOK_NAME = "nvidia-container-runtime-hook"
 HOOK_MARKER = b"gpuprov-hook"

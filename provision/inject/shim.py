@@ -110,7 +110,7 @@ def report_error(msg: str, log: str | None, log_format: str | None) -> None:
 
 
 def run_create_edits(bundle: str, log: str | None = None, log_format: str | None = None) -> int:
-    from provision.inject.edits import Refused
+    from provision.errors import Refused
     from provision.inject.modify import modify_bundle
     from provision.inject.settings import load_settings
 

@@ -63,19 +63,15 @@ def _install_actions(target: Target, packages: tuple[str, ...], bundle: str | No
         opts: list[str] = []
         pre: list = []
         if bundle:
-            from provision.bundle.aptrepo import apt_options, source_list
-
-            opts = apt_options(Path(bundle), Path(BUNDLE_APT))
+            opts = repos.apt_options(Path(bundle), Path(BUNDLE_APT))
             pre = [Command(("install", "-d", "-m", "0755", f"{BUNDLE_APT}/lists/partial")),
-                   WriteFile(f"{BUNDLE_APT}/bundle.list", source_list(Path(bundle)))]
+                   WriteFile(f"{BUNDLE_APT}/bundle.list", repos.source_list(Path(bundle)))]
         if not packages:
             return pre
         return pre + [Command(("apt-get", *opts, "update"), APT_ENV),
                       Command(("apt-get", *opts, "install", "-y", "--no-install-recommends", *packages), APT_ENV)]
     if bundle:
-        from provision.bundle.create import dnf_install_cmd
-
-        return [Command(tuple(dnf_install_cmd(bundle, list(packages))))]
+        return [Command(tuple(repos.dnf_install_cmd(bundle, list(packages))))]
     pm = target.package_manager
     mods = [p for p in packages if ":" in p]
     plain = [p for p in packages if ":" not in p]

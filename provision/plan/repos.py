@@ -2,6 +2,8 @@
 engines (driver packages come from provision.decide.driver)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from provision.decide.targets import Target
 
 # Each repository's base URL; `--mirror NAME=URL` (names: provision.options.Mirror) replaces one, e.g. with an
@@ -63,3 +65,23 @@ def debian_components(target: Target) -> tuple[str, ...]:
     if target.os_id == "ubuntu":
         return ("restricted", "multiverse")
     return ("contrib", "non-free") + (("non-free-firmware",) if int(target.version) >= 12 else ())
+
+
+# --- an offline bundle's repository as the only package source (provision/bundle builds it) ---------------------
+
+def source_list(repo: Path) -> str:
+    """The one-line sources list naming the bundle's repository alone (trusted: SHA256SUMS was verified first)."""
+    return f"deb [trusted=yes] file:{repo.resolve()} ./\n"
+
+
+def apt_options(repo: Path, state: Path) -> list[str]:
+    """apt pointed at the bundle alone: its own sources list (`source_list`, written to state/bundle.list by the
+    plan's step) and lists dir, no other sources, no network. Pure: planning writes nothing."""
+    return ["-o", f"Dir::Etc::SourceList={state / 'bundle.list'}", "-o", "Dir::Etc::SourceParts=-",
+            "-o", f"Dir::State::Lists={state / 'lists'}", "-o", "Acquire::Languages=none",
+            "-o", "APT::Get::List-Cleanup=false"]
+
+
+def dnf_install_cmd(repo: str, packages: list[str]) -> list[str]:
+    return ["dnf", "--disablerepo=*", f"--repofrompath=gpuprov,file://{repo}", "--enablerepo=gpuprov",
+            "--setopt=gpuprov.gpgcheck=0", "--setopt=gpuprov.module_hotfixes=true", "install", "-y", *packages]

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import math
 
-from provision.inject.edits import Refused, is_index
+from provision.errors import Refused
+
+
+def is_index(s: str) -> bool:
+    """ASCII digits only: str.isdigit() and int() also take '１' or '٣' (and isdigit '²', which int() refuses)."""
+    return s.isascii() and s.isdigit()
 
 GIB = 1 << 30
 UNITS = {"": GIB, "g": GIB, "gi": GIB, "gib": GIB, "gb": GIB, "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20,
