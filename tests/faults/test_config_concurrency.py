@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 from tests.conftest import gpuprov_bin
@@ -57,3 +58,22 @@ def test_no_wait_fails_fast_and_waiter_waits(tmp_path, monkeypatch):
     assert waiter.wait(30) == 0
     assert "waiting for pid" in waiter.stderr.read()
     assert "y" in json.loads(p.read_text())["runtimes"]
+
+
+def test_lock_falls_back_when_run_is_unusable(tmp_path, monkeypatch, mount_tmpfs):
+    """/run/gpuprov read-only (or missing): the lock lives in the next directory (/var/lib/gpuprov in production), and
+    two holders still exclude each other."""
+    from provision import hostlock
+
+    ro = mount_tmpfs("1m", "run")
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    monkeypatch.delenv("GPUPROV_LOCK_DIR", raising=False)
+    monkeypatch.setattr(hostlock, "LOCK_DIRS", (str(ro / "gpuprov"), str(tmp_path / "var-lib-gpuprov")))
+    with hostlock.host_lock("fallback holder"):
+        assert (tmp_path / "var-lib-gpuprov" / "host.lock").exists()
+        r = subprocess.run([sys.executable, "-c", "from provision import hostlock; import sys; "
+                            f"hostlock.LOCK_DIRS = {hostlock.LOCK_DIRS!r}\n"
+                            "with hostlock.host_lock('second', wait=False): pass"],
+                           env={k: v for k, v in os.environ.items() if k != "GPUPROV_LOCK_DIR"},
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and "HostBusy" in r.stderr and "fallback holder" in r.stderr
