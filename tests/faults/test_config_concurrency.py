@@ -77,3 +77,20 @@ def test_lock_falls_back_when_run_is_unusable(tmp_path, monkeypatch, mount_tmpfs
                            env={k: v for k, v in os.environ.items() if k != "GPUPROV_LOCK_DIR"},
                            capture_output=True, text=True)
         assert r.returncode != 0 and "HostBusy" in r.stderr and "fallback holder" in r.stderr
+
+
+def test_killed_holder_never_leaves_the_host_locked(tmp_path):
+    """A run killed with SIGKILL while it holds the lock: the next `--no-wait` run goes through at once."""
+    lock = tmp_path / "lock"
+    holder = subprocess.Popen([sys.executable, "-c", "from provision.hostlock import host_lock; import time\n"
+                               "with host_lock('doomed'):\n    print('held', flush=True); time.sleep(600)"],
+                              env={**os.environ, "GPUPROV_LOCK_DIR": str(lock)}, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    p = tmp_path / "daemon.json"
+    p.write_bytes(user_daemon_json())
+    assert _start(p, "x", lock, "--no-wait").wait(30) == HOST_BUSY  # it really held the lock
+    holder.kill()
+    holder.wait()
+    r = _start(p, "x", lock, "--no-wait")
+    assert r.wait(30) == 0, r.stderr.read()
+    assert "x" in json.loads(p.read_text())["runtimes"]
