@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from provision import __version__
+from provision import __version__, dispatch
 from provision.errors import DECLINED, INTERNAL, USAGE, GpuprovError
 
 app = typer.Typer(
@@ -46,6 +46,14 @@ def _register() -> None:
 
 
 _register()
+
+
+def _dispatch(args: list[str]):
+    return app(args=args, prog_name="gpuprov", standalone_mode=False)
+
+
+# Bootstrap runs its `gpuprov …` steps through this same dispatch, in-process (provision/plan/steps.py).
+dispatch.register(_dispatch)
 
 
 def _clicks() -> list:

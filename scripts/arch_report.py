@@ -12,8 +12,9 @@ PKG = Path(__file__).resolve().parents[1] / "provision"
 
 
 def package_of(mod: str) -> str:
+    """provision.facts.pci -> facts; a top-level module is its own node (provision.report -> report)."""
     parts = mod.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PKG / parts[1]).is_dir()) else "(top)"
+    return parts[1] if len(parts) >= 2 else "(top)"
 
 
 def scan():
@@ -22,7 +23,7 @@ def scan():
     for f in sorted(PKG.rglob("*.py")):
         rel = f.relative_to(PKG.parent)
         mod = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
-        src = package_of(mod) if f.name != "__init__.py" or f.parent != PKG else "(top)"
+        src = package_of(mod)
         tree = ast.parse(f.read_text())
         parents = {}
         for node in ast.walk(tree):

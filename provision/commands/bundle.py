@@ -90,9 +90,9 @@ def install_cmd(
 ) -> None:
     """Preflight, verify, then install from the bundle alone (never from the network) and configure the node."""
     from provision.bundle.install import check_bundle
-    from provision.facts.host import detect_host
     from provision.plan import apply as ap
     from provision.plan.build import Options, build_plan
+    from provision.report import detect_host
 
     bundle, man = check_bundle(path, keyring)
     comps = man["components"]

@@ -79,9 +79,9 @@ def detect(
     """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
     from provision.decide.gputable import parse_pci_id
     from provision.decide.targets import parse_target
-    from provision.facts.host import detect_host, detect_ids
     from provision.facts.rootfs import is_live
     from provision.probe.engines import with_versions
+    from provision.report import detect_host, detect_ids
 
     check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
     if driver_source is not None:

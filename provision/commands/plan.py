@@ -59,8 +59,8 @@ def _options(driver, kernel_modules, driver_source, engine, engine_source, runti
 
 def _plan(root: Path, target: Optional[str], opt):
     from provision.decide.targets import parse_target
-    from provision.facts.host import detect_host
     from provision.plan.build import build_plan
+    from provision.report import detect_host
 
     src = None if opt.driver_source == "distro" else opt.driver_source
     report = detect_host(root, target=parse_target(target) if target else None, kernel_modules=opt.kernel_modules,

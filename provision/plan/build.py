@@ -7,7 +7,6 @@ from pathlib import Path
 
 from provision.decide.targets import Target
 from provision.errors import Unsupported
-from provision.facts.host import HostReport
 from provision.facts.rootfs import under
 from provision.options import Stage, values
 from provision.plan import repos, validate
@@ -29,6 +28,7 @@ from provision.plan.steps import (
     WriteFile,
 )
 from provision.render import render
+from provision.report import HostReport
 
 NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
 NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"

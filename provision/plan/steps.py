@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
-from provision import effects
+from provision import dispatch, effects
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import is_live, under
 from provision.fsutil import write_file
@@ -62,11 +62,12 @@ def run_gpuprov(args: list[str]) -> str:
     import contextlib
     import io
 
-    from provision.cli import app
-
+    run = dispatch.current()
+    if run is None:
+        raise StepFailed(f"`{shlex.join(['gpuprov', *args])}`: gpuprov's command line is not loaded in this process")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = app(args=args, prog_name="gpuprov", standalone_mode=False)
+        rc = run(args)
     if isinstance(rc, int) and rc != 0:
         raise StepFailed(f"`{shlex.join(['gpuprov', *args])}` exited {rc}: {out.getvalue().strip()[-300:]}")
     return out.getvalue()

@@ -8,8 +8,8 @@ import pytest
 from provision.errors import HostUnreadable
 from provision.facts.distro_facts import read_distro
 from provision.facts.driver_facts import parse_nvrm, read_driver
-from provision.facts.host import detect_host
 from provision.facts.pci import scan_display_devices
+from provision.report import detect_host
 from tests.conftest import DISTROS, H200, run_cli
 
 EXPECTED = {  # fixture -> (id, major, family, package manager, target)

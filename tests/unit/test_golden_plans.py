@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from provision.errors import GpuprovError
-from provision.facts.host import detect_host
 from provision.plan.build import Options, build_plan
+from provision.report import detect_host
 from tests.conftest import DISTROS, make_host
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

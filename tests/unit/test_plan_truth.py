@@ -18,11 +18,13 @@ import textwrap
 
 import pytest
 
+import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
 from provision import effects
-from provision.facts.host import detect_host
+from provision.errors import GpuprovError
 from provision.plan import steps as st
 from provision.plan.build import Options, build_plan
-from tests.conftest import DISTROS, REPO, gpuprov_bin, make_host, needs
+from provision.report import detect_host
+from tests.conftest import DISTROS, H200, REPO, gpuprov_bin, make_host, needs
 from tests.unit.test_golden_plans import LEGACY_GPU
 
 KERNEL = "6.1.0-27-amd64"
@@ -183,3 +185,17 @@ def test_plan_on_a_read_only_filesystem(tmp_path):
         assert ro.returncode == 0, ro.stdout + ro.stderr
         rw = subprocess.run([*gp, *args], capture_output=True, text=True)
         assert json.loads(ro.stdout) == json.loads(rw.stdout)
+
+
+def test_gpuprov_steps_run_through_the_command_line(tmp_path, monkeypatch):
+    """A `gpuprov …` step runs the command line's own dispatch in this process: its output is captured (not mixed
+    into bootstrap's --json) and its domain error comes back with its own code."""
+    out = st.Command(("gpuprov", "detect", "--root", str(H200), "--json")).execute()
+    assert json.loads(out)["target"] == "ubuntu-24.04"
+    monkeypatch.setenv("GPUPROV_LOCK_DIR", str(tmp_path))  # never wait for a real run on this machine
+    bad = tmp_path / "daemon.json"
+    bad.write_text("{not json\n")
+    cmd = st.Command(("gpuprov", "engine", "configure", "docker", "--config", str(bad), "--runtime-path", "/x"))
+    with pytest.raises(GpuprovError) as e:
+        cmd.execute()
+    assert e.value.exit_code == 6 and bad.read_text() == "{not json\n"

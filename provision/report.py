@@ -1,4 +1,5 @@
-"""All of a host's facts, read through one root, plus the driver decision for each GPU found."""
+"""A host report: all of a host's facts, read through one root (provision.facts, read-only), plus the driver decision
+for each GPU found (provision.decide, pure). It sits above both layers, so facts never import decisions."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
