@@ -25,6 +25,15 @@ class DebianDriver:
     open_dkms: str | None = None  # the open kernel modules' DKMS package, where the suite has one
     recommended: bool = True  # False: in the archive, but nvidia-detect never recommends it (pin only)
 
+    @property
+    def node_packages(self) -> tuple[str, ...]:
+        """What a GPU container node needs beyond the metapackage's hard dependencies (apt runs without
+        recommends): nvidia-smi and the CUDA driver library, which the runtime hands to containers."""
+        if self.package == "nvidia-driver":
+            return ("nvidia-smi", "libcuda1")
+        series = self.package.removesuffix("-driver")  # nvidia-tesla-470, nvidia-legacy-390xx
+        return (f"{series}-smi", f"lib{series}-cuda1")
+
 
 @dataclass(frozen=True)
 class DebianSuite:

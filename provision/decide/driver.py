@@ -143,9 +143,9 @@ def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite
             return (), None, (f"Debian {debian.SUITES[suite].version}'s {drv.package} ({drv.branch}) has no open "
                               "kernel modules package; this GPU needs them" + (
                                   "" if pin else "; use NVIDIA's repository (--driver-source nvidia)"))
-        return (drv.open_dkms, drv.package, "firmware-misc-nonfree"), drv.version, None
-    return (drv.kernel_dkms, drv.package) + (("firmware-misc-nonfree",) if drv.package == "nvidia-driver" else ()), \
-        drv.version, None
+        return (drv.open_dkms, drv.package, *drv.node_packages, "firmware-misc-nonfree"), drv.version, None
+    firmware = ("firmware-misc-nonfree",) if drv.package == "nvidia-driver" else ()
+    return (drv.kernel_dkms, drv.package, *drv.node_packages, *firmware), drv.version, None
 
 
 def supports_branch(entry: dict | None, gpu_branch: str, b: int) -> bool:

@@ -20,7 +20,8 @@ def dec(pci: str, target: str, **kw):
 def test_datacentre_gpus_get_bookworms_driver(pci):
     """T4, A100-PCIE-40GB and friends: bookworm's 535 supports them and Debian recommends nvidia-driver."""
     d = dec(pci, "debian-12", kernel_modules="proprietary")
-    assert d.packages == ("nvidia-kernel-dkms", "nvidia-driver", "firmware-misc-nonfree"), d.warnings
+    assert d.packages == ("nvidia-kernel-dkms", "nvidia-driver", "nvidia-smi", "libcuda1", "firmware-misc-nonfree"), \
+        d.warnings
     assert d.driver_version == "535.261.03"
     assert dec(pci, "debian-12").packages[0] == "nvidia-open-kernel-dkms"  # the open kmod where the GPU allows it
 
@@ -29,16 +30,18 @@ def test_datacentre_gpus_get_bookworms_driver(pci):
                                  "10de:1df5", "10de:1f09"])
 def test_gpus_only_tesla_470_supports_on_bookworm(pci):
     d = dec(pci, "debian-12")
-    assert d.packages == ("nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-driver"), d.warnings
+    assert d.packages == ("nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-driver", "nvidia-tesla-470-smi",
+                          "libnvidia-tesla-470-cuda1"), d.warnings
     assert d.modules == "proprietary" or d.packages  # 470 has no open modules
     assert dec(pci, "debian-13").packages == ()  # trixie has no 470: refused with Debian's reason
     assert "Debian 13" in dec(pci, "debian-13").warnings[-1]
 
 
 def test_trixie_tesla_535_and_bullseye_legacy_390():
-    assert dec("10de:1bb3", "debian-13").packages in ((), ("nvidia-tesla-535-kernel-dkms", "nvidia-tesla-535-driver"))
+    assert dec("10de:1bb3", "debian-13").packages[1:2] in ((), ("nvidia-tesla-535-driver",))
     fermi = dec("10de:0de1", "debian-11")  # GeForce GT 430 (390 legacy)
-    assert fermi.packages == ("nvidia-legacy-390xx-kernel-dkms", "nvidia-legacy-390xx-driver")
+    assert fermi.packages == ("nvidia-legacy-390xx-kernel-dkms", "nvidia-legacy-390xx-driver", "nvidia-legacy-390xx-smi",
+                              "libnvidia-legacy-390xx-cuda1")
     assert dec("10de:0de1", "debian-12").packages == () and "390" in dec("10de:0de1", "debian-12").warnings[-1]
 
 
@@ -72,11 +75,16 @@ def test_pinned_lists_match_the_archive():
 # --driver <branch>: per family, a branch that works, one that does not support the GPU, one not packaged.
 PIN_CASES = [
     # Debian: tesla packages
-    ("10de:1eb8", "debian-12", {}, "470", ("nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-driver")),
-    ("10de:1eb8", "debian-12", {}, "535", ("nvidia-open-kernel-dkms", "nvidia-driver", "firmware-misc-nonfree")),
-    ("10de:1eb8", "debian-13", {}, "535", ("nvidia-tesla-535-kernel-dkms", "nvidia-tesla-535-driver")),
-    ("10de:1eb8", "debian-11", {}, "460", ("nvidia-tesla-460-kernel-dkms", "nvidia-tesla-460-driver")),
-    ("10de:0de1", "debian-11", {}, "390", ("nvidia-legacy-390xx-kernel-dkms", "nvidia-legacy-390xx-driver")),
+    ("10de:1eb8", "debian-12", {}, "470", ("nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-driver",
+                                           "nvidia-tesla-470-smi", "libnvidia-tesla-470-cuda1")),
+    ("10de:1eb8", "debian-12", {}, "535", ("nvidia-open-kernel-dkms", "nvidia-driver", "nvidia-smi", "libcuda1",
+                                           "firmware-misc-nonfree")),
+    ("10de:1eb8", "debian-13", {}, "535", ("nvidia-tesla-535-kernel-dkms", "nvidia-tesla-535-driver",
+                                           "nvidia-tesla-535-smi", "libnvidia-tesla-535-cuda1")),
+    ("10de:1eb8", "debian-11", {}, "460", ("nvidia-tesla-460-kernel-dkms", "nvidia-tesla-460-driver",
+                                           "nvidia-tesla-460-smi", "libnvidia-tesla-460-cuda1")),
+    ("10de:0de1", "debian-11", {}, "390", ("nvidia-legacy-390xx-kernel-dkms", "nvidia-legacy-390xx-driver",
+                                           "nvidia-legacy-390xx-smi", "libnvidia-legacy-390xx-cuda1")),
     # Ubuntu -<branch> packages
     ("10de:2330", "ubuntu-22.04", {}, "535", ("nvidia-headless-535-server-open", "nvidia-utils-535-server")),
     ("10de:1db4", "ubuntu-22.04", {}, "470", ("nvidia-headless-470-server", "nvidia-utils-470-server")),
