@@ -94,7 +94,7 @@ def test_sysfs_non_nvidia_only(host):
 def test_sysfs_datacenter(host):
     [(dev, dec)] = detect_host(host(sysfs="datacenter"), engines=False).gpus
     assert dec.name == "NVIDIA H100 80GB HBM3" and dec.packages == (
-        "nvidia-open-kernel-dkms", "nvidia-driver", "firmware-misc-nonfree")
+        "nvidia-open-kernel-dkms", "nvidia-driver", "nvidia-smi", "libcuda1", "firmware-misc-nonfree")
 
 
 def test_sysfs_mixed_legacy(host):
