@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import subprocess
 from pathlib import Path
+
+from provision import effects
 
 
 def control(deb: Path) -> str:
-    return subprocess.run(["dpkg-deb", "-f", str(deb)], capture_output=True, text=True, check=True).stdout.strip()
+    return effects.run(["dpkg-deb", "-f", str(deb)]).output.strip()
 
 
 def write_flat_repo(repo: Path) -> list[dict]:

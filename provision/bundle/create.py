@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision import effects
 from provision.bundle import aptrepo, manifest
 from provision.decide.targets import Target
 from provision.errors import StepFailed, Unsupported, UsageError
@@ -101,8 +102,7 @@ def build_wheels(target: Target, wheels: Path) -> None:
         raise Unsupported(f"no Python version known for {target.name}")
     if not (SOURCE_ROOT / "pyproject.toml").exists():
         raise UsageError("bundle create runs from a gpuprov checkout (it packs gpuprov itself as a wheel)")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(SOURCE_ROOT), "-w", str(wheels)],
-                   check=True, capture_output=True)
+    effects.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(SOURCE_ROOT), "-w", str(wheels)])
     plats = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "any"]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", py,
            "--implementation", "cp", "-d", str(wheels), *[a for p in plats for a in ("--platform", p)], *py_deps()]

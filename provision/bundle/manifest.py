@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision import effects
 from provision.errors import UsageError
 
 SCHEMA = "gpuprov.bundle/v1"
@@ -45,8 +46,8 @@ def write_manifest(root: Path, target: dict, components: dict, keys: list[dict] 
 def sign(root: Path, key: str, homedir: str | None = None) -> str:
     """Detached signature of SHA256SUMS with the operator's key; returns the key's fingerprint."""
     env = {**os.environ, **({"GNUPGHOME": homedir} if homedir else {})}
-    subprocess.run(["gpg", "--batch", "--yes", "--local-user", key, "--detach-sign", "-o",
-                    str(root / "SHA256SUMS.sig"), str(root / "SHA256SUMS")], check=True, capture_output=True, env=env)
+    effects.run(["gpg", "--batch", "--yes", "--local-user", key, "--detach-sign", "-o", str(root / "SHA256SUMS.sig"),
+                 str(root / "SHA256SUMS")], env=env)
     out = subprocess.run(["gpg", "--batch", "--with-colons", "--fingerprint", key], capture_output=True, text=True,
                          env=env).stdout
     return next((ln.split(":")[9] for ln in out.splitlines() if ln.startswith("fpr:")), "")

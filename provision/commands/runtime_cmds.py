@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from provision import effects
 from provision.errors import GpuprovError, UsageError
 from provision.hostlock import changes_host, host_lock
 from provision.output import emit_json, kv
@@ -142,7 +143,6 @@ def _settings_roots() -> dict:
 
 def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
     import shutil
-    import subprocess
 
     from provision.fsutil import write_file
     from provision.inject.cdi import refresh_units
@@ -151,9 +151,9 @@ def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
     for name, text in units.items():
         write_file(unit_dir / name, text, backup=False)
     if os.path.isdir("/run/systemd/system"):
-        subprocess.run(["systemctl", "daemon-reload"], check=False)
-        subprocess.run(["systemctl", "enable", "--now", "gpuprov-cdi-refresh.path"], check=False)
-        subprocess.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
+        effects.run(["systemctl", "daemon-reload"], check=False)
+        effects.run(["systemctl", "enable", "--now", "gpuprov-cdi-refresh.path"], check=False)
+        effects.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
     print(f"installed {', '.join(units)} in {unit_dir}", file=sys.stderr)
 
 

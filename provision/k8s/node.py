@@ -9,6 +9,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from provision import effects
 from provision.errors import UsageError
 
 CDI_SPEC = "/var/run/cdi/nvidia.yaml"
@@ -99,10 +100,8 @@ def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: 
         elif write_if_changed(target, text):
             res.changed.append(f"wrote {what} {path}")
             if path == REFRESH_UNIT:
-                import subprocess
-
-                subprocess.run(["systemctl", "daemon-reload"], check=False)
-                subprocess.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
+                effects.run(["systemctl", "daemon-reload"], check=False)
+                effects.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
     res.cdi_spec = CDI_SPEC if cdi and disc else None
     res.labels_file = NFD_FILE if labels else None
     return res

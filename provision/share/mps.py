@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from provision import effects
 from provision.errors import GpuprovError, StepFailed
 from provision.fsutil import atomic_write_text
 
@@ -74,11 +75,11 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
         unit = render("gpuprov-mps.service.j2", control=state["control"],
                       environment={k: v for k, v in _env(state).items() if k != "PATH"})
         atomic_write_text(Path(UNIT), unit, mode=0o644, backup=False)
-        subprocess.run(["systemctl", "daemon-reload"], check=False)
-        subprocess.run(["systemctl", "start", "gpuprov-mps"], check=True)
+        effects.run(["systemctl", "daemon-reload"], check=False)
+        effects.run(["systemctl", "start", "gpuprov-mps"])
         state["supervisor"] = "systemd (gpuprov-mps.service)"
     else:
-        subprocess.run([state["control"], "-d"], env=_env(state), check=True)
+        effects.run([state["control"], "-d"], env=_env(state))
         state["supervisor"] = "background process"
     for _ in range(50):
         if daemon_pid(state):
@@ -108,7 +109,7 @@ def disable(state_path: str) -> dict:
     pid = daemon_pid(state)
     if pid:
         if state.get("supervisor", "").startswith("systemd"):
-            subprocess.run(["systemctl", "stop", "gpuprov-mps"], check=False)
+            effects.run(["systemctl", "stop", "gpuprov-mps"], check=False)
         else:
             control(state, "quit")
         for _ in range(100):
