@@ -52,7 +52,10 @@ class HostReport:
 
 
 def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str = "auto",
-                source: str | None = None, engines: bool = True) -> HostReport:
+                source: str | None = None, engines: bool = True, pin: str | None = None,
+                for_gpus: tuple[str, ...] = ()) -> HostReport:
+    """pin: a driver branch asked for (--driver 535); for_gpus: PCI ids to decide for instead of the devices
+    found (image baking: the GPUs the image will meet, none of them here)."""
     distro = read_distro(root)
     warnings: list[str] = []
     if target is None:
@@ -68,7 +71,13 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
         if not dev.is_nvidia:
             continue
         pci = PciId(dev.vendor_id, dev.device_id, dev.subsystem_vendor_id, dev.subsystem_device_id)
-        gpus.append((dev, decide_gpu(pci, target, kernel_modules=kernel_modules, source=source, address=dev.address)))
+        gpus.append((dev, decide_gpu(pci, target, kernel_modules=kernel_modules, source=source, address=dev.address,
+                                     pin=pin)))
+    if for_gpus:
+        from provision.decide.gputable import parse_pci_id
+
+        gpus = [(None, decide_gpu(parse_pci_id(p), target, kernel_modules=kernel_modules, source=source, pin=pin))
+                for p in for_gpus]
     return HostReport(
         root=str(root), distro=distro, target=target, gpus=gpus,
         other_display=[d for d in devices if not d.is_nvidia], driver=read_driver(root),

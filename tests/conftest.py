@@ -57,9 +57,12 @@ def make_host(base: Path, distro: str = "debian-12", sysfs: str = "none", *, mod
 
         (root / "etc/apt").mkdir(parents=True, exist_ok=True)
         (root / "etc/apt/sources.list").write_text(APT_SOURCES[family].format(c=read_distro(root).codename))
-    if kernel:
+    if kernel:  # running, and installed by the package manager (its image and modules directory)
         (root / "proc/sys/kernel").mkdir(parents=True)
         (root / "proc/sys/kernel/osrelease").write_text(kernel + "\n")
+        (root / f"lib/modules/{kernel}/kernel").mkdir(parents=True)
+        (root / "boot").mkdir(exist_ok=True)
+        (root / f"boot/vmlinuz-{kernel}").write_text("")
     for addr, (ven, dev, cls, sv, sd, drv) in SYSFS_SETUPS[sysfs].items():
         d = root / "sys/bus/pci/devices" / addr
         d.mkdir(parents=True)

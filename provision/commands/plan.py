@@ -38,7 +38,7 @@ def _parse_stages(only: Optional[str]) -> tuple[str, ...]:
 
 
 def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate,
-             replace_runtime=False, only=None, mirror=()):
+             replace_runtime=False, only=None, mirror=(), for_gpus=None, kernels=None):
     from provision.commands.detect import check_choice
     from provision.options import CHOICES
     from provision.plan.build import Options
@@ -47,14 +47,19 @@ def _options(driver, kernel_modules, driver_source, engine, engine_source, runti
     check_choice(driver_source, CHOICES["driver_source"], "--driver-source")
     check_choice(engine, CHOICES["engine"], "--engine")
     check_choice(engine_source, CHOICES["engine_source"], "--engine-source")
-    if driver not in ("auto", "skip"):
+    if driver not in ("auto", "skip") and not driver.isdigit():
         from provision.errors import UsageError
 
-        raise UsageError("--driver takes auto or skip in this version (branch pinning: use --driver-source nvidia)")
+        raise UsageError(f"--driver {driver!r}: use auto, skip or a driver branch such as 535")
+    from provision.decide.gputable import parse_pci_id
+
+    for p in for_gpus or ():
+        parse_pci_id(p)  # a malformed id is a usage error before anything is planned
     return Options(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                    engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
                    validate=validate, replace_runtime=replace_runtime, stages=_parse_stages(only),
-                   mirrors=_parse_mirrors(list(mirror or ())))
+                   mirrors=_parse_mirrors(list(mirror or ())), for_gpus=tuple(for_gpus or ()),
+                   kernels=tuple(kernels or ()))
 
 
 def _plan(root: Path, target: Optional[str], opt):
@@ -63,8 +68,9 @@ def _plan(root: Path, target: Optional[str], opt):
     from provision.report import detect_host
 
     src = None if opt.driver_source == "distro" else opt.driver_source
+    pin = opt.driver if opt.driver.isdigit() else None
     report = detect_host(root, target=parse_target(target) if target else None, kernel_modules=opt.kernel_modules,
-                         source=src, engines=False)
+                         source=src, engines=False, pin=pin, for_gpus=opt.for_gpus)
     return report, build_plan(report, opt)
 
 
@@ -87,7 +93,12 @@ def _print_plan(report, steps, json_out: bool) -> None:
 
 
 OPTS = dict(
-    driver=typer.Option("auto", "--driver", help="auto | skip"),
+    driver=typer.Option("auto", "--driver", help="auto | skip | a driver branch (535, 470, ...): refused where "
+                        "that branch does not drive the GPU or the target does not package it"),
+    for_gpus=typer.Option(None, "--for-gpu", help="Image baking: decide as if this GPU (VENDOR:DEVICE[:SUB:SUB]) "
+                          "were present; repeat for several. The module is built for every installed kernel."),
+    kernels=typer.Option(None, "--kernel", help="Build the driver for this installed kernel (repeatable); "
+                         "default: the kernel that boots next (every installed kernel with --for-gpu)."),
     kernel_modules=typer.Option("auto", "--kernel-modules", help="auto | open | proprietary"),
     driver_source=typer.Option("distro", "--driver-source", help="distro | elrepo | nvidia"),
     engine=typer.Option("docker", "--engine", help="docker | containerd | none"),
@@ -116,10 +127,11 @@ def plan_cmd(
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
+    for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, True,
-                   replace_runtime, only, mirror)
+                   replace_runtime, only, mirror, for_gpus, kernels)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -141,6 +153,7 @@ def bootstrap_cmd(
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
+    for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
     from contextlib import nullcontext
@@ -148,7 +161,7 @@ def bootstrap_cmd(
     from provision.hostlock import host_lock
 
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
-                   not no_validate, replace_runtime, only, mirror)
+                   not no_validate, replace_runtime, only, mirror, for_gpus, kernels)
     # Held from planning to the end (the prompt included), so the plan shown is the one applied.
     with nullcontext() if dry_run or check else host_lock("bootstrap"):
         _bootstrap(opt, yes=yes, dry_run=dry_run, check=check, reboot=reboot, json_out=json_out, bundle=bundle,
@@ -169,11 +182,11 @@ def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
     state = ap.read_state()
     if state.get("reboot_required"):
-        if state.get("boot_id") == ap.boot_id():
+        if not ap.rebooted_since(state):
             raise errors.RebootRequired(f"a reboot is still pending ({state.get('reason')}): reboot, then run "
                                         "gpuprov bootstrap again")
-        _verify_after_reboot()
         ap.write_state({**state, "reboot_required": False, "resumed_after_reboot": True})
+        _verify_after_reboot(state)
     report, steps = _plan(Path("/"), None, opt)
     if dry_run:
         _print_plan(report, steps, json_out)
@@ -197,8 +210,10 @@ def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json
             raise errors.Declined("declined at the prompt; nothing was changed")
     res = ap.apply_plan(steps, quiet=json_out)
     if res.reboot_required:
-        ap.write_state({"reboot_required": True, "boot_id": ap.boot_id(),
-                        "reason": "driver installed / nouveau blacklisted"})
+        changed = {o.id for o in res.outcomes if o.status == "changed"}
+        reasons = [n.removeprefix("reboot: ") for s in steps if s.reboot and s.id in changed for n in s.notes
+                   if n.startswith("reboot: ")]
+        ap.write_state(ap.pending_reboot("; ".join(reasons) or "driver installed / nouveau blacklisted"))
     if json_out:
         emit_json(res.to_dict())
     else:
@@ -212,12 +227,19 @@ def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json
         raise errors.RebootRequired("reboot to load the NVIDIA driver, then run `gpuprov bootstrap` again to verify")
 
 
-def _verify_after_reboot() -> None:
-    """Resuming after the driver's reboot: the module must be loaded, match the userspace, and nvidia-smi answer."""
+def _verify_after_reboot(state: dict) -> None:
+    """Resuming after the driver's reboot: the module must be loaded, match the userspace, and nvidia-smi answer.
+    Without an NVIDIA device (a baked image, a VM without its GPU) there is nothing to load it on: say so (exit
+    15) rather than fail on the module that cannot load."""
     from provision import effects
-    from provision.errors import StepFailed
+    from provision.errors import NoDeviceToVerify, StepFailed
+    from provision.facts.pci import scan_display_devices
     from provision.verify.checks import LocalHost, driver_loaded, versions_coherent
 
+    if not any(d.is_nvidia for d in scan_display_devices(Path("/"))):
+        raise NoDeviceToVerify(f"resumed after the reboot ({state.get('reason')}): the driver is installed, but "
+                               "this host has no NVIDIA device to load and verify it on; boot the image on a GPU "
+                               "node and run `gpuprov bootstrap` (or `gpuprov verify`) there")
     h = LocalHost()
     for check in (driver_loaded, versions_coherent):
         r = check(h)

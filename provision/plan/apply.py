@@ -46,6 +46,24 @@ def boot_id() -> str:
         return ""
 
 
+BOOT_MARKER = Path(os.environ.get("GPUPROV_RUN_DIR", "/run/gpuprov")) / "reboot-pending"
+
+
+def pending_reboot(reason: str) -> dict:
+    """The state that says a reboot is pending, and a marker in /run (a tmpfs every boot starts empty): a container
+    host's restart keeps the kernel's boot_id, so the marker is what tells that one rebooted."""
+    try:
+        BOOT_MARKER.parent.mkdir(parents=True, exist_ok=True)
+        BOOT_MARKER.write_text(reason + "\n")
+    except OSError:
+        pass
+    return {"reboot_required": True, "boot_id": boot_id(), "reason": reason}
+
+
+def rebooted_since(state: dict) -> bool:
+    return state.get("boot_id") != boot_id() or not BOOT_MARKER.exists()
+
+
 def read_state() -> dict:
     try:
         return json.loads((STATE_DIR / "state.json").read_text())

@@ -30,14 +30,12 @@ from provision.plan.steps import (
 from provision.render import render
 from provision.report import HostReport
 
-NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
-NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 
 
 @dataclass(frozen=True)
 class Options:
-    driver: str = "auto"  # auto | skip | <branch>
+    driver: str = "auto"  # auto | skip | a driver branch ("535")
     kernel_modules: str = "auto"
     driver_source: str = "distro"  # distro | elrepo | nvidia
     engine: str = "docker"  # docker | containerd | none
@@ -50,6 +48,8 @@ class Options:
     replace_runtime: bool = False  # --replace-runtime: the operator's runtime of that name / default may be replaced
     mirrors: dict[str, str] = field(default_factory=dict)  # repository name -> base URL (repos.BASES)
     stages: tuple[str, ...] = values(Stage)  # bootstrap --only: the stages whose steps are planned
+    for_gpus: tuple[str, ...] = ()  # image baking: decide as if these PCI ids were present
+    kernels: tuple[str, ...] = ()  # build the driver for these kernels (default: see plan/driver.py)
 
 
 APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
@@ -95,83 +95,6 @@ def dpkg_recover_step(stage: Stage) -> Step:
                 actions=(Command(("dpkg", "--configure", "-a"), APT_ENV, may_fail=True),
                          Command(("apt-get", "install", "-f", "-y", "--no-install-recommends"), APT_ENV)),
                 check=DirEmpty("/var/lib/dpkg/updates"))
-
-
-def driver_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
-    drv = report.driver
-    gpus = [d for _, d in report.gpus]
-    if opt.driver == "skip":
-        return []
-    if not gpus:
-        return [Step("driver.none", Stage.DRIVER, "No NVIDIA GPU on the PCI bus: no driver to install",
-                     check=Already("no GPU"), verify_only=True)]
-    if drv and drv.loaded and (drv.driver_root or drv.userspace_version):
-        return [Step("driver.present", Stage.DRIVER,
-                     f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
-                     f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
-                     verify_only=True)]
-    packages: list[str] = []
-    for d in gpus:
-        if not d.packages:
-            raise Unsupported(f"no driver package for {d.name} ({d.pci_id}) on {target.name}: "
-                              + "; ".join(d.warnings))
-        packages += [p for p in d.packages if p not in packages]
-    dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
-    if drv and drv.secure_boot and dkms:
-        raise Unsupported(
-            "Secure Boot is on and the chosen driver is built by DKMS (unsigned): the kernel would reject it. "
-            "Use signed precompiled modules (Ubuntu linux-modules-nvidia-*, ELRepo kmods: --driver-source elrepo), "
-            "or enroll a MOK: `mokutil --import /var/lib/dkms/mok.pub`, reboot, confirm in MokManager, run again")
-    steps: list[Step] = []
-    krel = drv.kernel_release if drv else None
-    if target.family == "debian":
-        comps = repos.debian_components(target)
-        writes = []
-        root = Path(report.root or "/")
-        lists = root / "etc/apt/sources.list.d"
-        for p in [root / "etc/apt/sources.list", *sorted(lists.glob("*.sources")), *sorted(lists.glob("*.list"))]:
-            try:
-                old = p.read_text()
-            except OSError:
-                continue
-            new = enable_components(old, comps, target.codename)
-            if new != old:
-                writes.append(WriteFile("/" + str(p.relative_to(root)), new))
-        if writes and not opt.bundle:
-            steps.append(Step("driver.components", Stage.DRIVER,
-                              f"Enable {' '.join(comps)} in the existing apt entries",
-                              actions=tuple(writes), check=FilesMatch(tuple((w.path, w.content) for w in writes))))
-        if dkms and krel:
-            packages.insert(0, f"linux-headers-{krel}")
-    else:
-        el = target.el_major
-        if opt.bundle:
-            pass  # the bundle's repository already holds the kmod / module packages
-        elif opt.driver_source in ("distro", "elrepo") and el:
-            pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
-                   Command((target.package_manager, "install", "-y", repos.elrepo_release(el, opt.mirrors))))
-            steps.append(_pkg_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (),
-                                   pre=pre,
-                                   check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
-                                   notes=("ELRepo kmods are kABI-tracking and signed",)))
-        else:
-            pm = target.package_manager
-            add = ("dnf", "config-manager") if pm == "dnf" else ("yum-config-manager",)
-            pre = ((Command((pm, "install", "-y", repos.epel_release(el, opt.mirrors))),) if el else ()) + \
-                (Command((*add, "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
-            steps.append(Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)",
-                              actions=pre,
-                              check=PathExists("/etc/yum.repos.d/" + repos.cuda_repo(target, opt.mirrors).rsplit("/", 1)[1])))
-            if krel:
-                packages[:0] = [f"kernel-devel-{krel}", f"kernel-headers-{krel}", "dkms"]
-    steps.append(_pkg_step("driver.packages", Stage.DRIVER, f"Install the driver: {' '.join(packages)}", target,
-                           tuple(packages), bundle=opt.bundle, reboot=True))
-    initramfs = ("update-initramfs", "-u") if target.family == "debian" else ("dracut", "-f")
-    nouveau = WriteFile(NOUVEAU_CONF, render(NOUVEAU_TEMPLATE))
-    steps.append(Step("driver.nouveau", Stage.DRIVER, "Blacklist nouveau and rebuild the initramfs",
-                      actions=(nouveau, Command(initramfs)), check=FilesMatch(((nouveau.path, nouveau.content),)),
-                      reboot=bool(drv and drv.nouveau_loaded)))
-    return steps
 
 
 def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
@@ -257,6 +180,8 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
         d = report.distro
         raise Unsupported(f"unsupported distribution {d.id if d else '?'} {d.version if d else ''}: "
                           "gpuprov has rules for Debian 11-13, Ubuntu 18.04-24.04, EL 7-10, Amazon Linux 2023")
+    from provision.plan.driver import driver_steps  # the driver's steps live beside their own checks and actions
+
     target = report.target
     on = set(opt.stages)
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages

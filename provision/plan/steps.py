@@ -381,7 +381,7 @@ def executed_argvs(step: Step) -> list[tuple[str, ...]]:
     for a in step.actions:
         if isinstance(a, Command):
             out.append(a.argv)
-        elif isinstance(a, (StartService, ImportImage)):
+        elif hasattr(a, "commands"):  # StartService, ImportImage, the driver's DriverInstall/MokImport
             out += a.commands()
     return out
 

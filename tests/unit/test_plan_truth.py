@@ -46,6 +46,8 @@ class Recorder:
             self.argvs.append(tuple(argv))
             self.envs.append(env or {})
             failing = argv[:3] == ["docker", "image", "inspect"] or argv[0].startswith("/etc/init.d/")
+            if argv[:2] == ["dkms", "status"]:  # DKMS built the module, as on a host where the build works
+                return effects.CommandResult(list(argv), 0, f"nvidia/1.0, {argv[-1]}, x86_64: installed\n")
             return effects.CommandResult(list(argv), 1 if failing else 0, "done\n")
 
         monkeypatch.setattr(effects, "run", run)

@@ -1,4 +1,6 @@
-"""Reboot handling: a recorded pending reboot stops bootstrap (exit 7) until the machine has really rebooted."""
+"""Reboot handling: a recorded pending reboot stops bootstrap (exit 7) until the machine has really rebooted
+(a new boot_id, or the marker in /run gone: a restarted host container keeps the kernel's boot_id, but every boot
+starts /run empty); resumed on a host without an NVIDIA device, bootstrap says so (exit 15), one line."""
 from __future__ import annotations
 
 import json
@@ -7,11 +9,27 @@ from pathlib import Path
 from tests.conftest import run_cli
 
 
-def test_pending_reboot_is_reported_until_boot_id_changes(tmp_path):
+def _pending(tmp_path, marker: bool) -> dict:
     boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     (tmp_path / "state.json").write_text(json.dumps({"reboot_required": True, "boot_id": boot_id,
                                                      "reason": "driver installed"}))
-    r = run_cli("bootstrap", "--yes", "--driver", "skip", "--engine", "none", env={"GPUPROV_STATE_DIR": str(tmp_path)})
+    run = tmp_path / "run"
+    run.mkdir()
+    if marker:
+        (run / "reboot-pending").write_text("driver installed\n")
+    return {"GPUPROV_STATE_DIR": str(tmp_path), "GPUPROV_RUN_DIR": str(run)}
+
+
+def test_pending_reboot_is_reported_until_the_host_reboots(tmp_path):
+    r = run_cli("bootstrap", "--yes", "--driver", "skip", "--engine", "none", env=_pending(tmp_path, True))
     assert r.returncode == 7
     assert "reboot is still pending (driver installed)" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert json.loads((tmp_path / "state.json").read_text())["reboot_required"] is True
+
+
+def test_resumed_without_a_device_exits_15(tmp_path):
+    r = run_cli("bootstrap", "--yes", "--driver", "skip", "--engine", "none", env=_pending(tmp_path, False))
+    assert r.returncode == 15, r.stderr
+    assert "no NVIDIA device" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["reboot_required"] is False and state["resumed_after_reboot"] is True

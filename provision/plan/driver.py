@@ -1,0 +1,488 @@
+"""The driver's steps: repository/components, the nouveau blacklist, the packages with the headers of every kernel
+the module must be built for, the kernel-module flavour `modprobe nvidia` loads, nouveau inside that kernel's
+initramfs, held packages, and a staged MOK enrolment under Secure Boot.
+
+Which kernel: the one that will boot (`/vmlinuz`, else the newest `/boot/vmlinuz-*`), and the running kernel too
+when apt installed it; with --kernel the ones named; when baking an image (--for-gpu) every installed kernel.
+
+A DKMS build that fails is met here, in `DriverInstall`: the compiler's first error line is named, the log kept
+under /var/log/gpuprov, the half-configured module package purged so `dpkg --audit` is empty, and the ways out
+named (exit 16).
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision import effects
+from provision.decide.targets import Target
+from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
+from provision.facts.host import HostReport
+from provision.facts.rootfs import is_live, under
+from provision.plan import repos
+from provision.plan.sources import enable_components
+from provision.plan.steps import (
+    Already,
+    Command,
+    FilesMatch,
+    PackagesInstalled,
+    PathExists,
+    Step,
+    WriteFile,
+    read_or_empty,
+)
+from provision.options import Stage
+from provision.render import render
+
+NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
+NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
+APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
+DKMS_KEY = "/var/lib/dkms/mok.pub"
+MOK_HASH = "/var/lib/gpuprov/mok-password.hash"
+LOG_DIR = "/var/log/gpuprov"
+# Debian's kernel module names per flavour: `install nvidia modprobe -i <name>` in /etc/modprobe.d/nvidia.conf,
+# chosen by the `nvidia` alternative (/usr/lib/nvidia/<flavour dir>).
+DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open"),
+                   "proprietary": ("nvidia-current", "/usr/lib/nvidia/current")}
+ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@dataclass(frozen=True)
+class Kernels:
+    releases: tuple[str, ...]
+    why: str
+
+
+def installed_kernels(root: Path) -> list[str]:
+    """Kernels with an image in /boot and a modules directory (installed by the package manager)."""
+    boot = under(root, "/boot")
+    rels = [p.name.removeprefix("vmlinuz-") for p in boot.glob("vmlinuz-*")]
+    return sorted((r for r in rels if under(root, f"/lib/modules/{r}").is_dir()), key=_kver)
+
+
+def _kver(rel: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.-]", rel))
+
+
+def boot_kernel(root: Path) -> str | None:
+    """The kernel the next boot starts: /vmlinuz's target (Debian keeps it on the newest), else the newest."""
+    link = under(root, "/vmlinuz")
+    try:
+        target = os.readlink(link)
+        rel = Path(target).name.removeprefix("vmlinuz-")
+        if under(root, f"/lib/modules/{rel}").is_dir():
+            return rel
+    except OSError:
+        pass
+    kernels = installed_kernels(root)
+    return kernels[-1] if kernels else None
+
+
+def choose_kernels(root: Path, running: str | None, asked: tuple[str, ...], baking: bool) -> Kernels:
+    if asked:
+        missing = [k for k in asked if not under(root, f"/lib/modules/{k}").is_dir()]
+        if missing:
+            raise Unsupported(f"--kernel {missing[0]}: no such kernel is installed (no /lib/modules/{missing[0]}); "
+                              f"installed: {', '.join(installed_kernels(root)) or 'none'}")
+        return Kernels(asked, "asked for with --kernel")
+    if baking:
+        ks = installed_kernels(root)
+        if not ks:
+            raise Unsupported("no installed kernel to build the driver for: install the distribution's kernel "
+                              "(e.g. linux-image-amd64) first, or name one with --kernel")
+        return Kernels(tuple(ks), "every installed kernel (image baking)")
+    boot = boot_kernel(root)
+    running_ok = bool(running) and under(root, f"/lib/modules/{running}/kernel").is_dir()
+    if boot is None and not running_ok:
+        raise Unsupported(f"no installed kernel to build the driver for (the running kernel {running} has no "
+                          f"/lib/modules/{running}): install the distribution's kernel and headers "
+                          "(Debian: apt-get install linux-image-amd64 linux-headers-amd64), or name one with --kernel")
+    if boot is None or boot == running:
+        return Kernels((running,), "the running kernel, which also boots next")  # type: ignore[arg-type]
+    if running_ok:
+        return Kernels((boot, running), f"{boot} boots next (/vmlinuz); {running} runs now")  # type: ignore
+    return Kernels((boot,), f"{boot} boots next (/vmlinuz); the running kernel {running} was not installed by the "
+                   "package manager (no modules directory), so nothing is built for it")
+
+
+def headers_packages(target: Target, kernels: tuple[str, ...]) -> list[str]:
+    if target.family == "debian":
+        return [f"linux-headers-{k}" for k in kernels]
+    return [p for k in kernels for p in (f"kernel-devel-{k}", f"kernel-headers-{k}")]
+
+
+# ---------------------------------------------------------------- checks (read through the plan's root)
+
+
+@dataclass(frozen=True)
+class DriverBuilt:
+    """The packages are installed and DKMS installed an nvidia module for every kernel."""
+    manager: str
+    packages: tuple[str, ...]
+    kernels: tuple[str, ...]
+    dkms: bool
+
+    def satisfied(self, root: Path) -> bool:
+        if not PackagesInstalled(self.manager, self.packages).satisfied(root):
+            return False
+        return not self.dkms or all(module_built(root, k) for k in self.kernels)
+
+    def describe(self) -> str:
+        db = "dpkg" if self.manager == "apt" else "rpm"
+        return (f"skipped when {db} lists {' '.join(self.packages)} as installed"
+                + (f" and DKMS built nvidia for {', '.join(self.kernels)}" if self.dkms else ""))
+
+
+def module_built(root: Path, kernel: str) -> bool:
+    return any(under(root, f"/lib/modules/{kernel}/updates/dkms").glob("nvidia*.ko*")) or \
+        any(under(root, f"/lib/modules/{kernel}/extra").glob("nvidia*.ko*"))
+
+
+@dataclass(frozen=True)
+class ModprobeLoads:
+    """`modprobe nvidia` loads this module: Debian's `install nvidia modprobe -i <name>` line, which the `nvidia`
+    alternative links into /etc/modprobe.d/nvidia.conf."""
+    module: str
+
+    def satisfied(self, root: Path) -> bool:
+        return loads(root) == self.module
+
+    def describe(self) -> str:
+        return f"skipped when /etc/modprobe.d/nvidia.conf makes `modprobe nvidia` load {self.module}"
+
+
+def _resolve(root: Path, path: str, depth: int = 10) -> Path:
+    p = under(root, path)
+    while depth and p.is_symlink():
+        t = os.readlink(p)
+        p = under(root, t) if t.startswith("/") else p.parent / t
+        depth -= 1
+    return p
+
+
+def loads(root: Path) -> str | None:
+    text = read_or_empty(_resolve(root, "/etc/modprobe.d/nvidia.conf"))
+    m = re.search(r"^install nvidia modprobe -i (\S+)", text, re.M)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class InitramfsHas:
+    """Every kernel's initramfs carries this file (listed with initramfs-tools' lsinitramfs or dracut's lsinitrd,
+    from the plan's root)."""
+    path: str
+    kernels: tuple[str, ...]
+    dracut: bool = False
+
+    def satisfied(self, root: Path) -> bool:
+        for k in self.kernels:
+            img = under(root, f"/boot/initramfs-{k}.img" if self.dracut else f"/boot/initrd.img-{k}")
+            if not img.exists():
+                return False
+            try:
+                r = effects.run(["lsinitrd" if self.dracut else "lsinitramfs", str(img)], check=False)
+            except StepFailed:  # the lister itself is missing: cannot tell
+                return False
+            if not any(w.lstrip("/") == self.path.lstrip("/") for w in r.output.split()):
+                return False
+        return True
+
+    def describe(self) -> str:
+        return f"skipped when {self.path} is inside the initramfs of {', '.join(self.kernels)}"
+
+
+@dataclass(frozen=True)
+class Held:
+    """Packages held against upgrades: `hold` in dpkg's status, or listed in dnf/yum's versionlock list."""
+    manager: str
+    packages: tuple[str, ...]
+
+    def satisfied(self, root: Path) -> bool:
+        if self.manager == "apt":
+            held = set(re.findall(r"^Package: (\S+)\nStatus: hold ",
+                                  read_or_empty(under(root, "/var/lib/dpkg/status")), re.M))
+            return all(p in held for p in self.packages)
+        locks = read_or_empty(under(root, versionlock_list(self.manager)))
+        return all(re.search(rf"^\d*:?{re.escape(p)}-\d", locks, re.M) for p in self.packages)
+
+    def describe(self) -> str:
+        return f"skipped when {' '.join(self.packages)} are held"
+
+
+def versionlock_list(manager: str) -> str:
+    return "/etc/dnf/plugins/versionlock.list" if manager == "dnf" else "/etc/yum/pluginconf.d/versionlock.list"
+
+
+@dataclass(frozen=True)
+class MokStaged:
+    """The DKMS signing key is enrolled or its enrolment is staged for the next boot (asks mokutil; live only)."""
+    key: str
+
+    def satisfied(self, root: Path) -> bool:
+        if not is_live(root) or not Path(self.key).exists():
+            return False
+        r = effects.run(["mokutil", "--test-key", self.key], check=False)
+        return "already enrolled" in r.output or "already in the enrollment request" in r.output
+
+    def describe(self) -> str:
+        return f"skipped when mokutil says {self.key} is enrolled or staged"
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class DriverInstall:
+    """apt: refresh the lists, make sure every kernel's headers are offered, install; then prove DKMS built the
+    module for every kernel. A failed build is rolled back (the module package purged, `dpkg --audit` empty) and
+    reported with the compiler's first error line (exit 16)."""
+    packages: tuple[str, ...]
+    kernels: tuple[str, ...]
+    dkms_package: str | None  # the kernel-module package DKMS builds (None: precompiled kmods)
+    headers: tuple[str, ...]
+    ways_out: str
+
+    def _install(self) -> tuple[str, ...]:
+        return ("apt-get", "install", "-y", "--no-install-recommends", *self.packages)
+
+    def commands(self) -> list[tuple[str, ...]]:
+        """In order: refresh, ask apt for every kernel's headers, install, ask DKMS for every kernel."""
+        return ([("apt-get", "update")] + [("apt-cache", "show", "--no-all-versions", h) for h in self.headers]
+                + [self._install()] + ([("dkms", "status", "-k", k) for k in self.kernels] if self.dkms_package
+                                       else []))
+
+    def lines(self) -> list[str]:
+        env = " ".join(f"{k}={v}" for k, v in APT_ENV)
+        out = [f"$ {env} {shlex.join(c)}" if c[0] == "apt-get" else f"$ {shlex.join(c)}" for c in self.commands()]
+        if self.dkms_package:
+            out.append(f"  (a kernel whose headers apt lacks stops here, exit 4; a DKMS status other than installed "
+                       f"purges {self.dkms_package} again and stops, exit 16)")
+        return out
+
+    def execute(self) -> str:
+        env = {**os.environ, **dict(APT_ENV)}
+        effects.run(["apt-get", "update"], env=env, timeout=3600)
+        for h in self.headers:
+            r = effects.run(["apt-cache", "show", "--no-all-versions", h], check=False, env=env)
+            if r.returncode != 0 or not r.output.strip():
+                k = h.removeprefix("linux-headers-")
+                raise Unsupported(
+                    f"apt offers no {h}: DKMS cannot build the driver for kernel {k} (a kernel newer than the "
+                    "headers the archive carries, or one apt did not install). Ways out: install the current "
+                    "kernel and its headers (apt-get install linux-image-amd64 linux-headers-amd64), reboot into it "
+                    "and run bootstrap again; or build for another installed kernel with --kernel")
+        res = effects.run(list(self._install()), check=False, env=env, timeout=3600)
+        if self.dkms_package:
+            for k in self.kernels:
+                st = effects.run(["dkms", "status", "-k", k], check=False).output
+                if not any(k in ln and ln.rstrip().endswith(": installed") for ln in st.splitlines()):
+                    raise self._rollback(k, res.output)
+        if res.returncode != 0:
+            tail = "\n".join(res.output.strip().splitlines()[-15:])
+            raise StepFailed(f"`{shlex.join(self._install())}` failed with exit code {res.returncode}:\n{tail}")
+        return res.output
+
+    def _rollback(self, kernel: str, apt_output: str) -> DkmsBuildFailed:
+        first, kept = first_build_error(kernel)
+        env = {**os.environ, **dict(APT_ENV)}
+        purge = effects.run(["apt-get", "purge", "-y", self.dkms_package], check=False, env=env, timeout=1800)
+        effects.run(["dpkg", "--configure", "-a"], check=False, env=env, timeout=1800)
+        audit = effects.run(["dpkg", "--audit"], check=False).output.strip()
+        state = ("dpkg is consistent (`dpkg --audit` is empty)" if not audit and purge.returncode == 0 else
+                 f"dpkg still reports: {audit.splitlines()[0] if audit else purge.output.strip()[-200:]}")
+        return DkmsBuildFailed(
+            f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
+            f"{f' (full log: {kept})' if kept else ''}. Rolled back: purged {self.dkms_package}; {state}. "
+            f"Ways out: {self.ways_out}")
+
+
+def first_build_error(kernel: str) -> tuple[str | None, str | None]:
+    """(the compiler's first error line, where the build log was kept) from DKMS's make.log of the newest build."""
+    logs = sorted(Path("/var/lib/dkms").glob("*/*/build/make.log"), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return None, None
+    log = logs[-1]
+    text = log.read_text(errors="replace")
+    kept = Path(LOG_DIR) / f"dkms-{log.parts[-4]}-{log.parts[-3]}-{kernel}.log"
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(text)
+    except OSError:
+        kept = log
+    for line in text.splitlines():
+        if ERROR_RE.search(line):
+            return line.strip(), str(kept)
+    return None, str(kept)
+
+
+@dataclass(frozen=True)
+class MokImport:
+    """Stage the DKMS key for enrolment with a one-time password (mokutil reads it from a hash file, so nothing
+    prompts); the password is shown once, for the console's question at the next boot."""
+    key: str = DKMS_KEY
+
+    def commands(self) -> list[tuple[str, ...]]:
+        return [("mokutil", "--generate-hash=<one-time password>"), ("mokutil", "--import", self.key,
+                                                                     "--hash-file", MOK_HASH)]
+
+    def lines(self) -> list[str]:
+        return [f"$ mokutil --generate-hash=<one-time password, shown once> > {MOK_HASH}",
+                f"$ mokutil --import {self.key} --hash-file {MOK_HASH}"]
+
+    def execute(self) -> str:
+        password = secrets.token_hex(4)
+        h = effects.run(["mokutil", f"--generate-hash={password}"]).output
+        Path(MOK_HASH).parent.mkdir(parents=True, exist_ok=True)
+        Path(MOK_HASH).write_text(h)
+        os.chmod(MOK_HASH, 0o600)
+        effects.run(["mokutil", "--import", self.key, "--hash-file", MOK_HASH])
+        return mok_console_text(password)
+
+
+def mok_console_text(password: str) -> str:
+    return (f"Secure Boot: the DKMS signing key is staged for enrolment. At the next boot the console shows "
+            f"'Perform MOK management': choose 'Enroll MOK', 'Continue', 'Yes', type the one-time password "
+            f"{password} and choose 'Reboot'. Without that the kernel refuses the nvidia module.")
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
+    drv = report.driver
+    gpus = [d for _, d in report.gpus]
+    if opt.driver == "skip":
+        return []
+    if not gpus:
+        return [Step("driver.none", Stage.DRIVER, "No NVIDIA GPU on the PCI bus: no driver to install",
+                     check=Already("no GPU"), verify_only=True)]
+    baking = bool(getattr(opt, "for_gpus", ()))
+    if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking:
+        return [Step("driver.present", Stage.DRIVER, f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
+                     f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
+                     verify_only=True)]
+    packages: list[str] = []
+    for d in gpus:
+        if not d.packages:
+            raise Unsupported(f"no driver package for {d.name} ({d.pci_id}) on {target.name}: "
+                              + "; ".join(d.warnings))
+        packages += [p for p in d.packages if p not in packages]
+    modules = gpus[0].modules
+    dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
+    root = Path(report.root or "/")
+    kernels = choose_kernels(root, drv.kernel_release if drv else None, tuple(getattr(opt, "kernels", ())), baking)
+    steps: list[Step] = []
+    if target.family == "debian":
+        comps = repos.debian_components(target)
+        writes = []
+        lists = root / "etc/apt/sources.list.d"
+        for p in [root / "etc/apt/sources.list", *sorted(lists.glob("*.sources")), *sorted(lists.glob("*.list"))]:
+            try:
+                old = p.read_text()
+            except OSError:
+                continue
+            new = enable_components(old, comps, target.codename)
+            if new != old:
+                writes.append(WriteFile("/" + str(p.relative_to(root)), new))
+        if writes and not opt.bundle:
+            steps.append(Step("driver.components", Stage.DRIVER, f"Enable {' '.join(comps)} in the existing apt entries",
+                              actions=tuple(writes), check=FilesMatch(tuple((w.path, w.content) for w in writes))))
+    else:
+        steps += _el_repo_steps(target, opt)
+    headers = headers_packages(target, kernels.releases) if dkms else []
+    if target.family == "rhel" and dkms and not opt.bundle:
+        headers.append("dkms")
+    # The blacklist goes in before the packages: their own initramfs triggers then carry it already.
+    nouveau = WriteFile(NOUVEAU_CONF, render(NOUVEAU_TEMPLATE))
+    steps.append(Step("driver.nouveau", Stage.DRIVER, "Blacklist nouveau (before the packages, so their initramfs rebuild has it)",
+                      actions=(nouveau,), check=FilesMatch(((nouveau.path, nouveau.content),)),
+                      reboot=bool(drv and drv.nouveau_loaded)))
+    all_pkgs = tuple(headers + packages)
+    dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None)
+    title = (f"Install the driver: {' '.join(packages)}"
+             + (f"; DKMS builds it for kernel {', '.join(kernels.releases)} ({kernels.why})" if dkms else ""))
+    reboot_note = (f"reboot: the nvidia module for {', '.join(kernels.releases)} loads at the next boot"
+                   + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
+    if target.package_manager == "apt" and not opt.bundle:
+        ways = [w for w in (
+            "--kernel-modules proprietary (this GPU allows it)" if modules == "open" and
+            gpus[0].kernel_modules == "either" else "",
+            "another kernel (install it, then --kernel VERSION)",
+            "NVIDIA's repository (--driver-source nvidia)") if w]
+        install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
+                                tuple(h for h in headers if h.startswith("linux-headers-")), "; ".join(ways))
+        steps.append(Step("driver.packages", Stage.DRIVER, title, actions=(install,),
+                          check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg)), reboot=True,
+                          notes=(reboot_note,)))
+    else:
+        from provision.plan.build import _pkg_step
+
+        steps.append(_pkg_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
+                               check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
+                               notes=(reboot_note,)))
+    if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
+        mod, alt = DEBIAN_FLAVOURS[modules]
+        steps.append(Step("driver.flavour", Stage.DRIVER, f"Make `modprobe nvidia` load the {modules} module ({mod})",
+                          actions=(Command(("update-alternatives", "--set", "nvidia", alt)),),
+                          check=ModprobeLoads(mod)))
+    if target.family == "debian":
+        steps.append(Step("driver.initramfs", Stage.DRIVER, f"nouveau blacklisted inside the initramfs of "
+                          f"{', '.join(kernels.releases)}",
+                          actions=tuple(Command(("update-initramfs", "-u", "-k", k)) for k in kernels.releases),
+                          check=InitramfsHas(NOUVEAU_CONF, kernels.releases)))
+    else:
+        steps.append(Step("driver.initramfs", Stage.DRIVER, f"nouveau blacklisted inside the initramfs of "
+                          f"{', '.join(kernels.releases)}",
+                          actions=tuple(Command(("dracut", "-f", "--kver", k)) for k in kernels.releases),
+                          check=InitramfsHas(NOUVEAU_CONF, kernels.releases, dracut=True)))
+    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith("firmware-"))))
+    if drv and drv.secure_boot and dkms:
+        steps.append(Step("driver.mok", Stage.DRIVER, "Secure Boot is on: stage the DKMS signing key for enrolment (one-time "
+                          "password, asked by the console at the next boot)", actions=(MokImport(),),
+                          check=MokStaged(DKMS_KEY), reboot=True))
+    return steps
+
+
+def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
+    """An unattended upgrade of the driver's userspace under a loaded module is "Driver/library version
+    mismatch": hold the packages until the operator upgrades them (and reboots) on purpose."""
+    if target.package_manager == "apt":
+        acts: tuple = (Command(("apt-mark", "hold", *packages)),)
+        how = "apt-mark unhold"
+    else:
+        pm = target.package_manager
+        plugin = "python3-dnf-plugin-versionlock" if pm == "dnf" else "yum-plugin-versionlock"
+        names = tuple(p.split(":")[0] for p in packages)
+        acts = (Command((pm, "install", "-y", plugin)), Command((pm, "versionlock", "add", *names)))
+        packages = names
+        how = f"{pm} versionlock delete"
+    return Step("driver.hold", Stage.DRIVER, f"Hold the driver packages against upgrades: {' '.join(packages)}", actions=acts,
+                check=Held(target.package_manager, packages),
+                notes=(f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",))
+
+
+def _el_repo_steps(target: Target, opt) -> list[Step]:
+    from provision.plan.build import _pkg_step
+
+    el = target.el_major
+    if opt.bundle:
+        return []  # the bundle's repository already holds the kmod / module packages
+    if opt.driver_source in ("distro", "elrepo") and el:
+        pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
+               Command((target.package_manager, "install", "-y", repos.elrepo_release(el, opt.mirrors))))
+        return [_pkg_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (), pre=pre,
+                          check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
+                          notes=("ELRepo kmods are kABI-tracking and signed",))]
+    pm = target.package_manager
+    add = ("dnf", "config-manager") if pm == "dnf" else ("yum-config-manager",)
+    pre = ((Command((pm, "install", "-y", repos.epel_release(el, opt.mirrors))),) if el else ()) + \
+        (Command((*add, "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
+    return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)", actions=pre,
+                 check=PathExists("/etc/yum.repos.d/" + repos.cuda_repo(target, opt.mirrors).rsplit("/", 1)[1]))]

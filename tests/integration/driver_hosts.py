@@ -1,0 +1,96 @@
+"""Fresh Debian hosts with systemd and a Debian kernel (image + headers), for real driver installs.
+
+The prepared image (kernel and headers already installed, systemd as PID 1) is built once per CI run per suite
+and reused by the gpuprov host and the plain-apt reference host alike, so both start from the same state and the
+timing comparison is fair. Its name carries a hash of the recipe below, so a changed recipe builds a new one.
+"""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+import time
+
+from tests.integration.hosts import NESTED, ensure_image, ensure_wheelhouse, sh
+
+# Installed into the image: systemd as PID 1, the distribution's kernel and its headers, Python for gpuprov.
+PREP_PACKAGES = ("systemd", "systemd-sysv", "dbus", "kmod", "initramfs-tools", "linux-image-amd64",
+                 "linux-headers-amd64", "python3", "python3-venv")
+RECIPE = "v1 " + " ".join(PREP_PACKAGES)
+SYSTEMD_FLAGS = [*NESTED, "--tmpfs", "/run", "--tmpfs", "/run/lock"]
+
+
+def _minbase(suite: str) -> str:
+    if suite == "bookworm":
+        return ensure_image()
+    name = f"gpuprov-test/driver-{suite}-minbase:1"
+    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
+        return name
+    with tempfile.TemporaryDirectory() as td:
+        sh("debootstrap", "--variant=minbase", suite, td, timeout=1200)
+        tar = subprocess.Popen(["tar", "-C", td, "-c", "."], stdout=subprocess.PIPE)
+        subprocess.run(["docker", "import", "-", name], stdin=tar.stdout, check=True, capture_output=True)
+        tar.wait()
+    return name
+
+
+def kernel_image(suite: str) -> str:
+    """gpuprov-test/driver-<suite>-kernel:<recipe hash>, built when missing (minutes; once per CI run)."""
+    tag = hashlib.sha256(RECIPE.encode()).hexdigest()[:10]
+    name = f"gpuprov-test/driver-{suite}-kernel:{tag}"
+    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
+        return name
+    base = _minbase(suite)
+    box = f"driver-prep-{suite}-{tag}"
+    sh("docker", "rm", "-f", box, check=False)
+    sh("docker", "run", "-d", "--name", box, base, "sleep", "infinity")
+    try:
+        r = sh("docker", "exec", box, "bash", "-c",
+               "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+               + " ".join(PREP_PACKAGES), check=False, timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        sh("docker", "exec", box, "apt-get", "clean")
+        sh("docker", "commit", "-c", 'CMD ["/lib/systemd/systemd"]', box, name)
+    finally:
+        sh("docker", "rm", "-f", box, check=False)
+    return name
+
+
+class KernelHost:
+    """A systemd host container from the prepared image; reached through `docker exec` only."""
+
+    def __init__(self, suite: str, role: str):
+        self.name = f"driver-{suite}-{role}-{int(time.time() * 1000) % 10**8}"
+        self.suite = suite
+        sh("docker", "run", "-d", "--name", self.name, *SYSTEMD_FLAGS, "-v", f"{ensure_wheelhouse()}:/wh:ro",
+           kernel_image(suite))
+        self.wait_systemd()
+
+    def wait_systemd(self, timeout: float = 90) -> str:
+        end = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < end:
+            state = self.exec("systemctl is-system-running").stdout.strip()
+            if state in ("running", "degraded"):
+                return state
+            time.sleep(1)
+        raise AssertionError(f"systemd in {self.name} did not come up: {state!r}")
+
+    def exec(self, script: str, timeout: float = 1800, check: bool = False) -> subprocess.CompletedProcess:
+        return sh("docker", "exec", self.name, "bash", "-c", script, check=check, timeout=timeout)
+
+    def kernel(self) -> str:
+        return self.exec("basename $(readlink -f /vmlinuz) | sed s/^vmlinuz-//", check=True).stdout.strip()
+
+    def install_gpuprov(self) -> None:
+        r = self.exec("python3 -m venv /opt/gpuprov && /opt/gpuprov/bin/pip install -q --no-index --find-links /wh "
+                      "gpuprov && ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov && gpuprov --version",
+                      timeout=900)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    def restart(self) -> None:
+        sh("docker", "restart", self.name, timeout=300)
+        self.wait_systemd()
+
+    def remove(self) -> None:
+        sh("docker", "rm", "-f", self.name, check=False)

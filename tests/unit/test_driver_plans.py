@@ -1,0 +1,171 @@
+"""Driver plans per family (EL and Ubuntu archives are unreachable here: plans are what can be proven): branch
+pinning with --driver, packages held against upgrades, Secure Boot with DKMS (a staged MOK enrolment) and with
+signed kmods (nothing to stage), image baking with --for-gpu and the kernels it builds for."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from provision.errors import GpuprovError, Unsupported
+from provision.facts.driver_facts import SECURE_BOOT_VAR
+from provision.facts.host import detect_host
+from provision.plan.build import Options, build_plan
+from provision.plan.driver import choose_kernels, loads
+from tests.conftest import make_host, run_cli
+
+KERNEL = {"debian": "6.1.0-27-amd64", "ubuntu": "6.8.0-49-generic"}
+
+
+def plan(tmp_path, distro: str, sysfs: str = "datacenter", secure_boot: bool = False, pin: str | None = None,
+         **opt) -> dict[str, dict]:
+    root = make_host(tmp_path, distro, sysfs, kernel=KERNEL.get(distro.split("-")[0], "5.14.0-427.el9.x86_64"))
+    if secure_boot:
+        var = root / SECURE_BOOT_VAR
+        var.parent.mkdir(parents=True)
+        var.write_bytes(b"\x06\x00\x00\x00\x01")
+    o = Options(engine="none", **({"driver": pin} if pin else {}), **opt)
+    rep = detect_host(root, engines=False, pin=pin, for_gpus=o.for_gpus, kernel_modules=o.kernel_modules,
+                      source=None if o.driver_source == "distro" else o.driver_source)
+    return {s.id: {"actions": s.lines(), "title": s.title, "reboot": s.reboot, "notes": s.notes}
+            for s in build_plan(rep, o)}
+
+
+def install_line(steps: dict) -> str:
+    return next(a for a in steps["driver.packages"]["actions"] if " install " in a)
+
+
+# family -> (distro, gpu setup, pinned branch, the install line must name, the hold command)
+FAMILIES = {
+    "debian-tesla": ("debian-12", "volta", "470", "nvidia-tesla-470-driver", "apt-mark hold"),
+    "debian-main": ("debian-13", "datacenter", "550", "nvidia-driver", "apt-mark hold"),
+    "ubuntu": ("ubuntu-22.04", "datacenter", "535", "nvidia-headless-535-server-open", "apt-mark hold"),
+    "elrepo": ("rocky-9", "volta", "580", "kmod-nvidia-580xx", "dnf versionlock add"),
+    "elrepo-el7": ("centos-7", "kepler", "470", "kmod-nvidia-470xx", "yum versionlock add"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_pinned_branch_installed_and_held(tmp_path, family):
+    distro, sysfs, pin, pkg, hold = FAMILIES[family]
+    steps = plan(tmp_path, distro, sysfs, pin=pin)
+    assert pkg in install_line(steps).split()
+    holds = " ".join(steps["driver.hold"]["actions"])
+    assert hold in holds and pkg in holds
+    assert steps["driver.packages"]["reboot"]
+
+
+def test_nvidia_repo_stream_pinned(tmp_path):
+    steps = plan(tmp_path, "rocky-9", "datacenter", pin="570", driver_source="nvidia")
+    assert "dnf module install -y nvidia-driver:570-open" in " ".join(steps["driver.packages"]["actions"])
+    assert "dnf versionlock add nvidia-driver" in " ".join(steps["driver.hold"]["actions"])
+
+
+@pytest.mark.parametrize("distro,sysfs,pin,needle", [
+    ("debian-12", "datacenter", "470", "does not support this GPU"),  # H100 on Tesla 470
+    ("debian-13", "volta", "470", "does not package driver branch 470"),
+    ("ubuntu-24.04", "kepler", "470", "does not package driver branch 470"),
+    ("rocky-9", "volta", "595", "does not support this GPU"),
+])
+def test_pinned_branch_refused_with_the_way_out(tmp_path, distro, sysfs, pin, needle):
+    with pytest.raises(Unsupported, match=needle) as exc:
+        plan(tmp_path, distro, sysfs, pin=pin)
+    assert exc.value.exit_code == 4 and ("branches that support it there" in str(exc.value)
+                                         or "no branch" in str(exc.value))
+
+
+def test_cli_pin_refused_exit_4_and_bad_pin_exit_2(tmp_path):
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL["debian"])
+    r = run_cli("plan", "--root", str(root), "--driver", "470")
+    assert r.returncode == 4 and "does not support this GPU" in r.stderr and r.stdout == ""
+    r = run_cli("plan", "--root", str(root), "--driver", "latest-ish")
+    assert r.returncode == 2 and "--driver" in r.stderr
+
+
+@pytest.mark.parametrize("distro", ["debian-12", "ubuntu-24.04"])
+def test_secure_boot_with_dkms_stages_the_mok(tmp_path, distro):
+    steps = plan(tmp_path, distro, secure_boot=True)
+    mok = steps["driver.mok"]
+    assert mok["reboot"]
+    assert any("mokutil --import /var/lib/dkms/mok.pub --hash-file" in a for a in mok["actions"])
+    assert list(steps).index("driver.mok") > list(steps).index("driver.packages")  # the key exists after DKMS
+
+
+def test_secure_boot_with_signed_kmods_needs_no_mok(tmp_path):
+    steps = plan(tmp_path, "rocky-9", secure_boot=True)
+    assert "driver.mok" not in steps and "kmod-nvidia-open" in install_line(steps)
+
+
+def test_debian_open_flavour_and_initramfs(tmp_path):
+    steps = plan(tmp_path, "debian-12")
+    assert steps["driver.flavour"]["actions"] == ["$ update-alternatives --set nvidia /usr/lib/nvidia/current-open"]
+    assert steps["driver.initramfs"]["actions"] == [f"$ update-initramfs -u -k {KERNEL['debian']}"]
+    order = list(steps)
+    assert order.index("driver.nouveau") < order.index("driver.packages") < order.index("driver.flavour")
+    prop = plan(tmp_path / "p", "debian-12", kernel_modules="proprietary")
+    assert prop["driver.flavour"]["actions"] == ["$ update-alternatives --set nvidia /usr/lib/nvidia/current"]
+    assert "nvidia-kernel-dkms" in install_line(prop).split()
+
+
+def test_modprobe_flavour_read_through_the_alternative(tmp_path):
+    root = tmp_path / "r"
+    (root / "etc/modprobe.d").mkdir(parents=True)
+    (root / "etc/alternatives").mkdir(parents=True)
+    (root / "etc/nvidia").mkdir(parents=True)
+    (root / "etc/nvidia/nvidia-modprobe.conf").write_text("install nvidia modprobe -i nvidia-current-open $X\n")
+    (root / "etc/alternatives/nvidia--nvidia-modprobe.conf").symlink_to("/etc/nvidia/nvidia-modprobe.conf")
+    (root / "etc/modprobe.d/nvidia.conf").symlink_to("/etc/alternatives/nvidia--nvidia-modprobe.conf")
+    assert loads(root) == "nvidia-current-open"
+
+
+def test_bake_for_gpu_on_a_host_without_one(tmp_path):
+    """--for-gpu decides as if the GPU were there (the host has none) and builds for every installed kernel."""
+    root = make_host(tmp_path, "debian-12", "none", kernel=KERNEL["debian"])
+    (root / "lib/modules/6.1.0-28-amd64/kernel").mkdir(parents=True)
+    (root / "boot/vmlinuz-6.1.0-28-amd64").write_text("")
+    r = run_cli("plan", "--root", str(root), "--for-gpu", "10de:2330", "--engine", "none", "--json")
+    assert r.returncode == 0, r.stderr
+    steps = {s["id"]: s for s in json.loads(r.stdout)["steps"]}
+    line = next(a for a in steps["driver.packages"]["actions"] if " install " in a).split()
+    assert {"linux-headers-6.1.0-27-amd64", "linux-headers-6.1.0-28-amd64", "nvidia-open-kernel-dkms"} <= set(line)
+    assert "every installed kernel (image baking)" in steps["driver.packages"]["title"]
+    r = run_cli("plan", "--root", str(root), "--for-gpu", "10de:2330", "--kernel", "6.1.0-28-amd64",
+                "--engine", "none", "--json")
+    line = next(a for s in json.loads(r.stdout)["steps"] if s["id"] == "driver.packages" for a in s["actions"]
+                if " install " in a).split()
+    assert "linux-headers-6.1.0-28-amd64" in line and "linux-headers-6.1.0-27-amd64" not in line
+    r = run_cli("plan", "--root", str(root), "--for-gpu", "10de:2330", "--kernel", "9.9.9", "--engine", "none")
+    assert r.returncode == 4 and "no such kernel is installed" in r.stderr
+    r = run_cli("plan", "--root", str(root), "--for-gpu", "10de:zz")
+    assert r.returncode == 2 and "malformed PCI id" in r.stderr
+
+
+@pytest.mark.parametrize("family,distro,sysfs", [("ubuntu", "ubuntu-24.04", "datacenter"),
+                                                 ("elrepo", "rocky-9", "datacenter"),
+                                                 ("debian-legacy", "debian-11", "volta")])
+def test_bake_per_family(tmp_path, family, distro, sysfs):
+    steps = plan(tmp_path, distro, "none", for_gpus=("10de:1db4" if sysfs == "volta" else "10de:2330",))
+    assert "driver.packages" in steps and "driver.hold" in steps
+
+
+def test_kernel_choice(tmp_path):
+    root = tmp_path
+    for k in ("6.1.0-27-amd64", "6.1.0-28-amd64"):
+        (root / f"lib/modules/{k}/kernel").mkdir(parents=True)
+        (root / "boot").mkdir(exist_ok=True)
+        (root / f"boot/vmlinuz-{k}").write_text("")
+    (root / "vmlinuz").symlink_to("boot/vmlinuz-6.1.0-28-amd64")
+    ks = choose_kernels(root, "6.1.0-27-amd64", (), False)
+    assert ks.releases == ("6.1.0-28-amd64", "6.1.0-27-amd64") and "boots next" in ks.why
+    ks = choose_kernels(root, "6.18.44-foreign", (), False)  # a running kernel apt did not install
+    assert ks.releases == ("6.1.0-28-amd64",) and "nothing is built for it" in ks.why
+    with pytest.raises(GpuprovError, match="no installed kernel"):
+        choose_kernels(tmp_path / "empty", "6.18.44-foreign", (), False)
+
+
+def test_no_kernel_headers_for_running_kernel_is_planned(tmp_path):
+    """Missing headers for the running kernel: the plan installs them (linux-headers-<running>)."""
+    steps = plan(tmp_path, "debian-12")
+    assert f"linux-headers-{KERNEL['debian']}" in install_line(steps).split()
+    assert dataclasses.fields(Options)  # Options carries for_gpus/kernels
