@@ -21,7 +21,7 @@ from pathlib import Path
 from provision import effects
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
-from provision.facts.host import HostReport
+from provision.report import HostReport
 from provision.facts.rootfs import is_live, under
 from provision.plan import repos
 from provision.plan.sources import enable_components

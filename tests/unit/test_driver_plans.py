@@ -10,7 +10,7 @@ import pytest
 
 from provision.errors import GpuprovError, Unsupported
 from provision.facts.driver_facts import SECURE_BOOT_VAR
-from provision.facts.host import detect_host
+from provision.report import detect_host
 from provision.plan.build import Options, build_plan
 from provision.plan.driver import choose_kernels, loads
 from tests.conftest import make_host, run_cli
