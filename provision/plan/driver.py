@@ -282,7 +282,9 @@ class DriverInstall:
         if self.dkms_package:
             for k in self.kernels:
                 st = effects.run(["dkms", "status", "-k", k], check=False).output
-                if not any(k in ln and ln.rstrip().endswith(": installed") for ln in st.splitlines()):
+                built = any(k in ln and ln.rstrip().endswith(": installed") for ln in st.splitlines())
+                # a build that ran and failed (its make.log, DKMS's own message) — not apt failing before it
+                if not built and (res.returncode == 0 or "Bad return status" in res.output or build_logs()):
                     raise self._rollback(k, res.output)
         if res.returncode != 0:
             tail = "\n".join(res.output.strip().splitlines()[-15:])
@@ -303,9 +305,14 @@ class DriverInstall:
             f"Ways out: {self.ways_out}")
 
 
+def build_logs() -> list[Path]:
+    """DKMS's build logs, oldest first (left behind by a failed build)."""
+    return sorted(Path("/var/lib/dkms").glob("*/*/build/make.log"), key=lambda p: p.stat().st_mtime)
+
+
 def first_build_error(kernel: str) -> tuple[str | None, str | None]:
     """(the compiler's first error line, where the build log was kept) from DKMS's make.log of the newest build."""
-    logs = sorted(Path("/var/lib/dkms").glob("*/*/build/make.log"), key=lambda p: p.stat().st_mtime)
+    logs = build_logs()
     if not logs:
         return None, None
     log = logs[-1]

@@ -169,3 +169,77 @@ def test_no_kernel_headers_for_running_kernel_is_planned(tmp_path):
     steps = plan(tmp_path, "debian-12")
     assert f"linux-headers-{KERNEL['debian']}" in install_line(steps).split()
     assert dataclasses.fields(Options)  # Options carries for_gpus/kernels
+
+
+def test_dkms_failure_rolls_back_and_names_the_first_error(tmp_path, monkeypatch):
+    """The failure path of DriverInstall with the host's answers recorded (the real one runs in
+    tests/integration/test_driver_install.py on trixie): purge, dpkg consistent, exit 16 with the compiler's line."""
+    from provision import effects
+    from provision.errors import DkmsBuildFailed
+    from provision.plan import driver as drv
+
+    log = tmp_path / "var/lib/dkms/nvidia-current-open/550.163.01/build/make.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("make -C ...\n  CC [M]  nvidia/nv-pci.o\nnvidia/nv-pci.c:123:5: error: too few arguments to "
+                   "function 'pci_resize_resource'\nmake: *** Error 2\n")
+    monkeypatch.setattr(drv, "build_logs", lambda: [log])
+    monkeypatch.setattr(drv, "LOG_DIR", str(tmp_path / "log"))
+    ran = []
+
+    def run(argv, *, check=True, env=None, timeout=None, input_text=None):
+        ran.append(tuple(argv))
+        if argv[:2] == ["apt-get", "install"]:
+            return effects.CommandResult(list(argv), 100, "Error! Bad return status for module build on kernel\n")
+        if argv[:2] == ["dkms", "status"]:
+            return effects.CommandResult(list(argv), 0, "nvidia-current-open/550.163.01: added\n")
+        return effects.CommandResult(list(argv), 0, "" if argv[0] == "dpkg" else "ok\n")
+
+    monkeypatch.setattr(effects, "run", run)
+    act = drv.DriverInstall(("linux-headers-6.12.48+deb13-amd64", "nvidia-open-kernel-dkms", "nvidia-driver"),
+                            ("6.12.48+deb13-amd64",), "nvidia-open-kernel-dkms", ("linux-headers-6.12.48+deb13-amd64",),
+                            "--kernel-modules proprietary (this GPU allows it)")
+    with pytest.raises(DkmsBuildFailed) as exc:
+        act.execute()
+    msg = str(exc.value)
+    assert exc.value.exit_code == 16
+    assert "nvidia-open-kernel-dkms" in msg and "6.12.48+deb13-amd64" in msg
+    assert "error: too few arguments to function 'pci_resize_resource'" in msg
+    assert "`dpkg --audit` is empty" in msg and "--kernel-modules proprietary" in msg
+    assert ("apt-get", "purge", "-y", "nvidia-open-kernel-dkms") in ran and ("dpkg", "--audit") in ran
+    assert (tmp_path / "log").glob("dkms-*.log")
+
+
+def test_apt_failing_before_dkms_is_a_step_failure(monkeypatch):
+    from provision import effects
+    from provision.plan import driver as drv
+
+    monkeypatch.setattr(drv, "build_logs", lambda: [])
+
+    def run(argv, *, check=True, env=None, timeout=None, input_text=None):
+        rc = 100 if argv[:2] == ["apt-get", "install"] else 0
+        return effects.CommandResult(list(argv), rc, "E: Could not get lock /var/lib/dpkg/lock-frontend\n")
+
+    monkeypatch.setattr(effects, "run", run)
+    act = drv.DriverInstall(("nvidia-driver",), ("6.1.0-27-amd64",), "nvidia-kernel-dkms", (), "x")
+    with pytest.raises(GpuprovError) as exc:
+        act.execute()
+    assert exc.value.exit_code == 5 and "lock" in str(exc.value)
+
+
+def test_headers_apt_lacks_refused_before_installing(monkeypatch):
+    from provision import effects
+    from provision.plan import driver as drv
+
+    ran = []
+
+    def run(argv, *, check=True, env=None, timeout=None, input_text=None):
+        ran.append(argv[:2])
+        rc = 100 if argv[0] == "apt-cache" else 0
+        return effects.CommandResult(list(argv), rc, "")
+
+    monkeypatch.setattr(effects, "run", run)
+    act = drv.DriverInstall(("linux-headers-6.1.0-99-amd64", "nvidia-driver"), ("6.1.0-99-amd64",),
+                            "nvidia-kernel-dkms", ("linux-headers-6.1.0-99-amd64",), "x")
+    with pytest.raises(Unsupported, match="apt offers no linux-headers-6.1.0-99-amd64") as exc:
+        act.execute()
+    assert exc.value.exit_code == 4 and ["apt-get", "install"] not in ran
