@@ -10,9 +10,7 @@ from provision.errors import Unsupported
 from provision.facts.rootfs import under
 from provision.options import Stage, values
 from provision.plan import repos, validate
-from provision.plan.sources import enable_components
 from provision.plan.steps import (
-    Already,
     Command,
     DirEmpty,
     EngineConfigured,
@@ -20,14 +18,12 @@ from provision.plan.steps import (
     ImportImage,
     Never,
     PackagesInstalled,
-    PathExists,
     RuntimeInstalled,
     ServiceAnswers,
     StartService,
     Step,
     WriteFile,
 )
-from provision.render import render
 from provision.report import HostReport
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"

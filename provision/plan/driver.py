@@ -21,8 +21,8 @@ from pathlib import Path
 from provision import effects
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
-from provision.report import HostReport
 from provision.facts.rootfs import is_live, under
+from provision.options import Stage
 from provision.plan import repos
 from provision.plan.sources import enable_components
 from provision.plan.steps import (
@@ -35,8 +35,8 @@ from provision.plan.steps import (
     WriteFile,
     read_or_empty,
 )
-from provision.options import Stage
 from provision.render import render
+from provision.report import HostReport
 
 NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
 NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
@@ -372,7 +372,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
                      check=Already("no GPU"), verify_only=True)]
     baking = bool(getattr(opt, "for_gpus", ()))
     if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking:
-        return [Step("driver.present", Stage.DRIVER, f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
+        return [Step("driver.present", Stage.DRIVER,
+                     f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
                      f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
                      verify_only=True)]
     packages: list[str] = []
@@ -399,7 +400,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
             if new != old:
                 writes.append(WriteFile("/" + str(p.relative_to(root)), new))
         if writes and not opt.bundle:
-            steps.append(Step("driver.components", Stage.DRIVER, f"Enable {' '.join(comps)} in the existing apt entries",
+            steps.append(Step("driver.components", Stage.DRIVER,
+                              f"Enable {' '.join(comps)} in the existing apt entries",
                               actions=tuple(writes), check=FilesMatch(tuple((w.path, w.content) for w in writes))))
     else:
         steps += _el_repo_steps(target, opt)
@@ -408,7 +410,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         headers.append("dkms")
     # The blacklist goes in before the packages: their own initramfs triggers then carry it already.
     nouveau = WriteFile(NOUVEAU_CONF, render(NOUVEAU_TEMPLATE))
-    steps.append(Step("driver.nouveau", Stage.DRIVER, "Blacklist nouveau (before the packages, so their initramfs rebuild has it)",
+    steps.append(Step("driver.nouveau", Stage.DRIVER,
+                      "Blacklist nouveau (before the packages, so their initramfs rebuild has it)",
                       actions=(nouveau,), check=FilesMatch(((nouveau.path, nouveau.content),)),
                       reboot=bool(drv and drv.nouveau_loaded)))
     all_pkgs = tuple(headers + packages)
@@ -451,7 +454,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
                           check=InitramfsHas(NOUVEAU_CONF, kernels.releases, dracut=True)))
     steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith("firmware-"))))
     if drv and drv.secure_boot and dkms:
-        steps.append(Step("driver.mok", Stage.DRIVER, "Secure Boot is on: stage the DKMS signing key for enrolment (one-time "
+        steps.append(Step("driver.mok", Stage.DRIVER,
+                          "Secure Boot is on: stage the DKMS signing key for enrolment (one-time "
                           "password, asked by the console at the next boot)", actions=(MokImport(),),
                           check=MokStaged(DKMS_KEY), reboot=True))
     return steps
@@ -470,7 +474,8 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         acts = (Command((pm, "install", "-y", plugin)), Command((pm, "versionlock", "add", *names)))
         packages = names
         how = f"{pm} versionlock delete"
-    return Step("driver.hold", Stage.DRIVER, f"Hold the driver packages against upgrades: {' '.join(packages)}", actions=acts,
+    return Step("driver.hold", Stage.DRIVER, f"Hold the driver packages against upgrades: {' '.join(packages)}",
+                actions=acts,
                 check=Held(target.package_manager, packages),
                 notes=(f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",))
 

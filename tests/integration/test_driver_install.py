@@ -77,8 +77,11 @@ def test_bookworm_install_then_resume(bookworm, record_property):
     assert re.search(rf"nvidia-current-open/{re.escape(upstream)}, {re.escape(k)}, x86_64: installed",
                      h.exec(f"dkms status -k {k}").stdout), h.exec("dkms status").stdout
     modver = h.exec(f"modinfo -k {k} -F version nvidia-current-open").stdout.strip()
-    libver = h.exec("ls /usr/lib/x86_64-linux-gnu/ | sed -n 's/^libnvidia-ml.so.//p' | grep '\\.' ").stdout.split()
-    assert modver == upstream and libver == [upstream], (modver, libver)
+    # the userspace libraries (NVML, CUDA) carry their version in their file names
+    libver = set(h.exec("find /usr/lib/x86_64-linux-gnu -name 'libnvidia-ml.so.*.*' -o -name 'libcuda.so.*.*' "
+                        "| sed -E 's/.*\\.so\\.//'").stdout.split())
+    assert modver == upstream and libver == {upstream}, (modver, libver)
+    assert h.exec("nvidia-smi").returncode == 9  # there, and says it has no device
     signer = h.exec(f"modinfo -k {k} -F signer nvidia-current-open").stdout.strip()
     key_cn = h.exec("openssl x509 -inform DER -in /var/lib/dkms/mok.pub -noout -subject -nameopt multiline "
                     "| sed -n 's/^ *commonName *= *//p'").stdout.strip()
@@ -89,7 +92,7 @@ def test_bookworm_install_then_resume(bookworm, record_property):
     assert "etc/modprobe.d/gpuprov-blacklist-nouveau.conf" in h.exec(f"lsinitramfs /boot/initrd.img-{k}").stdout
     # held against unattended upgrades
     held = set(h.exec("apt-mark showhold").stdout.split())
-    assert {"nvidia-driver", "nvidia-open-kernel-dkms"} <= held, held
+    assert {"nvidia-driver", "nvidia-open-kernel-dkms", "nvidia-smi", "libcuda1"} <= held, held
     # reboot state with its reason
     state = json.loads(h.exec("cat /var/lib/gpuprov/state.json").stdout)
     assert state["reboot_required"] is True and k in state["reason"], state

@@ -10,9 +10,9 @@ import pytest
 
 from provision.errors import GpuprovError, Unsupported
 from provision.facts.driver_facts import SECURE_BOOT_VAR
-from provision.report import detect_host
 from provision.plan.build import Options, build_plan
 from provision.plan.driver import choose_kernels, loads
+from provision.report import detect_host
 from tests.conftest import make_host, run_cli
 
 KERNEL = {"debian": "6.1.0-27-amd64", "ubuntu": "6.8.0-49-generic"}
