@@ -32,12 +32,12 @@ from provision import effects
 from provision.engines import cri as cri_names
 from provision.engines.base import Change, Daemon, Engine, EnginePlan, FileEdit, RuntimeRequest, flag_value
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
+from provision.facts.engines import CRI_PLUGIN
 
 CONFIG = "/etc/containerd/config.toml"
 DROPIN = Path("conf.d") / "99-gpuprov.toml"  # relative to the main config's directory
-# The CRI plugin's table per config version: runtimes live in its `containerd.runtimes`; enable_cdi and
-# cdi_spec_dirs directly in it (version 3 split the CRI plugin; the runtime part holds all three).
-CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+# The CRI plugin per config version: CRI_PLUGIN (facts/engines.py). Runtimes live in its `containerd.runtimes`;
+# enable_cdi and cdi_spec_dirs directly in it (version 3 split the CRI plugin; the runtime part holds all three).
 CDI_DIRS = ["/etc/cdi", "/var/run/cdi"]
 RUNC_TYPE = "io.containerd.runc.v2"
 ZERO = ("", 0, False, [], {})  # Go's zero values as a dump shows them

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from provision.facts.rootfs import read_bytes_bounded, under
 
+# containerd's CRI plugin per config version (version 3, containerd 2.x, split the plugin; its runtime part holds the
+# runtimes). The one table: the containerd adapter (engines/containerd.py) uses it too.
+CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
 
 
@@ -79,19 +82,35 @@ def parse_config(name: str, text: str) -> tuple[tuple[str, ...], str | None, dic
         return runtimes, doc.get("default-runtime", "runc"), {"cdi": bool(_dig(doc, "features").get("cdi"))}
     doc = _toml_load(text)
     if name == "containerd":
-        version = int(doc.get("version", 1))
-        cri = {
-            1: ("plugins", "cri", "containerd"),
-            2: ("plugins", "io.containerd.grpc.v1.cri", "containerd"),
-            3: ("plugins", "io.containerd.cri.v1.runtime", "containerd"),
-        }.get(version, ("plugins", "io.containerd.cri.v1.runtime", "containerd"))
-        c = _dig(doc, *cri)
+        version = doc.get("version", 1)
+        if type(version) is not int or version not in CRI_PLUGIN:
+            raise ValueError(f"`version = {version!r}` is not a containerd config version (1, 2 or 3)")
+        c = _dig(doc, "plugins", CRI_PLUGIN[version], "containerd")
         return tuple(c.get("runtimes", {})), c.get("default_runtime_name"), {"version": version}
     if name == "cri-o":
         rt = _dig(doc, "crio", "runtime")
         return tuple(rt.get("runtimes", {})), rt.get("default_runtime"), {}
     eng = _dig(doc, "engine")
     return tuple(eng.get("runtimes", {})), eng.get("runtime"), {}
+
+
+def _containerd_imports(root: Path, main: str, text: str, runtimes: tuple[str, ...],
+                        default: str | None) -> tuple[tuple[str, ...], str | None]:
+    """Runtimes defined in the files the main config imports (gpuprov's own drop-in among them), read under
+    `root`: listed with the main file's, the last default named wins. (containerd's exact merge rules differ by
+    version; detect reports what is registered, `containerd config dump` is the engine's own answer.)"""
+    imports = _toml_load(text).get("imports") or []
+    seen = list(runtimes)
+    for entry in imports if isinstance(imports, list) else []:
+        path = entry if str(entry).startswith("/") else str(Path(main).parent / str(entry))
+        for f in sorted(under(root, "/").glob(path.lstrip("/"))):
+            try:
+                more, dflt, _ = parse_config("containerd", read_bytes_bounded(f).decode())
+            except (OSError, ValueError, TypeError):
+                continue  # an unreadable import is containerd's to refuse, not detect's
+            seen += [r for r in more if r not in seen]
+            default = dflt or default
+    return tuple(seen), default
 
 
 def read_engines(root: Path) -> list[EngineFacts]:
@@ -116,6 +135,8 @@ def read_engines(root: Path) -> list[EngineFacts]:
         if text is not None:
             try:
                 runtimes, default, extra = parse_config(spec.name, text)
+                if spec.name == "containerd":
+                    runtimes, default = _containerd_imports(root, spec.config, text, runtimes, default)
                 valid = True
             except (ValueError, TypeError) as exc:  # json/toml decode errors are ValueErrors
                 valid, error = False, str(exc).splitlines()[0]

@@ -91,13 +91,15 @@ def _check_node(dev_root: str, node: dict) -> None:
 
 
 def _safe_source(src: str, rootfs_real: str) -> bool:
+    """A host file we may bind: a regular file, or a daemon's socket (nvidia-persistenced's, which discovery found
+    on the host), never a symlink (lstat) and never anything inside the container's own rootfs."""
     try:
         st = os.lstat(src)
     except OSError:
         return False
     real = os.path.realpath(src)
     inside = real == rootfs_real or real.startswith(rootfs_real + os.sep)
-    return stat.S_ISREG(st.st_mode) and not inside
+    return (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and not inside
 
 
 def load_discovery(settings: dict) -> dict:

@@ -166,3 +166,24 @@ def test_cli_human_table():
     r = run_cli("detect", "--root", str(H200))
     assert r.returncode == 0 and "NVIDIA H200" in r.stdout and "580.159.04 (open kernel module)" in r.stdout
     assert "/usr/local/nvidia" in r.stdout
+
+
+def test_containerd_runtimes_in_imported_dropins(tmp_path, monkeypatch):
+    """detect lists the runtimes of the files containerd's config imports (gpuprov's own drop-in is one), read under
+    the root: the drop-in here is the one `engine configure containerd` writes."""
+    from provision.engines.configure import configure
+    from provision.facts.engines import read_engines
+
+    monkeypatch.setenv("GPUPROV_LOCK_DIR", str(tmp_path))
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "config.toml").write_text("version = 2\n")
+    configure("containerd", config=str(live / "config.toml"), runtime_path="/usr/local/bin/gpuprov-runtime",
+              default=True, restart=False)
+    root = tmp_path / "root"
+    (root / "etc/containerd/conf.d").mkdir(parents=True)
+    (root / "etc/containerd/config.toml").write_text(
+        'version = 2\nimports = ["/etc/containerd/conf.d/99-gpuprov.toml"]\n')
+    (root / "etc/containerd/conf.d/99-gpuprov.toml").write_text((live / "conf.d/99-gpuprov.toml").read_text())
+    [ctd] = [e for e in read_engines(root) if e.name == "containerd"]
+    assert "nvidia" in ctd.runtimes and ctd.default_runtime == "nvidia" and ctd.config_valid

@@ -159,3 +159,32 @@ def test_graphics_manifests_stay_inside_the_image_and_come_from_the_driver_root(
     assert list(host_target.iterdir()) == []
     root = settings(tmp_path)["driver_root"]
     assert all(src.startswith(root + "/") for src in by_dest.values()), by_dest
+
+
+def test_persistenced_socket_is_mounted_when_it_exists(tmp_path):
+    """nvidia-persistenced's socket on the host reaches `utility` containers (it used to be discovered, then dropped
+    as "not a regular file"); a symlink standing in for it is still never bound."""
+    import socket
+
+    rootfs(tmp_path)
+    run_dir = Path(fake_dev(tmp_path)) / "var/run/nvidia-persistenced"
+    run_dir.mkdir(parents=True)
+    cwd = os.getcwd()
+    os.chdir(run_dir)  # a relative bind: unix socket paths are limited to 108 bytes
+    try:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind("socket")
+    finally:
+        os.chdir(cwd)
+    try:
+        cfg = run_modify(tmp_path, config(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"]))
+    finally:
+        sock.close()
+    mounts = {m["destination"]: m for m in cfg["mounts"]}
+    m = mounts["/var/run/nvidia-persistenced/socket"]
+    assert m["source"] == str(run_dir / "socket") and "nosuid" in m["options"]
+    os.unlink(run_dir / "socket")
+    os.symlink("/etc/shadow", run_dir / "socket")
+    (tmp_path / "discovery.json").unlink(missing_ok=True)
+    cfg = run_modify(tmp_path, config(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"]))
+    assert "/var/run/nvidia-persistenced/socket" not in {m["destination"] for m in cfg["mounts"]}
