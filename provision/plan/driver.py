@@ -417,7 +417,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     all_pkgs = tuple(headers + packages)
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None)
     title = (f"Install the driver: {' '.join(packages)}"
-             + (f"; DKMS builds it for kernel {', '.join(kernels.releases)} ({kernels.why})" if dkms else ""))
+             + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
     reboot_note = (f"reboot: the nvidia module for {', '.join(kernels.releases)} loads at the next boot"
                    + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
     if target.package_manager == "apt" and not opt.bundle:

@@ -83,9 +83,14 @@ class KernelHost:
         return self.exec("basename $(readlink -f /vmlinuz) | sed s/^vmlinuz-//", check=True).stdout.strip()
 
     def install_gpuprov(self) -> None:
-        r = self.exec("python3 -m venv /opt/gpuprov && /opt/gpuprov/bin/pip install -q --no-index --find-links /wh "
-                      "gpuprov && ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov && gpuprov --version",
-                      timeout=900)
+        # The wheelhouse is built here for this machine's Python; a host with another Python (trixie: 3.13) takes
+        # the three compiled dependencies from its own archive instead.
+        r = self.exec("set -e; if ! python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then "
+                      "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                      "--no-install-recommends python3-yaml python3-markupsafe python3-charset-normalizer; fi; "
+                      "python3 -m venv --system-site-packages /opt/gpuprov && "
+                      "/opt/gpuprov/bin/pip install -q --no-index --find-links /wh gpuprov && "
+                      "ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov && gpuprov --version", timeout=900)
         assert r.returncode == 0, r.stdout + r.stderr
 
     def restart(self) -> None:
