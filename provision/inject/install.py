@@ -17,6 +17,7 @@ from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import DEFAULTS, settings_path
+from provision.inject.sources import source_files
 
 HERE = Path(__file__).resolve().parent
 STAMP = "/var/lib/gpuprov/runtime/install.stamp"
@@ -25,8 +26,7 @@ STAMP = "/var/lib/gpuprov/runtime/install.stamp"
 def _stamp(prefix: str, driver_root: str) -> str:
     from provision import __version__
 
-    srcs = b"".join((HERE / n).read_bytes() for n in ("shim.c", "hook.sh", "modify.py", "edits.py", "discover.py",
-                                                             "capabilities.py"))
+    srcs = b"".join(p.read_bytes() for p in source_files())
     srcs += SHIPPED.read_bytes() if SHIPPED.exists() else b""
     return json.dumps({"version": __version__, "src": hashlib.sha256(srcs).hexdigest()[:16], "prefix": prefix,
                        "driver_root": driver_root, "python": sys.executable,

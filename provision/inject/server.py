@@ -23,7 +23,6 @@ CLIENT_TIMEOUT_S = 2.0  # the front-end sends its request at once; a silent clie
 MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
 BACKLOG = 1024  # many concurrent starts queue here instead of falling back to a Python start-up each
 DEFAULT_SOCKET = "/run/gpuprov/runtime-editor.sock"
-CODE_FILES = ("modify.py", "edits.py", "discover.py", "capabilities.py", "server.py", "shim.py")
 
 
 def socket_path() -> str:
@@ -37,8 +36,10 @@ def lock_path(sock: str) -> str:
 
 
 def _code_stamp() -> float:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return max(os.stat(os.path.join(here, n)).st_mtime for n in CODE_FILES)
+    """The newest mtime among the files the editor runs (inject/sources.py): a change means gpuprov was upgraded."""
+    from provision.inject.sources import source_files  # deferred: only the warm server needs it, not each cold create
+
+    return max(p.stat().st_mtime for p in source_files())
 
 
 def _private_dir(path: str) -> bool:
