@@ -1,18 +1,30 @@
 """`gpuprov plan` and `gpuprov bootstrap`: the main job, planned first, applied idempotently."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from provision import effects, errors
+from provision.commands.detect import check_choice
+from provision.decide.gputable import parse_pci_id
+from provision.decide.targets import parse_target
+from provision.errors import NoDeviceToVerify, StepFailed, UsageError
+from provision.facts.pci import scan_display_devices
+from provision.hostlock import host_lock
+from provision.options import CHOICES, Mirror, Stage, values
 from provision.output import emit_json
+from provision.report import detect_host
+
+# Deferred inside the commands (measured with `python -X importtime`, on top of what `gpuprov detect` already
+# loads, since cli imports every command module at start-up): plan.build +38 ms, plan.apply +19 ms, bundle.install
+# +20 ms, verify.checks +17 ms; `gpuprov detect` must start within 150 ms (bench/detect_bench.py).
 
 
 def _parse_mirrors(mirror: list[str]) -> dict[str, str]:
-    from provision.errors import UsageError
-    from provision.options import Mirror, values
 
     out = {}
     for item in mirror:
@@ -25,8 +37,6 @@ def _parse_mirrors(mirror: list[str]) -> dict[str, str]:
 
 
 def _parse_stages(only: Optional[str]) -> tuple[str, ...]:
-    from provision.errors import UsageError
-    from provision.options import Stage, values
 
     if only is None:
         return values(Stage)
@@ -39,8 +49,6 @@ def _parse_stages(only: Optional[str]) -> tuple[str, ...]:
 
 def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate,
              replace_runtime=False, only=None, mirror=(), for_gpus=None, kernels=None):
-    from provision.commands.detect import check_choice
-    from provision.options import CHOICES
     from provision.plan.build import Options
 
     check_choice(kernel_modules, CHOICES["kernel_modules"], "--kernel-modules")
@@ -48,10 +56,8 @@ def _options(driver, kernel_modules, driver_source, engine, engine_source, runti
     check_choice(engine, CHOICES["engine"], "--engine")
     check_choice(engine_source, CHOICES["engine_source"], "--engine-source")
     if driver not in ("auto", "skip") and not driver.isdigit():
-        from provision.errors import UsageError
 
         raise UsageError(f"--driver {driver!r}: use auto, skip or a driver branch such as 535")
-    from provision.decide.gputable import parse_pci_id
 
     for p in for_gpus or ():
         parse_pci_id(p)  # a malformed id is a usage error before anything is planned
@@ -63,9 +69,7 @@ def _options(driver, kernel_modules, driver_source, engine, engine_source, runti
 
 
 def _plan(root: Path, target: Optional[str], opt):
-    from provision.decide.targets import parse_target
     from provision.plan.build import build_plan
-    from provision.report import detect_host
 
     src = None if opt.driver_source == "distro" else opt.driver_source
     pin = opt.driver if opt.driver.isdigit() else None
@@ -158,7 +162,6 @@ def bootstrap_cmd(
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
     from contextlib import nullcontext
 
-    from provision.hostlock import host_lock
 
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
                    not no_validate, replace_runtime, only, mirror, for_gpus, kernels)
@@ -170,11 +173,9 @@ def bootstrap_cmd(
 
 def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json_out: bool,
                bundle: Optional[Path], bundle_keyring: Optional[str] = None) -> None:
-    from provision import errors
     from provision.plan import apply as ap
 
     if bundle is not None:
-        import dataclasses
 
         from provision.bundle.install import check_bundle
 
@@ -221,7 +222,6 @@ def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json
               + ("; REBOOT REQUIRED" if res.reboot_required else ""))
     if res.reboot_required:
         if reboot:
-            from provision import effects
 
             effects.run(["systemctl", "reboot"])
         raise errors.RebootRequired("reboot to load the NVIDIA driver, then run `gpuprov bootstrap` again to verify")
@@ -231,9 +231,6 @@ def _verify_after_reboot(state: dict) -> None:
     """Resuming after the driver's reboot: the module must be loaded, match the userspace, and nvidia-smi answer.
     Without an NVIDIA device (a baked image, a VM without its GPU) there is nothing to load it on: say so (exit
     15) rather than fail on the module that cannot load."""
-    from provision import effects
-    from provision.errors import NoDeviceToVerify, StepFailed
-    from provision.facts.pci import scan_display_devices
     from provision.verify.checks import LocalHost, driver_loaded, versions_coherent
 
     if not any(d.is_nvidia for d in scan_display_devices(Path("/"))):

@@ -14,6 +14,8 @@ answer, the package database of a running system) say "cannot tell" (False: woul
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shlex
 import subprocess
@@ -21,10 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
-from provision import dispatch, effects
+from provision import dispatch, effects, engines
+from provision.engines import containerd
+from provision.engines.base import EnginePlan, FileEdit, RuntimeRequest
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import is_live, under
 from provision.fsutil import write_file
+from provision.inject import install
 
 LIVE = Path("/")
 DOCKERD_LOG = "/var/log/gpuprov-dockerd.log"
@@ -59,8 +64,6 @@ class Command:
 def run_gpuprov(args: list[str]) -> str:
     """`gpuprov ARGS` through the command line's own dispatch, in this process; its stdout is captured (it must
     not mix with bootstrap's --json) and returned. Its errors are raised as they are (same message, same code)."""
-    import contextlib
-    import io
 
     run = dispatch.current()
     if run is None:
@@ -242,7 +245,6 @@ class RuntimeInstalled:
     driver_root: str
 
     def satisfied(self, root: Path) -> bool:
-        from provision.inject import install
 
         return is_live(root) and install.is_installed(self.driver_root)
 
@@ -263,8 +265,6 @@ class EngineConfigured:
 
     def _plan(self, root: Path):
         """The adapter's plan against the config under `root`, and the config's path on the host."""
-        from provision import engines
-        from provision.engines.base import RuntimeRequest
 
         eng = engines.get(self.engine)
         req = RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
@@ -273,8 +273,6 @@ class EngineConfigured:
         if self.engine == "containerd" and not is_live(root):
             # The adapter asks the live containerd (its version, `config dump`); a host tree's containerd cannot be
             # run: plan from the files alone, as for a containerd of unknown version.
-            from provision.engines import containerd
-            from provision.engines.base import EnginePlan, FileEdit
 
             p = containerd.plan(path, runtime_name=req.name, runtime_path=req.path, default=req.default,
                                 cdi=req.cdi, replace=req.replace, binary=containerd.Binary(None, None))

@@ -7,16 +7,21 @@ checks never reach a registry: the check image is built on the node from its own
 runs it as a plain rootfs (`ctr run --rootfs`) through the runtime binary (`--runc-binary`)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import tarfile
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
+from provision.engines import containerd, crio
 from provision.engines.containerd import runtime_in_dump
+from provision.errors import GpuprovError
+from provision.plan import validate
 from provision.plan.validate import IMAGE
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
@@ -80,7 +85,6 @@ class LocalHost(NodeHost):
         return p.returncode, p.stdout, p.stderr
 
     def prepare(self, engine: str) -> str | None:
-        from provision.errors import GpuprovError
 
         try:
             prepare_image(engine)
@@ -102,7 +106,6 @@ class TestinfraHost(NodeHost):
 
 def prepare_image(engine: str) -> None:
     """On this host: the check image for `engine`, from this host's own files (no registry)."""
-    from provision.plan import validate
 
     if engine == "docker":
         validate.ensure_image()
@@ -111,8 +114,6 @@ def prepare_image(engine: str) -> None:
     stamp = root / ".gpuprov-image"
     if stamp.exists() and stamp.read_text() == IMAGE:
         return
-    import io
-    import shutil
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, mode=0o755)
@@ -246,7 +247,6 @@ def gpu_container(h: NodeHost) -> CheckResult:
 def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
     """Kubernetes nodes (`gpuprov k8s node`): containerd's merged config (drop-ins included) or CRI-O's drop-in
     names handler `nvidia`, and the GPU labels file for NFD is there."""
-    from provision.engines import containerd, crio
 
     if h.engine == "docker" and h.run("command -v kubelet")[0] != 0:
         # docker.io brings containerd as dockerd's backend: that containerd serves no CRI clients here
