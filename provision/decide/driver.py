@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from provision.decide import debian
 from provision.decide.gputable import PciId, load_table, newest_branch, table_entry
@@ -104,30 +105,40 @@ def oldest_current_id() -> int:
     return min(int(k, 16) for k, e in load_table()["devices"].items() if e["branch"] == "current")
 
 
-def identify(pci: PciId) -> tuple[str, str, str, bool, tuple[str, ...]]:
-    """(name, branch, kernel_modules, known, warnings) from the table; subsystem entries win for the name. Ids the
-    table lacks: Debian's lists (legacy series, or a current driver's list), else by range."""
+class Identity(NamedTuple):
+    """What the tables say about one PCI id."""
+    name: str
+    branch: str  # "current", "580", "470", …, "unknown-legacy"
+    kernel_modules: str  # open | proprietary | either
+    known: bool  # in a table (NVIDIA's or Debian's), not guessed from the id's range
+    warnings: tuple[str, ...]
+
+
+def identify(pci: PciId) -> Identity:
+    """The id's name, branch and kernel modules from the table; subsystem entries win for the name. Ids the table
+    lacks: Debian's lists (legacy series, or a current driver's list), else by range."""
     entry = table_entry(pci.device) if pci.vendor == NVIDIA else None
     if entry is None and pci.vendor == NVIDIA:
         legacy = debian.legacy_branch(pci.device)
         if legacy:
-            return (f"NVIDIA device {pci}", legacy, "proprietary", True,
-                    (f"{pci} is not in NVIDIA's table; Debian's nvidia-detect lists put it in the {legacy} legacy "
-                     "series",))
+            return Identity(f"NVIDIA device {pci}", legacy, "proprietary", True,
+                            (f"{pci} is not in NVIDIA's table; Debian's nvidia-detect lists put it in the {legacy} "
+                             "legacy series",))
         if pci.device >= oldest_current_id() and debian.in_current_lists(pci.device):
-            return f"NVIDIA device {pci}", "current", "either", True, ()
+            return Identity(f"NVIDIA device {pci}", "current", "either", True, ())
         if pci.device < oldest_current_id():
-            return (f"NVIDIA device {pci}", "unknown-legacy", "proprietary", False,
-                    (f"{pci} is older than every current GPU (below 10de:{oldest_current_id():04x}) and in no "
-                     "table: it needs a legacy driver series gpuprov cannot name; check NVIDIA's legacy GPU list",))
+            return Identity(f"NVIDIA device {pci}", "unknown-legacy", "proprietary", False,
+                            (f"{pci} is older than every current GPU (below 10de:{oldest_current_id():04x}) and in no "
+                             "table: it needs a legacy driver series gpuprov cannot name; check NVIDIA's legacy GPU "
+                             "list",))
     if entry is None:
-        return (
+        return Identity(
             f"NVIDIA device {pci}", "current", "open", False,
             (f"{pci} is newer than gpuprov's GPU table (NVIDIA {newest_branch()}): assuming the newest branch with "
              "the open kernel modules; refresh the table with scripts/regen_gpu_table.py",),
         )
     name = (entry.get("sub") or {}).get(pci.subsystem or "") or entry.get("name") or f"NVIDIA device {pci}"
-    return name, entry["branch"], entry["modules"], True, ()
+    return Identity(name, entry["branch"], entry["modules"], True, ())
 
 
 def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite: str, pin: str | None

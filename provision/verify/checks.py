@@ -43,6 +43,9 @@ class CheckResult:
 class NodeHost:
     """What the checks need from a host: run a command. Facts come from `gpuprov detect --json` on that host."""
 
+    runtime_path = RUNTIME_PATH  # what containerd's check container runs as its runc (docker: its registration)
+    rootfs = ROOTFS
+
     def run(self, cmd: str) -> tuple[int, str, str]:
         raise NotImplementedError
 
@@ -85,9 +88,8 @@ class LocalHost(NodeHost):
         return p.returncode, p.stdout, p.stderr
 
     def prepare(self, engine: str) -> str | None:
-
         try:
-            prepare_image(engine)
+            prepare_image(engine, self.rootfs)
         except GpuprovError as exc:
             return str(exc)
         return None
@@ -104,13 +106,13 @@ class TestinfraHost(NodeHost):
         return r.rc, r.stdout, r.stderr
 
 
-def prepare_image(engine: str) -> None:
+def prepare_image(engine: str, rootfs: str = ROOTFS) -> None:
     """On this host: the check image for `engine`, from this host's own files (no registry)."""
 
     if engine == "docker":
         validate.ensure_image()
         return
-    root = Path(ROOTFS)
+    root = Path(rootfs)
     stamp = root / ".gpuprov-image"
     if stamp.exists() and stamp.read_text() == IMAGE:
         return
@@ -181,7 +183,7 @@ def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
         if not runtime_in_dump(out, name):
             return CheckResult("runtime registered", "fail", f"runtime {name!r} is not in containerd's CRI config: "
                                "run gpuprov engine configure containerd")
-        path = RUNTIME_PATH
+        path = h.runtime_path
     else:
         rts = h.runtimes
         if rts is None:
@@ -197,13 +199,15 @@ def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
     return CheckResult("runtime registered", "pass", f"{name} -> {path}")
 
 
-def container_argv(engine: str, cid: str, env: dict[str, str], argv: list[str]) -> str:
+def container_argv(engine: str, cid: str, env: dict[str, str], argv: list[str], runtime_path: str = RUNTIME_PATH,
+                   rootfs: str = ROOTFS) -> str:
     """The command that starts the check container through the runtime, never pulling anything."""
     if engine == "docker":
         envs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
         return shlex.join(["docker", "run", "--rm", "--pull", "never", "--runtime", "nvidia", *envs, IMAGE, *argv])
-    envs = [a for k, v in env.items() for a in ("--env", f"{k}={v}")]
-    return shlex.join([*shlex.split(CTR), "run", "--rm", "--runc-binary", RUNTIME_PATH, *envs, "--rootfs", ROOTFS,
+    # a bare rootfs has no image config: PATH as docker would default it
+    envs = [a for k, v in {"PATH": "/usr/bin:/bin", **env}.items() for a in ("--env", f"{k}={v}")]
+    return shlex.join([*shlex.split(CTR), "run", "--rm", "--runc-binary", runtime_path, *envs, "--rootfs", rootfs,
                        cid, *argv])
 
 
@@ -213,7 +217,8 @@ def _container(h: NodeHost, name: str, env: dict[str, str], argv: list[str]) -> 
     why = h.prepare(h.engine)
     if why:
         return CheckResult(name, "fail", f"could not build the check image from this host's files: {why}"), ""
-    rc, out, err = h.run(container_argv(h.engine, f"gpuprov-verify-{os.getpid()}", env, argv))
+    rc, out, err = h.run(container_argv(h.engine, f"gpuprov-verify-{os.getpid()}", env, argv, h.runtime_path,
+                                        h.rootfs))
     if rc != 0:
         last = (err or out).strip().splitlines()
         return CheckResult(name, "fail", f"a container through runtime nvidia ({h.engine}) failed: "
