@@ -247,23 +247,6 @@ def _drm_nodes(sys_root: str, dev_root: str, bus_id: str) -> list[dict]:
     return out
 
 
-def _mig_devices(dev_root: str, caps_major: int | None) -> list[dict]:
-    d = _join(dev_root, "dev/nvidia-caps")
-    out = []
-    try:
-        names = sorted(os.listdir(d))
-    except OSError:
-        return out
-    for n in names:
-        try:
-            st = os.stat(os.path.join(d, n))
-        except OSError:
-            continue
-        if stat.S_ISCHR(st.st_mode):
-            out.append({"path": f"/dev/nvidia-caps/{n}", "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev)})
-    return out
-
-
 def driver_version(proc_root: str, driver_root: str) -> str | None:
     """The loaded module's version, else the driver root's userspace version (only on a cache refresh: the
     facts module is imported here, not on every container start)."""
@@ -319,7 +302,6 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
         "binaries": _binaries(driver_root),
         "nodes": nodes,
         "gpus": gpus,
-        "mig": _mig_devices(dev_root, majors.get("nvidia-caps")),
         "ipc": ipc,
         "firmware": firmware,
     }

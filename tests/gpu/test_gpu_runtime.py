@@ -135,7 +135,7 @@ def test_requirement_refused(runtime, rootfs, tmp_path):
 
 
 def test_cdi_spec_runs(rootfs, tmp_path):
-    from provision.inject.cdi import apply_spec
+    from tests.cdi_check import apply_spec
 
     r = run_cli("cdi", "generate", "--format", "json")
     assert r.returncode == 0, r.stderr

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from provision.inject import discover, edits
-from provision.inject.cdi import apply_spec, generate_spec
+from provision.inject.cdi import generate_spec
 from provision.inject.edits import Refused
+from tests.cdi_check import apply_spec
 from tests.conftest import H200
 
 ROOT = str(H200 / "usr/local/nvidia")
