@@ -23,6 +23,7 @@ LEGACY_GPU = {"centos-7": "kepler", "debian-11": "volta", "ubuntu-18.04": "volta
 def plan_doc(tmp_path, name: str, sysfs: str, opt: Options) -> dict:
     fam = name.split("-")[0]
     root = make_host(tmp_path, name, sysfs, kernel=KERNELS.get(fam, "5.14.0-427.13.1.el9_4.x86_64"))
+    (root / "run/systemd/system").mkdir(parents=True)  # a booted systemd host, as every release here ships
     rep = detect_host(root, engines=False)
     try:
         steps = build_plan(rep, opt)
