@@ -61,8 +61,10 @@ def ignores(tests: str) -> str:
 def step(h: Host, name: str, script: str, log: dict, timeout: float = 3600) -> bool:
     t = time.monotonic()
     r = h.exec(script, timeout=timeout)
-    log[name] = {"rc": r.returncode, "seconds": round(time.monotonic() - t, 1),
-                 "tail": (r.stdout + r.stderr)[-1500:]}
+    summary = [ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "SKIPPED"))
+               or " passed" in ln or " failed" in ln or "host untouched" in ln]
+    log[name] = {"rc": r.returncode, "seconds": round(time.monotonic() - t, 1), "summary": summary[-40:],
+                 "stdout_tail": r.stdout[-1500:], "stderr_tail": r.stderr[-800:]}
     return r.returncode == 0
 
 
@@ -116,7 +118,7 @@ def main() -> int:
                       {s: (v[s]["rc"], v[s]["seconds"]) for s in ("tests", "install") if s in v})
                 if not v.get("ok"):
                     for s in ("tests", "install"):
-                        print(v.get(s, {}).get("tail", ""))
+                        print("\n".join(v.get(s, {}).get("summary", [])), v.get(s, {}).get("stdout_tail", ""))
         print("total", results["total_seconds"], "s")
     return 0 if ok else 1
 
