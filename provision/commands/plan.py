@@ -176,32 +176,17 @@ def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json
     from provision.plan import apply as ap
 
     if bundle is not None:
-
         from provision.bundle.install import check_bundle
 
         checked, _ = check_bundle(bundle, bundle_keyring)
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
-    state = ap.read_state()
-    if state.get("reboot_required"):
-        if not ap.rebooted_since(state):
-            raise errors.RebootRequired(f"a reboot is still pending ({state.get('reason')}): reboot, then run "
-                                        "gpuprov bootstrap again")
-        ap.write_state({**state, "reboot_required": False, "resumed_after_reboot": True})
-        _verify_after_reboot(state)
+    _resume_after_reboot(ap)
     report, steps = _plan(Path("/"), None, opt)
     if dry_run:
         _print_plan(report, steps, json_out)
         return
     if check:
-        doc = ap.check_plan(steps)
-        if json_out:
-            emit_json(doc)
-        else:
-            for item in doc["steps"]:
-                print(f"{'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
-                if item.get("diff"):
-                    print(item["diff"].rstrip("\n"))
-            print(f"{doc['would_change']} step(s) would change")
+        _print_check(ap.check_plan(steps), json_out)
         return
     if not yes:
         if not sys.stdin.isatty():
@@ -222,9 +207,31 @@ def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json
               + ("; REBOOT REQUIRED" if res.reboot_required else ""))
     if res.reboot_required:
         if reboot:
-
             effects.run(["systemctl", "reboot"])
         raise errors.RebootRequired("reboot to load the NVIDIA driver, then run `gpuprov bootstrap` again to verify")
+
+
+def _resume_after_reboot(ap) -> None:
+    """A run that asked for a reboot: refuse until the host rebooted, then check the driver it installed."""
+    state = ap.read_state()
+    if not state.get("reboot_required"):
+        return
+    if not ap.rebooted_since(state):
+        raise errors.RebootRequired(f"a reboot is still pending ({state.get('reason')}): reboot, then run "
+                                    "gpuprov bootstrap again")
+    ap.write_state({**state, "reboot_required": False, "resumed_after_reboot": True})
+    _verify_after_reboot(state)
+
+
+def _print_check(doc: dict, json_out: bool) -> None:
+    if json_out:
+        emit_json(doc)
+        return
+    for item in doc["steps"]:
+        print(f"{'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
+        if item.get("diff"):
+            print(item["diff"].rstrip("\n"))
+    print(f"{doc['would_change']} step(s) would change")
 
 
 def _verify_after_reboot(state: dict) -> None:
