@@ -19,7 +19,7 @@ import stat
 import sys
 
 IDLE_SECONDS = 600
-CLIENT_TIMEOUT_S = 2.0  # the front-end sends its request at once; a silent client must not hold up the others
+CLIENT_TIMEOUT_S = 1.0  # the front-end sends its request at once; a silent client must not hold up the others
 MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
 BACKLOG = 1024  # many concurrent starts queue here instead of falling back to a Python start-up each
 DEFAULT_SOCKET = "/run/gpuprov/runtime-editor.sock"
