@@ -263,7 +263,7 @@ class DriverInstall:
         out = [f"$ {env} {shlex.join(c)}" if c[0] == "apt-get" else f"$ {shlex.join(c)}" for c in self.commands()]
         if self.dkms_package:
             out.append(f"  (a kernel whose headers apt lacks stops here, exit 4; a DKMS status other than installed "
-                       f"purges {self.dkms_package} again and stops, exit 16)")
+                       f"purges {self.dkms_package} and what needs it again and stops, exit 16)")
         return out
 
     def execute(self) -> str:
@@ -294,14 +294,17 @@ class DriverInstall:
     def _rollback(self, kernel: str, apt_output: str) -> DkmsBuildFailed:
         first, kept = first_build_error(kernel)
         env = {**os.environ, **dict(APT_ENV)}
-        purge = effects.run(["apt-get", "purge", "-y", self.dkms_package], check=False, env=env, timeout=1800)
+        # Purge the module package together with the packages that need a kernel module (left to itself, apt
+        # would keep the metapackage by installing the other flavour's module: a silent switch, another build).
+        purge_pkgs = [p for p in self.packages if not p.startswith(("linux-headers-", "firmware-"))]
+        purge = effects.run(["apt-get", "purge", "-y", *purge_pkgs], check=False, env=env, timeout=1800)
         effects.run(["dpkg", "--configure", "-a"], check=False, env=env, timeout=1800)
         audit = effects.run(["dpkg", "--audit"], check=False).output.strip()
         state = ("dpkg is consistent (`dpkg --audit` is empty)" if not audit and purge.returncode == 0 else
                  f"dpkg still reports: {audit.splitlines()[0] if audit else purge.output.strip()[-200:]}")
         return DkmsBuildFailed(
             f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
-            f"{f' (full log: {kept})' if kept else ''}. Rolled back: purged {self.dkms_package}; {state}. "
+            f"{f' (full log: {kept})' if kept else ''}. Rolled back: purged {' '.join(purge_pkgs)}; {state}. "
             f"Ways out: {self.ways_out}")
 
 

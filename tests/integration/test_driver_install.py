@@ -143,6 +143,10 @@ def test_trixie_open_module_built_or_failure_met_honestly():
             assert "Rolled back" in err and "`dpkg --audit` is empty" in err
             assert "--kernel-modules proprietary" in err and "--driver-source nvidia" in err
             assert h.exec("dpkg -s nvidia-open-kernel-dkms").returncode != 0  # purged, not half-configured
+            # no silent switch to the other flavour: no kernel module package and no metapackage left behind
+            left = h.exec("dpkg-query -W -f '${Package} ${Status}\\n' 'nvidia-*kernel-dkms' nvidia-driver 2>/dev/null"
+                          " | grep 'install ok installed'").stdout
+            assert left.strip() == "", left
             log = re.search(r"full log: (\S+)\)", err).group(1)
             assert h.exec(f"test -s {log}").returncode == 0
         else:

@@ -205,7 +205,7 @@ def test_dkms_failure_rolls_back_and_names_the_first_error(tmp_path, monkeypatch
     assert "nvidia-open-kernel-dkms" in msg and "6.12.48+deb13-amd64" in msg
     assert "error: too few arguments to function 'pci_resize_resource'" in msg
     assert "`dpkg --audit` is empty" in msg and "--kernel-modules proprietary" in msg
-    assert ("apt-get", "purge", "-y", "nvidia-open-kernel-dkms") in ran and ("dpkg", "--audit") in ran
+    assert ("apt-get", "purge", "-y", "nvidia-open-kernel-dkms", "nvidia-driver") in ran and ("dpkg", "--audit") in ran
     assert (tmp_path / "log").glob("dkms-*.log")
 
 
