@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for b in dockerd:docker.io debootstrap:debootstrap runc:runc containerd:containerd; do
+# gcc: the tests build the runtime's compiled front-end (shim.c) and the wheel that carries it
+for b in dockerd:docker.io debootstrap:debootstrap runc:runc containerd:containerd gcc:gcc; do
   command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
 done
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
