@@ -103,10 +103,10 @@ OPTS = dict(
                           "were present; repeat for several. The module is built for every installed kernel."),
     kernels=typer.Option(None, "--kernel", help="Build the driver for this installed kernel (repeatable); "
                          "default: the kernel that boots next (every installed kernel with --for-gpu)."),
-    kernel_modules=typer.Option("auto", "--kernel-modules", help="auto | open | proprietary"),
-    driver_source=typer.Option("distro", "--driver-source", help="distro | elrepo | nvidia"),
-    engine=typer.Option("docker", "--engine", help="docker | containerd | none"),
-    engine_source=typer.Option("auto", "--engine-source", help="auto | distro | docker-ce (auto: the distro's "
+    kernel_modules=typer.Option("auto", "--kernel-modules", help=" | ".join(CHOICES["kernel_modules"])),
+    driver_source=typer.Option("distro", "--driver-source", help=" | ".join(CHOICES["driver_source"])),
+    engine=typer.Option("docker", "--engine", help=" | ".join(CHOICES["engine"])),
+    engine_source=typer.Option("auto", "--engine-source", help=" | ".join(CHOICES["engine_source"]) + " (auto: the distro's "
                                "docker.io on Debian/Ubuntu, docker-ce on EL)"),
     runtime_name=typer.Option("nvidia", "--runtime-name"),
     no_default=typer.Option(False, "--no-default-runtime", help="Register the runtime without making it default "
