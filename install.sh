@@ -11,15 +11,41 @@ if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2
   elif command -v dnf >/dev/null; then dnf install -y -q python3; fi
 fi
 [ -x "$prefix/bin/python" ] || python3 -m venv "$prefix"
+# The runtime's front-end is C (a container start must not pay a Python start-up). It is compiled when gpuprov's
+# wheel is built from this checkout. A fresh server has no compiler: fetch Debian's into a throwaway directory
+# (apt's --download-only + dpkg -x: nothing is installed, the host's package set stays as it was) for this build
+# only. Offline installs (GPUPROV_WHEELHOUSE, bundles) carry wheels built with the binary already in them.
+toolchain="" path_before=$PATH
+trap '[ -z "$toolchain" ] || rm -rf "$toolchain"' EXIT
+if [ -z "${GPUPROV_WHEELHOUSE:-}" ] && ! command -v cc >/dev/null && ! command -v gcc >/dev/null \
+   && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
+  echo "no C compiler here: fetching one into a temporary directory to build the runtime's front-end" >&2
+  toolchain=$(mktemp -d /tmp/gpuprov-toolchain.XXXXXX)
+  mkdir -p "$toolchain/debs/partial" "$toolchain/root" "$toolchain/bin"
+  fetch() { apt-get install -qq -y --no-install-recommends --download-only \
+              -o Dir::Cache::archives="$toolchain/debs" gcc libc6-dev >/dev/null 2>&1; }
+  fetch || { apt-get update -qq >/dev/null 2>&1 && fetch; } || echo "could not fetch a compiler (no package" \
+    "archive?): the runtime gets the slower Python front-end; see GPUPROV_WHEELHOUSE below" >&2
+  for deb in "$toolchain"/debs/*.deb; do [ -e "$deb" ] && dpkg -x "$deb" "$toolchain/root"; done
+  if [ -x "$toolchain/root/usr/bin/gcc" ]; then
+    sysroot=""  # headers and libc.a from the fetched libc6-dev, unless the host had that package already
+    [ -e "$toolchain/root/usr/include/stdio.h" ] && sysroot="--sysroot=$toolchain/root"
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s %s "$@"\n' "$toolchain/root/usr/lib/x86_64-linux-gnu" \
+      "$toolchain/root/usr/bin/gcc" "$sysroot" > "$toolchain/bin/cc"
+    chmod +x "$toolchain/bin/cc"
+    export PATH="$toolchain/bin:$toolchain/root/usr/bin:$PATH"
+  fi
+fi
 if [ -n "${GPUPROV_WHEELHOUSE:-}" ]; then
   "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" gpuprov
 else
   "$prefix/bin/pip" install -q "$here"
 fi
+if [ -n "$toolchain" ]; then rm -rf "$toolchain"; toolchain=""; PATH=$path_before; fi
 # gpuprov-runtime itself is installed by `gpuprov runtime install`: the compiled front-end the wheel carries (built
 # when the wheel was built, on a machine with a C compiler), else compiled here, else a Python fallback. Say so now
 # when this install can only get the fallback, with the way out.
-if ! "$prefix/bin/python" -c 'import sys, provision.inject.install as i; sys.exit(not i.SHIPPED.exists())' 2>/dev/null \
+if ! "$prefix/bin/python" -I -c 'import sys, provision.inject.install as i; sys.exit(not i.SHIPPED.exists())' 2>/dev/null \
    && ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
   echo "note: no C compiler here and the gpuprov wheel carries no compiled runtime front-end: containers will start" \
        "through the slower Python front-end. For the compiled one, build the wheels on any Linux machine of this" \
