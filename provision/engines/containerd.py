@@ -30,7 +30,16 @@ from pathlib import Path
 
 from provision import effects
 from provision.engines import cri as cri_names
-from provision.engines.base import Change, Daemon, Engine, EnginePlan, FileEdit, RuntimeRequest, flag_value
+from provision.engines.base import (
+    Change,
+    Daemon,
+    Engine,
+    EnginePlan,
+    FileEdit,
+    RuntimeRequest,
+    flag_value,
+    read_config,
+)
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import CRI_PLUGIN
 
@@ -125,20 +134,6 @@ def parse(text: str, path: Path | str):
     return doc
 
 
-def _read(path: Path) -> str | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ConfigInvalid(f"cannot read {path}: {exc.strerror}; the file was not changed") from None
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        raise ConfigInvalid(f"{path} is not UTF-8 text (byte {exc.start}); fix it, then run again (the file was "
-                            "not changed)") from None
-
-
 def resolve_imports(importer: Path, entries: list[str]) -> list[Path]:
     """containerd's resolveImports: relative to the importing file's directory; globs expanded and sorted."""
     out: list[Path] = []
@@ -168,7 +163,7 @@ def load_chain(main: Path, main_doc, skip: Path) -> list[Source]:
             continue
         seen.add(key)
         if doc is None:
-            text = _read(path)
+            text = read_config(path)
             if text is None:
                 raise ConfigInvalid(f"{path} (imported by the containerd config) does not exist: containerd would "
                                     "not start; fix the `imports` list, then run again (nothing was changed)")
@@ -262,7 +257,7 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
 
     cri_names.validate(runtime_name, runtime_path)
     dropin = dropin_path(main)
-    main_old = _read(main)
+    main_old = read_config(main)
     main_doc = parse(main_old, main) if main_old is not None else tomlkit.document()
     version = main_doc.unwrap().get("version", 1) if main_old is not None else binary.native_version
     if version == 1 and binary.deep_merge:
@@ -329,7 +324,7 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
             main_doc["imports"] = [str(dropin)]
         main_new = tomlkit.dumps(main_doc)
         changes.append(("imports", f"+ {dropin}"))
-    return DropinPlan(main, dropin, main_old, main_new or "", _read(dropin), dropin_new, changes, warnings)
+    return DropinPlan(main, dropin, main_old, main_new or "", read_config(dropin), dropin_new, changes, warnings)
 
 
 # --- checks with containerd itself ---------------------------------------------------------------------------------
@@ -359,7 +354,7 @@ def operators_dump(binary: str, main: Path) -> dict:
         return config_dump(binary, Path("/dev/null"))  # containerd's defaults (an empty file reads as one)
     if not dropin.exists():
         return config_dump(binary, main)
-    doc = parse(_read(main) or "", main)
+    doc = parse(read_config(main) or "", main)
     doc["imports"] = [str(p) for p in resolve_imports(main, doc.unwrap().get("imports", [])) if not _same(p, dropin)]
     with tempfile.TemporaryDirectory(prefix="gpuprov-containerd-") as td:
         copy_ = Path(td) / "config.toml"
@@ -477,7 +472,7 @@ class ContainerdEngine(Engine):
         cri_names.validate(req.name, req.path)
         self.binary = self.find_binary(path)
         if path.exists():  # refuse what gpuprov cannot read (exit 6) before asking containerd anything
-            load_chain(path, parse(_read(path) or "", path), dropin_path(path))
+            load_chain(path, parse(read_config(path) or "", path), dropin_path(path))
         if self.binary.path:
             try:
                 self.before = operators_dump(self.binary.path, path)
