@@ -1,6 +1,7 @@
 """`gpuprov k8s node|labels|manifests`: Kubernetes GPU nodes on containerd or CRI-O."""
 from __future__ import annotations
 
+import shutil
 from typing import Optional
 
 import typer
@@ -24,10 +25,10 @@ def _settings(engine_cdi: bool | None = None):
     s = load_settings()
     st = mps.load_state(s["share_state"])
     share_on = bool(st and mps.daemon_pid(st))
-    if engine_cdi is None:  # what the engine has now: the CDI spec gpuprov writes is there
-        from provision.k8s.node import CDI_SPEC
+    if engine_cdi is None:  # what the engine has now: the CDI spec gpuprov writes, and an engine that applies it
+        from provision.k8s.node import CDI_SPEC, ENGINE_UNITS, engine_has_cdi
 
-        engine_cdi = os.path.exists(CDI_SPEC)
+        engine_cdi = os.path.exists(CDI_SPEC) and any(shutil.which(e) and engine_has_cdi(e) for e in ENGINE_UNITS)
     return NodeSettings(share_state=st if share_on else None,
                         accept_env_unprivileged=bool(s.get("accept_env_unprivileged", True)),
                         engine_cdi=engine_cdi, driver_root=s.get("driver_root", "/") if os.path.exists(settings_path())
@@ -133,7 +134,7 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
     from provision.metrics import nvml
 
     name = node.pick_engine(engine)
-    s = _settings(engine_cdi=cdi)
+    s = _settings(engine_cdi=cdi and node.engine_has_cdi(name))
     sharing_d = decide_sharing(s, sharing, replicas)
     try:
         labels = gfd_labels(nvml.snapshot(), sharing_d)

@@ -42,6 +42,16 @@ def pick_engine(asked: str) -> str:
                      "or name one with --engine")
 
 
+def engine_has_cdi(engine: str) -> bool:
+    """Does this node's CRI engine apply CDI devices? containerd from 1.7 (`enable_cdi`; 1.6 ignores the key, so
+    CDI annotations would give pods no GPU); CRI-O always has."""
+    if engine == "containerd":
+        from provision.engines.containerd import find_binary
+
+        return find_binary().cdi
+    return engine == "crio"
+
+
 def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
     """Through the team's one write path (provision/fsutil.py: unnamed O_TMPFILE or hidden temp file, fsync,
     rename), so NFD's watcher and the engine never read half a file; unchanged content is not rewritten."""

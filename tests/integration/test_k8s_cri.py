@@ -5,6 +5,7 @@ to the pod, namespace and container names that `gpuprov metrics` puts on contain
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -62,3 +63,23 @@ def test_cri_pod_through_handler_mapped_to_its_names(node):
             break
         time.sleep(0.1)
     assert "nvidia0" in pods.log("gpu-job").split()  # the runtime behind handler `nvidia` injected GPU 0's node
+
+
+@pytest.mark.parametrize("which, has_cdi", [("bookworm", False), ("sid", True)])
+def test_cdi_annotations_only_where_the_engine_applies_them(which, has_cdi, tmp_path, monkeypatch):
+    """The device plugin's CDI-annotations strategy is offered only when the node's real containerd applies CDI
+    (1.7+): on bookworm's 1.6 the key is ignored and pods would get no GPU, so it is refused there."""
+    from provision.errors import UsageError
+    from provision.k8s import manifests, node
+    from tests.cri.harness import newer_containerd
+
+    bindir = Path("/usr/bin") if which == "bookworm" else newer_containerd(which)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    assert node.engine_has_cdi("containerd") is has_cdi
+    settings = manifests.NodeSettings(share_state=None, accept_env_unprivileged=True,
+                                      engine_cdi=node.engine_has_cdi("containerd"), driver_root="/")
+    if has_cdi:
+        assert manifests.decide_strategy(settings, "cdi-annotations") == "cdi-annotations"
+    else:
+        with pytest.raises(UsageError, match="CDI is not enabled"):
+            manifests.decide_strategy(settings, "cdi-annotations")
