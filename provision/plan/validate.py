@@ -22,7 +22,8 @@ def run_argvs(runtime: str, gpu: bool) -> list[tuple[str, ...]]:
     return cmds
 
 
-def _deps(binary: str) -> list[str]:
+def ldd_deps(binary: str) -> list[str]:
+    """The shared libraries (and loader) `binary` loads, as absolute paths, from `ldd`."""
     out = effects.run(["ldd", binary], check=False).output
     libs = []
     for line in out.splitlines():
@@ -59,7 +60,7 @@ def build_image_tar(binaries: tuple[str, ...] = BINARIES) -> bytes:
             if not path:
                 continue
             add(path, f"/bin/{b}")
-            for lib in _deps(path):
+            for lib in ldd_deps(path):
                 add(lib)
         if os.path.exists("/etc/debian_version"):
             add("/etc/debian_version")

@@ -8,23 +8,15 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
+
+from provision.plan.validate import ldd_deps
 
 BINARIES = ("sh", "ls", "cat", "sleep", "echo")
 NAME = "docker.io/gpuprov-test/ctrd-pause:1"  # the normalised name CRI resolves "gpuprov-test/ctrd-pause:1" to
 
 
-def _libs(binary: str) -> list[str]:
-    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
-    libs = []
-    for line in out.splitlines():
-        parts = line.split()
-        if "=>" in parts and len(parts) > 2 and parts[2].startswith("/"):
-            libs.append(parts[2])
-        elif parts and parts[0].startswith("/"):
-            libs.append(parts[0])
-    return libs
+_libs = ldd_deps  # a module attribute: tests/k8s_cri.py swaps it for images that need more
 
 
 def _layer() -> bytes:
