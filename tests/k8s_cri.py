@@ -8,10 +8,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.cri import image
 from tests.cri.client import CRI
 from tests.cri.harness import Containerd
+from tests.inject_helpers import settings
 
 NAMESPACE = "gpuprov-test"
 
@@ -30,6 +32,19 @@ def base_config(c: Containerd) -> str:
 def gpuprov(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "provision", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
+
+
+def private_runtime(base: Path) -> dict:
+    """gpuprov's runtime installed under `base` (its own settings, prefix and discovery cache; the host's are never
+    touched) for the fake driver root of tests/inject_helpers.py. Returns the env that points gpuprov at it."""
+    s = settings(base)
+    env = {"GPUPROV_RUNTIME_CONFIG": str(base / "runtime.json")}
+    r = gpuprov("runtime", "install", "--prefix", str(base / "rt"), "--driver-root", s["driver_root"],
+                "--dev-root", s["dev_root"], "--proc-root", s["proc_root"], "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((base / "runtime.json").read_text())
+    (base / "runtime.json").write_text(json.dumps({**cfg, "cache": str(base / "discovery.json")}))
+    return env
 
 
 def k8s_node(c: Containerd, runtime_path: str, env: dict | None = None, cdi: bool = False) -> dict:

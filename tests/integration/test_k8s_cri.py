@@ -4,7 +4,6 @@ over the CRI gRPC API as kubelet would; the container's real process is mapped b
 to the pod, namespace and container names that `gpuprov metrics` puts on container_accelerator_*."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -12,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import needs
-from tests.inject_helpers import settings
 
 pytestmark = [pytest.mark.integration, needs("containerd", "runc")]
 
@@ -23,13 +21,7 @@ def node(tmp_path_factory):
     from tests.cri.harness import Containerd
 
     base = tmp_path_factory.mktemp("k8snode")
-    s = settings(base)
-    env = {"GPUPROV_RUNTIME_CONFIG": str(base / "runtime.json")}
-    r = k8s_cri.gpuprov("runtime", "install", "--prefix", str(base / "rt"), "--driver-root", s["driver_root"],
-                        "--dev-root", s["dev_root"], "--proc-root", s["proc_root"], "--json", env=env)
-    assert r.returncode == 0, r.stderr
-    cfg = json.loads((base / "runtime.json").read_text())
-    (base / "runtime.json").write_text(json.dumps({**cfg, "cache": str(base / "discovery.json")}))
+    env = k8s_cri.private_runtime(base)
     c = Containerd(Path(shutil.which("containerd")).parent, env=env)
     res = k8s_cri.k8s_node(c, str(base / "rt/bin/gpuprov-runtime"), env=env)
     c.start(c.base / "config.toml")

@@ -13,7 +13,6 @@ import pytest
 
 from provision.verify import checks
 from tests.conftest import needs
-from tests.inject_helpers import settings
 
 pytestmark = [pytest.mark.integration, needs("containerd", "ctr", "runc")]
 
@@ -24,11 +23,7 @@ def node(tmp_path_factory):
     from tests.cri.harness import Containerd
 
     base = tmp_path_factory.mktemp("verifyctrd")
-    s = settings(base)
-    env = {"GPUPROV_RUNTIME_CONFIG": str(base / "runtime.json")}
-    r = k8s_cri.gpuprov("runtime", "install", "--prefix", str(base / "rt"), "--driver-root", s["driver_root"],
-                        "--dev-root", s["dev_root"], "--proc-root", s["proc_root"], "--json", env=env)
-    assert r.returncode == 0, r.stderr
+    env = k8s_cri.private_runtime(base)
     c = Containerd(Path(shutil.which("containerd")).parent, env=env)
     cfg = c.base / "config.toml"
     cfg.write_text(k8s_cri.base_config(c))
