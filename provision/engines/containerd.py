@@ -266,18 +266,49 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
                             "then run again (nothing was changed)")
     sources = load_chain(main, main_doc, dropin) if main_old is not None else []
     cri = effective_cri(sources, binary, version)
-    runtimes = cri.get("containerd", {}).get("runtimes", {})
-    theirs = runtimes.get(runtime_name)
+    _refuse_operators_runtime(cri, runtime_name, runtime_path, default, replace)
+    section, changes, warnings = _cri_section(cri, binary, version, runtime_name, runtime_path, default, cdi,
+                                              runc_from_dump)
+    doc = tomlkit.document()
+    doc["version"] = version
+    doc["plugins"] = {CRI_PLUGIN[version]: section}
+    dropin_new = HEADER + tomlkit.dumps(doc)
+
+    main_new = main_old
+    imports = main_doc.unwrap().get("imports", [])
+    if not imports_cover(main, imports, dropin):
+        if main_old is None:
+            main_doc["version"] = version
+        if "imports" in main_doc:
+            main_doc["imports"].append(str(dropin))
+        else:
+            main_doc["imports"] = [str(dropin)]
+        main_new = tomlkit.dumps(main_doc)
+        changes.append(("imports", f"+ {dropin}"))
+    return DropinPlan(main, dropin, main_old, main_new or "", read_config(dropin), dropin_new, changes, warnings)
+
+
+def _refuse_operators_runtime(cri: dict, runtime_name: str, runtime_path: str, default: bool, replace: bool) -> None:
+    """A runtime of that name pointing elsewhere, or another default runtime, is the operator's: exit 14 unless
+    --replace-runtime."""
+    containerd = cri.get("containerd", {})
+    theirs = containerd.get("runtimes", {}).get(runtime_name)
     if theirs is not None and theirs.get("options", {}).get("BinaryName") != runtime_path and not replace:
         raise RuntimeConflict(f"containerd already has a runtime {runtime_name!r} "
                               f"({theirs.get('options', {}).get('BinaryName') or theirs.get('runtime_type')}): it is "
                               f"yours, so gpuprov leaves it; use another --runtime-name, or --replace-runtime to "
                               "replace it (nothing was changed)")
-    current_default = cri.get("containerd", {}).get("default_runtime_name")
+    current_default = containerd.get("default_runtime_name")
     if default and current_default not in (None, "runc", runtime_name) and not replace:
         raise RuntimeConflict(f"containerd's default runtime is {current_default!r}, set by you: gpuprov leaves it; "
                               "drop --default, or add --replace-runtime (nothing was changed)")
 
+
+def _cri_section(cri: dict, binary: Binary, version: int, runtime_name: str, runtime_path: str, default: bool,
+                 cdi: bool, runc_from_dump: dict | None) -> tuple[dict, list[tuple[str, str]], list[str]]:
+    """The drop-in's CRI plugin section, the changes it makes and the warnings. 2.x merges imports key by key, so
+    the section holds only ours; 1.x replaces a whole section, so it repeats the effective one with ours added."""
+    runtimes = cri.get("containerd", {}).get("runtimes", {})
     # The runc entry as containerd uses it: from its own dump when there is a binary (defaults such as 2.x's
     # `sandboxer` filled in), else as written in the files.
     runc = _non_zero(runc_from_dump or {}) or runtimes.get("runc") or {"runtime_type": RUNC_TYPE}
@@ -308,23 +339,7 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
             warnings.append(f"containerd {'.'.join(map(str, binary.version))} has no CDI support (1.7 and later "
                             "have): GPUs reach containers through the runtime (device plugin envvar or "
                             "volume-mounts strategy)")
-    doc = tomlkit.document()
-    doc["version"] = version
-    doc["plugins"] = {CRI_PLUGIN[version]: section}
-    dropin_new = HEADER + tomlkit.dumps(doc)
-
-    main_new = main_old
-    imports = main_doc.unwrap().get("imports", [])
-    if not imports_cover(main, imports, dropin):
-        if main_old is None:
-            main_doc["version"] = version
-        if "imports" in main_doc:
-            main_doc["imports"].append(str(dropin))
-        else:
-            main_doc["imports"] = [str(dropin)]
-        main_new = tomlkit.dumps(main_doc)
-        changes.append(("imports", f"+ {dropin}"))
-    return DropinPlan(main, dropin, main_old, main_new or "", read_config(dropin), dropin_new, changes, warnings)
+    return section, changes, warnings
 
 
 # --- checks with containerd itself ---------------------------------------------------------------------------------

@@ -88,49 +88,62 @@ def scan_pci(root: Path) -> PciScan:
     warnings: list[str] = []
     for addr in entries:
         d = base / addr
-        vals: dict[str, int | None] = {}
-        errors: dict[str, str] = {}
-        alias: dict[str, int] | None = None
-        for name in ("class", "vendor", "device", "subsystem_vendor", "subsystem_device"):
-            try:
-                vals[name] = _hex(d / name)
-            except (OSError, ValueError) as exc:
-                if alias is None:
-                    alias = _modalias(d)
-                vals[name] = alias.get(name)
-                if vals[name] is None:
-                    errors[name] = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "not a hex number"
+        vals, errors = _ids(d)
         cls, vendor, device = vals["class"], vals["vendor"], vals["device"]
         if cls is not None and (cls >> 8) not in DISPLAY_CLASSES:
             continue
+        missing = ", ".join(f"{k} ({v})" for k, v in errors.items())
         if vendor is None or (vendor == NVIDIA_VENDOR and device is None):
-            missing = ", ".join(f"{k} ({v})" for k, v in errors.items())
             warnings.append(f"PCI device {addr}: cannot read {missing}; it was not checked for an NVIDIA GPU "
                             "(run detect as root, or fix the --root tree)")
             continue
         if cls is None and vendor != NVIDIA_VENDOR:
             continue  # another vendor's device of unknown class: not ours to report
         if errors:
-            missing = ", ".join(f"{k} ({v})" for k, v in errors.items())
             warnings.append(f"PCI device {addr} ({vendor:04x}:{device:04x}): cannot read {missing}; reported with "
                             "what could be read")
-        try:
-            driver = os.path.basename(os.readlink(d / "driver"))  # dangling in captures: readlink still works
-        except OSError:
-            driver = None
-        numa = None
-        try:
-            numa = int(read_text_file(d / "numa_node", 4096).strip())
-        except (OSError, ValueError):
-            pass
         found.append(
             PciDisplayDevice(
                 address=addr, vendor_id=vendor, device_id=device,
                 subsystem_vendor_id=vals["subsystem_vendor"], subsystem_device_id=vals["subsystem_device"],
-                pci_class=cls, driver=driver, numa_node=None if numa is None or numa < 0 else numa,
+                pci_class=cls, driver=_driver_name(d), numa_node=_numa_node(d),
             )
         )
     return PciScan(found, warnings)
+
+
+def _ids(d: Path) -> tuple[dict[str, int | None], dict[str, str]]:
+    """The device's id attributes, each from its sysfs file or else from `modalias`; and why each one that neither
+    gave could not be read."""
+    vals: dict[str, int | None] = {}
+    errors: dict[str, str] = {}
+    alias: dict[str, int] | None = None
+    for name in ("class", "vendor", "device", "subsystem_vendor", "subsystem_device"):
+        try:
+            vals[name] = _hex(d / name)
+        except (OSError, ValueError) as exc:
+            if alias is None:
+                alias = _modalias(d)
+            vals[name] = alias.get(name)
+            if vals[name] is None:
+                errors[name] = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "not a hex number"
+    return vals, errors
+
+
+def _driver_name(d: Path) -> str | None:
+    try:
+        return os.path.basename(os.readlink(d / "driver"))  # dangling in captures: readlink still works
+    except OSError:
+        return None
+
+
+def _numa_node(d: Path) -> int | None:
+    """-1 (no NUMA) and an unreadable file are both None."""
+    try:
+        numa = int(read_text_file(d / "numa_node", 4096).strip())
+    except (OSError, ValueError):
+        return None
+    return None if numa < 0 else numa
 
 
 def scan_display_devices(root: Path) -> list[PciDisplayDevice]:

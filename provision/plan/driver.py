@@ -366,95 +366,39 @@ def mok_console_text(password: str) -> str:
 
 
 def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
-    drv = report.driver
-    gpus = [d for _, d in report.gpus]
+    """The driver stage, in the order it runs: apt components or the EL repository, the nouveau blacklist (before the
+    packages, so their own initramfs triggers carry it), the packages (DKMS built per kernel), the module flavour,
+    the initramfs check, the package hold and, under Secure Boot, the MOK import."""
     if opt.driver == "skip":
         return []
-    if not gpus:
-        return [Step("driver.none", Stage.DRIVER, "No NVIDIA GPU on the PCI bus: no driver to install",
-                     check=Already("no GPU"), verify_only=True)]
+    gpus = [d for _, d in report.gpus]
     baking = bool(getattr(opt, "for_gpus", ()))
-    if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking:
-        return [Step("driver.present", Stage.DRIVER,
-                     f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
-                     f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
-                     verify_only=True)]
-    packages: list[str] = []
-    for d in gpus:
-        if not d.packages:
-            raise Unsupported(f"no driver package for {d.name} ({d.pci_id}) on {target.name}: "
-                              + "; ".join(d.warnings))
-        packages += [p for p in d.packages if p not in packages]
+    early = _nothing_to_install(report, gpus, baking)
+    if early:
+        return [early]
+    drv = report.driver
+    packages = _driver_packages(gpus, target)
     modules = gpus[0].modules
     dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
     root = Path(report.root or "/")
     kernels = choose_kernels(root, drv.kernel_release if drv else None, tuple(getattr(opt, "kernels", ())), baking)
     steps: list[Step] = []
     if target.family == "debian":
-        comps = repos.debian_components(target)
-        writes = []
-        lists = root / "etc/apt/sources.list.d"
-        for p in [root / "etc/apt/sources.list", *sorted(lists.glob("*.sources")), *sorted(lists.glob("*.list"))]:
-            try:
-                old = p.read_text()
-            except OSError:
-                continue
-            new = enable_components(old, comps, target.codename)
-            if new != old:
-                writes.append(WriteFile("/" + str(p.relative_to(root)), new))
-        if writes and not opt.bundle:
-            steps.append(Step("driver.components", Stage.DRIVER,
-                              f"Enable {' '.join(comps)} in the existing apt entries",
-                              actions=tuple(writes), check=FilesMatch(tuple((w.path, w.content) for w in writes))))
+        steps += _components_step(root, target, opt)
     else:
         steps += _el_repo_steps(target, opt)
     headers = headers_packages(target, kernels.releases) if dkms else []
     if target.family == "rhel" and dkms and not opt.bundle:
         headers.append("dkms")
-    # The blacklist goes in before the packages: their own initramfs triggers then carry it already.
-    nouveau = WriteFile(NOUVEAU_CONF, render(NOUVEAU_TEMPLATE))
-    steps.append(Step("driver.nouveau", Stage.DRIVER,
-                      "Blacklist nouveau (before the packages, so their initramfs rebuild has it)",
-                      actions=(nouveau,), check=FilesMatch(((nouveau.path, nouveau.content),)),
-                      reboot=bool(drv and drv.nouveau_loaded)))
-    all_pkgs = tuple(headers + packages)
+    steps.append(_nouveau_step(bool(drv and drv.nouveau_loaded)))
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None)
-    title = (f"Install the driver: {' '.join(packages)}"
-             + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
-    reboot_note = (f"reboot: the nvidia module for {', '.join(kernels.releases)} loads at the next boot"
-                   + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
-    if target.package_manager == "apt" and not opt.bundle:
-        ways = [w for w in (
-            "--kernel-modules proprietary (this GPU allows it)" if modules == "open" and
-            gpus[0].kernel_modules == "either" else "",
-            "another kernel (install it, then --kernel VERSION)",
-            "NVIDIA's repository (--driver-source nvidia)") if w]
-        install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
-                                tuple(h for h in headers if h.startswith("linux-headers-")), "; ".join(ways))
-        steps.append(Step("driver.packages", Stage.DRIVER, title, actions=(install,),
-                          check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg)), reboot=True,
-                          notes=(reboot_note,)))
-    else:
-        from provision.plan.build import _pkg_step
-
-        steps.append(_pkg_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
-                               check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
-                               notes=(reboot_note,)))
+    steps.append(_packages_step(target, opt, gpus[0], packages, tuple(headers), kernels, dkms, dkms_pkg))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
         steps.append(Step("driver.flavour", Stage.DRIVER, f"Make `modprobe nvidia` load the {modules} module ({mod})",
                           actions=(Command(("update-alternatives", "--set", "nvidia", alt)),),
                           check=ModprobeLoads(mod)))
-    if target.family == "debian":
-        steps.append(Step("driver.initramfs", Stage.DRIVER, f"nouveau blacklisted inside the initramfs of "
-                          f"{', '.join(kernels.releases)}",
-                          actions=tuple(Command(("update-initramfs", "-u", "-k", k)) for k in kernels.releases),
-                          check=InitramfsHas(NOUVEAU_CONF, kernels.releases)))
-    else:
-        steps.append(Step("driver.initramfs", Stage.DRIVER, f"nouveau blacklisted inside the initramfs of "
-                          f"{', '.join(kernels.releases)}",
-                          actions=tuple(Command(("dracut", "-f", "--kver", k)) for k in kernels.releases),
-                          check=InitramfsHas(NOUVEAU_CONF, kernels.releases, dracut=True)))
+    steps.append(_initramfs_step(target, kernels.releases))
     steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith("firmware-"))))
     if drv and drv.secure_boot and dkms:
         steps.append(Step("driver.mok", Stage.DRIVER,
@@ -462,6 +406,96 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
                           "password, asked by the console at the next boot)", actions=(MokImport(),),
                           check=MokStaged(DKMS_KEY), reboot=True))
     return steps
+
+
+def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | None:
+    """The verify-only step when there is no GPU, or a loaded driver with its userspace (unless baking an image for
+    GPUs this machine does not have); None when the driver is to be installed."""
+    drv = report.driver
+    if not gpus:
+        return Step("driver.none", Stage.DRIVER, "No NVIDIA GPU on the PCI bus: no driver to install",
+                    check=Already("no GPU"), verify_only=True)
+    if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking:
+        return Step("driver.present", Stage.DRIVER,
+                    f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
+                    f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
+                    verify_only=True)
+    return None
+
+
+def _driver_packages(gpus: list, target: Target) -> list[str]:
+    """The union of every GPU's packages, in order; a GPU with none is refused with the decision's reasons."""
+    packages: list[str] = []
+    for d in gpus:
+        if not d.packages:
+            raise Unsupported(f"no driver package for {d.name} ({d.pci_id}) on {target.name}: "
+                              + "; ".join(d.warnings))
+        packages += [p for p in d.packages if p not in packages]
+    return packages
+
+
+def _components_step(root: Path, target: Target, opt) -> list[Step]:
+    """Debian: enable contrib/non-free(-firmware) in the apt entries that exist (read under the root), as minimal
+    edits; none when they are on already or the packages come from a bundle."""
+    comps = repos.debian_components(target)
+    writes = []
+    lists = root / "etc/apt/sources.list.d"
+    for p in [root / "etc/apt/sources.list", *sorted(lists.glob("*.sources")), *sorted(lists.glob("*.list"))]:
+        try:
+            old = p.read_text()
+        except OSError:
+            continue
+        new = enable_components(old, comps, target.codename)
+        if new != old:
+            writes.append(WriteFile("/" + str(p.relative_to(root)), new))
+    if not writes or opt.bundle:
+        return []
+    return [Step("driver.components", Stage.DRIVER, f"Enable {' '.join(comps)} in the existing apt entries",
+                 actions=tuple(writes), check=FilesMatch(tuple((w.path, w.content) for w in writes)))]
+
+
+def _nouveau_step(nouveau_loaded: bool) -> Step:
+    nouveau = WriteFile(NOUVEAU_CONF, render(NOUVEAU_TEMPLATE))
+    return Step("driver.nouveau", Stage.DRIVER,
+                "Blacklist nouveau (before the packages, so their initramfs rebuild has it)",
+                actions=(nouveau,), check=FilesMatch(((nouveau.path, nouveau.content),)), reboot=nouveau_loaded)
+
+
+def _packages_step(target: Target, opt, gpu, packages: list[str], headers: tuple[str, ...], kernels,
+                   dkms: bool, dkms_pkg: str | None) -> Step:
+    """Headers and driver packages in one transaction. On apt (not from a bundle) a DriverInstall, which checks
+    each kernel's DKMS build and rolls a failed one back; elsewhere the family's package step."""
+    all_pkgs = headers + tuple(packages)
+    title = (f"Install the driver: {' '.join(packages)}"
+             + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
+    reboot_note = (f"reboot: the nvidia module for {', '.join(kernels.releases)} loads at the next boot"
+                   + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
+    if target.package_manager == "apt" and not opt.bundle:
+        ways = [w for w in (
+            "--kernel-modules proprietary (this GPU allows it)" if gpu.modules == "open" and
+            gpu.kernel_modules == "either" else "",
+            "another kernel (install it, then --kernel VERSION)",
+            "NVIDIA's repository (--driver-source nvidia)") if w]
+        install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
+                                tuple(h for h in headers if h.startswith("linux-headers-")), "; ".join(ways))
+        return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
+                    check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg)), reboot=True,
+                    notes=(reboot_note,))
+    from provision.plan.build import _pkg_step
+
+    return _pkg_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
+                     check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
+                     notes=(reboot_note,))
+
+
+def _initramfs_step(target: Target, releases: tuple[str, ...]) -> Step:
+    """nouveau's blacklist checked inside each chosen kernel's initramfs (update-initramfs on Debian, dracut on
+    EL), rebuilt where it is missing."""
+    dracut = target.family != "debian"
+    rebuild = (lambda k: ("dracut", "-f", "--kver", k)) if dracut else (lambda k: ("update-initramfs", "-u", "-k", k))
+    return Step("driver.initramfs", Stage.DRIVER, f"nouveau blacklisted inside the initramfs of {', '.join(releases)}",
+                actions=tuple(Command(rebuild(k)) for k in releases),
+                check=InitramfsHas(NOUVEAU_CONF, releases, dracut=dracut))
 
 
 def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
