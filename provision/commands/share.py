@@ -46,10 +46,10 @@ def enable_cmd(
     st = mps.enable(_state_path(), gpus=ids, max_clients=max_clients, default_memory=mem, default_compute=comp,
                     max_memory=ceiling)
     if json_out:
-        emit_json(st)
+        emit_json(st.to_dict())
     else:
-        print(kv([("MPS daemon", f"pid {st['daemon_pid']} ({st['supervisor']})"), ("gpus", gpus or "all"),
-                  ("pipe dir", st["pipe_dir"]), ("default memory", default_memory), ("default compute", comp),
+        print(kv([("MPS daemon", f"pid {st.daemon_pid} ({st.supervisor})"), ("gpus", gpus or "all"),
+                  ("pipe dir", st.pipe_dir), ("default memory", default_memory), ("default compute", comp),
                   ("ceiling", max_memory)]))
 
 

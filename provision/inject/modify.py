@@ -19,6 +19,7 @@ import stat
 from provision.errors import Refused
 from provision.fsutil import write_file
 from provision.inject import discover, edits
+from provision.share.state import MpsState
 
 HOOK_NAME = "nvidia-container-runtime-hook"
 HOOK_MARKER = b"gpuprov-hook"
@@ -114,13 +115,22 @@ def load_discovery(settings: dict) -> dict:
     return doc
 
 
-def load_share_state(path: str) -> dict | None:
-    """Sharing is on when `gpuprov share enable` left its state and the MPS control daemon still runs."""
+def load_share_state(path: str) -> MpsState | None:
+    """Sharing is on when `gpuprov share enable` left its state and the MPS control daemon still runs. A state file
+    that is not enable's refuses GPU containers (they might otherwise run without the caps the operator set)."""
     try:
         with open(path) as fh:
-            state = json.load(fh)
-        os.kill(int(state["daemon_pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
+            text = fh.read()
+    except OSError:
+        return None
+    try:
+        state = MpsState.from_json(text)
+    except ValueError as exc:
+        raise Refused(f"GPU sharing state {path} is not gpuprov's ({exc}): run `gpuprov share disable`, then "
+                      "`gpuprov share enable`") from None
+    try:
+        os.kill(state.daemon_pid, 0)
+    except OSError:
         return None
     return state
 
@@ -136,14 +146,14 @@ def apply_sharing(config: dict, env: dict[str, str], n_gpus: int, settings: dict
     if req is None:
         return
     uid = int(config.get("process", {}).get("user", {}).get("uid", 0))
-    if uid != int(state.get("uid", 0)):
-        raise Refused(f"GPU sharing needs the container to run as uid {state.get('uid', 0)} (the MPS daemon's); "
+    if uid != state.uid:
+        raise Refused(f"GPU sharing needs the container to run as uid {state.uid} (the MPS daemon's); "
                       f"it runs as uid {uid}")
     env.update(mps_env(req, state))
     mounts = [m for m in config.get("mounts", []) if m.get("destination") != "/dev/shm"]
     mounts.append({"destination": "/dev/shm", "source": "/dev/shm", "type": "bind",
                    "options": ["rbind", "nosuid", "nodev", "noexec"]})
-    mounts.append({"destination": state["pipe_dir"], "source": state["pipe_dir"], "type": "bind",
+    mounts.append({"destination": state.pipe_dir, "source": state.pipe_dir, "type": "bind",
                    "options": ["rbind", "nosuid", "nodev", "noexec"]})
     config["mounts"] = mounts
     linux = config.setdefault("linux", {})

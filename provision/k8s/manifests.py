@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from provision.errors import UsageError
 from provision.k8s.labels import Sharing
+from provision.share.state import MpsState
 
 HANDLER = "nvidia"
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations")
@@ -20,7 +21,7 @@ DEFAULT_REPLICAS = 4  # pods per GPU when `gpuprov share enable` set no --max-cl
 @dataclass(frozen=True)
 class NodeSettings:
     """gpuprov's settings that decide the manifests."""
-    share_state: dict | None  # `gpuprov share enable` state, None when sharing is off
+    share_state: MpsState | None  # `gpuprov share enable` state, None when sharing is off
     accept_env_unprivileged: bool  # runtime setting: may containers pick GPUs with NVIDIA_VISIBLE_DEVICES?
     engine_cdi: bool  # CDI enabled in the CRI engine
     driver_root: str = "/"
@@ -31,7 +32,7 @@ def decide_sharing(settings: NodeSettings, asked: str = "auto", replicas: int | 
     multiplies the resource; gpuprov's runtime puts every GPU container on gpuprov's MPS daemon with its caps).
     The plugin's own `mps` mode runs NVIDIA's MPS daemon instead, so it is refused while gpuprov's is on."""
     on = settings.share_state is not None
-    n = replicas or ((settings.share_state or {}).get("max_clients") if on else None) or DEFAULT_REPLICAS
+    n = replicas or (settings.share_state.max_clients if settings.share_state else None) or DEFAULT_REPLICAS
     if replicas is not None and replicas < 2 and asked not in ("none", "auto"):
         raise UsageError("--replicas must be 2 or more (the device plugin refuses fewer)")
     if asked == "auto":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from provision.errors import Refused
+from provision.share.state import MpsState, ShareRequest
 
 
 def is_index(s: str) -> bool:
@@ -83,8 +84,8 @@ def aliyun_visible(env: dict[str, str]) -> None:
         env["NVIDIA_VISIBLE_DEVICES"] = env["ALIYUN_COM_GPU_VISIBLE_DEVICES"]
 
 
-def share_request(env: dict[str, str], n_gpus: int, state: dict | None) -> dict | None:
-    """{'memory': {visible index: bytes}, 'compute': pct|None} for this container, or None (no limits)."""
+def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> ShareRequest | None:
+    """This container's limits (memory per visible GPU index, compute percent), or None (sharing off, none asked)."""
     mem = comp = None
     if env.get("GPUPROV_GPU_MEMORY", "").strip():
         mem = parse_memory(env["GPUPROV_GPU_MEMORY"], "GPUPROV_GPU_MEMORY", n_gpus)
@@ -99,7 +100,7 @@ def share_request(env: dict[str, str], n_gpus: int, state: dict | None) -> dict 
     if env.get("GPUPROV_GPU_COMPUTE", "").strip():
         comp = parse_percent(env["GPUPROV_GPU_COMPUTE"], "GPUPROV_GPU_COMPUTE")
     elif env.get("ALIYUN_COM_GPU_SCHD_WEIGHT", "").strip():
-        max_inst = (state or {}).get("max_clients") or 16
+        max_inst = (state.max_clients if state else None) or 16
         try:
             w = int(env["ALIYUN_COM_GPU_SCHD_WEIGHT"])
         except ValueError:
@@ -113,22 +114,21 @@ def share_request(env: dict[str, str], n_gpus: int, state: dict | None) -> dict 
             raise Refused("GPU memory/compute limits were asked for (GPUPROV_GPU_MEMORY/COMPUTE or ALIYUN_COM_GPU_*) "
                           "but GPU sharing is off: run `gpuprov share enable` first")
         return None
-    ceiling = state.get("max_memory")
+    ceiling = state.max_memory
     if mem and ceiling and any(v > ceiling for v in mem.values()):
         raise Refused(f"the GPU memory asked for is above this host's sharing ceiling ({ceiling // (1 << 20)} MiB per "
                       "container, `gpuprov share enable --max-memory`)")
-    if mem is None and state.get("default_memory"):
-        mem = {i: int(state["default_memory"]) for i in range(n_gpus)}
-    if comp is None and state.get("default_compute"):
-        comp = int(state["default_compute"])
-    return {"memory": mem, "compute": comp}
+    if mem is None and state.default_memory:
+        mem = {i: state.default_memory for i in range(n_gpus)}
+    if comp is None and state.default_compute:
+        comp = state.default_compute
+    return ShareRequest(memory=mem, compute=comp)
 
 
-def mps_env(req: dict, state: dict) -> dict[str, str]:
-    env = {"CUDA_MPS_PIPE_DIRECTORY": state["pipe_dir"], "CUDA_MPS_LOG_DIRECTORY": state["log_dir"]}
-    if req.get("memory"):
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={v // (1 << 20)}M"
-                                                           for i, v in sorted(req["memory"].items()))
-    if req.get("compute"):
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(req["compute"])
+def mps_env(req: ShareRequest, state: MpsState) -> dict[str, str]:
+    env = {"CUDA_MPS_PIPE_DIRECTORY": state.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": state.log_dir}
+    if req.memory:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={v // (1 << 20)}M" for i, v in sorted(req.memory.items()))
+    if req.compute:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(req.compute)
     return env

@@ -2,7 +2,6 @@
 otherwise), set its defaults, report clients per container, stop it cleanly. Never changes GPU settings."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -10,8 +9,9 @@ import time
 from pathlib import Path
 
 from provision import effects
-from provision.errors import GpuprovError, StepFailed
+from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed
 from provision.fsutil import atomic_write_text
+from provision.share.state import MpsState, ShareStateInvalid
 
 PIPE_DIR = "/run/gpuprov/mps"
 LOG_DIR = "/var/log/gpuprov/mps"
@@ -26,69 +26,89 @@ def find_control() -> str:
     raise GpuprovError("nvidia-cuda-mps-control not found: install the NVIDIA driver (gpuprov bootstrap)", exit_code=4)
 
 
-def _env(state: dict) -> dict:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CUDA_MPS_PIPE_DIRECTORY": state["pipe_dir"],
-           "CUDA_MPS_LOG_DIRECTORY": state["log_dir"]}
-    if state.get("gpus"):
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in state["gpus"])
+def _env(state: MpsState) -> dict:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CUDA_MPS_PIPE_DIRECTORY": state.pipe_dir,
+           "CUDA_MPS_LOG_DIRECTORY": state.log_dir}
+    if state.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in state.gpus)
     return env
 
 
-def control(state: dict, command: str, timeout: float = 10) -> str:
-    p = subprocess.run([state["control"]], input=command + "\n", capture_output=True, text=True, env=_env(state),
+def control(state: MpsState, command: str, timeout: float = 10) -> str:
+    p = subprocess.run([state.control], input=command + "\n", capture_output=True, text=True, env=_env(state),
                        timeout=timeout)
     return (p.stdout or "").strip()
 
 
-def daemon_pid(state: dict) -> int | None:
+def daemon_pid(state: MpsState) -> int | None:
     """The control daemon's PID from its pid file in the pipe directory."""
     try:
-        pid = int(Path(state["pipe_dir"], "nvidia-cuda-mps-control.pid").read_text().strip())
+        pid = int(Path(state.pipe_dir, "nvidia-cuda-mps-control.pid").read_text().strip())
         os.kill(pid, 0)
         return pid
     except (OSError, ValueError):
         return None
 
 
-def load_state(path: str) -> dict | None:
+def invalid_state(path: str, exc: ShareStateInvalid) -> str:
+    """The one line for a state file that is not `share enable`'s, with the way out."""
+    return (f"{path} is not a gpuprov share state ({exc}): run `gpuprov share disable` to clear it, then "
+            "`gpuprov share enable`")
+
+
+def read_state(path: str) -> MpsState | None:
+    """None when sharing was never enabled (no file); raises ShareStateInvalid for a file that is not `enable`'s."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        text = Path(path).read_text()
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise ShareStateInvalid(f"unreadable: {exc.strerror}") from None
+    return MpsState.from_json(text)
+
+
+def load_state(path: str) -> MpsState | None:
+    """The state for the CLI: None when sharing is off; an invalid file is exit 6 with the way out."""
+    try:
+        return read_state(path)
+    except ShareStateInvalid as exc:
+        raise GpuprovError(invalid_state(path, exc), exit_code=CONFIG_INVALID) from None
 
 
 def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, default_memory: int | None,
-           default_compute: int | None, max_memory: int | None = None) -> dict:
-    old = load_state(state_path)
+           default_compute: int | None, max_memory: int | None = None) -> MpsState:
+    try:
+        old = read_state(state_path)
+    except ShareStateInvalid:  # a broken file names no daemon: it is replaced below
+        old = None
     if old and daemon_pid(old):
         raise GpuprovError(f"GPU sharing is already on (MPS daemon pid {daemon_pid(old)}); "
                            "`gpuprov share disable` first to change its settings", exit_code=2)
-    state = {"control": find_control(), "pipe_dir": PIPE_DIR, "log_dir": LOG_DIR, "gpus": gpus or [],
-             "max_clients": max_clients, "default_memory": default_memory, "default_compute": default_compute,
-             "max_memory": max_memory,
-             "uid": os.getuid()}
-    for d in (state["pipe_dir"], state["log_dir"]):
+    state = MpsState(control=find_control(), pipe_dir=PIPE_DIR, log_dir=LOG_DIR, gpus=tuple(gpus or ()),
+                     max_clients=max_clients, default_memory=default_memory, default_compute=default_compute,
+                     max_memory=max_memory, uid=os.getuid())
+    for d in (state.pipe_dir, state.log_dir):
         os.makedirs(d, mode=0o755, exist_ok=True)
     if Path("/run/systemd/system").is_dir():
         from provision.render import render
 
-        unit = render("gpuprov-mps.service.j2", control=state["control"],
+        unit = render("gpuprov-mps.service.j2", control=state.control,
                       environment={k: v for k, v in _env(state).items() if k != "PATH"})
         atomic_write_text(Path(UNIT), unit, mode=0o644, backup=False)
         effects.run(["systemctl", "daemon-reload"], check=False)
         effects.run(["systemctl", "start", "gpuprov-mps"])
-        state["supervisor"] = "systemd (gpuprov-mps.service)"
+        supervisor = "systemd (gpuprov-mps.service)"
     else:
-        effects.run([state["control"], "-d"], env=_env(state))
-        state["supervisor"] = "background process"
+        effects.run([state.control, "-d"], env=_env(state))
+        supervisor = "background process"
     for _ in range(50):
         if daemon_pid(state):
             break
         time.sleep(0.1)
     pid = daemon_pid(state)
     if not pid:
-        raise StepFailed(f"the MPS control daemon did not start; see {state['log_dir']}/control.log")
-    state["daemon_pid"] = pid
+        raise StepFailed(f"the MPS control daemon did not start; see {state.log_dir}/control.log")
+    state = state.started(supervisor, pid)
     # The daemon's default pinned-memory limit is a ceiling no client can lift, even one that sets its own
     # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (measured on an H200: a client asking 8G under a 2G default got 2G).
     # Per-container limits below it come from the runtime; --default-memory is what containers asking nothing get.
@@ -98,17 +118,22 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
     if default_compute:
         control(state, f"set_default_active_thread_percentage {default_compute}")
     os.makedirs(os.path.dirname(state_path), exist_ok=True)
-    atomic_write_text(Path(state_path), json.dumps(state, indent=2) + "\n", mode=0o644, backup=False)
+    atomic_write_text(Path(state_path), state.to_json(), mode=0o644, backup=False)
     return state
 
 
 def disable(state_path: str) -> dict:
-    state = load_state(state_path)
+    try:
+        state = read_state(state_path)
+    except ShareStateInvalid as exc:  # the way out that invalid_state() names: the file goes, MPS left is listed
+        Path(state_path).unlink(missing_ok=True)
+        return {"stopped": False, "note": f"removed {state_path}, which was not a gpuprov share state ({exc})",
+                "left_running": _mps_processes()}
     if not state:
         return {"stopped": False, "note": "GPU sharing was not on"}
     pid = daemon_pid(state)
     if pid:
-        if state.get("supervisor", "").startswith("systemd"):
+        if state.systemd:
             effects.run(["systemctl", "stop", "gpuprov-mps"], check=False)
         else:
             control(state, "quit")
@@ -165,8 +190,8 @@ def status(state_path: str) -> dict:
                             "memory_used_mib": mem >> 20 if mem is not None else None,
                             "memory_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
                             "compute_percent": env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")})
-    return {"enabled": True, "daemon": {"pid": state["daemon_pid"], "supervisor": state.get("supervisor"),
-                                        "gpus": state.get("gpus") or "all", "pipe_dir": state["pipe_dir"],
-                                        "default_memory": state.get("default_memory"),
-                                        "default_compute": state.get("default_compute")},
+    return {"enabled": True, "daemon": {"pid": state.daemon_pid, "supervisor": state.supervisor,
+                                        "gpus": list(state.gpus) or "all", "pipe_dir": state.pipe_dir,
+                                        "default_memory": state.default_memory,
+                                        "default_compute": state.default_compute},
             "servers": [int(s) for s in servers], "clients": clients}

@@ -7,6 +7,7 @@ import pytest
 
 from provision.inject.edits import Refused, compute_edits, select_gpus
 from provision.share.limits import share_request
+from provision.share.state import MpsState
 from tests.conftest import run_cli
 
 # Two cards whose UUIDs share their first 8 hex digits (UUIDs are random: a short prefix can name both).
@@ -43,7 +44,7 @@ def test_ascii_index_selects():
     assert select_gpus(["1"], GPUS) == [GPUS[1]]
 
 
-SHARING = {"pipe_dir": "/run/gpuprov/mps", "log_dir": "/var/log/gpuprov/mps"}
+SHARING = MpsState(control="/usr/bin/nvidia-cuda-mps-control", pipe_dir="/run/gpuprov/mps", log_dir="/var/log/gpuprov/mps")
 
 
 @pytest.mark.parametrize("value", ["1=4G", "0=2G,2=4G", "7=1G"])
@@ -69,7 +70,7 @@ def test_memory_limit_index_twice_refused():
 
 
 def test_memory_limits_for_visible_gpus_kept():
-    assert share_request({"GPUPROV_GPU_MEMORY": "0=2G,1=4G"}, 2, SHARING)["memory"] == {0: 2 << 30, 1: 4 << 30}
+    assert share_request({"GPUPROV_GPU_MEMORY": "0=2G,1=4G"}, 2, SHARING).memory == {0: 2 << 30, 1: 4 << 30}
 
 
 def test_compute_edits_refuses_ambiguous_prefix():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -18,6 +19,7 @@ from provision.errors import GpuprovError, UsageError
 from provision.k8s import labels as L
 from provision.k8s import manifests as M
 from provision.metrics import nvml
+from provision.share.state import MpsState
 from tests.conftest import needs
 from tests.fake_nvml import FakeNVML
 from tests.k8s_contract import device_plugin_config as dpc
@@ -34,7 +36,8 @@ def settings(share=None, env=True, cdi=False):
     return M.NodeSettings(share_state=share, accept_env_unprivileged=env, engine_cdi=cdi, driver_root="/usr/local/nvidia")
 
 
-SHARE_ON = {"max_clients": 8, "pipe_dir": "/run/gpuprov/mps"}
+SHARE_ON = MpsState(control="/usr/bin/nvidia-cuda-mps-control", pipe_dir="/run/gpuprov/mps",
+                    log_dir="/var/log/gpuprov/mps", max_clients=8, supervisor="background process", daemon_pid=1)
 
 
 def test_gfd_labels_of_the_h200(tmp_path):
@@ -86,7 +89,7 @@ def test_nfd_file_reads_back_as_nfd_reads_it(tmp_path):
 
 def test_sharing_decisions():
     assert M.decide_sharing(settings()) == L.Sharing()
-    s = M.decide_sharing(settings(share={"max_clients": None}))
+    s = M.decide_sharing(settings(share=replace(SHARE_ON, max_clients=None)))
     assert (s.strategy, s.replicas, s.plugin_section) == ("mps", M.DEFAULT_REPLICAS, "timeSlicing")
     with pytest.raises(UsageError, match="share disable"):
         M.decide_sharing(settings(share=SHARE_ON), "mps")

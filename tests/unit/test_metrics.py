@@ -227,6 +227,7 @@ def test_share_status_and_metrics_agree(fake_proc, tmp_path, monkeypatch):
     """`gpuprov share status` and `gpuprov metrics` report the same memory for the same container (one mapping)."""
     from provision.metrics import containers as C
     from provision.share import mps
+    from provision.share.state import MpsState
 
     proc, cid, did = fake_proc
     nv = fake_with({101: 3 << 30, 102: 1 << 30}, mps={101: 3 << 30, 102: 1 << 30})
@@ -236,7 +237,8 @@ def test_share_status_and_metrics_agree(fake_proc, tmp_path, monkeypatch):
     monkeypatch.setattr(C, "container_of", lambda pid, p="/proc", cache=None: real(pid, str(proc), cache))
     monkeypatch.setattr("provision.metrics.usage.container_of", C.container_of)
     state = tmp_path / "share.json"
-    state.write_text('{"daemon_pid": 1, "pipe_dir": "/nonexistent"}')
+    state.write_text(MpsState(control="/nonexistent/mps-control", pipe_dir="/nonexistent", log_dir="/nonexistent",
+                              supervisor="background process", daemon_pid=1).to_json())
     monkeypatch.setattr(mps, "daemon_pid", lambda st: 1)
     monkeypatch.setattr(mps, "control", lambda st, cmd, timeout=10: {"get_server_list": "103"}.get(cmd, "101\n102"))
     st = mps.status(str(state))

@@ -1,17 +1,18 @@
 """Sharing requests: sizes, lists, the seed's aliases, defaults, and one-line refusals."""
 from __future__ import annotations
 
-import json
 import os
+from dataclasses import replace
 
 import pytest
 
 from provision.inject import modify
 from provision.inject.edits import Refused
 from provision.share.limits import GIB, mps_env, parse_memory, parse_size, share_request
+from provision.share.state import MpsState, ShareRequest
 
-STATE = {"pipe_dir": "/run/gpuprov/mps", "log_dir": "/var/log/gpuprov/mps", "max_clients": 4, "uid": 0,
-         "default_memory": None, "default_compute": None, "daemon_pid": 1}
+STATE = MpsState(control="/usr/bin/nvidia-cuda-mps-control", pipe_dir="/run/gpuprov/mps",
+                 log_dir="/var/log/gpuprov/mps", max_clients=4, uid=0, supervisor="background process", daemon_pid=1)
 
 
 @pytest.mark.parametrize("text,expect", [("6G", 6 * GIB), ("6GiB", 6 * GIB), ("6", 6 * GIB), ("512M", 512 << 20),
@@ -39,7 +40,7 @@ def test_lists():
 
 def test_gpuprov_vars_and_mps_env():
     req = share_request({"GPUPROV_GPU_MEMORY": "6G", "GPUPROV_GPU_COMPUTE": "50"}, 1, STATE)
-    assert req == {"memory": {0: 6 * GIB}, "compute": 50}
+    assert req == ShareRequest(memory={0: 6 * GIB}, compute=50)
     env = mps_env(req, STATE)
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6144M" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpuprov/mps"
@@ -48,7 +49,7 @@ def test_gpuprov_vars_and_mps_env():
 def test_aliyun_aliases():
     req = share_request({"ALIYUN_COM_GPU_MEM_CONTAINER": "6", "ALIYUN_COM_GPU_MEM_DEV": "15",
                          "ALIYUN_COM_GPU_SCHD_WEIGHT": "2"}, 1, STATE)
-    assert req == {"memory": {0: 6 * GIB}, "compute": 50}  # weight 2 of max_inst 4
+    assert req == ShareRequest(memory={0: 6 * GIB}, compute=50)  # weight 2 of max_inst 4
     assert share_request({"ALIYUN_COM_GPU_MEM_CONTAINER": "0"}, 1, None) is None  # 0 = cGPU not used
     with pytest.raises(Refused, match="more than the card"):
         share_request({"ALIYUN_COM_GPU_MEM_CONTAINER": "16", "ALIYUN_COM_GPU_MEM_DEV": "15"}, 1, STATE)
@@ -63,13 +64,13 @@ def test_limits_refused_when_sharing_off():
 
 
 def test_defaults_apply_to_containers_that_ask_nothing():
-    st = {**STATE, "default_memory": 4 * GIB, "default_compute": 25}
-    assert share_request({}, 2, st) == {"memory": {0: 4 * GIB, 1: 4 * GIB}, "compute": 25}
+    st = replace(STATE, default_memory=4 * GIB, default_compute=25)
+    assert share_request({}, 2, st) == ShareRequest(memory={0: 4 * GIB, 1: 4 * GIB}, compute=25)
 
 
 def test_request_above_ceiling_refused():
-    st = {**STATE, "max_memory": 4 * GIB}
-    assert share_request({"GPUPROV_GPU_MEMORY": "4G"}, 1, st)["memory"] == {0: 4 * GIB}
+    st = replace(STATE, max_memory=4 * GIB)
+    assert share_request({"GPUPROV_GPU_MEMORY": "4G"}, 1, st).memory == {0: 4 * GIB}
     with pytest.raises(Refused, match="above this host's sharing ceiling \\(4096 MiB"):
         share_request({"GPUPROV_GPU_MEMORY": "6G"}, 1, st)
 
@@ -87,7 +88,7 @@ def test_runtime_injects_mps_and_strips_container_values(tmp_path):
     from tests.inject_helpers import settings
 
     state = tmp_path / "share.json"
-    state.write_text(json.dumps({**STATE, "daemon_pid": os.getpid()}))
+    state.write_text(replace(STATE, daemon_pid=os.getpid()).to_json())
     (tmp_path / "bundle/rootfs/etc").mkdir(parents=True)
     cfg = {"root": {"path": "rootfs"}, "mounts": [{"destination": "/dev/shm", "source": "shm", "type": "tmpfs"}],
            "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}]},
