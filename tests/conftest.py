@@ -18,6 +18,10 @@ REPO = Path(__file__).resolve().parents[1]
 # makes wait) a real gpuprov run, or another checkout's test run, on the same machine. Hosts in containers have
 # their own /run. Tests of the lock itself set their own.
 os.environ.setdefault("GPUPROV_LOCK_DIR", tempfile.mkdtemp(prefix="gpuprov-test-lock-"))
+# gpuprov's state (/var/lib/gpuprov, /run/gpuprov: provision/paths.py) likewise: the runtime's install stamp and
+# discovery cache, reboot state, unpacked bundles of every gpuprov these tests start go to private directories.
+os.environ.setdefault("GPUPROV_STATE_DIR", tempfile.mkdtemp(prefix="gpuprov-test-state-"))
+os.environ.setdefault("GPUPROV_RUN_DIR", tempfile.mkdtemp(prefix="gpuprov-test-run-"))
 
 # sysfs setups: address -> (vendor, device, class, subvendor, subdevice, bound driver)
 SYSFS_SETUPS: dict[str, dict[str, tuple]] = {
@@ -118,7 +122,8 @@ def needs(*binaries: str, docker: bool = False):
 # (so `./run-tests.sh` and `./install.sh --yes` work in either order); otherwise the run fails, naming them.
 # GPUPROV_TEST_WATCH (colon-separated globs) replaces the list: tests/unit/test_host_untouched.py uses it.
 HOST_GPUPROV = ("/usr/local/bin/gpuprov*", "/usr/local/bin/nvidia-container-runtime-hook", "/etc/gpuprov",
-                "/etc/docker/daemon.json")
+                "/etc/docker/daemon.json", "/var/lib/gpuprov", "/run/gpuprov", "/opt/gpuprov", "/etc/containerd",
+                "/etc/cdi", "/var/run/cdi", "/etc/nvidia-container-runtime")
 _HOST_STATE = pytest.StashKey[dict]()
 
 

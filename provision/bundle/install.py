@@ -8,6 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision import paths
 from provision.bundle import aptrepo, manifest
 from provision.bundle.unpack import unpack
 from provision.errors import BundleInvalid, BundleMismatch
@@ -19,7 +20,7 @@ def extract_base() -> Path:
     if os.environ.get("GPUPROV_BUNDLE_DIR"):
         return Path(os.environ["GPUPROV_BUNDLE_DIR"])
     if os.geteuid() == 0:
-        return Path("/var/lib/gpuprov/bundles")
+        return Path(paths.BUNDLES)
     return Path(tempfile.gettempdir()) / f"gpuprov-bundles-{os.geteuid()}"
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from provision import effects
+from provision import effects, paths
 from provision.errors import GpuprovError, UsageError
 from provision.hostlock import changes_host, host_lock
 from provision.output import emit_json, kv
@@ -192,7 +192,7 @@ def docker_args(
 
 @changes_host("driver-volume")
 def driver_volume(
-    base: Path = typer.Option(Path("/var/lib/gpuprov/driver"), help="Where versioned copies and `current` live."),
+    base: Path = typer.Option(Path(paths.DRIVER_VOLUMES), help="Where versioned copies and `current` live."),
     driver_root: Optional[str] = typer.Option(None),
 ) -> None:
     """Keep BASE/current -> BASE/<version> (bin/, lib64/ at SONAMEs): mount BASE/current, survive upgrades."""

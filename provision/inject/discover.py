@@ -6,6 +6,7 @@ import json
 import os
 import stat
 
+from provision import paths
 from provision.facts.driver_facts import DRIVER_LIB_DIRS as LIB_DIRS
 from provision.fsutil import write_file
 from provision.inject.capabilities import (
@@ -18,10 +19,10 @@ from provision.inject.capabilities import (
 )
 
 BIN_DIRS = ("bin", "usr/bin", "sbin", "usr/sbin")
-CACHE_FILE = "/var/lib/gpuprov/runtime/discovery.json"
+CACHE_FILE = paths.DISCOVERY_CACHE
 # Manifests whose library_path had to be rewritten are written here (root-owned, 0755; persistent, so that a CDI
 # spec in /etc/cdi that names them stays valid across reboots). One sub-directory per driver version.
-GENERATED_DIR = "/var/lib/gpuprov/runtime/manifests"
+GENERATED_DIR = paths.GENERATED_MANIFESTS
 SCHEMA = 2
 
 

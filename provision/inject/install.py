@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision import paths
 from provision.fsutil import write_file
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
@@ -20,7 +21,7 @@ from provision.inject.settings import DEFAULTS, settings_path
 from provision.inject.sources import source_files
 
 HERE = Path(__file__).resolve().parent
-STAMP = "/var/lib/gpuprov/runtime/install.stamp"
+STAMP = paths.INSTALL_STAMP
 
 
 def _stamp(prefix: str, driver_root: str) -> str:

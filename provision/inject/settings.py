@@ -4,13 +4,15 @@ from __future__ import annotations
 import json
 import os
 
+from provision import paths
+
 DEFAULT_PATH = "/etc/gpuprov/runtime.json"
 DEFAULTS = {
     "runc": None,  # the low-level runtime to hand over to; None = runc found on PATH
     "driver_root": "/",  # where the driver's userspace lives: "/", "/usr/local/nvidia", "/run/nvidia/driver"
     "dev_root": "/",  # where the host's /dev is (tests point this at a tree of real mknod nodes)
     "proc_root": "/",
-    "cache": "/var/lib/gpuprov/runtime/discovery.json",
+    "cache": paths.DISCOVERY_CACHE,
     # Multi-tenant hosts turn this off: unprivileged containers then get GPUs only through device-list mounts
     # under /var/run/nvidia-container-devices/ (what Kubernetes device plugins pass), never from their own env.
     "accept_env_unprivileged": True,

@@ -7,12 +7,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision import paths
 from provision.errors import GpuprovError, StepFailed
 from provision.fsutil import write_file
 from provision.output import progress
 from provision.plan.steps import Step
 
-STATE_DIR = Path(os.environ.get("GPUPROV_STATE_DIR", "/var/lib/gpuprov"))
+STATE_FILE = Path(paths.STATE_FILE)
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
 
 
@@ -46,7 +47,7 @@ def boot_id() -> str:
         return ""
 
 
-BOOT_MARKER = Path(os.environ.get("GPUPROV_RUN_DIR", "/run/gpuprov")) / "reboot-pending"
+BOOT_MARKER = Path(paths.REBOOT_MARKER)
 
 
 def pending_reboot(reason: str) -> dict:
@@ -66,13 +67,13 @@ def rebooted_since(state: dict) -> bool:
 
 def read_state() -> dict:
     try:
-        return json.loads((STATE_DIR / "state.json").read_text())
+        return json.loads(STATE_FILE.read_text())
     except (OSError, ValueError):
         return {}
 
 
 def write_state(state: dict) -> None:
-    write_file(STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n", mode=0o644, backup=False)
+    write_file(STATE_FILE, json.dumps(state, indent=2) + "\n", mode=0o644, backup=False)
 
 
 def log(line: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision import paths
 from provision.decide.targets import Target
 from provision.errors import Unsupported
 from provision.facts.rootfs import under
@@ -49,7 +50,7 @@ class Options:
 
 
 APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
-BUNDLE_APT = "/var/lib/gpuprov/bundle-apt"
+BUNDLE_APT = paths.BUNDLE_APT
 
 
 def _install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None) -> list:

@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import effects
+from provision import effects, paths
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
 from provision.facts.rootfs import is_live, under
@@ -42,7 +42,7 @@ NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
 NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
 APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
 DKMS_KEY = "/var/lib/dkms/mok.pub"
-MOK_HASH = "/var/lib/gpuprov/mok-password.hash"
+MOK_HASH = paths.MOK_HASH
 LOG_DIR = "/var/log/gpuprov"
 # Debian's kernel module names per flavour: `install nvidia modprobe -i <name>` in /etc/modprobe.d/nvidia.conf,
 # chosen by the `nvidia` alternative (/usr/lib/nvidia/<flavour dir>).

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from provision import paths
 from provision.bundle import install
 from tests.bundles import make_signer, member, small_bundle, tar_of
 from tests.conftest import needs, run_cli
 
-DEFAULT_DIR = Path("/var/lib/gpuprov/bundles")
+DEFAULT_DIR = Path(paths.BUNDLES)
 
 
 def listing(d: Path) -> list[str]:

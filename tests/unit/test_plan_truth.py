@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
-from provision import effects
+from provision import effects, paths
 from provision.errors import GpuprovError
 from provision.plan import steps as st
 from provision.plan.build import Options, build_plan
@@ -116,7 +116,7 @@ def test_bundle_plan_writes_its_source_list_only_when_applied(tmp_path, monkeypa
     rec = Recorder(monkeypatch)
     for step in steps:
         step.apply()
-    assert "/var/lib/gpuprov/bundle-apt/bundle.list" in \
+    assert f"{paths.BUNDLE_APT}/bundle.list" in \
         [p for p, _ in rec.writes]
     assert rec.argvs == [a for s in steps for a in st.executed_argvs(s)]
 

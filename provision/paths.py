@@ -1,0 +1,23 @@
+"""Where gpuprov keeps its state on a host: every path under /var/lib/gpuprov and /run/gpuprov comes from here.
+
+GPUPROV_STATE_DIR and GPUPROV_RUN_DIR move them (the test suite points both at private directories, so it never
+writes the host's own gpuprov state). Plain strings, no pathlib: the runtime's container-start path imports this.
+The host lock is not here on purpose: it must be found at the same place by every run (provision/hostlock.py)."""
+from __future__ import annotations
+
+import os
+
+STATE_DIR = os.environ.get("GPUPROV_STATE_DIR", "/var/lib/gpuprov")
+RUN_DIR = os.environ.get("GPUPROV_RUN_DIR", "/run/gpuprov")
+
+STATE_FILE = f"{STATE_DIR}/state.json"  # reboot and resume state of bootstrap (plan/apply.py)
+REBOOT_MARKER = f"{RUN_DIR}/reboot-pending"  # gone after a reboot (/run is a tmpfs)
+RUNTIME_DIR = f"{STATE_DIR}/runtime"
+DISCOVERY_CACHE = f"{RUNTIME_DIR}/discovery.json"
+INSTALL_STAMP = f"{RUNTIME_DIR}/install.stamp"
+# Manifests whose library_path had to be rewritten (root-owned, persistent: a CDI spec in /etc/cdi names them)
+GENERATED_MANIFESTS = f"{RUNTIME_DIR}/manifests"
+BUNDLES = f"{STATE_DIR}/bundles"  # where .tar.gz bundles are unpacked (root-only)
+BUNDLE_APT = f"{STATE_DIR}/bundle-apt"  # the local apt source a bundle's packages are installed from
+MOK_HASH = f"{STATE_DIR}/mok-password.hash"
+DRIVER_VOLUMES = f"{STATE_DIR}/driver"  # `gpuprov driver-volume`: versioned copies and `current`
