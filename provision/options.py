@@ -57,3 +57,34 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine": values(Engine),
     "engine_source": values(EngineSource),
 }
+
+
+# bootstrap's options (the CLI's parameter names) -> the parameter of the fleet role's module that passes each
+# (roles/gpuprov/library/gpuprov_node.py; the role's variable is gpuprov_<parameter>). None: the module sets it
+# itself (--yes or --check follow Ansible's check mode, --json is how it reads the result, --dry-run is --check's
+# printed cousin, and --reboot is the role's job: its handler drains, reboots and verifies).
+# tests/unit/test_option_choices.py fails when bootstrap has an option this table does not place, and proves each
+# module parameter reaches its option by parsing the module's argv with the CLI itself.
+MODULE_PARAMS: dict[str, str | None] = {
+    "driver": "driver",
+    "kernel_modules": "kernel_modules",
+    "driver_source": "driver_source",
+    "engine": "engine",
+    "engine_source": "engine_source",
+    "runtime_name": "runtime_name",
+    "no_default": "default_runtime",
+    "cdi": "cdi",
+    "no_validate": "validate",
+    "replace_runtime": "replace_runtime",
+    "bundle": "bundle",
+    "bundle_keyring": "bundle_keyring",
+    "only": "stages",
+    "mirror": "mirrors",
+    "for_gpus": "for_gpus",
+    "kernels": "kernels",
+    "yes": None,
+    "check": None,
+    "json_out": None,
+    "dry_run": None,
+    "reboot": None,
+}

@@ -1,9 +1,11 @@
 """A fleet of fresh Debian 12 hosts (containers) driven by ansible-playbook over `docker exec`."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -13,17 +15,17 @@ from tests.integration.hosts import REPO, Host, ensure_wheelhouse
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
-CONTAINERS = REPO / "inventories/containers/hosts.yml"
+CONTAINERS = REPO / "inventories/containers/nodes.py"
 
 
 def write_inventory(path: Path, hosts: list[Host], **extra_vars) -> Path:
-    """inventories/containers (the README's inventory for container nodes) with these hosts in place of its
-    examples, and this checkout's wheelhouse."""
-    inv = yaml.safe_load(CONTAINERS.read_text())
-    nodes = inv["all"]["children"]["gpu_nodes"]
-    nodes["hosts"] = {h.name: None for h in hosts}
-    nodes["vars"].update({"gpuprov_wheelhouse": str(ensure_wheelhouse()),
-                          "gpuprov_wheel_archive": str(path.parent / "gpuprov-wheels.tar"), **extra_vars})
+    """inventories/containers (the README's inventory for container nodes: its group and variables, as the script
+    prints them) with these hosts, and this checkout's wheelhouse."""
+    group = json.loads(subprocess.run([sys.executable, str(CONTAINERS), "--list"], capture_output=True, text=True,
+                                      check=True).stdout)["gpu_nodes"]
+    group_vars = {**group["vars"], "gpuprov_wheelhouse": str(ensure_wheelhouse()),
+                  "gpuprov_wheel_archive": str(path.parent / "gpuprov-wheels.tar"), **extra_vars}
+    inv = {"all": {"children": {"gpu_nodes": {"hosts": {h.name: None for h in hosts}, "vars": group_vars}}}}
     path.write_text(yaml.safe_dump(inv))
     return path
 

@@ -21,7 +21,7 @@ SUITE = REPO / "provision/verify/test_gpu_node.py"
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    hosts = [Host(f"arch-fleet-{i}-{os.getpid()}") for i in range(3)]
+    hosts = [Host(f"role-fleet-{i}-{os.getpid()}") for i in range(3)]
     try:
         inv = write_inventory(tmp_path_factory.mktemp("inv") / "hosts.yml", hosts)
         yield hosts, inv
@@ -71,6 +71,24 @@ def test_2b_tags_runtime_changes_only_the_runtime(fleet):
     assert rc == 0 and h.exec("docker image inspect gpuprov-validate:0.1.0").returncode == 0, out[-2000:]
 
 
+def _logged_steps(h, before: int) -> set[str]:
+    return {ln.split()[2].rstrip(":") for ln in h.read("/var/log/gpuprov/bootstrap.log").decode().splitlines()[before:]}
+
+
+@pytest.mark.parametrize("tag", ["driver", "engine", "runtime", "validate"])
+def test_2c_each_stage_tag_runs_exactly_that_stage(fleet, tag):
+    """`--tags T` walks exactly the steps `gpuprov plan --only T` lists for that node, no more, no fewer."""
+    hosts, inv = fleet
+    h = hosts[0]
+    plan = json.loads(h.exec(f"gpuprov plan --only {tag} --driver skip --json", check=True).stdout)
+    before = len(h.read("/var/log/gpuprov/bootstrap.log").splitlines())
+    rc, out, recap = playbook(inv, "--tags", tag, "--limit", h.name)
+    assert rc == 0, out[-3000:]
+    assert _logged_steps(h, before) == {s["id"] for s in plan["steps"]}, out[-2000:]
+    if tag != "driver":  # (the containers' inventory skips the driver: its stage may plan nothing)
+        assert plan["steps"]
+
+
 def test_3_check_diff_shows_daemon_json_and_changes_nothing(fleet):
     hosts, inv = fleet
     h = hosts[0]
@@ -100,6 +118,44 @@ def test_4_testinfra_suite_through_the_inventory(fleet):
            "missing" in r.stdout, r.stdout[-3000:]
     rc, out, recap = playbook(inv, "--limit", h.name)  # the role repairs it
     assert rc == 0 and recap[h.name]["changed"] >= 1, out[-2000:]
+
+
+def test_4b_busy_host_is_retried_then_named(fleet):
+    """Another gpuprov run holds the node's host lock: the task fails fast (exit 11) and retries; when the retries
+    run out it fails naming the fix; when the holder finishes within them, the play goes on."""
+    hosts, inv = fleet
+    h = hosts[1]
+    h.spawn("mkdir -p /run/gpuprov && exec flock /run/gpuprov/host.lock sleep 25")
+    h.exec("for i in $(seq 50); do flock -n /run/gpuprov/host.lock true || exit 0; sleep 0.1; done; exit 1", check=True)
+    rc, out, recap = playbook(inv, "--tags", "runtime", "--limit", h.name, "-e",
+                              '{"gpuprov_busy_retries": 1, "gpuprov_busy_delay": 1}')
+    assert rc != 0 and recap[h.name]["failed"] == 1, out[-3000:]
+    assert "(exit 11). Fix: another gpuprov run holds the node's host lock" in out, out[-3000:]
+    assert "FAILED - RETRYING" in out
+    rc, out, recap = playbook(inv, "--tags", "runtime", "--limit", h.name, "-e",
+                              '{"gpuprov_busy_retries": 20, "gpuprov_busy_delay": 3}')
+    assert rc == 0 and recap[h.name]["failed"] == 0, out[-3000:]
+    assert "FAILED - RETRYING" in out
+
+
+def test_4c_operators_runtime_needs_replace_runtime(fleet):
+    """The node's own runtime named nvidia (pointing elsewhere): exit 14, the message names
+    gpuprov_replace_runtime, daemon.json untouched; with gpuprov_replace_runtime: true the role replaces it."""
+    hosts, inv = fleet
+    h = hosts[0]
+    doc = json.loads(h.read("/etc/docker/daemon.json"))
+    doc["runtimes"]["nvidia"] = {"path": "/usr/bin/runc", "runtimeArgs": ["--debug"]}
+    h.write("/etc/docker/daemon.json", json.dumps(doc, indent=2) + "\n")
+    before = h.read("/etc/docker/daemon.json")
+    rc, out, recap = playbook(inv, "--tags", "runtime", "--limit", h.name)
+    assert rc != 0 and recap[h.name]["failed"] == 1, out[-3000:]
+    assert "(exit 14). Fix: " in out and "set gpuprov_replace_runtime: true" in out, out[-3000:]
+    assert "runtime 'nvidia' is already registered as /usr/bin/runc" in out
+    assert h.read("/etc/docker/daemon.json") == before
+    rc, out, recap = playbook(inv, "--tags", "runtime", "--limit", h.name, "-e", '{"gpuprov_replace_runtime": true}')
+    assert rc == 0 and recap[h.name]["changed"] == 1, out[-3000:]
+    runtimes = json.loads(h.read("/etc/docker/daemon.json"))["runtimes"]
+    assert runtimes["nvidia"] == {"path": "/usr/local/bin/gpuprov-runtime", "runtimeArgs": []}
 
 
 def test_5_invalid_daemon_json_fails_alone(fleet):
