@@ -111,6 +111,11 @@ def test_role_variables_match_the_module():
     # ... and the task passes every one of them.
     (task,) = yaml.safe_load((ROLE / "tasks/bootstrap.yml").read_text())
     assert set(task["gpuprov_node"]) == set(module) - {"gpuprov"}
+    # The reboot handler verifies with that same task (the play's options), not a second, shorter call.
+    handlers = yaml.safe_load((ROLE / "handlers/main.yml").read_text())
+    calls = [h for h in handlers if "gpuprov_node" in h]
+    verify = [h["ansible.builtin.include_tasks"] for h in handlers if "ansible.builtin.include_tasks" in h]
+    assert not calls and [v["file"] for v in verify] == ["bootstrap.yml"], handlers
 
 
 def test_mirror_names_are_the_repository_table():
