@@ -34,10 +34,11 @@ def gpuprov(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env={**os.environ, **(env or {})})
 
 
-def private_runtime(base: Path) -> dict:
+def private_runtime(base: Path, driver_root: Path | None = None) -> dict:
     """gpuprov's runtime installed under `base` (its own settings, prefix and discovery cache; the host's are never
-    touched) for the fake driver root of tests/inject_helpers.py. Returns the env that points gpuprov at it."""
-    s = settings(base)
+    touched) for the fake driver root of tests/inject_helpers.py (or `driver_root`, a copy of it). Returns the env
+    that points gpuprov at it."""
+    s = {**settings(base), **({"driver_root": str(driver_root)} if driver_root else {})}
     env = {"GPUPROV_RUNTIME_CONFIG": str(base / "runtime.json")}
     r = gpuprov("runtime", "install", "--prefix", str(base / "rt"), "--driver-root", s["driver_root"],
                 "--dev-root", s["dev_root"], "--proc-root", s["proc_root"], "--json", env=env)

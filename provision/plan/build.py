@@ -158,15 +158,24 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
     return steps
 
 
-def validate_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
-    if not (opt.validate and opt.engine == "docker"):
+def validate_steps(report: HostReport, target: Target, opt: Options, runtime_path: str = RUNTIME_PATH) -> list[Step]:
+    """A container through the runtime just registered, from an image built out of this host's files. docker: by the
+    runtime's name; containerd: with `runtime_path` (the binary its handler names) as runc, in gpuprov's namespace
+    (tests give a private runtime's path)."""
+    if not opt.validate or opt.engine not in ("docker", "containerd"):
         return []
     has_gpu = bool(report.gpus)
-    runs = tuple(Command(a) for a in validate.run_argvs(opt.runtime_name, has_gpu))
+    if opt.engine == "docker":
+        actions: tuple = (ImportImage(validate.IMAGE, validate.BINARIES),
+                          *(Command(a) for a in validate.run_argvs(opt.runtime_name, has_gpu)))
+    else:
+        actions = (ImportImage(validate.CTR_IMAGE, validate.BINARIES, engine="containerd"),
+                   Command(validate.ctr_remove_argv(), may_fail=True),
+                   *(Command(a) for a in validate.ctr_run_argvs(runtime_path, has_gpu)))
     return [Step("validate", Stage.VALIDATE, "Start a validation container through the runtime"
-                 + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)"),
-                 actions=(ImportImage(validate.IMAGE, validate.BINARIES), *runs), check=Never("always runs: "
-                 "it proves the node works"), verify_only=True,
+                 + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)")
+                 + (f" (containerd, namespace {validate.CTR_NAMESPACE})" if opt.engine == "containerd" else ""),
+                 actions=actions, check=Never("always runs: it proves the node works"), verify_only=True,
                  notes=() if has_gpu else ("no GPU on this host: checked a plain container",))]
 
 

@@ -135,21 +135,35 @@ class StartService:
 @dataclass(frozen=True)
 class ImportImage:
     """A local image built from this host's own files (no registry): the tar is made in-process, from the binaries
-    named and the libraries `ldd` lists for them, and fed to `docker import` only when the image is missing."""
+    named and the libraries `ldd` lists for them. docker: fed to `docker import` only when the image is missing.
+    containerd: the same files as a one-layer OCI archive, fed to `ctr images import` in gpuprov's namespace on every
+    run (ctr has no command that fails for a missing image; importing the same content again changes nothing)."""
     image: str
     binaries: tuple[str, ...]
+    engine: str = "docker"  # docker | containerd
 
     def commands(self) -> list[tuple[str, ...]]:
+        from provision.plan import validate
+
+        if self.engine == "containerd":
+            return [(*validate.CTR, "images", "import", "-")]
         return [("docker", "image", "inspect", self.image), ("docker", "import", "-", self.image)]
 
     def lines(self) -> list[str]:
+        what = f"{', '.join(self.binaries)} and their libraries, taken from this host"
+        if self.engine == "containerd":
+            return [f"$ {shlex.join(self.commands()[0])} < <OCI image archive {self.image} of {what}>"]
         inspect, imp = (shlex.join(c) for c in self.commands())
-        return [f"$ {inspect} >/dev/null || {imp} < <tar of {', '.join(self.binaries)} and their libraries, "
-                "taken from this host>"]
+        return [f"$ {inspect} >/dev/null || {imp} < <tar of {what}>"]
 
     def execute(self) -> str:
         from provision.plan import validate
 
+        if self.engine == "containerd":
+            (imp,) = self.commands()
+            effects.run(list(imp), input_text=validate.oci_archive(validate.build_image_tar(self.binaries),
+                                                                   self.image))
+            return ""
         inspect, imp = self.commands()
         if effects.run(list(inspect), check=False).returncode == 0:
             return ""
@@ -359,7 +373,8 @@ class Step:
                     raise type(exc)(f"{exc}; {self.hint}", exit_code=exc.exit_code) from None
                 raise
             last = [ln for ln in (out or "").strip().splitlines() if ln.strip()]
-            if last and isinstance(a, (Command, StartService)):
+            # a command that may fail is not the step's result (e.g. "not found" from removing a leftover)
+            if last and isinstance(a, (Command, StartService)) and not getattr(a, "may_fail", False):
                 outs.append(last[-1].strip())
         detail = "; ".join(outs + list(self.notes))
         return detail or None

@@ -1,9 +1,14 @@
 """The last bootstrap step: a container started through the registered runtime, from an image built locally out
-of the host's own files (no registry needed)."""
+of the host's own files (no registry needed). docker imports the files as a root filesystem (`docker import`);
+containerd gets the same files as a one-layer OCI image archive (`ctr images import`) in gpuprov's own namespace, and
+runs it with gpuprov's runtime as runc (`ctr run --runc-binary`), the binary its `nvidia` handler names."""
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
+import platform
 import shutil
 import tarfile
 
@@ -12,13 +17,38 @@ from provision import __version__, effects
 IMAGE = f"gpuprov-validate:{__version__}"
 BINARIES = ("sh", "cat", "ls", "echo")
 OK_WORD = "gpuprov-validate-ok"
+# containerd: the name its clients (CRI, nerdctl) resolve IMAGE to, in a namespace of gpuprov's own (verify's too), so
+# nothing of the operator's (k8s.io, moby, default) is touched; one fixed container id, removed by `--rm`
+CTR_IMAGE = f"docker.io/library/{IMAGE}"
+CTR_NAMESPACE = "gpuprov"
+CTR = ("ctr", "--namespace", CTR_NAMESPACE)
+CONTAINER = "gpuprov-validate"
+RUNC_SHIM = "io.containerd.runc.v2"  # the shim whose runc binary `--runc-binary` replaces
+GPU_ENV = "NVIDIA_VISIBLE_DEVICES=all"
+ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}
 
 
 def run_argvs(runtime: str, gpu: bool) -> list[tuple[str, ...]]:
     base = ("docker", "run", "--rm", "--runtime", runtime)
     cmds = [base + (IMAGE, "sh", "-c", f"echo {OK_WORD}")]
     if gpu:
-        cmds.append(base + ("-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "nvidia-smi", "-L"))
+        cmds.append(base + ("-e", GPU_ENV, IMAGE, "nvidia-smi", "-L"))
+    return cmds
+
+
+def ctr_remove_argv() -> tuple[str, ...]:
+    """Removes the validation container a killed run left behind (with its stopped task and its snapshot); it fails
+    when there is none, which is the usual case."""
+    return (*CTR, "containers", "delete", CONTAINER)
+
+
+def ctr_run_argvs(runtime_path: str, gpu: bool) -> list[tuple[str, ...]]:
+    """The validation containers on containerd: runc's shim with gpuprov's runtime as its runc binary, `--rm`
+    removing each container and its snapshot (the image stays, as docker's does)."""
+    base = (*CTR, "run", "--rm", "--runtime", RUNC_SHIM, "--runc-binary", runtime_path)
+    cmds = [base + (CTR_IMAGE, CONTAINER, "sh", "-c", f"echo {OK_WORD}")]
+    if gpu:
+        cmds.append(base + ("--env", GPU_ENV, CTR_IMAGE, CONTAINER, "nvidia-smi", "-L"))
     return cmds
 
 
@@ -65,6 +95,45 @@ def build_image_tar(binaries: tuple[str, ...] = BINARIES) -> bytes:
         if os.path.exists("/etc/debian_version"):
             add("/etc/debian_version")
     return buf.getvalue()
+
+
+def oci_archive(layer: bytes, name: str = CTR_IMAGE) -> bytes:
+    """`layer` (a root filesystem tar, e.g. build_image_tar's) as a one-layer OCI image layout in a tar, named `name`
+    (`ctr images import` names the image after the index's `io.containerd.image.name`)."""
+    blobs: dict[str, bytes] = {}
+
+    def blob(data: bytes) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"digest": digest, "size": len(data)}
+
+    arch = ARCH.get(platform.machine(), platform.machine())
+    config = json.dumps({  # a bare root filesystem has no image config: PATH as docker would default it
+        "architecture": arch, "os": "linux",
+        "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(layer)}]}).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", **blob(manifest),
+        "platform": {"architecture": arch, "os": "linux"},
+        "annotations": {"io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]}}]}).encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
+        files.update({f"blobs/sha256/{d.split(':')[1]}": data for d, data in blobs.items()})
+        for d in ("blobs", "blobs/sha256"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for arc, data in files.items():
+            info = tarfile.TarInfo(arc)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
 
 
 def ensure_image() -> None:

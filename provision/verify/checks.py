@@ -26,7 +26,7 @@ from provision.plan.validate import IMAGE
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 ROOTFS = "/var/lib/gpuprov/verify/rootfs"  # containerd's check container: the image's files, unpacked
-CTR = "ctr --namespace gpuprov"
+CTR = shlex.join(validate.CTR)  # gpuprov's own namespace, as bootstrap's validation step uses
 OK_WORD = "gpuprov-verify-ok"
 
 

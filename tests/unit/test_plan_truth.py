@@ -84,7 +84,8 @@ def _printed_argvs(step: st.Step) -> list[tuple[str, ...]]:
 
 CASES = [("debian-12", "datacenter", Options()), ("debian-12", "none", Options(engine_source="docker-ce")),
          ("ubuntu-24.04", "datacenter", Options(cdi=True)), ("rocky-9", "datacenter", Options()),
-         ("rocky-9", "none", Options(driver_source="nvidia", engine="containerd"))]
+         ("rocky-9", "none", Options(driver_source="nvidia", engine="containerd")),
+         ("debian-12", "datacenter", Options(engine="containerd"))]  # containerd's validation with the GPU
 
 
 @pytest.mark.parametrize("distro,sysfs,opt", CASES, ids=[f"{d}-{s}-{i}" for i, (d, s, _) in enumerate(CASES)])
