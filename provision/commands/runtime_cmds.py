@@ -120,16 +120,13 @@ def cdi_refresh(
 ) -> None:
     """Write the CDI spec where engines read it; rewrites only when the driver changed. Run at boot and on driver
     changes by the gpuprov-cdi-refresh systemd units (--install-units)."""
-    from provision.inject.cdi import ForeignSpec, refresh_specs
+    from provision.inject.cdi import refresh_specs
 
     disc = _discover(driver_root)  # same driver-root resolution (and error) as generate
     s = _settings_roots()
-    try:
-        with host_lock("cdi refresh"):
-            changed = refresh_specs(disc["driver_root"], dirs=tuple(d for d in spec_dirs.split(":") if d),
-                                    proc_root=s["proc_root"], dev_root=s["dev_root"])
-    except ForeignSpec as exc:
-        raise GpuprovError(str(exc), exit_code=6) from None
+    with host_lock("cdi refresh"):
+        changed = refresh_specs(disc["driver_root"], dirs=tuple(d for d in spec_dirs.split(":") if d),
+                                proc_root=s["proc_root"], dev_root=s["dev_root"])
     print("\n".join(f"wrote {p}" for p in changed) or "CDI spec up to date", file=sys.stderr)
     if install_units:
         _install_cdi_units()

@@ -268,14 +268,16 @@ def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto
                address: str | None = None, pin: str | None = None) -> GpuDecision:
     """pin: a driver branch ("535") asked for with --driver; refused (no packages, a warning with the way out)
     where the branch does not drive this GPU or the target does not package it."""
-    name, branch, allowed, known, warnings = identify(pci)
+    ident = identify(pci)
+    allowed = ident.kernel_modules
     if pin and pin != "current" and int(pin) < 515 and allowed == "either":
         allowed = "proprietary"  # branches before 515 have no open modules: a Turing+ GPU runs proprietary there
     modules, w2 = choose_modules(allowed, kernel_modules)
-    warnings = warnings + w2
+    warnings = ident.warnings + w2
     pin = None if pin == "current" else pin
+    name, branch = ident.name, ident.branch
     base = dict(pci_id=str(pci), subsystem=pci.subsystem, name=name, branch=branch, kernel_modules=allowed,
-                modules=modules, known=known, address=address, pin=pin)
+                modules=modules, known=ident.known, address=address, pin=pin)
     if target is None:
         return GpuDecision(**base, warnings=warnings)
     entry = table_entry(pci.device) if pci.vendor == NVIDIA else None

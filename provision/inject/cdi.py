@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 
+from provision.errors import ConfigInvalid, Unsupported
 from provision.fsutil import write_file
 from provision.inject import edits
 from provision.inject.capabilities import CAPABILITIES
@@ -77,10 +78,6 @@ def render(spec: dict, fmt: str = "yaml") -> str:
     return yaml.safe_dump(spec, sort_keys=False)
 
 
-class ForeignSpec(Exception):
-    """A spec file gpuprov did not write is where it would write its own."""
-
-
 def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, proc_root: str = "/",
                   dev_root: str = "/", gen_dir: str | None = None) -> list[str]:
     """(Re)write DIR/nvidia.yaml in each of `dirs` from the running driver; returns the files that changed (none
@@ -90,7 +87,8 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
 
     disc = discover.discover(driver_root, proc_root=proc_root, dev_root=dev_root)
     if not disc.get("version"):
-        raise FileNotFoundError("no NVIDIA driver is loaded (/proc/driver/nvidia/version): no CDI spec to write")
+        raise Unsupported("no NVIDIA driver is loaded (/proc/driver/nvidia/version): no CDI spec to write; "
+                          "install one with `gpuprov bootstrap`")
     discover.write_manifests(disc, gen_dir or discover.GENERATED_DIR)
     text = render(generate_spec(disc))
     changed = []
@@ -104,7 +102,8 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
         if old == text:
             continue
         if old is not None and MARKER not in old:
-            raise ForeignSpec(f"{path} was not written by gpuprov (NVIDIA's nvidia-ctk?); remove it or keep using it")
+            raise ConfigInvalid(f"{path} was not written by gpuprov (NVIDIA's nvidia-ctk?); remove it or keep using "
+                                    "it (nothing was changed)")
         os.makedirs(d, mode=0o755, exist_ok=True)
         write_file(path, text, mode=0o644, keep_mode=False, backup=False)
         changed.append(path)

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from provision.errors import ConfigInvalid
 from provision.inject import cdi, discover, edits
 from tests.conftest import H200, run_cli
 
@@ -186,7 +187,7 @@ def test_cdi_refresh_writes_both_dirs_once_and_keeps_foreign_specs(tmp_path):
     assert cdi.refresh_specs(ROOT, **kw) == [str(etc / "nvidia.yaml"), str(run / "nvidia.yaml")]
     assert cdi.refresh_specs(ROOT, **kw) == []  # same driver: nothing rewritten
     (run / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")  # nvidia-ctk's, say
-    with pytest.raises(cdi.ForeignSpec, match="not written by gpuprov"):
+    with pytest.raises(ConfigInvalid, match="not written by gpuprov"):
         cdi.refresh_specs(ROOT, **kw)
     assert "devices: []" in (run / "nvidia.yaml").read_text()
 

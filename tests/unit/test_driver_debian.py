@@ -47,21 +47,22 @@ def test_trixie_tesla_535_and_bullseye_legacy_390():
 
 @pytest.mark.parametrize("pci", ["10de:00f0", "10de:00ff"])
 def test_old_ids_missing_from_the_table_are_legacy_not_current(pci):
-    name, branch, modules, known, warnings = identify(parse_pci_id(pci))
-    assert branch in ("96", "173") and modules == "proprietary" and known  # Debian's legacy lists name them
+    ident = identify(parse_pci_id(pci))
+    assert ident.branch in ("96", "173") and ident.kernel_modules == "proprietary" and ident.known  # Debian's lists
     d = dec(pci, "debian-12")
-    assert d.packages == () and f"{branch} legacy" in d.warnings[-1]
+    assert d.packages == () and f"{ident.branch} legacy" in d.warnings[-1]
 
 
 def test_unknown_id_below_range_is_unknown_legacy():
-    name, branch, modules, known, warnings = identify(parse_pci_id("10de:0a7f"))  # in no list, below Turing
-    assert (branch, known) == ("unknown-legacy", False) and "legacy" in warnings[0]
+    ident = identify(parse_pci_id("10de:0a7f"))  # in no list, below Turing
+    assert (ident.branch, ident.known) == ("unknown-legacy", False) and "legacy" in ident.warnings[0]
     for t in ("debian-12", "ubuntu-24.04", "rocky-9"):
         assert dec("10de:0a7f", t).packages == ()
     assert decide_fleet([decide_gpu(parse_pci_id(x), None) for x in ("10de:0a7f", "10de:2330")]).common_branch \
         is None
     # ids above every known one are still "newer than the table": newest branch, open modules
-    assert identify(parse_pci_id("10de:3fff"))[1:3] == ("current", "open")
+    newer = identify(parse_pci_id("10de:3fff"))
+    assert (newer.branch, newer.kernel_modules) == ("current", "open")
 
 
 def test_pinned_lists_match_the_archive():
