@@ -58,12 +58,6 @@ def write_file(path: str | os.PathLike, data: str | bytes, *, mode: int = 0o644,
                           "(the file was not changed)") from None
 
 
-# The old name, kept for callers that write text.
-def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int | None = None,
-                      backup: bool = True) -> Path | None:
-    return write_file(path, text, mode=0o644 if mode is None else mode, backup=backup)
-
-
 def _write(target: Path, blob: bytes, mode: int, backup: bool, keep_mode: bool, durable: bool) -> Path | None:
     try:
         st = os.stat(target)

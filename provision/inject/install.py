@@ -152,7 +152,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         notes.append(f"discovery cache not written: {exc}")
     try:
         Path(STAMP).parent.mkdir(parents=True, exist_ok=True)
-        Path(STAMP).write_text(_stamp(prefix, driver_root))
+        write_file(STAMP, _stamp(prefix, driver_root), backup=False)
     except OSError:
         pass
     return InstallResult(str(target), shim is not None, origin, changed, notes)

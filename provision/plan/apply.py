@@ -55,7 +55,7 @@ def pending_reboot(reason: str) -> dict:
     host's restart keeps the kernel's boot_id, so the marker is what tells that one rebooted."""
     try:
         BOOT_MARKER.parent.mkdir(parents=True, exist_ok=True)
-        BOOT_MARKER.write_text(reason + "\n")
+        write_file(BOOT_MARKER, reason + "\n", backup=False, durable=False)  # /run: gone at boot anyway
     except OSError:
         pass
     return {"reboot_required": True, "boot_id": boot_id(), "reason": reason}

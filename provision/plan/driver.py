@@ -22,6 +22,7 @@ from provision import effects, paths
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
 from provision.facts.rootfs import is_live, under
+from provision.fsutil import write_file
 from provision.options import Stage
 from provision.plan import repos
 from provision.plan.sources import enable_components
@@ -323,7 +324,7 @@ def first_build_error(kernel: str) -> tuple[str | None, str | None]:
     kept = Path(LOG_DIR) / f"dkms-{log.parts[-4]}-{log.parts[-3]}-{kernel}.log"
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text(text)
+        write_file(kept, text, backup=False)
     except OSError:
         kept = log
     for line in text.splitlines():
@@ -350,8 +351,7 @@ class MokImport:
         password = secrets.token_hex(4)
         h = effects.run(["mokutil", f"--generate-hash={password}"]).output
         Path(MOK_HASH).parent.mkdir(parents=True, exist_ok=True)
-        Path(MOK_HASH).write_text(h)
-        os.chmod(MOK_HASH, 0o600)
+        write_file(MOK_HASH, h, mode=0o600, keep_mode=False, backup=False)  # 0600 from its first byte
         effects.run(["mokutil", "--import", self.key, "--hash-file", MOK_HASH])
         return mok_console_text(password)
 

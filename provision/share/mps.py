@@ -10,7 +10,7 @@ from pathlib import Path
 
 from provision import effects
 from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed
-from provision.fsutil import atomic_write_text
+from provision.fsutil import write_file
 from provision.share.state import MpsState, ShareStateInvalid
 
 PIPE_DIR = "/run/gpuprov/mps"
@@ -94,7 +94,7 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
 
         unit = render("gpuprov-mps.service.j2", control=state.control,
                       environment={k: v for k, v in _env(state).items() if k != "PATH"})
-        atomic_write_text(Path(UNIT), unit, mode=0o644, backup=False)
+        write_file(UNIT, unit, mode=0o644, backup=False)
         effects.run(["systemctl", "daemon-reload"], check=False)
         effects.run(["systemctl", "start", "gpuprov-mps"])
         supervisor = "systemd (gpuprov-mps.service)"
@@ -118,7 +118,7 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
     if default_compute:
         control(state, f"set_default_active_thread_percentage {default_compute}")
     os.makedirs(os.path.dirname(state_path), exist_ok=True)
-    atomic_write_text(Path(state_path), state.to_json(), mode=0o644, backup=False)
+    write_file(state_path, state.to_json(), mode=0o644, backup=False)
     return state
 
 

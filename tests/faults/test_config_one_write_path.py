@@ -25,3 +25,37 @@ def test_only_fsutil_replaces_file_contents():
         if n:
             found[rel] = n
     assert found == {k: n for k, (n, _why) in NOT_FILE_CONTENT.items()}
+
+
+# Direct writes that are not a host file's content being replaced, each with why it may bypass write_file. Anything
+# else that writes (write_text/write_bytes, open(..., "w"/"a")) must go through provision/fsutil.write_file.
+DIRECT_WRITE = re.compile(r"\.write_(text|bytes)\(|\bopen\([^)]*[\"'][wa]b?[\"']")
+DIRECT_WRITES_ALLOWED = {
+    "provision/bundle/aptrepo.py": (3, "a bundle being built: files in the new bundle's own directory"),
+    "provision/bundle/manifest.py": (2, "a bundle being built: manifest.json and SHA256SUMS in its own directory"),
+    "provision/bundle/create.py": (1, "a bundle being built: install-offline.sh in its own directory"),
+    "provision/engines/containerd.py": (1, "a private temporary copy of the config for `containerd config dump`"),
+    "provision/inject/install.py": (1, "a candidate front-end in a private temporary directory, run once to test it"),
+    "provision/verify/checks.py": (1, "the check image's stamp, written last into the tree verify just built"),
+    "provision/plan/validate.py": (1, "the check image's tar, in memory"),
+    "provision/effects.py": (1, "dockerd's log, appended to"),
+    "provision/plan/apply.py": (1, "bootstrap's log, appended to"),
+    "provision/plan/steps.py": (1, "a background daemon's log, appended to"),
+    "provision/inject/shim.py": (1, "the runtime's debug log, appended to"),
+}
+
+
+def test_host_files_are_written_only_by_fsutil():
+    found: dict[str, int] = {}
+    for p in sorted((REPO / "provision").rglob("*.py")):
+        rel = str(p.relative_to(REPO))
+        if rel == "provision/fsutil.py":
+            continue
+        n = len(DIRECT_WRITE.findall(p.read_text()))
+        if n:
+            found[rel] = n
+    unexpected = {k: v for k, v in found.items() if DIRECT_WRITES_ALLOWED.get(k, (0,))[0] != v}
+    missing = {k: v for k, (v, _why) in DIRECT_WRITES_ALLOWED.items() if k not in found}
+    assert not unexpected and not missing, (
+        f"direct writes outside fsutil.write_file: {unexpected} (route them through it, or name them here with the "
+        f"reason); listed here but gone: {missing}")
