@@ -6,7 +6,10 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -30,12 +33,27 @@ def write_inventory(path: Path, hosts: list[Host], **extra_vars) -> Path:
     return path
 
 
-def playbook(inventory: Path, *args: str, timeout: float = 1800) -> tuple[int, str, dict]:
+def playbook(inventory: Path, *args: str, timeout: float = 1800,
+             on_line: Callable[[str], None] | None = None) -> tuple[int, str, dict]:
+    """ansible-playbook site.yml; `on_line` sees each line of its output as it comes (a test acting mid-run)."""
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_HOST_KEY_CHECKING": "False",
-           "ANSIBLE_RETRY_FILES_ENABLED": "False"}
-    p = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "site.yml"), *args], capture_output=True,
-                       text=True, env=env, timeout=timeout, cwd=REPO)
-    out = p.stdout + p.stderr
+           "ANSIBLE_RETRY_FILES_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    argv = ["ansible-playbook", "-i", str(inventory), str(REPO / "site.yml"), *args]
+    with tempfile.TemporaryFile("w+") as err, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
+                                                               env=env, cwd=REPO) as p:
+        lines = []
+        timer = threading.Timer(timeout, p.kill)
+        timer.start()
+        try:
+            for line in p.stdout:
+                lines.append(line)
+                if on_line:
+                    on_line(line)
+            rc = p.wait()
+        finally:
+            timer.cancel()
+        err.seek(0)
+        stdout, stderr = "".join(lines), err.read()
     recap = {m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)),
-                          "failed": int(m.group(5))} for m in RECAP.finditer(p.stdout)}
-    return p.returncode, out, recap
+                          "failed": int(m.group(5))} for m in RECAP.finditer(stdout)}
+    return rc, stdout + stderr, recap

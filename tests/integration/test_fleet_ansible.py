@@ -125,17 +125,25 @@ def test_4b_busy_host_is_retried_then_named(fleet):
     run out it fails naming the fix; when the holder finishes within them, the play goes on."""
     hosts, inv = fleet
     h = hosts[1]
-    h.spawn("mkdir -p /run/gpuprov && exec flock /run/gpuprov/host.lock sleep 25")
-    h.exec("for i in $(seq 50); do flock -n /run/gpuprov/host.lock true || exit 0; sleep 0.1; done; exit 1", check=True)
+    # the holder keeps the lock until /tmp/hold is removed
+    h.spawn("mkdir -p /run/gpuprov && touch /tmp/hold && exec flock /run/gpuprov/host.lock "
+            "sh -c 'while [ -e /tmp/hold ]; do sleep 0.2; done'")
+    h.exec("for i in $(seq 100); do flock -n /run/gpuprov/host.lock true || exit 0; sleep 0.1; done; exit 1", check=True)
     rc, out, recap = playbook(inv, "--tags", "runtime", "--limit", h.name, "-e",
                               '{"gpuprov_busy_retries": 1, "gpuprov_busy_delay": 1}')
     assert rc != 0 and recap[h.name]["failed"] == 1, out[-3000:]
     assert "(exit 11). Fix: another gpuprov run holds the node's host lock" in out, out[-3000:]
     assert "FAILED - RETRYING" in out
+    released = []
+
+    def release_on_first_retry(line: str) -> None:
+        if "FAILED - RETRYING" in line and not released:
+            released.append(line)
+            h.exec("rm -f /tmp/hold", check=True)
+
     rc, out, recap = playbook(inv, "--tags", "runtime", "--limit", h.name, "-e",
-                              '{"gpuprov_busy_retries": 20, "gpuprov_busy_delay": 3}')
-    assert rc == 0 and recap[h.name]["failed"] == 0, out[-3000:]
-    assert "FAILED - RETRYING" in out
+                              '{"gpuprov_busy_retries": 20, "gpuprov_busy_delay": 2}', on_line=release_on_first_retry)
+    assert released and rc == 0 and recap[h.name]["failed"] == 0, out[-3000:]
 
 
 def test_4c_operators_runtime_needs_replace_runtime(fleet):
