@@ -104,6 +104,15 @@ class Daemon:
         except OSError:
             return False
 
+    def is_unit(self, unit: str) -> bool:
+        """Whether this daemon is systemd's `unit` here (its main process): only then does `systemctl restart unit`
+        restart it. Another daemon of the same engine (its own --config, e.g. a private test or CI containerd) must
+        not make gpuprov restart the system's."""
+        if not (effects.has_systemd() and self.in_our_mount_namespace()):
+            return False
+        r = effects.run(["systemctl", "show", "--property=MainPID", "--value", unit], check=False, timeout=10)
+        return r.returncode == 0 and r.output.strip() == str(self.pid)
+
 
 class Engine(ABC):
     name: ClassVar[str]

@@ -516,7 +516,7 @@ class ContainerdEngine(Engine):
         return self.check_error is None
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
-        if effects.has_systemd() and daemon.in_our_mount_namespace():
+        if daemon.is_unit("containerd"):
             effects.run(["systemctl", "restart", "containerd"], check=False)
             self.restarted = True
             return "systemctl restart containerd"

@@ -135,7 +135,7 @@ class CrioEngine(Engine):
         return None
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
-        if effects.has_systemd() and daemon.in_our_mount_namespace():
+        if daemon.is_unit("crio"):
             effects.run(["systemctl", "restart", "crio"], check=False)
             return "systemctl restart crio"
         return f"restart crio (pid {daemon.pid}) to apply the change (it reads its drop-ins only at start)"

@@ -67,12 +67,33 @@ def newer_containerd(suite: str = SUITE) -> Path:
     return dest / "usr/bin"
 
 
+def fs_type(path: str) -> str:
+    """The type of the filesystem that holds `path` (its longest mount point in /proc/self/mounts)."""
+    best, kind = "", ""
+    real = os.path.realpath(path)
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, mnt, typ = line.split()[:3]
+        mnt = mnt.replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, kind = mnt, typ
+    return kind
+
+
 @dataclass
 class Containerd:
     bindir: Path
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpuprov-ctrd-")))  # short: socket
     env: dict = field(default_factory=dict)
     proc: subprocess.Popen | None = None
+    own_mount: bool = False
+
+    def __post_init__(self) -> None:
+        # containerd's overlayfs snapshotter cannot put an overlay's upper directory on overlayfs, which is what the
+        # temporary directory is on a host that is itself a container (bench/host_orders.py's; a real node in a
+        # container mounts a volume at /var/lib/containerd for the same reason): there, the base gets its own tmpfs.
+        if fs_type(str(self.base)) == "overlay":
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "gpuprov-ctrd", str(self.base)], check=True)
+            self.own_mount = True
 
     @property
     def socket(self) -> str:
@@ -187,4 +208,6 @@ class Containerd:
 
     def cleanup(self) -> None:
         self.stop()
+        if self.own_mount:
+            subprocess.run(["umount", "-l", str(self.base)], capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)
