@@ -264,3 +264,26 @@ def test_operator_edit_after_configure_is_picked_up_by_a_rerun(tmp_path):
     assert json.loads(r.stdout)["changed"] is True and "pause:3.10" in json.loads(r.stdout)["diff"]
     assert cli("--config", str(main)).returncode == 0
     assert cri(dump(main))["sandbox_image"] == "registry.local/pause:3.10"
+
+
+@pytest.mark.parametrize("main_pid, restarts", [("4242", True), ("17", False), ("0", False)])
+def test_systemctl_restarts_only_the_units_own_daemon(monkeypatch, main_pid, restarts):
+    """On a systemd host, `systemctl restart containerd` only when the daemon that reads the edited config is that
+    unit's main process; a private containerd (its own --config, pid 4242 here) is named instead, and the system's
+    left alone (seen in a systemd host container: a CI containerd's edit restarted the host's containerd)."""
+    from provision import effects
+    from provision.engines.base import Daemon, EnginePlan
+
+    ran: list[list[str]] = []
+
+    def fake_run(argv, **kw):
+        ran.append(argv)
+        return effects.CommandResult(argv, 0, main_pid + "\n" if "show" in argv else "")
+
+    monkeypatch.setattr(effects, "has_systemd", lambda: True)
+    monkeypatch.setattr(effects, "run", fake_run)
+    monkeypatch.setattr(Daemon, "in_our_mount_namespace", lambda self: True)
+    daemon = Daemon(4242, ("containerd", "--config", "/tmp/x/config.toml"), "/tmp/x/config.toml")
+    said = containerd.ContainerdEngine().apply(daemon, EnginePlan([], []), restart=True)
+    assert (["systemctl", "restart", "containerd"] in ran) is restarts
+    assert said == "systemctl restart containerd" if restarts else "pid 4242" in said
