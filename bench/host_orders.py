@@ -12,19 +12,30 @@ index as this machine (its CA bundle, find-links and index directories mounted r
 them here). A whole `./run-tests.sh` nests hosts three deep and takes long: TESTS (default: the unit and fault
 tests plus tests/integration/test_runtime_docker.py, the module that used to change the host) says what runs.
 
-Usage (root): python3 bench/host_orders.py [--tests 'tests/unit tests/faults …'] [--json]"""
+How each host reaches the outside is this machine's own settings, nothing more: pip's (above), and apt's `Acquire::`
+settings (from /etc/apt/apt.conf.d here, e.g. the archive snapshot's dates not checked) written into the host's
+/etc/apt/apt.conf.d before the first command; the host is otherwise as debootstrap and systemd left it.
+
+The orders run one after the other (2 cores here), or one of them: `--order A|B`.
+
+`--seed-images IMAGE …` (off by default; printed in the output when used): after the first command has installed
+docker.io in the host, these images are copied from this machine's dockerd into the host's (`docker save | docker
+load`), so that tests reuse them instead of building them (the Debian kernel images of the driver test, ~20 min).
+A run with seeded images proves less than a run without: say so wherever its numbers are quoted.
+
+Usage (root): python3 bench/host_orders.py [--tests 'tests/unit tests/faults …'] [--order A|B] [--json]"""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.integration.hosts import Host  # noqa: E402
+from tests.integration.hosts import Host, sh  # noqa: E402
 
 DEFAULT_TESTS = "tests/unit tests/faults tests/integration/test_runtime_docker.py"
 WATCH = "sha256sum /usr/local/bin/gpuprov* /usr/local/bin/nvidia-container-runtime-hook /etc/docker/daemon.json " \
@@ -38,6 +49,21 @@ PIP_ENV = " ".join(f"{k}={v!r}" for k, v in (
     ("PIP_FIND_LINKS", os.environ.get("PIP_FIND_LINKS", "")),
     ("PIP_EXTRA_INDEX_URL", "file:///opt/pypi/simple file:///opt/pypi-more/simple"
      if os.path.exists("/opt/pypi") else ""), ("PIP_DEFAULT_TIMEOUT", "180")) if v)
+ORDERS = {"A": ("A-tests-then-install", ["tests", "install"]), "B": ("B-install-then-tests", ["install", "tests"])}
+
+
+def apt_acquire_settings() -> str:
+    """This machine's apt settings for reaching the archive: the one-line `Acquire::…;` statements of
+    /etc/apt/apt.conf{,.d/*} (blocks spread over lines are left out: they would need apt's own parser)."""
+    files = [Path("/etc/apt/apt.conf"), *sorted(Path("/etc/apt/apt.conf.d").glob("*"))]
+    lines = []
+    for f in files:
+        try:
+            lines += [ln.strip() for ln in f.read_text().splitlines() if ln.strip().startswith("Acquire::")
+                      and ln.strip().endswith(";") and ln.count("{") == ln.count("}")]
+        except OSError:
+            continue
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def ignores(tests: str) -> str:
@@ -68,24 +94,45 @@ def step(h: Host, name: str, script: str, log: dict, timeout: float = 3600) -> b
     return r.returncode == 0
 
 
-def order(name: str, first: str, tests: str, results: dict) -> None:
+def seed(h: Host, images: list[str], log: dict) -> None:
+    """This machine's images into the host's dockerd (see the header: off unless asked for, and reported)."""
+    t = time.monotonic()
+    have = [i for i in images if sh("docker", "image", "inspect", i, check=False).returncode == 0]
+    save = subprocess.Popen(["docker", "save", *have], stdout=subprocess.PIPE)
+    load = subprocess.run(["docker", "exec", "-i", h.name, "docker", "load"], stdin=save.stdout,
+                          capture_output=True, text=True)
+    save.wait()
+    log["seeded_images"] = {"images": have, "rc": load.returncode, "seconds": round(time.monotonic() - t, 1)}
+
+
+def order(key: str, tests: str, results: dict, seed_images: list[str]) -> None:
+    name, seq = ORDERS[key]
     log: dict = {}
     results[name] = log
-    h = Host(name=f"h-runtime-orders-{name}-{os.getpid()}", systemd=True, wheelhouse=False,
-             volumes=PIP_DIRS)
+    h = Host(name=f"orders-{key}-{os.getpid()}", systemd=True, wheelhouse=False, volumes=PIP_DIRS)
     try:
         h.exec("mkdir -p /root/gpuprov && tar -C /src --exclude=./.venv --exclude=./.git --exclude=./.gpu-kit "
                "--exclude=./.whl -cf - . | tar -C /root/gpuprov -xf -", check=True)
-        bare = h.exec("for t in gcc cc pip pip3 gpuprov; do command -v $t; done").stdout
+        bare = h.exec("for t in gcc cc pip pip3 gpuprov docker dockerd; do command -v $t; done").stdout
         log["bare"] = bare == ""
-        cmds = {"tests": f"cd /root/gpuprov && env {PIP_ENV} CI=true ./run-tests.sh -q -p no:cacheprovider {ignores(tests)}",
+        if apt_acquire_settings():
+            h.write("/etc/apt/apt.conf.d/99this-machines-archive", apt_acquire_settings())
+        cmds = {"tests": f"cd /root/gpuprov && env {PIP_ENV} CI=true ./run-tests.sh -q -p no:cacheprovider "
+                         f"--durations=25 {ignores(tests)}",
                 "install": f"cd /root/gpuprov && env {PIP_ENV} ./install.sh --yes"}
-        seq = ["tests", "install"] if first == "tests" else ["install", "tests"]
+        if seed_images and seq[0] == "tests":  # docker.io is not there yet: run-tests.sh's own installer first
+            h.exec("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io "
+                   ">/dev/null", check=True, timeout=1200)
+            log["docker_preinstalled_for_seed"] = True
+        if seed_images and seq[0] == "tests":
+            seed(h, seed_images, log)
         ok = step(h, seq[0], cmds[seq[0]], log)
+        if seed_images and seq[0] == "install":
+            seed(h, seed_images, log)
         before = h.exec(WATCH).stdout
         ok = step(h, seq[1], cmds[seq[1]], log) and ok
         after = h.exec(WATCH).stdout
-        if first == "install":
+        if seq[0] == "install":
             log["gpuprov_untouched_by_tests"] = before == after and "gpuprov-runtime" in before
             log["watched"] = before
         log["ok"] = ok and log["bare"] and log.get("gpuprov_untouched_by_tests", True)
@@ -96,26 +143,25 @@ def order(name: str, first: str, tests: str, results: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tests", default=DEFAULT_TESTS)
+    ap.add_argument("--order", choices=("A", "B", "both"), default="both")
+    ap.add_argument("--seed-images", nargs="*", default=[], metavar="IMAGE")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    results: dict = {}
+    results: dict = {"tests": args.tests, "seeded_images": args.seed_images or "none: every image built in the host"}
     t = time.monotonic()
-    threads = [threading.Thread(target=order, args=(n, f, args.tests, results))
-               for n, f in (("A-tests-then-install", "tests"), ("B-install-then-tests", "install"))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    for key in ("A", "B") if args.order == "both" else (args.order,):
+        order(key, args.tests, results, args.seed_images)
     results["total_seconds"] = round(time.monotonic() - t, 1)
-    results["tests"] = args.tests
-    ok = all(v.get("ok") for k, v in results.items() if isinstance(v, dict))
+    ok = all(v.get("ok") for v in results.values() if isinstance(v, dict))
     if args.json:
         print(json.dumps(results, indent=1))
     else:
+        print("seeded images:", results["seeded_images"])
         for k, v in results.items():
             if isinstance(v, dict):
                 print(k, "ok" if v.get("ok") else "FAILED",
                       {s: (v[s]["rc"], v[s]["seconds"]) for s in ("tests", "install") if s in v})
+                print("\n".join(v.get("tests", {}).get("summary", [])[-3:]))
                 if not v.get("ok"):
                     for s in ("tests", "install"):
                         print("\n".join(v.get(s, {}).get("summary", [])), v.get(s, {}).get("stdout_tail", ""))
