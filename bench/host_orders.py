@@ -49,6 +49,7 @@ PIP_ENV = " ".join(f"{k}={v!r}" for k, v in (
     ("PIP_FIND_LINKS", os.environ.get("PIP_FIND_LINKS", "")),
     ("PIP_EXTRA_INDEX_URL", "file:///opt/pypi/simple file:///opt/pypi-more/simple"
      if os.path.exists("/opt/pypi") else ""), ("PIP_DEFAULT_TIMEOUT", "180")) if v)
+LOG_DIR: Path | None = None  # --log-dir
 ORDERS = {"A": ("A-tests-then-install", ["tests", "install"]), "B": ("B-install-then-tests", ["install", "tests"])}
 
 
@@ -87,7 +88,9 @@ def ignores(tests: str) -> str:
 def step(h: Host, name: str, script: str, log: dict, timeout: float = 3600) -> bool:
     t = time.monotonic()
     r = h.exec(script, timeout=timeout)
-    summary = [ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "SKIPPED"))
+    if LOG_DIR:  # the whole output, for what the summary lines do not say
+        (LOG_DIR / f"{h.name}-{name}.log").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
+    summary = [ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"))
                or " passed" in ln or " failed" in ln or "host untouched" in ln]
     log[name] = {"rc": r.returncode, "seconds": round(time.monotonic() - t, 1), "summary": summary[-40:],
                  "stdout_tail": r.stdout[-1500:], "stderr_tail": r.stderr[-800:]}
@@ -117,7 +120,7 @@ def order(key: str, tests: str, results: dict, seed_images: list[str]) -> None:
         log["bare"] = bare == ""
         if apt_acquire_settings():
             h.write("/etc/apt/apt.conf.d/99this-machines-archive", apt_acquire_settings())
-        cmds = {"tests": f"cd /root/gpuprov && env {PIP_ENV} CI=true ./run-tests.sh -q -p no:cacheprovider "
+        cmds = {"tests": f"cd /root/gpuprov && env {PIP_ENV} CI=true ./run-tests.sh -q -p no:cacheprovider -rfEs "
                          f"--durations=25 {ignores(tests)}",
                 "install": f"cd /root/gpuprov && env {PIP_ENV} ./install.sh --yes"}
         if seed_images and seq[0] == "tests":  # docker.io is not there yet: run-tests.sh's own installer first
@@ -146,7 +149,12 @@ def main() -> int:
     ap.add_argument("--order", choices=("A", "B", "both"), default="both")
     ap.add_argument("--seed-images", nargs="*", default=[], metavar="IMAGE")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--log-dir", type=Path, help="keep each step's whole output there")
     args = ap.parse_args()
+    global LOG_DIR
+    LOG_DIR = args.log_dir
+    if LOG_DIR:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
     results: dict = {"tests": args.tests, "seeded_images": args.seed_images or "none: every image built in the host"}
     t = time.monotonic()
     for key in ("A", "B") if args.order == "both" else (args.order,):
