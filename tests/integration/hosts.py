@@ -69,9 +69,11 @@ def ensure_wheelhouse() -> Path:
 
 class Host:
     def __init__(self, name: str | None = None, network: str | None = None, volumes: dict | None = None,
-                 wheelhouse: bool = True, systemd: bool = False):
+                 wheelhouse: bool = True, systemd: bool = False, tmpfs: tuple[str, ...] = ()):
         self.name = name or f"gpuprov-host-{uuid.uuid4().hex[:8]}"
         args = ["docker", "run", "-d", "--name", self.name, *NESTED, "-v", f"{REPO}:/src:ro"]
+        for d in tmpfs:  # an engine's store (e.g. /var/lib/containerd): overlayfs cannot stack on the host's overlay
+            args += ["--tmpfs", f"{d}:exec"]
         if systemd:
             args += ["--tmpfs", "/run", "--tmpfs", "/run/lock", "-e", "container=docker"]
         if wheelhouse:

@@ -1,0 +1,80 @@
+"""`gpuprov bootstrap --engine containerd` end to end on a fresh Debian 12 systemd host (a container from the
+debootstrap image, /var/lib/containerd on a tmpfs as on a real disk): Debian's containerd installed from the archive,
+runtime `nvidia` registered in its config, and the validation step — the check image from the host's own files
+imported with `ctr`, a container through gpuprov's runtime — passing, saying there is no GPU. Proven to go through
+the runtime: with /usr/local/bin/gpuprov-runtime wrapped by a recorder the validation calls it, and with a runtime
+that refuses everything the validation fails. (The GPU case and containerd 2.x: tests/cri/test_validate_containerd.py.)"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import needs
+from tests.integration.hosts import Host
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
+BOOT = "gpuprov bootstrap --yes --driver skip --engine containerd --json"
+RT = "/usr/local/bin/gpuprov-runtime"
+CTR = "ctr --namespace gpuprov"
+
+
+@pytest.fixture(scope="module")
+def host():
+    h = Host(systemd=True, tmpfs=("/var/lib/containerd",))
+    try:
+        r = h.install_gpuprov()
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield h
+    finally:
+        h.remove()
+
+
+def steps(out: str) -> dict[str, dict]:
+    return {s["id"]: s for s in json.loads(out)["steps"]}
+
+
+def test_1_bootstrap_fresh_host(host):
+    r = host.exec(BOOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    by_id = steps(r.stdout)
+    assert by_id["engine.packages"]["status"] == "changed"
+    v = by_id["validate"]
+    assert v["status"] == "verified" and "gpuprov-validate-ok" in v["detail"] and "no GPU" in v["detail"], v
+    assert host.exec("dpkg-query -W -f '${Status}' containerd").stdout == "install ok installed"
+    assert host.exec("dpkg -s docker.io").returncode != 0  # containerd alone
+    assert RT in host.exec("containerd config dump").stdout  # handler nvidia -> gpuprov's runtime
+    # nothing left but the image, kept as docker's validation image is
+    assert host.exec(f"{CTR} containers ls -q; {CTR} tasks ls -q").stdout.split() == []
+    assert host.exec(f"{CTR} images ls -q").stdout.split() == ["docker.io/library/gpuprov-validate:0.1.0"]
+
+
+def test_2_validation_goes_through_gpuprovs_runtime(host):
+    host.exec(f"mv {RT} {RT}.real && printf '#!/bin/sh\\necho \"$@\" >> /tmp/rt-calls\\nexec {RT}.real \"$@\"\\n' "
+              f"> {RT} && chmod 755 {RT}", check=True)
+    try:
+        r = host.exec(BOOT + " --only validate")
+        assert r.returncode == 0, r.stdout + r.stderr
+        calls = host.exec("cat /tmp/rt-calls").stdout
+        # containerd's shim called it as runc for the validation container: `… create --bundle … gpuprov-validate`
+        assert any(" create " in f" {ln} " and ln.split()[-1] == "gpuprov-validate" for ln in calls.splitlines()), \
+            calls
+        # the control: a runtime that refuses every container fails the validation, named
+        host.exec(f"printf '#!/bin/sh\\necho refused >&2\\nexit 1\\n' > {RT}", check=True)
+        r = host.exec(BOOT + " --only validate")
+        assert r.returncode == 5 and "step validate" in r.stderr, r.stdout + r.stderr
+    finally:
+        host.exec(f"mv {RT}.real {RT}", check=True)
+    assert host.exec(f"{CTR} containers ls -q").stdout.split() == []  # removed after the failure too
+
+
+def test_3_second_run_changes_nothing(host):
+    t = time.monotonic()
+    r = host.exec(BOOT)
+    took = time.monotonic() - t
+    assert r.returncode == 0, r.stdout + r.stderr
+    by_id = steps(r.stdout)
+    assert [i for i, s in by_id.items() if s["status"] == "changed"] == []
+    assert "gpuprov-validate-ok" in by_id["validate"]["detail"]
+    print(f"\nre-run with the validation container: {took:.2f} s")
