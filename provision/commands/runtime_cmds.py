@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -13,11 +13,14 @@ from provision.errors import GpuprovError, UsageError
 from provision.hostlock import changes_host, host_lock
 from provision.output import emit_json, kv
 
+if TYPE_CHECKING:
+    from provision.inject.discover import Discovery
+
 runtime_app = typer.Typer(help="The injection runtime (gpuprov-runtime): install, discover.", no_args_is_help=True)
 cdi_app = typer.Typer(help="CDI specs for engines that consume CDI natively.", no_args_is_help=True)
 
 
-def _discover(driver_root: Optional[str]) -> dict:
+def _discover(driver_root: Optional[str]) -> Discovery:
     """Discovery for this host, laid out as the runtime's settings describe it (driver/proc/dev roots)."""
     from provision.facts.driver_facts import find_driver_root
     from provision.inject.discover import discover
@@ -30,7 +33,7 @@ def _discover(driver_root: Optional[str]) -> dict:
         found, _ = find_driver_root(Path("/"))
         driver_root = found or "/"
     disc = discover(driver_root, proc_root=s["proc_root"], dev_root=s["dev_root"])
-    if not disc.get("version"):
+    if not disc.version:
         raise GpuprovError(f"no NVIDIA driver found (driver root {driver_root}, /proc/driver/nvidia/version); "
                            "install one with `gpuprov bootstrap` or pass --driver-root", exit_code=4)
     return disc
@@ -74,12 +77,12 @@ def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: 
     """What the runtime would inject: driver version, libraries per capability, binaries, nodes, GPUs."""
     disc = _discover(driver_root)
     if json_out:
-        emit_json(disc)
+        emit_json(disc.to_dict())
         return
-    print(kv([("driver", disc["version"]), ("driver root", disc["driver_root"]),
-              ("gpus", ", ".join(f"{g['index']}:{g['bus_id']} {g.get('uuid')}" for g in disc["gpus"]) or "none"),
-              ("nodes", " ".join(n["path"] for n in disc["nodes"].values())),
-              *((f"libs {c}", " ".join(x["soname"] for x in v)) for c, v in disc["libraries"].items())]))
+    print(kv([("driver", disc.version), ("driver root", disc.driver_root),
+              ("gpus", ", ".join(f"{g.index}:{g.bus_id} {g.uuid}" for g in disc.gpus) or "none"),
+              ("nodes", " ".join(n.path for n in disc.nodes.present())),
+              *((f"libs {c}", " ".join(x.soname for x in v)) for c, v in disc.libraries.items())]))
 
 
 @cdi_app.command("generate")
@@ -96,7 +99,7 @@ def cdi_generate(
         raise UsageError("--format must be yaml or json")
     disc = _discover(driver_root)
     try:
-        write_manifests(disc)
+        disc = write_manifests(disc)
     except OSError as exc:  # not root: manifests that need a rewritten copy are left out of the spec
         print(f"warning: {exc}; loader manifests naming absolute paths are left out", file=sys.stderr)
     spec = generate_spec(disc)
@@ -125,7 +128,7 @@ def cdi_refresh(
     disc = _discover(driver_root)  # same driver-root resolution (and error) as generate
     s = _settings_roots()
     with host_lock("cdi refresh"):
-        changed = refresh_specs(disc["driver_root"], dirs=tuple(d for d in spec_dirs.split(":") if d),
+        changed = refresh_specs(disc.driver_root, dirs=tuple(d for d in spec_dirs.split(":") if d),
                                 proc_root=s["proc_root"], dev_root=s["dev_root"])
     print("\n".join(f"wrote {p}" for p in changed) or "CDI spec up to date", file=sys.stderr)
     if install_units:
@@ -196,33 +199,34 @@ def driver_volume(
     import shutil
 
     disc = _discover(driver_root)
-    vdir = base / disc["version"]
+    version = disc.version or ""  # _discover refused a root without a driver
+    vdir = base / version
     if not vdir.exists():
-        tmp = base / f".{disc['version']}.tmp"
+        tmp = base / f".{version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "bin").mkdir(parents=True)
         (tmp / "lib64").mkdir()
-        for libs in disc["libraries"].values():
+        for libs in disc.libraries.values():
             for lib in libs:
-                _link_or_copy(lib["path"], tmp / "lib64" / lib["soname"])
-        for libs in disc.get("libraries32", {}).values():
+                _link_or_copy(lib.path, tmp / "lib64" / lib.soname)
+        for libs in disc.libraries32.values():
             for lib in libs:
-                _link_or_copy(lib["path"], tmp / "lib32" / lib["soname"])
-        for bins in disc["binaries"].values():
+                _link_or_copy(lib.path, tmp / "lib32" / lib.soname)
+        for bins in disc.binaries.values():
             for b in bins:
                 _link_or_copy(b, tmp / "bin" / os.path.basename(b))
-        for man in disc.get("manifests", []):  # share/vulkan/icd.d/… : mount share/ at /usr/share for graphics
-            if not man.get("rewrite"):
-                _link_or_copy(man["path"], tmp / man["container_path"].lstrip("/").replace("usr/", "", 1))
+        for man in disc.manifests:  # share/vulkan/icd.d/… : mount share/ at /usr/share for graphics
+            if not man.rewrite:
+                _link_or_copy(man.path, tmp / man.container_path.lstrip("/").replace("usr/", "", 1))
         os.replace(tmp, vdir)
     cur = base / "current"
-    if not (cur.is_symlink() and os.readlink(cur) == disc["version"]):
+    if not (cur.is_symlink() and os.readlink(cur) == version):
         tmp_link = base / ".current.tmp"
         if tmp_link.is_symlink():
             tmp_link.unlink()
-        os.symlink(disc["version"], tmp_link)
+        os.symlink(version, tmp_link)
         os.replace(tmp_link, cur)  # atomic switch: running manifests keep a valid path
-    print(f"{cur} -> {disc['version']}  (docker run -v {cur}:/usr/local/nvidia:ro …)")
+    print(f"{cur} -> {version}  (docker run -v {cur}:/usr/local/nvidia:ro …)")
 
 
 def _link_or_copy(src: str, dst: Path) -> None:

@@ -14,6 +14,7 @@ from provision.errors import ConfigInvalid, Unsupported
 from provision.fsutil import write_file
 from provision.inject import edits
 from provision.inject.capabilities import CAPABILITIES
+from provision.inject.discover import Discovery, Gpu, Node
 
 KIND = "nvidia.com/gpu"
 LIBDIRS = (edits.DEBIAN_LIBDIR, edits.RHEL_LIBDIR)
@@ -22,22 +23,21 @@ SPEC_NAME = "nvidia.yaml"
 MARKER = "GPUPROV_DRIVER_VERSION"  # in every spec gpuprov writes: a file without it is someone else's
 
 
-def _node(n: dict) -> dict:
-    return {"path": n["path"], "hostPath": n["path"], "type": "c", "major": n["major"], "minor": n["minor"],
-            "permissions": "rw"}
+def _node(n: Node) -> dict:
+    return {"path": n.path, "hostPath": n.path, "type": "c", "major": n.major, "minor": n.minor, "permissions": "rw"}
 
 
 def _mount(m: dict, dest: str) -> dict:
     return {"hostPath": m["source"], "containerPath": dest, "options": ["ro", "nosuid", "nodev", "bind"]}
 
 
-def _gpu_edits(g: dict) -> dict:
-    return {"deviceNodes": [_node(g["node"])] + [_node(n) for n in g.get("drm", [])]}
+def _gpu_edits(g: Gpu) -> dict:
+    return {"deviceNodes": [_node(g.node)] + [_node(n) for n in g.drm]}
 
 
-def generate_spec(disc: dict, *, libdirs: tuple[str, ...] = LIBDIRS) -> dict:
+def generate_spec(disc: Discovery, *, libdirs: tuple[str, ...] = LIBDIRS) -> dict:
     """One spec: devices by index, by UUID and `all`; common edits (control nodes, every capability's files)."""
-    caps = [c for c in CAPABILITIES if c != "compat32"] + (["compat32"] if disc.get("libraries32") else [])
+    caps = [c for c in CAPABILITIES if c != "compat32"] + (["compat32"] if disc.libraries32 else [])
     mounts, seen = [], set()
     for m in edits.driver_mounts(disc, caps, libdir=libdirs[0], with_firmware=True):
         dests = [m["destination"]]
@@ -47,24 +47,23 @@ def generate_spec(disc: dict, *, libdirs: tuple[str, ...] = LIBDIRS) -> dict:
             if d not in seen:
                 seen.add(d)
                 mounts.append(_mount(m, d))
-    if disc.get("ipc", {}).get("persistenced"):
-        mounts.append({"hostPath": disc["ipc"]["persistenced"], "containerPath": "/var/run/nvidia-persistenced/socket",
+    if disc.persistenced:
+        mounts.append({"hostPath": disc.persistenced, "containerPath": "/var/run/nvidia-persistenced/socket",
                        "options": list(edits.IPC_OPTS)})
     gpu_devices = []
-    for g in disc.get("gpus", []):
-        gpu_devices.append({"name": str(g["index"]), "containerEdits": _gpu_edits(g)})
-        if g.get("uuid"):
-            gpu_devices.append({"name": g["uuid"], "containerEdits": _gpu_edits(g)})
-    all_nodes = [n for g in disc.get("gpus", []) for n in _gpu_edits(g)["deviceNodes"]]
-    control = [disc["nodes"][k] for k in ("ctl", "modeset", "uvm", "uvm-tools") if k in disc["nodes"]]
+    for g in disc.gpus:
+        gpu_devices.append({"name": str(g.index), "containerEdits": _gpu_edits(g)})
+        if g.uuid:
+            gpu_devices.append({"name": g.uuid, "containerEdits": _gpu_edits(g)})
+    all_nodes = [n for g in disc.gpus for n in _gpu_edits(g)["deviceNodes"]]
     return {
         # 0.5.0: the lowest version allowing device names that start with a digit and hostPath on device nodes.
         "cdiVersion": "0.5.0",
         "kind": KIND,
         "devices": gpu_devices + [{"name": "all", "containerEdits": {"deviceNodes": all_nodes}}],
         "containerEdits": {
-            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"{MARKER}={disc.get('version')}"],
-            "deviceNodes": [_node(n) for n in control],
+            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"{MARKER}={disc.version}"],
+            "deviceNodes": [_node(n) for n in disc.nodes.present()],
             "mounts": mounts,
         },
     }
@@ -86,11 +85,10 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
     from provision.inject import discover
 
     disc = discover.discover(driver_root, proc_root=proc_root, dev_root=dev_root)
-    if not disc.get("version"):
+    if not disc.version:
         raise Unsupported("no NVIDIA driver is loaded (/proc/driver/nvidia/version): no CDI spec to write; "
                           "install one with `gpuprov bootstrap`")
-    discover.write_manifests(disc, gen_dir or discover.GENERATED_DIR)
-    text = render(generate_spec(disc))
+    text = render(generate_spec(discover.write_manifests(disc, gen_dir or discover.GENERATED_DIR)))
     changed = []
     for d in dirs:
         path = os.path.join(d, SPEC_NAME)
@@ -156,7 +154,7 @@ class SpecCurrent:
         if not is_live(root):
             return False
         disc = discover.discover(self.driver_root)
-        if not disc.get("version"):
+        if not disc.version:
             return False
         text = render(generate_spec(discover.write_manifests(disc)))
         for d in self.dirs:

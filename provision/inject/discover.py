@@ -1,10 +1,13 @@
-"""Discovery: what a driver root offers, as plain data (JSON-serialisable dicts), precomputed and cached so that
-a container start only reads one small file. Refreshed when the loaded driver's version line changes."""
+"""Discovery: what a driver root offers, as typed records (`Discovery`, one JSON form), precomputed and cached so
+that a container start only reads one small file. Refreshed when the loaded driver's version line changes."""
 from __future__ import annotations
 
 import json
 import os
 import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from provision import paths
 from provision.facts.driver_facts import DRIVER_LIB_DIRS as LIB_DIRS
@@ -23,7 +26,218 @@ CACHE_FILE = paths.DISCOVERY_CACHE
 # Manifests whose library_path had to be rewritten are written here (root-owned, 0755; persistent, so that a CDI
 # spec in /etc/cdi that names them stays valid across reboots). One sub-directory per driver version.
 GENERATED_DIR = paths.GENERATED_MANIFESTS
-SCHEMA = 2
+SCHEMA = 2  # the cache file's form; a cache of another schema is a miss (rebuilt)
+
+
+# --- the typed result: one JSON form (to_dict/from_dict), read by modify, edits, cdi, k8s and the CLI ---
+# Every record has a docstring: without one, Python 3.11's dataclass builds __doc__ with inspect.signature, which
+# costs ~0.25 ms per class at import (measured), paid by each cold GPU container start.
+
+@dataclass(frozen=True, slots=True)
+class Library:
+    """A driver library of this driver version."""
+    name: str  # libcuda
+    path: str  # host path of the versioned file (libcuda.so.580.159.04)
+    soname: str  # libcuda.so.1: the name it is mounted at in the container
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A character device node: its path (in the host's and the container's /dev) and major:minor."""
+    path: str
+    major: int
+    minor: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """A GPU the loaded driver lists."""
+    bus_id: str  # 0000:3b:00.0
+    uuid: str | None
+    minor: int
+    model: str | None
+    index: int  # nvidia-smi's index: PCI bus order
+    node: Node  # /dev/nvidiaN
+    drm: tuple[Node, ...] = ()  # /dev/dri/card*, renderD* (nvidia-drm loaded)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A loader manifest (Vulkan/EGL ICD, OpenCL .icd, …) for one capability."""
+    cap: str
+    path: str  # the host file
+    container_path: str
+    library: str | None  # the library it names
+    rewrite: str | None  # the bare SONAME when it names an absolute host path (then a rewritten copy is mounted)
+    generated: str | None = None  # that rewritten copy, once write_manifests() wrote it
+
+    @property
+    def source(self) -> str | None:
+        """What to mount: the file itself, or its rewritten copy (None while a needed copy is not written)."""
+        return self.generated if self.rewrite else self.path
+
+
+@dataclass(frozen=True, slots=True)
+class Firmware:
+    """A GSP firmware file and where the container's kernel looks for it."""
+    path: str
+    container_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class ControlNodes:
+    """The driver's device nodes that are not a GPU's (present when their module is loaded)."""
+    ctl: Node  # /dev/nvidiactl
+    uvm: Node | None = None
+    uvm_tools: Node | None = None
+    modeset: Node | None = None
+
+    def present(self) -> tuple[Node, ...]:
+        return tuple(n for n in (self.ctl, self.modeset, self.uvm, self.uvm_tools) if n is not None)
+
+
+_NODE_KEYS = (("ctl", "ctl"), ("uvm", "uvm"), ("uvm-tools", "uvm_tools"), ("modeset", "modeset"))
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """Everything the runtime, CDI and docker-args need from one driver root. Frozen and shared: the warm editor
+    keeps one for every container start while the cache file is unchanged, so no reader may change it."""
+    driver_root: str
+    version: str | None  # None: no driver loaded (and then nothing else is filled)
+    libraries: Mapping[str, tuple[Library, ...]]  # capability -> libraries
+    libraries32: Mapping[str, tuple[Library, ...]]  # the same, 32-bit builds (compat32)
+    manifests: tuple[Manifest, ...]
+    firmware_needed: bool  # kernel < 5.7 loads GSP firmware from the opener's mount namespace
+    binaries: Mapping[str, tuple[str, ...]]  # capability -> host paths
+    nodes: ControlNodes
+    gpus: tuple[Gpu, ...]
+    persistenced: str | None  # nvidia-persistenced's socket on the host, when it runs
+    firmware: tuple[Firmware, ...]
+    key: str | None = None  # the cache's version key (version_key()); None outside the cache
+
+    def to_dict(self) -> dict:
+        """The JSON form: the cache file's and `gpuprov runtime discover --json`'s (schema SCHEMA)."""
+        def lib(x: Library) -> dict:
+            return {"name": x.name, "path": x.path, "soname": x.soname}
+
+        def node(n: Node) -> dict:
+            return {"path": n.path, "major": n.major, "minor": n.minor}
+
+        def man(m: Manifest) -> dict:
+            d = {"cap": m.cap, "path": m.path, "container_path": m.container_path, "library": m.library,
+                 "rewrite": m.rewrite}
+            if m.generated is not None:
+                d["generated"] = m.generated
+            return d
+
+        doc = {
+            "schema": SCHEMA,
+            "driver_root": self.driver_root,
+            "version": self.version,
+            "libraries": {c: [lib(x) for x in v] for c, v in self.libraries.items()},
+            "libraries32": {c: [lib(x) for x in v] for c, v in self.libraries32.items()},
+            "manifests": [man(m) for m in self.manifests],
+            "firmware_needed": self.firmware_needed,
+            "binaries": {c: list(v) for c, v in self.binaries.items()},
+            "nodes": {k: node(getattr(self.nodes, a)) for k, a in _NODE_KEYS if getattr(self.nodes, a) is not None},
+            "gpus": [{"bus_id": g.bus_id, "uuid": g.uuid, "minor": g.minor, "model": g.model, "index": g.index,
+                      "node": node(g.node), "drm": [node(n) for n in g.drm]} for g in self.gpus],
+            "ipc": {"persistenced": self.persistenced} if self.persistenced else {},
+            "firmware": [{"path": f.path, "container_path": f.container_path} for f in self.firmware],
+        }
+        if self.key is not None:
+            doc["key"] = self.key
+        return doc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> Discovery:
+        """ValueError for anything that is not to_dict()'s form of this SCHEMA (an older gpuprov's cache, a
+        truncated or garbled file): the cache then counts as a miss and is rebuilt."""
+        try:
+            if _only(doc, _FIELDS["doc"])["schema"] != SCHEMA:
+                raise ValueError(f"schema {doc['schema']!r}, not {SCHEMA}")
+            nodes = _only(doc["nodes"], _FIELDS["nodes"])
+            disc = cls(
+                driver_root=_typed(doc["driver_root"], str),
+                version=_typed(doc["version"], str, None),
+                libraries=_libs(doc["libraries"]),
+                libraries32=_libs(doc["libraries32"]),
+                manifests=tuple(_manifest(m) for m in doc["manifests"]),
+                firmware_needed=_typed(doc["firmware_needed"], bool),
+                binaries=MappingProxyType({_typed(c, str): tuple(_typed(p, str) for p in v)
+                                           for c, v in doc["binaries"].items()}),
+                nodes=ControlNodes(**{a: _node(nodes[k]) for k, a in _NODE_KEYS if k in nodes}),
+                gpus=tuple(_gpu(g) for g in doc["gpus"]),
+                persistenced=_typed(_only(doc["ipc"], _FIELDS["ipc"]).get("persistenced"), str, None),
+                firmware=tuple(_firmware(f) for f in doc["firmware"]),
+                key=_typed(doc.get("key"), str, None),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:  # a missing key, an unknown one, a wrong container
+            raise ValueError(f"not a discovery document: {type(exc).__name__}: {exc}") from None
+        return disc
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Discovery:
+        return cls.from_dict(json.loads(text))
+
+
+# The keys each JSON object may have (to_dict's): anything else is another writer's form, so a miss.
+_FIELDS = {
+    "doc": {"schema", "driver_root", "version", "libraries", "libraries32", "manifests", "firmware_needed", "binaries",
+            "nodes", "gpus", "ipc", "firmware", "key"},
+    "nodes": {k for k, _ in _NODE_KEYS}, "node": {"path", "major", "minor"}, "library": {"name", "path", "soname"},
+    "manifest": {"cap", "path", "container_path", "library", "rewrite", "generated"}, "ipc": {"persistenced"},
+    "gpu": {"bus_id", "uuid", "minor", "model", "index", "node", "drm"}, "firmware": {"path", "container_path"},
+}
+
+
+def _only(obj: dict, keys: set[str]) -> dict:
+    if not obj.keys() <= keys:
+        raise TypeError(f"unknown field(s) {sorted(obj.keys() - keys)}")
+    return obj
+
+
+def _typed(value, typ: type, *none):
+    """`value` when it is a `typ` (or None where None is allowed), else TypeError. bool is not an int here."""
+    if (value is None and none) or (type(value) is typ):
+        return value
+    raise TypeError(f"{value!r} is not a {typ.__name__}")
+
+
+def _manifest(m: dict) -> Manifest:
+    _only(m, _FIELDS["manifest"])
+    return Manifest(_typed(m["cap"], str), _typed(m["path"], str), _typed(m["container_path"], str),
+                    _typed(m["library"], str, None), _typed(m["rewrite"], str, None), _typed(m.get("generated"), str, None))
+
+
+def _gpu(g: dict) -> Gpu:
+    _only(g, _FIELDS["gpu"])
+    return Gpu(bus_id=_typed(g["bus_id"], str), uuid=_typed(g["uuid"], str, None), minor=_typed(g["minor"], int),
+               model=_typed(g["model"], str, None), index=_typed(g["index"], int), node=_node(g["node"]),
+               drm=tuple(_node(n) for n in g["drm"]))
+
+
+def _node(n: dict) -> Node:
+    _only(n, _FIELDS["node"])
+    return Node(_typed(n["path"], str), _typed(n["major"], int), _typed(n["minor"], int))
+
+
+def _libs(doc: dict) -> Mapping[str, tuple[Library, ...]]:
+    return MappingProxyType({_typed(c, str): tuple(_library(x) for x in v) for c, v in doc.items()})
+
+
+def _library(x: dict) -> Library:
+    _only(x, _FIELDS["library"])
+    return Library(_typed(x["name"], str), _typed(x["path"], str), _typed(x["soname"], str))
+
+
+def _firmware(f: dict) -> Firmware:
+    _only(f, _FIELDS["firmware"])
+    return Firmware(_typed(f["path"], str), _typed(f["container_path"], str))
 
 
 def _join(root: str, path: str) -> str:
@@ -63,13 +277,14 @@ def elf_soname(path: str) -> str | None:
     return None
 
 
-def _libraries(root: str, version: str, dirs: tuple[str, ...] = LIB_DIRS, elf64: bool = True) -> dict[str, list[dict]]:
-    """Per capability: [{"name": libcuda, "path": host path of the versioned file, "soname": libcuda.so.1}]."""
+def _libraries(root: str, version: str, dirs: tuple[str, ...] = LIB_DIRS, elf64: bool = True
+               ) -> dict[str, list[Library]]:
+    """Per capability, the driver's libraries of this version found under `dirs`."""
     wanted: dict[str, list[str]] = {}
     for cap, libs in LIBRARIES.items():
         for lib in libs:
             wanted.setdefault(lib, []).append(cap)
-    found: dict[str, list[dict]] = {}
+    found: dict[str, list[Library]] = {}
     seen = set()
     for d in dirs:
         full = _join(root, d)
@@ -94,17 +309,17 @@ def _libraries(root: str, version: str, dirs: tuple[str, ...] = LIB_DIRS, elf64:
                 cands = [x for x in links.get(n, []) if x.startswith(base + ".so.")]
                 soname = min(cands, key=len) if cands else n
             seen.add(base)
+            lib = Library(name=base, path=p, soname=soname)
             for cap in wanted[base]:
-                found.setdefault(cap, []).append({"name": base, "path": p, "soname": soname})
+                found.setdefault(cap, []).append(lib)
     return found
 
 
-def _libraries32(root: str, version: str) -> dict[str, list[dict]]:
+def _libraries32(root: str, version: str) -> dict[str, tuple[Library, ...]]:
     """32-bit builds of the same libraries (compat32). A 64-bit ELF in a shared dir such as usr/lib is skipped."""
     out = _libraries(root, version, DRIVER_LIB32_DIRS, elf64=False)
-    for cap, libs in list(out.items()):
-        out[cap] = [lib for lib in libs if _elf_class(lib["path"]) != 2]
-    return {c: v for c, v in out.items() if v}
+    kept = {cap: tuple(lib for lib in libs if _elf_class(lib.path) != 2) for cap, libs in out.items()}
+    return {c: v for c, v in kept.items() if v}
 
 
 def _elf_class(path: str) -> int | None:
@@ -134,10 +349,10 @@ def _manifest_library(path: str) -> str | None:
     return None
 
 
-def _manifests(root: str) -> list[dict]:
-    """[{"cap", "path": host file, "container_path", "library": what it names, "rewrite": bare name or None}].
-    A manifest naming its library by an absolute host path (some distro packages do) would point the image's
-    loader at a path that does not exist in the container: it gets a rewritten copy naming the bare SONAME."""
+def _manifests(root: str) -> tuple[Manifest, ...]:
+    """The loader manifests under the driver root. A manifest naming its library by an absolute host path (some
+    distro packages do) would point the image's loader at a path that does not exist in the container: it gets a
+    rewritten copy naming the bare SONAME (`rewrite`, written by write_manifests)."""
     import glob
 
     out = []
@@ -151,30 +366,30 @@ def _manifests(root: str) -> list[dict]:
                 lib = None if h.endswith(".bin") else _manifest_library(h)
                 cpath = dest + os.path.basename(h) if dest.endswith("/") else dest
                 rewrite = os.path.basename(lib) if lib and "/" in lib else None
-                out.append({"cap": cap, "path": h, "container_path": cpath, "library": lib, "rewrite": rewrite})
+                out.append(Manifest(cap=cap, path=h, container_path=cpath, library=lib, rewrite=rewrite))
             break
-    return out
+    return tuple(out)
 
 
-def _platform_libraries(root: str, manifests: list[dict], have: set[str]) -> list[dict]:
+def _platform_libraries(root: str, manifests: tuple[Manifest, ...], have: set[str]) -> list[Library]:
     """Libraries that EGL external-platform manifests name (libnvidia-egl-gbm.so.1, -wayland, -xcb…): they carry
     their own version, not the driver's, so the version scan does not see them."""
     out = []
     for m in manifests:
-        name = os.path.basename(m["library"] or "")
-        if m["cap"] != "graphics" or not name.startswith("libnvidia-egl-") or name in have:
+        name = os.path.basename(m.library or "")
+        if m.cap != "graphics" or not name.startswith("libnvidia-egl-") or name in have:
             continue
         for d in LIB_DIRS:
             p = _join(root, f"{d}/{name}")
             if os.path.exists(p):
                 real = os.path.realpath(p)
-                out.append({"name": name.partition(".so")[0], "path": real, "soname": name})
+                out.append(Library(name=name.partition(".so")[0], path=real, soname=name))
                 have.add(name)
                 break
     return out
 
 
-def _binaries(root: str) -> dict[str, list[str]]:
+def _binaries(root: str) -> dict[str, tuple[str, ...]]:
     out: dict[str, list[str]] = {}
     for cap, names in BINARIES.items():
         for n in names:
@@ -183,7 +398,7 @@ def _binaries(root: str) -> dict[str, list[str]]:
                 if os.path.isfile(p) and not os.path.islink(p):
                     out.setdefault(cap, []).append(p)
                     break
-    return out
+    return {c: tuple(v) for c, v in out.items()}
 
 
 def char_majors(proc_devices: str) -> dict[str, int]:
@@ -208,33 +423,33 @@ def _read(path: str) -> str:
         return ""
 
 
-def gpus_from_proc(proc_root: str) -> list[dict]:
+def gpus_from_proc(proc_root: str, dev_root: str, nvidia_major: int) -> tuple[Gpu, ...]:
+    """The GPUs the loaded driver lists, indexed as nvidia-smi does (PCI bus order), with their device nodes."""
     base = _join(proc_root, "proc/driver/nvidia/gpus")
-    out = []
+    found = []
     try:
         buses = sorted(os.listdir(base))
     except OSError:
-        return []
+        return ()
     for bus in buses:
         info = {}
         for line in _read(os.path.join(base, bus, "information")).splitlines():
             k, _, v = line.partition(":")
             info[k.strip()] = v.strip()
-        minor = int(info.get("Device Minor", len(out)))
-        out.append({"bus_id": info.get("Bus Location", bus), "uuid": info.get("GPU UUID"), "minor": minor,
-                    "model": info.get("Model")})
-    out.sort(key=lambda g: g["bus_id"])  # nvidia-smi indexes GPUs by PCI bus order
-    for i, g in enumerate(out):
-        g["index"] = i
-    return out
+        found.append((info.get("Bus Location", bus), info.get("GPU UUID"), int(info.get("Device Minor", len(found))),
+                      info.get("Model")))
+    found.sort(key=lambda g: g[0])  # nvidia-smi indexes GPUs by PCI bus order
+    return tuple(Gpu(bus_id=bus_id, uuid=uuid, minor=minor, model=model, index=i,
+                     node=Node(f"/dev/nvidia{minor}", nvidia_major, minor), drm=_drm_nodes(proc_root, dev_root, bus_id))
+                 for i, (bus_id, uuid, minor, model) in enumerate(found))
 
 
-def _drm_nodes(sys_root: str, dev_root: str, bus_id: str) -> list[dict]:
+def _drm_nodes(sys_root: str, dev_root: str, bus_id: str) -> tuple[Node, ...]:
     """The GPU's /dev/dri/card* and renderD* (present when nvidia-drm is loaded): graphics and display need them."""
     try:
         names = sorted(os.listdir(_join(sys_root, f"sys/bus/pci/devices/{bus_id.lower()}/drm")))
     except OSError:
-        return []
+        return ()
     out = []
     for n in names:
         if not n.startswith(("card", "renderD")):
@@ -244,8 +459,8 @@ def _drm_nodes(sys_root: str, dev_root: str, bus_id: str) -> list[dict]:
         except OSError:
             continue
         if stat.S_ISCHR(st.st_mode):
-            out.append({"path": f"/dev/dri/{n}", "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev)})
-    return out
+            out.append(Node(f"/dev/dri/{n}", os.major(st.st_rdev), os.minor(st.st_rdev)))
+    return tuple(out)
 
 
 def driver_version(proc_root: str, driver_root: str) -> str | None:
@@ -258,54 +473,47 @@ def driver_version(proc_root: str, driver_root: str) -> str | None:
     return parse_nvrm(_read(_join(proc_root, "proc/driver/nvidia/version")))[0] or userspace_version(Path(driver_root))
 
 
-def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/") -> dict:
-    """Everything the runtime, CDI and docker-args need, as one JSON-serialisable dict."""
+def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/") -> Discovery:
+    """Everything the runtime, CDI and docker-args need from this driver root."""
     version = driver_version(proc_root, driver_root)
     majors = char_majors(_read(_join(proc_root, "proc/devices")))
-    gpus = gpus_from_proc(proc_root)
     nvidia_major = majors.get("nvidia-frontend", majors.get("nvidia", 195))
-    nodes = {"ctl": {"path": "/dev/nvidiactl", "major": nvidia_major, "minor": 255}}
-    if "nvidia-uvm" in majors:
-        nodes["uvm"] = {"path": "/dev/nvidia-uvm", "major": majors["nvidia-uvm"], "minor": 0}
-        nodes["uvm-tools"] = {"path": "/dev/nvidia-uvm-tools", "major": majors["nvidia-uvm"], "minor": 1}
-    if os.path.exists(_join(dev_root, "dev/nvidia-modeset")):
-        nodes["modeset"] = {"path": "/dev/nvidia-modeset", "major": nvidia_major, "minor": 254}
-    for g in gpus:
-        g["node"] = {"path": f"/dev/nvidia{g['minor']}", "major": nvidia_major, "minor": g["minor"]}
-        g["drm"] = _drm_nodes(proc_root, dev_root, g["bus_id"])
-    firmware: list[dict] = []
+    uvm = majors.get("nvidia-uvm")
+    nodes = ControlNodes(
+        ctl=Node("/dev/nvidiactl", nvidia_major, 255),
+        uvm=Node("/dev/nvidia-uvm", uvm, 0) if uvm is not None else None,
+        uvm_tools=Node("/dev/nvidia-uvm-tools", uvm, 1) if uvm is not None else None,
+        modeset=Node("/dev/nvidia-modeset", nvidia_major, 254) if os.path.exists(_join(dev_root, "dev/nvidia-modeset"))
+        else None)
+    firmware: tuple[Firmware, ...] = ()
     if version:
         for fw_root in (driver_root, "/"):
             fwdir = _join(fw_root, f"lib/firmware/nvidia/{version}")
             if not os.path.isdir(fwdir):
                 fwdir = _join(fw_root, f"firmware/nvidia/{version}")
             if os.path.isdir(fwdir):
-                firmware = [{"path": os.path.join(fwdir, n), "container_path": f"/lib/firmware/nvidia/{version}/{n}"}
-                            for n in sorted(os.listdir(fwdir)) if n.startswith("gsp")]
+                firmware = tuple(Firmware(os.path.join(fwdir, n), f"/lib/firmware/nvidia/{version}/{n}")
+                                 for n in sorted(os.listdir(fwdir)) if n.startswith("gsp"))
                 break
-    ipc = {}
     sock = _join(dev_root, "var/run/nvidia-persistenced/socket")
-    if os.path.exists(sock):
-        ipc["persistenced"] = sock
     libraries = _libraries(driver_root, version) if version else {}
     manifests = _manifests(driver_root)
-    extra = _platform_libraries(driver_root, manifests, {lib["soname"] for v in libraries.values() for lib in v})
+    extra = _platform_libraries(driver_root, manifests, {lib.soname for v in libraries.values() for lib in v})
     if extra:
         libraries.setdefault("graphics", []).extend(extra)
-    return {
-        "schema": SCHEMA,
-        "driver_root": driver_root,
-        "version": version,
-        "libraries": libraries,
-        "libraries32": _libraries32(driver_root, version) if version else {},
-        "manifests": manifests,
-        "firmware_needed": firmware_needed(kernel_release(proc_root)),
-        "binaries": _binaries(driver_root),
-        "nodes": nodes,
-        "gpus": gpus,
-        "ipc": ipc,
-        "firmware": firmware,
-    }
+    return Discovery(
+        driver_root=driver_root,
+        version=version,
+        libraries={c: tuple(v) for c, v in libraries.items()},
+        libraries32=_libraries32(driver_root, version) if version else {},
+        manifests=manifests,
+        firmware_needed=firmware_needed(kernel_release(proc_root)),
+        binaries=_binaries(driver_root),
+        nodes=nodes,
+        gpus=gpus_from_proc(proc_root, dev_root, nvidia_major),
+        persistenced=sock if os.path.exists(sock) else None,
+        firmware=firmware,
+    )
 
 
 def kernel_release(proc_root: str = "/") -> str:
@@ -322,27 +530,29 @@ def firmware_needed(release: str) -> bool:
     return len(v) < 2 or v[:2] < FIRMWARE_FROM_INIT_NS
 
 
-def write_manifests(doc: dict, gen_dir: str = GENERATED_DIR) -> dict:
-    """Write the rewritten copies that `doc`'s manifests need under gen_dir/<version>/ and point their `source`
-    there. The directory is created root-owned 0755 and checked (no symlink, nobody else can write), because the
-    runtime bind-mounts what is in it into every graphics container."""
-    todo = [m for m in doc.get("manifests", []) if m.get("rewrite")]
-    if not todo:
-        return doc
-    d = os.path.join(gen_dir, doc.get("version") or "unknown")
+def write_manifests(disc: Discovery, gen_dir: str = GENERATED_DIR) -> Discovery:
+    """Write the rewritten copies that `disc`'s manifests need under gen_dir/<version>/; returns `disc` with those
+    manifests' `generated` set. The directory is created root-owned 0755 and checked (no symlink, nobody else can
+    write), because the runtime bind-mounts what is in it into every graphics container."""
+    if not any(m.rewrite for m in disc.manifests):
+        return disc
+    d = os.path.join(gen_dir, disc.version or "unknown")
     os.makedirs(d, mode=0o755, exist_ok=True)
     for p in (gen_dir, d):
         st = os.lstat(p)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
             raise OSError(f"{p} must be a directory owned by uid {os.geteuid()} that only it can write")
-    for m in todo:
-        text = _read(m["path"]).replace(json.dumps(m["library"]), json.dumps(m["rewrite"]))
-        if m["path"].endswith(".icd"):
-            text = m["rewrite"] + "\n"
-        target = os.path.join(d, os.path.basename(m["container_path"]))
-        write_file(target, text, mode=0o644, keep_mode=False, backup=False)
-        m["generated"] = target
-    return doc
+    manifests = []
+    for m in disc.manifests:
+        if m.rewrite:
+            text = _read(m.path).replace(json.dumps(m.library), json.dumps(m.rewrite))
+            if m.path.endswith(".icd"):
+                text = m.rewrite + "\n"
+            target = os.path.join(d, os.path.basename(m.container_path))
+            write_file(target, text, mode=0o644, keep_mode=False, backup=False)
+            m = replace(m, generated=target)
+        manifests.append(m)
+    return replace(disc, manifests=tuple(manifests))
 
 
 def version_key(proc_root: str = "/") -> str:
@@ -350,20 +560,32 @@ def version_key(proc_root: str = "/") -> str:
     return _read(_join(proc_root, "proc/driver/nvidia/version")).split("\n", 1)[0]
 
 
-def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> dict | None:
+# The warm editor's last parse of the cache, kept while the file is the same one (inode, size, times): a container
+# start then reads no JSON at all. Safe to share because a Discovery is immutable (frozen, tuples, read-only maps).
+_parsed: tuple[tuple, Discovery] | None = None
+
+
+def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery | None:
+    """The cached discovery when it is current (same schema, same loaded driver); None is a miss: a missing,
+    older, truncated or garbled cache is rebuilt by the caller (refresh)."""
+    global _parsed
     try:
-        with open(cache_file) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
+        with open(cache_file, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            ident = (cache_file, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if _parsed is not None and _parsed[0] == ident:
+                disc = _parsed[1]
+            else:
+                disc = Discovery.from_json(fh.read())
+                _parsed = (ident, disc)
+    except (OSError, ValueError):  # ValueError: not JSON, or not this schema's form (from_dict)
         return None
-    if doc.get("schema") != SCHEMA or doc.get("key") != version_key(proc_root):
-        return None
-    return doc
+    return disc if disc.key == version_key(proc_root) else None
 
 
-def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/", dev_root: str = "/") -> dict:
-    doc = discover(driver_root, proc_root=proc_root, dev_root=dev_root)
-    write_manifests(doc, os.path.join(os.path.dirname(cache_file), "manifests"))
-    doc["key"] = version_key(proc_root)
-    write_file(cache_file, json.dumps(doc), backup=False)
-    return doc
+def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/", dev_root: str = "/") -> Discovery:
+    disc = discover(driver_root, proc_root=proc_root, dev_root=dev_root)
+    disc = replace(write_manifests(disc, os.path.join(os.path.dirname(cache_file), "manifests")),
+                   key=version_key(proc_root))
+    write_file(cache_file, disc.to_json(), backup=False)
+    return disc

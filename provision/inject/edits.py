@@ -6,6 +6,10 @@ from provision.errors import Refused
 from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES, LIB32_DEST
 from provision.share.limits import is_index
 
+TYPE_CHECKING = False  # not typing's: importing typing costs ~3 ms (-X importtime) on a GPU start's cold path
+if TYPE_CHECKING:  # the records are only named in annotations: this module stays pure (no I/O module imported)
+    from provision.inject.discover import Discovery, Gpu, Node
+
 LIB_RO = ["ro", "nosuid", "nodev", "bind"]
 IPC_OPTS = ["nosuid", "nodev", "noexec", "bind"]
 DEBIAN_LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -55,24 +59,24 @@ def capabilities(env: dict[str, str]) -> list[str]:
     return caps
 
 
-def select_gpus(selectors: list[str], gpus: list[dict]) -> list[dict]:
+def select_gpus(selectors: list[str], gpus: tuple[Gpu, ...]) -> list[Gpu]:
     if selectors == ["all"]:
         return list(gpus)
     chosen = []
     for s in selectors:
         if is_index(s):
-            match = [g for g in gpus if g["index"] == int(s)]
+            match = [g for g in gpus if g.index == int(s)]
         elif s.startswith("GPU-"):
-            match = [g for g in gpus if (g.get("uuid") or "").lower().startswith(s.lower())]
+            match = [g for g in gpus if (g.uuid or "").lower().startswith(s.lower())]
             if len(match) > 1:  # a prefix must name one GPU, never several (tests/faults/test_detect_selectors.py)
                 raise Refused(f"NVIDIA_VISIBLE_DEVICES={s!r} is ambiguous: it is the start of "
-                              f"{', '.join(g['uuid'] for g in match)}; give more of the UUID")
+                              f"{', '.join(g.uuid or '' for g in match)}; give more of the UUID")
         elif s.startswith("MIG-") or (s.count(":") == 1 and is_index(s.replace(":", ""))):
             raise Refused(f"MIG device {s} requested but no MIG instances are configured on this host")
         else:
             match = []
         if not match:
-            known = ", ".join(f"{g['index']} ({g.get('uuid')})" for g in gpus) or "none"
+            known = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
             raise Refused(f"NVIDIA_VISIBLE_DEVICES names unknown GPU {s!r}; this host has: {known}")
         chosen.extend(g for g in match if g not in chosen)
     return chosen
@@ -139,16 +143,16 @@ def check_requirements(env: dict[str, str], facts: dict[str, str | None]) -> Non
             raise Refused(f"{var}={env[var]!r} is not satisfied by this host ({have})")
 
 
-def _node(n: dict) -> dict:
-    return {"path": n["path"], "type": "c", "major": n["major"], "minor": n["minor"], "fileMode": 0o666,
-            "uid": 0, "gid": 0}
+def _node(n: Node) -> dict:
+    return {"path": n.path, "type": "c", "major": n.major, "minor": n.minor, "fileMode": 0o666, "uid": 0, "gid": 0}
 
 
 def _ro(source: str, destination: str) -> dict:
     return {"destination": destination, "source": source, "type": "bind", "options": list(LIB_RO)}
 
 
-def driver_mounts(disc: dict, caps: list[str], *, libdir: str = DEBIAN_LIBDIR, with_firmware: bool = True) -> list[dict]:
+def driver_mounts(disc: Discovery, caps: list[str], *, libdir: str = DEBIAN_LIBDIR, with_firmware: bool = True
+                  ) -> list[dict]:
     """Read-only bind mounts for the capabilities: libraries at their SONAME in `libdir` (32-bit ones in the
     image's 32-bit dir with compat32), binaries in /usr/bin, loader manifests where the image's loaders look, and
     GSP firmware where the kernel would look for it (old kernels only). Nothing for a capability not asked for."""
@@ -162,55 +166,54 @@ def driver_mounts(disc: dict, caps: list[str], *, libdir: str = DEBIAN_LIBDIR, w
 
     lib32dir = LIB32_DEST.get(libdir, "/usr/lib")
     for cap in caps:
-        for lib in disc.get("libraries", {}).get(cap, []):
-            add(_ro(lib["path"], f"{libdir}/{lib['soname']}"))
-            if cap == "graphics" and lib["name"] == "libnvidia-allocator":  # Mesa's libgbm loads NVIDIA's backend
-                add(_ro(lib["path"], f"{libdir}/gbm/nvidia-drm_gbm.so"))  # by this name (nvidia-ctk: a symlink)
+        for lib in disc.libraries.get(cap, ()):
+            add(_ro(lib.path, f"{libdir}/{lib.soname}"))
+            if cap == "graphics" and lib.name == "libnvidia-allocator":  # Mesa's libgbm loads NVIDIA's backend
+                add(_ro(lib.path, f"{libdir}/gbm/nvidia-drm_gbm.so"))  # by this name (nvidia-ctk: a symlink)
         if "compat32" in caps:
-            for lib in disc.get("libraries32", {}).get(cap, []):
-                add(_ro(lib["path"], f"{lib32dir}/{lib['soname']}"))
-        for path in disc.get("binaries", {}).get(cap, []):
+            for lib in disc.libraries32.get(cap, ()):
+                add(_ro(lib.path, f"{lib32dir}/{lib.soname}"))
+        for path in disc.binaries.get(cap, ()):
             add(_ro(path, "/usr/bin/" + path.rsplit("/", 1)[-1]))
-        for man in disc.get("manifests", []):
-            if man["cap"] == cap and (not man.get("rewrite") or man.get("generated")):
-                add(_ro(man.get("generated") or man["path"], man["container_path"]))
-    if with_firmware and disc.get("firmware_needed", True):
-        for fw in disc.get("firmware", []):
-            add(_ro(fw["path"], fw["container_path"]))
+        for man in disc.manifests:
+            if man.cap == cap and man.source:  # no source: its rewritten copy is not written (never the host path)
+                add(_ro(man.source, man.container_path))
+    if with_firmware and disc.firmware_needed:
+        for fw in disc.firmware:
+            add(_ro(fw.path, fw.container_path))
     return out
 
 
-def compute_edits(disc: dict, env: dict[str, str], *, libdir: str = DEBIAN_LIBDIR,
+def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_LIBDIR,
                   selectors: list[str] | None = None) -> dict | None:
     """OCI edits for one container, or None when it asked for no GPU. Raises Refused."""
     if selectors is None:
         selectors = requested_devices(env)
     if selectors is None:
         return None
-    if not disc.get("version"):
+    if not disc.version:
         raise Refused("this container asks for a GPU but no NVIDIA driver is loaded on the host (see gpuprov detect)")
     caps = capabilities(env)
-    gpus = select_gpus(selectors, disc.get("gpus", [])) if selectors else []
-    model = gpus[0].get("model") if gpus else None
-    check_requirements(env, {"cuda": cuda_version(disc["version"]), "driver": disc["version"],
-                             "brand": brand_of(model) if gpus else None, "arch": None})
-    nodes = [disc["nodes"]["ctl"]]
+    gpus = select_gpus(selectors, disc.gpus) if selectors else []
+    check_requirements(env, {"cuda": cuda_version(disc.version), "driver": disc.version,
+                             "brand": brand_of(gpus[0].model) if gpus else None, "arch": None})
+    ctl = disc.nodes
+    nodes = [ctl.ctl]
     if "compute" in caps:
-        nodes += [disc["nodes"][k] for k in ("uvm", "uvm-tools") if k in disc["nodes"]]
-    if "display" in caps and "modeset" in disc["nodes"]:
-        nodes.append(disc["nodes"]["modeset"])
-    nodes += [g["node"] for g in gpus]
+        nodes += [n for n in (ctl.uvm, ctl.uvm_tools) if n is not None]
+    if "display" in caps and ctl.modeset is not None:
+        nodes.append(ctl.modeset)
+    nodes += [g.node for g in gpus]
     if "graphics" in caps or "display" in caps:
-        nodes += [n for g in gpus for n in g.get("drm", [])]
+        nodes += [n for g in gpus for n in g.drm]
     mounts = driver_mounts(disc, caps, libdir=libdir, with_firmware=bool(gpus))
-    if "utility" in caps and disc.get("ipc", {}).get("persistenced"):
-        mounts.append({"destination": "/var/run/nvidia-persistenced/socket", "source": disc["ipc"]["persistenced"],
+    if "utility" in caps and disc.persistenced:
+        mounts.append({"destination": "/var/run/nvidia-persistenced/socket", "source": disc.persistenced,
                        "type": "bind", "options": list(IPC_OPTS)})
     return {
         "devices": [_node(n) for n in nodes],
-        "allow": [{"allow": True, "type": "c", "major": n["major"], "minor": n["minor"], "access": "rwm"}
-                  for n in nodes],
+        "allow": [{"allow": True, "type": "c", "major": n.major, "minor": n.minor, "access": "rwm"} for n in nodes],
         "mounts": mounts,
-        "env": {"NVIDIA_VISIBLE_DEVICES": ",".join(g["uuid"] or str(g["index"]) for g in gpus) or "none",
+        "env": {"NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid or str(g.index) for g in gpus) or "none",
                 "NVIDIA_DRIVER_CAPABILITIES": ",".join(caps)},
     }

@@ -80,7 +80,7 @@ def _our_hook(path: str) -> bool:
         return False
 
 
-def _check_node(dev_root: str, node: dict) -> None:
+def _check_node(dev_root: str, node: dict) -> None:  # an OCI linux.devices entry (edits._node)
     host = os.path.join(dev_root, node["path"].lstrip("/"))
     try:
         st = os.stat(host)
@@ -103,16 +103,16 @@ def _safe_source(src: str, rootfs_real: str) -> bool:
     return (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and not inside
 
 
-def load_discovery(settings: dict) -> dict:
-    doc = discover.load_cached(settings["cache"], settings["proc_root"])
-    if doc is None or doc.get("driver_root") != settings["driver_root"]:
+def load_discovery(settings: dict) -> discover.Discovery:
+    disc = discover.load_cached(settings["cache"], settings["proc_root"])
+    if disc is None or disc.driver_root != settings["driver_root"]:
         try:
-            doc = discover.refresh(settings["driver_root"], settings["cache"], settings["proc_root"],
-                                   settings["dev_root"])
+            disc = discover.refresh(settings["driver_root"], settings["cache"], settings["proc_root"],
+                                    settings["dev_root"])
         except OSError:  # read-only cache location: discover without caching
-            doc = discover.discover(settings["driver_root"], proc_root=settings["proc_root"],
-                                    dev_root=settings["dev_root"])
-    return doc
+            disc = discover.discover(settings["driver_root"], proc_root=settings["proc_root"],
+                                     dev_root=settings["dev_root"])
+    return disc
 
 
 def load_share_state(path: str) -> MpsState | None:

@@ -8,9 +8,13 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from provision import effects
 from provision.errors import UsageError
+
+if TYPE_CHECKING:
+    from provision.inject.discover import Discovery
 
 CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 REFRESH_UNIT = "/etc/systemd/system/gpuprov-cdi-refresh.service"
@@ -66,7 +70,7 @@ def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
     return True
 
 
-def cdi_spec_text(disc: dict) -> str:
+def cdi_spec_text(disc: Discovery) -> str:
     from provision.inject.cdi import generate_spec, render
 
     return render(generate_spec(disc))
@@ -79,7 +83,7 @@ def refresh_unit(engine: str, gpuprov: str) -> str:
     return refresh_units(gpuprov, ENGINE_UNITS[engine])["gpuprov-cdi-refresh.service"]
 
 
-def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: dict | None,
+def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: Discovery | None,
           labels: dict[str, str] | None, config: str | None = None, root: str = "/") -> NodeResult:
     from provision.engines.configure import configure
     from provision.k8s.labels import NFD_FILE, nfd_file

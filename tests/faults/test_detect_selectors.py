@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from provision.inject.discover import ControlNodes, Discovery, Gpu, Node
 from provision.inject.edits import Refused, compute_edits, select_gpus
 from provision.share.limits import share_request
 from provision.share.state import MpsState
 from tests.conftest import run_cli
 
 # Two cards whose UUIDs share their first 8 hex digits (UUIDs are random: a short prefix can name both).
-GPUS = [{"index": 0, "uuid": "GPU-3c1e2a5b-9f7d-4c2e-8a1b-0d9e8f7a6b5c", "minor": 0, "bus_id": "00000000:18:00.0"},
-        {"index": 1, "uuid": "GPU-3c1e2a5b-1234-4abc-9def-112233445566", "minor": 1, "bus_id": "00000000:2A:00.0"}]
+GPUS = (Gpu(index=0, uuid="GPU-3c1e2a5b-9f7d-4c2e-8a1b-0d9e8f7a6b5c", minor=0, bus_id="00000000:18:00.0",
+            model="NVIDIA H200", node=Node("/dev/nvidia0", 195, 0)),
+        Gpu(index=1, uuid="GPU-3c1e2a5b-1234-4abc-9def-112233445566", minor=1, bus_id="00000000:2A:00.0",
+            model="NVIDIA H200", node=Node("/dev/nvidia1", 195, 1)))
 # Each names an index these GPUs have, as int() reads it (fullwidth 1, Arabic-Indic 0, fullwidth 0, Arabic-Indic 1),
 # or one int() cannot read at all though str.isdigit() says yes (superscript 2).
 NON_ASCII = ["１", "\u0660", "０", "\u0661", "²"]
@@ -25,7 +28,7 @@ def test_ambiguous_uuid_prefix_refused():
 
 def test_unique_uuid_prefix_and_full_uuid_still_select():
     assert select_gpus(["GPU-3c1e2a5b-9"], GPUS) == [GPUS[0]]
-    assert select_gpus([GPUS[1]["uuid"].upper()], GPUS) == [GPUS[1]]
+    assert select_gpus([GPUS[1].uuid.upper()], GPUS) == [GPUS[1]]
 
 
 @pytest.mark.parametrize("sel", NON_ASCII)
@@ -74,7 +77,9 @@ def test_memory_limits_for_visible_gpus_kept():
 
 
 def test_compute_edits_refuses_ambiguous_prefix():
-    disc = {"gpus": GPUS, "version": "580.159.04", "control_devices": [], "libraries": [], "binaries": []}
+    disc = Discovery(driver_root="/", version="580.159.04", libraries={}, libraries32={}, manifests=(),
+                     firmware_needed=False, binaries={}, nodes=ControlNodes(Node("/dev/nvidiactl", 195, 255)),
+                     gpus=GPUS, persistenced=None, firmware=())
     with pytest.raises(Refused, match="ambiguous"):
         compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "GPU-3c1e"})
 

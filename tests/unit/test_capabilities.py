@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -29,11 +30,11 @@ def _dests(disc, caps: str, libdir=edits.DEBIAN_LIBDIR) -> set[str]:
 
 
 def test_manifests_found_with_the_library_they_name(disc):
-    by_path = {m["container_path"]: m for m in disc["manifests"]}
+    by_path = {m.container_path: m for m in disc.manifests}
     assert set(by_path) == GRAPHICS_MANIFESTS  # the capture has no EGL platform JSONs, no nvoptix.bin, no OpenCL icd
-    assert by_path["/usr/share/vulkan/icd.d/nvidia_icd.json"]["library"] == "libGLX_nvidia.so.0"
-    assert by_path["/usr/share/glvnd/egl_vendor.d/10_nvidia.json"]["library"] == "libEGL_nvidia.so.0"
-    assert all(m["rewrite"] is None and m["cap"] == "graphics" for m in disc["manifests"])  # bare SONAMEs
+    assert by_path["/usr/share/vulkan/icd.d/nvidia_icd.json"].library == "libGLX_nvidia.so.0"
+    assert by_path["/usr/share/glvnd/egl_vendor.d/10_nvidia.json"].library == "libEGL_nvidia.so.0"
+    assert all(m.rewrite is None and m.cap == "graphics" for m in disc.manifests)  # bare SONAMEs
 
 
 def test_graphics_gets_libraries_and_manifests(disc):
@@ -92,7 +93,7 @@ def test_display_adds_modeset_node_only_when_asked(tmp_path):
                                             ("4.18.0-553.el8_10.x86_64", True), ("", True)])
 def test_firmware_only_for_kernels_before_5_7(disc, release, needed):
     assert discover.firmware_needed(release) is needed
-    d = dict(disc, firmware_needed=needed)
+    d = replace(disc, firmware_needed=needed)
     fw = {m for m in _dests(d, "utility") if "/firmware/" in m}
     assert bool(fw) is needed
     if needed:
@@ -108,7 +109,7 @@ def copied_root(tmp_path):
 
 
 def test_compat32_only_where_32bit_libraries_exist(disc, copied_root):
-    assert disc["libraries32"] == {} and _dests(disc, "compute,compat32") == _dests(disc, "compute")
+    assert disc.libraries32 == {} and _dests(disc, "compute,compat32") == _dests(disc, "compute")
     lib32 = copied_root / "lib32"
     lib32.mkdir()
     (lib32 / "libcuda.so.580.159.04").write_bytes(b"\x7fELF\x01" + b"\0" * 59)  # ELFCLASS32
@@ -129,12 +130,13 @@ def test_manifest_naming_an_absolute_path_gets_a_rewritten_copy(copied_root, tmp
     doc["ICD"]["library_path"] = "/usr/local/nvidia/lib64/libGLX_nvidia.so.0"
     icd.write_text(json.dumps(doc))
     d = discover.discover(str(copied_root), proc_root=str(H200), dev_root=str(H200))
-    [m] = [m for m in d["manifests"] if m["container_path"].endswith("nvidia_icd.json")]
-    assert m["rewrite"] == "libGLX_nvidia.so.0"
+    [m] = [m for m in d.manifests if m.container_path.endswith("nvidia_icd.json")]
+    assert m.rewrite == "libGLX_nvidia.so.0" and m.source is None
     # not written yet: never mount a manifest that would send the loader to a host path
     assert "/usr/share/vulkan/icd.d/nvidia_icd.json" not in _dests(d, "graphics")
     gen = tmp_path / "gen"
-    discover.write_manifests(d, str(gen))
+    assert discover.write_manifests(d, str(gen)) != d  # a new record: `d` itself is never changed
+    d = discover.write_manifests(d, str(gen))
     [mount] = [x for x in edits.driver_mounts(d, ["graphics"]) if x["destination"].endswith("nvidia_icd.json")]
     assert mount["source"] == str(gen / "580.159.04" / "nvidia_icd.json")
     assert json.loads(open(mount["source"]).read())["ICD"]["library_path"] == "libGLX_nvidia.so.0"
@@ -177,7 +179,7 @@ def test_cdi_spec_has_every_capability_and_validates(disc):
         assert {f"/usr/lib/x86_64-linux-gnu/{so}", f"/usr/lib64/{so}"} <= paths, so
     assert not any("/firmware/" in p for p in paths)
     assert "hooks" not in spec["containerEdits"]  # no ldconfig, no symlink hook: SONAME mounts
-    names = {lib["soname"] for v in disc["libraries"].values() for lib in v}
+    names = {lib.soname for v in disc.libraries.values() for lib in v}
     assert len(names) == 26  # every versioned library of the capture's lib64 (what nvidia-ctk mounts)
 
 

@@ -18,20 +18,20 @@ def disc():
 
 
 def test_discovery(disc):
-    assert disc["version"] == "580.159.04"
-    libs = {lib["name"]: lib["soname"] for cap in disc["libraries"].values() for lib in cap}
+    assert disc.version == "580.159.04"
+    libs = {lib.name: lib.soname for cap in disc.libraries.values() for lib in cap}
     assert libs["libcuda"] == "libcuda.so.1" and libs["libnvidia-ml"] == "libnvidia-ml.so.1"
     assert libs["libnvidia-nvvm"] == "libnvidia-nvvm.so.4" and libs["libEGL_nvidia"] == "libEGL_nvidia.so.0"
     assert libs["libnvidia-glcore"] == "libnvidia-glcore.so.580.159.04"  # no SONAME link: the versioned name
-    assert all(lib["path"].startswith(ROOT + "/lib64/") for c in disc["libraries"].values() for lib in c)
-    assert [b.rsplit("/", 1)[1] for b in disc["binaries"]["utility"]] == ["nvidia-smi", "nvidia-debugdump",
+    assert all(lib.path.startswith(ROOT + "/lib64/") for c in disc.libraries.values() for lib in c)
+    assert [b.rsplit("/", 1)[1] for b in disc.binaries["utility"]] == ["nvidia-smi", "nvidia-debugdump",
                                                                            "nvidia-persistenced"]
-    assert disc["nodes"]["ctl"] == {"path": "/dev/nvidiactl", "major": 195, "minor": 255}
-    assert disc["nodes"]["uvm"]["major"] == 238 and "modeset" not in disc["nodes"]
-    [g] = disc["gpus"]
-    assert g["uuid"] == "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98" and g["bus_id"] == "0000:00:06.0"
-    assert g["index"] == 0 and g["node"]["minor"] == 0 and g["model"] == "NVIDIA H200"
-    assert [f["container_path"] for f in disc["firmware"]] == [
+    assert disc.nodes.ctl == discover.Node("/dev/nvidiactl", 195, 255)
+    assert disc.nodes.uvm.major == 238 and disc.nodes.uvm_tools.minor == 1 and disc.nodes.modeset is None
+    [g] = disc.gpus
+    assert g.uuid == "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98" and g.bus_id == "0000:00:06.0"
+    assert g.index == 0 and g.node == discover.Node("/dev/nvidia0", 195, 0) and g.model == "NVIDIA H200"
+    assert [f.container_path for f in disc.firmware] == [
         "/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin", "/lib/firmware/nvidia/580.159.04/gsp_tu10x.bin"]
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,18 +60,19 @@ def test_sources_never_from_the_image(tmp_path):
     r = rootfs(tmp_path)
     s = settings(tmp_path)
     disc = modify.load_discovery(s)
-    lib = disc["libraries"]["compute"][0]
+    lib = disc.libraries["compute"][0]
     inside = r / "compat-libcuda.so"  # e.g. a CUDA compat library shipped in the image
     inside.write_text("image-controlled")
-    disc["libraries"]["compute"].append({"name": "libcuda", "path": str(inside), "soname": "libcuda-evil.so.1"})
     link = tmp_path / "link-to-lib.so"
-    os.symlink(lib["path"], link)
-    disc["libraries"]["compute"].append({"name": "x", "path": str(link), "soname": "libx.so.1"})
-    json.dump({**disc, "key": "", "schema": discover.SCHEMA}, open(s["cache"], "w"))  # the cache the runtime reads
+    os.symlink(lib.path, link)
+    evil = (discover.Library("libcuda", str(inside), "libcuda-evil.so.1"), discover.Library("x", str(link), "libx.so.1"))
+    libs = {**disc.libraries, "compute": disc.libraries["compute"] + evil}
+    with open(s["cache"], "w") as fh:  # the cache the runtime reads
+        fh.write(replace(disc, libraries=libs, key="").to_json())
     cfg = run_modify(tmp_path, config(["NVIDIA_VISIBLE_DEVICES=all"]), proc_root=str(tmp_path / "noproc"))
     srcs = [m["source"] for m in cfg["mounts"]]
     assert str(inside) not in srcs and str(link) not in srcs
-    assert lib["path"] in srcs
+    assert lib.path in srcs
 
 
 def test_device_node_must_match_major_minor(tmp_path):
