@@ -8,6 +8,7 @@ needs no shared library at all), py3-none-linux_<arch> for a dynamic one. Withou
 stays pure (py3-none-any) and says so on stderr."""
 import importlib.util
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,7 +37,7 @@ class BuildPy(build_py):
         if getattr(self, "editable_mode", False):  # editable installs compile at `runtime install` time
             return
         out = Path(self.build_lib) / BINARY
-        link = _recipe().compile_front_end(out)
+        link = _recipe().compile_front_end(out, lambda argv: subprocess.run(argv, capture_output=True).returncode)
         self.distribution.gpuprov_link = link
         if link is None:
             print("gpuprov: no C compiler: this wheel carries no compiled runtime front-end", file=sys.stderr)

@@ -1,8 +1,15 @@
-"""Effects: commands and services. Few, small and boring; everything else is decided before we get here."""
+"""Effects: commands and services. Few, small and boring; everything else is decided before we get here.
+
+Every process gpuprov starts goes through this module (tests/faults/test_one_process_path.py holds that): each has a
+timeout, and a command that cannot start, times out or (with check=True) fails is a StepFailed (exit 5) naming the
+command and its output's tail, never a traceback. The runtime's hot path (inject/shim.py's exec of runc, the
+editor's double fork in inject/server.py) is the one measured exception, commented where it happens."""
 from __future__ import annotations
 
 import difflib
+import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -12,32 +19,140 @@ from pathlib import Path
 
 from provision.errors import StepFailed
 
+# No command may hang gpuprov forever. The longest it runs take minutes (apt-get install with a DKMS build of the
+# driver, a bundle's package download in a container of the target); probes pass their own seconds.
+DEFAULT_TIMEOUT = 3600.0
+
 
 @dataclass
 class CommandResult:
     argv: list[str]
     returncode: int
-    output: str
+    output: str  # stdout then stderr, as a reader of the failure wants them
+    stdout: str = ""
+    stderr: str = ""
 
 
-def run(argv: list[str], *, check: bool = True, env: dict | None = None, timeout: float | None = None,
+def _decode(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+def _failed(argv: list[str], returncode: int, output: str) -> StepFailed:
+    tail = "\n".join(output.strip().splitlines()[-15:])
+    return StepFailed(f"`{shlex.join(argv)}` failed with exit code {returncode}:\n{tail}")
+
+
+def _cannot_start(argv: list[str], exc: OSError) -> StepFailed:
+    if isinstance(exc, FileNotFoundError):
+        return StepFailed(f"command not found: {argv[0]} (needed for: {shlex.join(argv)})")
+    return StepFailed(f"cannot run `{shlex.join(argv)}`: {exc.strerror or exc}")
+
+
+def run(argv: list[str], *, check: bool = True, env: dict | None = None, timeout: float | None = DEFAULT_TIMEOUT,
         input_text: str | bytes | None = None) -> CommandResult:
-    """Run argv, output captured. `input_text` as bytes feeds binary stdin (e.g. an image tar to `docker import`)."""
+    """Run argv, output captured. `input_text` as bytes feeds binary stdin (e.g. an image tar to `docker import`).
+    Cannot start, or still running after `timeout` s (then killed): StepFailed, whatever `check` says."""
+    argv = [str(a) for a in argv]
     binary = isinstance(input_text, bytes)
     try:
-        p = subprocess.run(argv, capture_output=True, env=env, timeout=timeout, input=input_text,
+        p = subprocess.run(argv, capture_output=True, env=env, timeout=timeout or DEFAULT_TIMEOUT, input=input_text,
+                           stdin=None if input_text is not None else subprocess.DEVNULL,
                            **({} if binary else {"text": True, "errors": "replace"}))
-    except FileNotFoundError:
-        raise StepFailed(f"command not found: {argv[0]} (needed for: {' '.join(argv)})") from None
+    except OSError as exc:
+        raise _cannot_start(argv, exc) from None
     except subprocess.TimeoutExpired:
-        raise StepFailed(f"timed out after {timeout}s: {' '.join(argv)}") from None
-    out, err = ((p.stdout or b"").decode(errors="replace"), (p.stderr or b"").decode(errors="replace")) if binary \
-        else (p.stdout or "", p.stderr or "")
-    res = CommandResult(argv, p.returncode, out + err)
+        raise StepFailed(f"timed out after {timeout or DEFAULT_TIMEOUT:g} s: {shlex.join(argv)}") from None
+    out, err = _decode(p.stdout), _decode(p.stderr)
+    res = CommandResult(argv, p.returncode, out + err, out, err)
     if check and p.returncode != 0:
-        tail = "\n".join(res.output.strip().splitlines()[-15:])
-        raise StepFailed(f"`{' '.join(argv)}` failed with exit code {p.returncode}:\n{tail}")
+        raise _failed(argv, p.returncode, res.output)
     return res
+
+
+def try_run(argv: list[str], *, timeout: float, env: dict | None = None) -> CommandResult | None:
+    """A probe: the result, or None when the command cannot start or does not finish within `timeout` s."""
+    try:
+        return run(argv, check=False, env=env, timeout=timeout)
+    except StepFailed:
+        return None
+
+
+def run_parallel(argvs: dict[str, list[str]], timeout: float) -> dict[str, CommandResult | None]:
+    """Several probes at once (each engine binary takes tens of ms to start): name -> result (stderr folded into
+    the output), or None for one that cannot start or is still running after `timeout` s (it is killed)."""
+    procs: dict[str, subprocess.Popen | None] = {}
+    for name, argv in argvs.items():
+        try:
+            procs[name] = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True, errors="replace")
+        except OSError:
+            procs[name] = None
+    deadline = time.monotonic() + timeout
+    out: dict[str, CommandResult | None] = {}
+    for name, p in procs.items():
+        if p is None:
+            out[name] = None
+            continue
+        try:
+            # past the deadline, a probe that has finished still gets read (0.1 s), a hung one is killed
+            text, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            out[name] = None
+            continue
+        out[name] = CommandResult(list(p.args), p.returncode, text or "", text or "")
+    return out
+
+
+def pipe(first: list[str], second: list[str], *, timeout: float = DEFAULT_TIMEOUT) -> CommandResult:
+    """`first | second`, the bytes streamed between them (e.g. `tar -c` of a whole root into `docker import -`).
+    Either one failing, not starting or outlasting `timeout` s is a StepFailed; the result is `second`'s."""
+    first, second = [str(a) for a in first], [str(a) for a in second]
+    shown = f"{shlex.join(first)} | {shlex.join(second)}"
+    try:
+        producer = subprocess.Popen(first, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise _cannot_start(first, exc) from None
+    try:
+        try:
+            consumer = subprocess.Popen(second, stdin=producer.stdout, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise _cannot_start(second, exc) from None
+        finally:
+            producer.stdout.close()  # the consumer holds it now; the producer sees EPIPE if the consumer dies
+        try:
+            out, err = consumer.communicate(timeout=timeout)
+            perr = producer.communicate(timeout=max(1.0, timeout))[1]
+        except subprocess.TimeoutExpired:
+            consumer.kill()
+            consumer.communicate()
+            raise StepFailed(f"timed out after {timeout:g} s: {shown}") from None
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+    out, err = _decode(out), _decode(err)
+    res = CommandResult(second, consumer.returncode, out + err, out, err)
+    if producer.returncode != 0:
+        raise _failed(first, producer.returncode, _decode(perr))
+    if consumer.returncode != 0:
+        raise _failed(second, consumer.returncode, res.output)
+    return res
+
+
+def spawn(argv: list[str], log: str | Path, env: dict | None = None) -> int:
+    """A daemon that outlives gpuprov: its own session, stdin from /dev/null, output appended to `log`; its pid.
+    Not waited for (the caller waits until the daemon answers, with its own timeout)."""
+    argv = [str(a) for a in argv]
+    try:
+        with open(log, "ab") as fh:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=env,
+                                 start_new_session=True)
+    except OSError as exc:
+        raise _cannot_start(argv, exc) from None
+    return p.pid
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
@@ -61,17 +176,11 @@ def dockerd_pid() -> int | None:
 
 
 def docker_runtimes() -> list[str] | None:
-    import json
-
-    try:
-        p = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True,
-                           timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if p.returncode != 0:
+    r = try_run(["docker", "info", "--format", "{{json .Runtimes}}"], timeout=20)
+    if r is None or r.returncode != 0:
         return None
     try:
-        return list(json.loads(p.stdout))
+        return list(json.loads(r.stdout))
     except ValueError:
         return None
 
@@ -97,8 +206,7 @@ def start_dockerd() -> str:
             r = run(["/etc/init.d/docker", "start"], check=False)
             if r.returncode == 0 and wait_for(lambda: docker_runtimes() is not None, 20):
                 return "/etc/init.d/docker start"
-        log = open("/var/log/gpuprov-dockerd.log", "ab")
-        subprocess.Popen(["dockerd"], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        spawn(["dockerd"], "/var/log/gpuprov-dockerd.log")
         how = "dockerd (background; log /var/log/gpuprov-dockerd.log)"
     if not wait_for(lambda: docker_runtimes() is not None, 60):
         raise StepFailed(f"dockerd did not come up after `{how}`; see `journalctl -u docker` or the log named there")

@@ -3,7 +3,6 @@ that release, so nothing the building machine already has is left out), download
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -78,8 +77,7 @@ def resolve_and_download(target: Target, packages: list[str], out: Path, enable_
                 "2>/dev/null; ")
     script = (f"{prep}apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only "
               f"--no-install-recommends -o Dir::Cache::archives=/out {' '.join(packages)}")
-    p = subprocess.run(["docker", "run", "--rm", "-v", f"{out}:/out", image, "bash", "-c", script],
-                       capture_output=True, text=True)
+    p = effects.run(["docker", "run", "--rm", "-v", f"{out}:/out", image, "bash", "-c", script], check=False)
     if p.returncode != 0:
         raise StepFailed(f"resolving {' '.join(packages)} for {target.name} failed:\n{p.stderr.strip()[-800:]}")
     for f in out.glob("lock"):
@@ -106,7 +104,7 @@ def build_wheels(target: Target, wheels: Path) -> None:
     plats = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "any"]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", py,
            "--implementation", "cp", "-d", str(wheels), *[a for p in plats for a in ("--platform", p)], *py_deps()]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = effects.run(cmd, check=False)
     if p.returncode != 0:
         raise StepFailed(f"downloading gpuprov's Python dependencies for Python {py} failed: {p.stderr[-500:]}")
 

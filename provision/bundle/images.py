@@ -1,9 +1,9 @@
 """Clean roots of target releases as container images (debootstrap --variant=minbase, imported locally)."""
 from __future__ import annotations
 
-import subprocess
 import tempfile
 
+from provision import effects
 from provision.decide.targets import Target
 from provision.errors import StepFailed
 
@@ -14,15 +14,14 @@ def image_name(target: Target) -> str:
 
 def ensure_image(target: Target) -> str:
     name = image_name(target)
-    if subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode == 0:
+    if effects.run(["docker", "image", "inspect", name], check=False, timeout=60).returncode == 0:
         return name
     with tempfile.TemporaryDirectory() as td:
-        p = subprocess.run(["debootstrap", "--variant=minbase", target.codename, td], capture_output=True, text=True)
+        p = effects.run(["debootstrap", "--variant=minbase", target.codename, td], check=False)
         if p.returncode != 0:
             raise StepFailed(f"debootstrap of {target.codename} failed: {p.stderr.strip()[-500:]}")
-        tar = subprocess.Popen(["tar", "-C", td, "-c", "."], stdout=subprocess.PIPE)
-        p = subprocess.run(["docker", "import", "-", name], stdin=tar.stdout, capture_output=True, text=True)
-        tar.wait()
-        if p.returncode != 0:
-            raise StepFailed(f"docker import of the {target.codename} root failed: {p.stderr.strip()}")
+        try:
+            effects.pipe(["tar", "-C", td, "-c", "."], ["docker", "import", "-", name])
+        except StepFailed as exc:
+            raise StepFailed(f"docker import of the {target.codename} root failed: {exc}") from None
     return name

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,8 +47,8 @@ def sign(root: Path, key: str, homedir: str | None = None) -> str:
     env = {**os.environ, **({"GNUPGHOME": homedir} if homedir else {})}
     effects.run(["gpg", "--batch", "--yes", "--local-user", key, "--detach-sign", "-o", str(root / "SHA256SUMS.sig"),
                  str(root / "SHA256SUMS")], env=env)
-    out = subprocess.run(["gpg", "--batch", "--with-colons", "--fingerprint", key], capture_output=True, text=True,
-                         env=env).stdout
+    out = effects.run(["gpg", "--batch", "--with-colons", "--fingerprint", key], check=False, env=env,
+                      timeout=60).stdout
     return next((ln.split(":")[9] for ln in out.splitlines() if ln.startswith("fpr:")), "")
 
 
@@ -148,7 +147,9 @@ def check_signature(root: Path, keyring: str | None, required: bool) -> tuple[bo
     if not shutil.which("gpgv"):
         return False, ["SHA256SUMS.sig cannot be checked: gpgv is not installed (apt-get install gpgv)"]
     cmd = ["gpgv"] + (["--keyring", keyring] if keyring else []) + [str(sig), str(root / "SHA256SUMS")]
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
+    p = effects.try_run(cmd, env={**os.environ, "LC_ALL": "C"}, timeout=60)
+    if p is None:
+        return False, ["SHA256SUMS.sig cannot be checked: gpgv did not run or did not finish within 60 s"]
     if p.returncode != 0:
         return False, ["signature of SHA256SUMS does not verify" + (f" against {keyring}" if keyring else
                                                                     " (pass --keyring with the signer's key)")]

@@ -24,7 +24,6 @@ import fnmatch
 import glob
 import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,11 +76,10 @@ class Binary:
 
 def binary_version(path: str) -> tuple[int, int] | None:
     """`containerd --version` → (major, minor), e.g. "containerd github.com/containerd/containerd/v2 2.1.9+unknown"."""
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
+    r = effects.try_run([path, "--version"], timeout=20)
+    if r is None:
         return None
-    m = re.search(r"\sv?(\d+)\.(\d+)\.\d+", out)
+    m = re.search(r"\sv?(\d+)\.(\d+)\.\d+", r.stdout)
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
@@ -347,9 +345,8 @@ def _cri_section(cri: dict, binary: Binary, version: int, runtime_name: str, run
 def config_dump(binary: str, main: Path) -> dict:
     """`containerd --config MAIN config dump` as data (its stdout; warnings go to stderr)."""
     try:
-        p = subprocess.run([binary, "--config", str(main), "config", "dump"], capture_output=True, text=True,
-                           timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        p = effects.run([binary, "--config", str(main), "config", "dump"], check=False, timeout=60)
+    except StepFailed as exc:
         raise StepFailed(f"`{binary} config dump` could not run: {exc}") from None
     if p.returncode != 0:
         raise StepFailed(f"`{binary} --config {main} config dump` failed: {p.stderr.strip()[-300:]}")

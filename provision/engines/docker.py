@@ -161,15 +161,14 @@ def conflicts(doc: dict, flags: dict[str, str]) -> list[str]:
 
 def cdi_warning() -> list[str]:
     """CDI device names (`docker run --device nvidia.com/gpu=0`) need dockerd >= 25 (daemon.json features.cdi)."""
-    import subprocess
-
     exe = shutil.which("dockerd", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin")
     if not exe:
         return []
+    r = effects.try_run([exe, "--version"], timeout=10)
+    out = r.stdout if r else ""
     try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
         major = int(out.split("version", 1)[1].strip().split(".", 1)[0])
-    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+    except (IndexError, ValueError):
         return []
     if major >= 25:
         return []

@@ -6,13 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import paths
+from provision import effects, paths
 from provision.fsutil import write_file
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
@@ -84,6 +83,12 @@ def patch_slots(binary: bytes, **paths: str) -> bytes:
     return bytes(out)
 
 
+def _compile(argv: list[str]) -> int:
+    """One compiler run for frontend_build's recipe (a compiler that cannot start or hangs counts as a failure)."""
+    r = effects.try_run(argv, timeout=120)
+    return 127 if r is None else r.returncode
+
+
 def front_end(runc: str, python: str, compile_shim: bool = True) -> tuple[bytes | None, str | None, list[str]]:
     """(binary, origin, notes): the wheel's binary when it runs on this host, else one compiled here, else None.
     Each candidate is run once (`--gpuprov-front-end`) before it is trusted with every container start."""
@@ -93,7 +98,7 @@ def front_end(runc: str, python: str, compile_shim: bool = True) -> tuple[bytes 
         built = Path(td) / "built"
         candidates = [("wheel", lambda: SHIPPED.read_bytes() if SHIPPED.exists() else None)]
         if compile_shim:
-            candidates.append(("built-here", lambda: built.read_bytes() if compile_front_end(built) else None))
+            candidates.append(("built-here", lambda: built.read_bytes() if compile_front_end(built, _compile) else None))
         for origin, get in candidates:
             raw = get()
             if raw is None:
@@ -106,11 +111,8 @@ def front_end(runc: str, python: str, compile_shim: bool = True) -> tuple[bytes 
             exe = Path(td) / f"check-{origin}"
             exe.write_bytes(data)
             exe.chmod(0o755)
-            try:
-                ok = subprocess.run([str(exe), "--gpuprov-front-end"], capture_output=True, timeout=10).returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                ok = False
-            if ok:
+            r = effects.try_run([str(exe), "--gpuprov-front-end"], timeout=10)
+            if r is not None and r.returncode == 0:
                 return data, origin, notes
             notes.append(f"the {origin} front-end does not run on this host")
     return None, None, notes

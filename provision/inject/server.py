@@ -173,6 +173,9 @@ def spawn_detached() -> None:
     lock_fd = take_lock(path)
     if lock_fd is None:
         return
+    # Forked, not started through provision.effects: the server is this very process's code, already imported, and it
+    # inherits the lock it must hold; a new interpreter would cost a Python start-up (~20 ms) and import subprocess
+    # (12-13 ms, -X importtime) on the cold create path that leaves the server behind.
     if os.fork() != 0:
         os.close(lock_fd)  # the grandchild holds the lock now
         return

@@ -18,7 +18,6 @@ import contextlib
 import io
 import os
 import shlex
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
@@ -124,7 +123,7 @@ class StartService:
             if Path(init[0]).exists() and effects.run(list(init), check=False).returncode == 0 \
                     and effects.wait_for(ready, 20):
                 return shlex.join(init)
-            spawn_background(list(daemon), DOCKERD_LOG)
+            effects.spawn(list(daemon), DOCKERD_LOG)
             how = f"{shlex.join(daemon)} (background; log {DOCKERD_LOG})"
         if not effects.wait_for(ready, 60):
             raise StepFailed(f"{self.daemon} did not come up after `{how}`; see `journalctl -u {self.name}` or "
@@ -169,12 +168,6 @@ class ImportImage:
             return ""
         effects.run(list(imp), input_text=validate.build_image_tar(self.binaries))
         return ""
-
-
-def spawn_background(argv: list[str], log: str) -> None:
-    """A daemon that outlives gpuprov (its own session, output to `log`)."""
-    with open(log, "ab") as fh:
-        subprocess.Popen(argv, stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 Action = Union[Command, WriteFile, StartService, ImportImage]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
 
+from provision import effects
 from provision.facts.engines import ENGINES, EngineFacts
 from provision.probe import cache
 from provision.probe.cache import FileKey
@@ -16,25 +16,9 @@ CACHE = "engine-versions.json"  # {"entries": [{"key": FileKey, "version": "…"
 def _run_all(commands: dict[str, list[str]]) -> dict[str, str | None]:
     """Every `--version` at once (each engine binary takes tens of ms to start); a binary that cannot run or
     hangs for 5 s has no version."""
-    procs: dict[str, subprocess.Popen | None] = {}
-    for name, argv in commands.items():
-        try:
-            procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        except OSError:
-            procs[name] = None
     out: dict[str, str | None] = {}
-    for name, p in procs.items():
-        if p is None:
-            out[name] = None
-            continue
-        try:
-            text, _ = p.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            out[name] = None
-            continue
-        m = VERSION_RE.search(text or "")
+    for name, res in effects.run_parallel(commands, timeout=5).items():
+        m = VERSION_RE.search(res.output) if res else None
         out[name] = m.group(1) if m else None
     return out
 

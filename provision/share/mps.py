@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -35,8 +34,7 @@ def _env(state: MpsState) -> dict:
 
 
 def control(state: MpsState, command: str, timeout: float = 10) -> str:
-    p = subprocess.run([state.control], input=command + "\n", capture_output=True, text=True, env=_env(state),
-                       timeout=timeout)
+    p = effects.run([state.control], check=False, input_text=command + "\n", env=_env(state), timeout=timeout)
     return (p.stdout or "").strip()
 
 

@@ -12,21 +12,21 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import tarfile
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
+from provision import effects
 from provision.engines import containerd, crio
 from provision.engines.containerd import runtime_in_dump
-from provision.errors import GpuprovError
+from provision.errors import GpuprovError, StepFailed
 from provision.plan import validate
 from provision.plan.validate import IMAGE
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 ROOTFS = "/var/lib/gpuprov/verify/rootfs"  # containerd's check container: the image's files, unpacked
-CTR = shlex.join(validate.CTR)  # gpuprov's own namespace, as bootstrap's validation step uses
+CTR = list(validate.CTR)  # gpuprov's own namespace, as bootstrap's validation step uses
 OK_WORD = "gpuprov-verify-ok"
 
 
@@ -41,15 +41,20 @@ class CheckResult:
 
 
 class NodeHost:
-    """What the checks need from a host: run a command. Facts come from `gpuprov detect --json` on that host."""
+    """What the checks need from a host: run a command (an argv: nothing goes through a shell). Facts come from
+    `gpuprov detect --json` on that host."""
 
     runtime_path = RUNTIME_PATH  # what containerd's check container runs as its runc (docker: its registration)
     rootfs = ROOTFS
 
-    def run(self, cmd: str) -> tuple[int, str, str]:
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
         raise NotImplementedError
 
-    def json_of(self, cmd: str) -> dict | None:
+    def has_command(self, name: str) -> bool:
+        """`name` is on the host's PATH (the shell's own lookup, the name passed as an argument, never parsed)."""
+        return self.run(["sh", "-c", 'command -v "$1"', "sh", name])[0] == 0
+
+    def json_of(self, cmd: list[str]) -> dict | None:
         """A command's JSON output, or None when it fails or prints something else."""
         rc, out, _ = self.run(cmd)
         try:
@@ -59,33 +64,33 @@ class NodeHost:
 
     def prepare(self, engine: str) -> str | None:
         """Build the check image from the node's own files; None when done, else why it could not be."""
-        rc, out, err = self.run(f"gpuprov verify --prepare {shlex.quote(engine)}")
+        rc, out, err = self.run(["gpuprov", "verify", "--prepare", engine])
         return None if rc == 0 else ((err or out).strip().splitlines() or [f"exit {rc}"])[-1]
 
     @cached_property
     def facts(self) -> dict | None:
-        return self.json_of("gpuprov detect --json")
+        return self.json_of(["gpuprov", "detect", "--json"])
 
     @cached_property
     def runtimes(self) -> dict | None:
-        return self.json_of("docker info --format '{{json .Runtimes}}'")
+        return self.json_of(["docker", "info", "--format", "{{json .Runtimes}}"])
 
     @cached_property
     def engine(self) -> str | None:
         """docker when dockerd answers; containerd when its daemon answers `ctr version`; else None."""
         if self.runtimes is not None:
             return "docker"
-        rc, out, _ = self.run("ctr version")
+        rc, out, _ = self.run(["ctr", "version"])
         return "containerd" if rc == 0 and "Server:" in out else None
 
 
 class LocalHost(NodeHost):
-    def run(self, cmd: str) -> tuple[int, str, str]:
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
         try:
-            p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=120)
-        except subprocess.TimeoutExpired:
-            return 124, "", f"timed out: {cmd}"
-        return p.returncode, p.stdout, p.stderr
+            r = effects.run(argv, check=False, timeout=120)
+        except StepFailed as exc:  # not found, or still running after 120 s
+            return 127, "", str(exc)
+        return r.returncode, r.stdout, r.stderr
 
     def prepare(self, engine: str) -> str | None:
         try:
@@ -101,8 +106,8 @@ class TestinfraHost(NodeHost):
     def __init__(self, host):
         self.host = host
 
-    def run(self, cmd: str) -> tuple[int, str, str]:
-        r = self.host.run(cmd)
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
+        r = self.host.run(shlex.join(argv))  # testinfra takes a command line: each word quoted
         return r.rc, r.stdout, r.stderr
 
 
@@ -176,7 +181,7 @@ def engine_running(h: NodeHost) -> CheckResult:
 
 def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
     if h.engine == "containerd":
-        rc, out, err = h.run("containerd config dump")
+        rc, out, err = h.run(["containerd", "config", "dump"])
         if rc != 0:
             return CheckResult("runtime registered", "fail", f"`containerd config dump` failed: "
                                f"{(err or out).strip()[-200:]}")
@@ -192,7 +197,7 @@ def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
             return CheckResult("runtime registered", "fail", f"runtime {name!r} is not registered in dockerd "
                                f"(has: {', '.join(rts)}): run gpuprov engine configure docker")
         path = (rts[name] or {}).get("path", "")
-    rc, _, _ = h.run(f"test -x {shlex.quote(path)}")
+    rc, _, _ = h.run(["test", "-x", path])
     if rc != 0:
         return CheckResult("runtime registered", "fail", f"runtime {name!r} points to {path}, which is missing or "
                            "not executable: run gpuprov runtime install")
@@ -200,15 +205,14 @@ def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
 
 
 def container_argv(engine: str, cid: str, env: dict[str, str], argv: list[str], runtime_path: str = RUNTIME_PATH,
-                   rootfs: str = ROOTFS) -> str:
+                   rootfs: str = ROOTFS) -> list[str]:
     """The command that starts the check container through the runtime, never pulling anything."""
     if engine == "docker":
         envs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
-        return shlex.join(["docker", "run", "--rm", "--pull", "never", "--runtime", "nvidia", *envs, IMAGE, *argv])
+        return ["docker", "run", "--rm", "--pull", "never", "--runtime", "nvidia", *envs, IMAGE, *argv]
     # a bare rootfs has no image config: PATH as docker would default it
     envs = [a for k, v in {"PATH": "/usr/bin:/bin", **env}.items() for a in ("--env", f"{k}={v}")]
-    return shlex.join([*shlex.split(CTR), "run", "--rm", "--runc-binary", runtime_path, *envs, "--rootfs", rootfs,
-                       cid, *argv])
+    return [*CTR, "run", "--rm", "--runc-binary", runtime_path, *envs, "--rootfs", rootfs, cid, *argv]
 
 
 def _container(h: NodeHost, name: str, env: dict[str, str], argv: list[str]) -> tuple[CheckResult | None, str]:
@@ -253,25 +257,25 @@ def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
     """Kubernetes nodes (`gpuprov k8s node`): containerd's merged config (drop-ins included) or CRI-O's drop-in
     names handler `nvidia`, and the GPU labels file for NFD is there."""
 
-    if h.engine == "docker" and h.run("command -v kubelet")[0] != 0:
+    if h.engine == "docker" and not h.has_command("kubelet"):
         # docker.io brings containerd as dockerd's backend: that containerd serves no CRI clients here
         return CheckResult("CRI handler", "skip", "a Docker node without kubelet: no CRI handler to check")
-    rc, dump, _ = h.run("containerd config dump")
+    rc, dump, _ = h.run(["containerd", "config", "dump"])
     if rc == 0:
         if not containerd.runtime_in_dump(dump, name):
             return CheckResult("CRI handler", "fail", f"containerd's merged config has no runtime {name!r}: "
                                "run gpuprov k8s node")
         where = "containerd"
-    elif h.run(f"test -f {shlex.quote(crio.dropin_path(name))}")[0] == 0:
+    elif h.run(["test", "-f", crio.dropin_path(name)])[0] == 0:
         where = "CRI-O"
-    elif h.run("command -v crio")[0] == 0:
+    elif h.has_command("crio"):
         return CheckResult("CRI handler", "fail", f"CRI-O has no gpuprov drop-in {crio.dropin_path(name)}: "
                            "run gpuprov k8s node")
     else:
         return CheckResult("CRI handler", "skip", "no containerd or CRI-O on this host")
     from provision.k8s.labels import NFD_FILE
 
-    labels = "labels for NFD" if h.run(f"test -s {NFD_FILE}")[0] == 0 else "no NFD labels file (gpuprov k8s labels --write)"
+    labels = "labels for NFD" if h.run(["test", "-s", NFD_FILE])[0] == 0 else "no NFD labels file (gpuprov k8s labels --write)"
     return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")
 
 

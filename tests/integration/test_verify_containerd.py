@@ -39,10 +39,12 @@ def node(tmp_path_factory):
         runtime_path = str(base / "rt/bin/gpuprov-runtime")
         rootfs = str(base / "check-rootfs")
 
-        def run(self, cmd):
-            cmd = cmd.replace("containerd config dump", f"{c.binary} --config {cfg} config dump")
-            cmd = cmd.replace("ctr --namespace", f"{c.bindir / 'ctr'} -a {c.socket} --namespace")
-            return super().run(cmd)
+        def run(self, argv):
+            if argv == ["containerd", "config", "dump"]:
+                argv = [str(c.binary), "--config", str(cfg), "config", "dump"]
+            elif argv[:2] == ["ctr", "--namespace"]:
+                argv = [str(c.bindir / "ctr"), "-a", str(c.socket), *argv[1:]]
+            return super().run(argv)
 
     yield Node()
     c.cleanup()

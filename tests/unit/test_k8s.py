@@ -269,8 +269,9 @@ def test_verify_checks_the_cri_handler(tmp_path):
     class Node(LocalHost):  # this host's commands, with containerd reading the scratch config
         engine = "containerd"  # a containerd node (this machine's dockerd answers too: verify would call it Docker)
 
-        def run(self, cmd):
-            return super().run(cmd.replace("containerd config dump", f"containerd --config {cfg} config dump"))
+        def run(self, argv):
+            scratch = ["containerd", "--config", str(cfg), "config", "dump"]
+            return super().run(scratch if argv == ["containerd", "config", "dump"] else argv)
 
     r = cri_handler(Node())
     assert (r.status, r.detail) == ("fail", "containerd's merged config has no runtime 'nvidia': run gpuprov k8s node")

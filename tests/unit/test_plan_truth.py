@@ -57,7 +57,7 @@ class Recorder:
             return "done\n"
 
         monkeypatch.setattr(st, "run_gpuprov", gpuprov)
-        monkeypatch.setattr(st, "spawn_background", lambda argv, log: self.argvs.append(tuple(argv)))
+        monkeypatch.setattr(effects, "spawn", lambda argv, log: self.argvs.append(tuple(argv)))
         monkeypatch.setattr(st, "write_file", lambda path, text, **kw: self.writes.append((str(path), text)))
         monkeypatch.setattr(effects, "wait_for", lambda pred, *a, **kw: True)
 
