@@ -8,7 +8,7 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
 
 def render(name: str, **values) -> str:
-    import jinja2
+    import jinja2  # lazy: 21 ms at start-up (-X importtime, min of 15); only steps that template a file render
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision.decide.driver import FleetDecision, GpuDecision, decide_fleet, decide_gpu
-from provision.decide.gputable import PciId
+from provision.decide.gputable import PciId, parse_pci_id
 from provision.decide.targets import Target, target_for
 from provision.errors import Unsupported
 from provision.facts.distro_facts import DistroFacts, read_distro
@@ -74,8 +74,6 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
         gpus.append((dev, decide_gpu(pci, target, kernel_modules=kernel_modules, source=source, address=dev.address,
                                      pin=pin)))
     if for_gpus:
-        from provision.decide.gputable import parse_pci_id
-
         gpus = [(None, decide_gpu(parse_pci_id(p), target, kernel_modules=kernel_modules, source=source, pin=pin))
                 for p in for_gpus]
     return HostReport(

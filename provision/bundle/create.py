@@ -10,8 +10,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomlkit
+
 from provision import effects
 from provision.bundle import aptrepo, manifest
+from provision.bundle.images import ensure_image
 from provision.decide.targets import Target
 from provision.errors import StepFailed, Unsupported, UsageError
 from provision.output import progress
@@ -61,8 +64,6 @@ def dnf_plan(target: Target, packages: list[str], dest: str = "/bundle/repo") ->
 
 
 def _image(target: Target) -> str:
-    from provision.bundle.images import ensure_image
-
     return ensure_image(target)
 
 
@@ -88,8 +89,6 @@ def resolve_and_download(target: Target, packages: list[str], out: Path, enable_
 def py_deps() -> list[str]:
     """gpuprov's own dependencies, read from its pyproject.toml: one list, so a dependency added there is in every
     bundle (a hand-kept copy here once missed one, and the offline install failed on the air-gapped host)."""
-    import tomlkit
-
     doc = tomlkit.parse((SOURCE_ROOT / "pyproject.toml").read_text())
     return [str(d) for d in doc["project"]["dependencies"]]
 

@@ -12,6 +12,8 @@ from provision import paths
 from provision.bundle import aptrepo, manifest
 from provision.bundle.unpack import unpack
 from provision.errors import BundleInvalid, BundleMismatch
+from provision.facts.distro_facts import read_distro
+from provision.facts.driver_facts import kernel_release
 
 
 def extract_base() -> Path:
@@ -82,9 +84,6 @@ def preflight(target: dict, distro, kernel: str | None) -> None:
 
 def check_bundle(path: Path, keyring: str | None = None, root: Path = Path("/")) -> tuple[Path, dict]:
     """Verify first (nothing is read from an unverified bundle), then the preflight and the repository."""
-    from provision.facts.distro_facts import read_distro
-    from provision.facts.driver_facts import kernel_release
-
     opened = open_verified(path, keyring)
     bundle, man = opened.path, opened.result.manifest
     try:

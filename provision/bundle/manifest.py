@@ -10,7 +10,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import effects
+from provision import __version__, effects
 from provision.errors import UsageError
 
 SCHEMA = "gpuprov.bundle/v1"
@@ -30,8 +30,6 @@ def file_list(root: Path) -> list[Path]:
 
 
 def write_manifest(root: Path, target: dict, components: dict, keys: list[dict] | None = None) -> dict:
-    from provision import __version__
-
     files = [{"path": p.relative_to(root).as_posix(), "sha256": sha256(p), "size": p.stat().st_size}
              for p in file_list(root)]
     doc = {"schema": SCHEMA, "gpuprov": __version__, "target": target, "components": components,

@@ -6,8 +6,19 @@ from typing import List, Optional
 
 import typer
 
+from provision.bundle.create import COMPONENTS, CreateOptions, create, dnf_plan
+from provision.bundle.install import check_bundle, open_verified
+from provision.commands import summary
+from provision.decide.driver import decide_gpu
+from provision.decide.gputable import parse_pci_id
+from provision.decide.targets import parse_target
+from provision.errors import BundleInvalid, UsageError
 from provision.hostlock import changes_host
 from provision.output import emit_json, kv
+from provision.plan import apply as ap
+from provision.plan.build import Options, build_plan
+from provision.plan.repos import dnf_install_cmd
+from provision.report import detect_host
 
 KEYRING_HELP = ("The signer's key (`gpg --export KEY > FILE`): the bundle must then be signed by it, a missing "
                 "SHA256SUMS.sig is refused (exit 8).")
@@ -28,12 +39,6 @@ def create_cmd(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Resolve the full closure in a clean root of TARGET, download it, build a local repo, write the manifest."""
-    from provision.bundle.create import COMPONENTS, CreateOptions, create
-    from provision.decide.driver import decide_gpu
-    from provision.decide.gputable import parse_pci_id
-    from provision.decide.targets import parse_target
-    from provision.errors import UsageError
-
     comps = tuple(c.strip() for c in components.split(",") if c.strip())
     bad = [c for c in comps if c not in COMPONENTS]
     if bad or not comps:
@@ -62,9 +67,6 @@ def verify_cmd(path: Path = typer.Argument(...),
                json_out: bool = typer.Option(False, "--json")) -> None:
     """Checksums, signature (required with --keyring), SHA256SUMS naming every file exactly once, manifest.
     Exit 8 when anything fails; a .tar.gz is unpacked into a private directory that is removed afterwards."""
-    from provision.bundle.install import open_verified
-    from provision.errors import BundleInvalid
-
     try:
         opened = open_verified(path, keyring)
     except BundleInvalid as exc:
@@ -89,11 +91,6 @@ def install_cmd(
     no_validate: bool = typer.Option(False, "--no-validate"),
 ) -> None:
     """Preflight, verify, then install from the bundle alone (never from the network) and configure the node."""
-    from provision.bundle.install import check_bundle
-    from provision.plan import apply as ap
-    from provision.plan.build import Options, build_plan
-    from provision.report import detect_host
-
     bundle, man = check_bundle(path, keyring)
     comps = man["components"]
     opt = Options(driver="auto" if "driver" in comps else "skip", engine="docker" if "engine" in comps else "none",
@@ -111,10 +108,6 @@ def install_cmd(
 def plan_cmd(target: str = typer.Option(..., "--target"), packages: str = typer.Option("docker-ce,containerd.io"),
              json_out: bool = typer.Option(False, "--json")) -> None:
     """The commands a bundle for TARGET is built and installed with (the EL path: dnf download + createrepo_c)."""
-    from provision.bundle.create import dnf_plan
-    from provision.decide.targets import parse_target
-    from provision.plan.repos import dnf_install_cmd
-
     t = parse_target(target)
     pk = [p for p in packages.split(",") if p]
     if t.family == "rhel":
@@ -135,4 +128,4 @@ def plan_cmd(target: str = typer.Option(..., "--target"), packages: str = typer.
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(bundle_app, name="bundle")
+    app.add_typer(bundle_app, name="bundle", short_help=summary("bundle"))

@@ -6,16 +6,21 @@ from typing import List, Optional
 
 import typer
 
+from provision.commands import summary
+from provision.decide.gputable import parse_pci_id
+from provision.decide.targets import parse_target
+from provision.errors import HostUnreadable, UsageError
+from provision.facts.rootfs import is_live
 from provision.options import CHOICES
 from provision.output import emit_json, kv, table
+from provision.probe.engines import with_versions
+from provision.report import detect_host, detect_ids
 
 MODULE_CHOICES = CHOICES["kernel_modules"]
 SOURCE_CHOICES = CHOICES["driver_source"]
 
 
 def check_choice(value: str, choices: tuple[str, ...], option: str) -> str:
-    from provision.errors import UsageError
-
     if value not in choices:
         raise UsageError(f"{option} must be one of {', '.join(choices)} (got {value!r})")
     return value
@@ -77,12 +82,6 @@ def detect(
                                                 "distro on Debian/Ubuntu, elrepo on EL)"),
 ) -> None:
     """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
-    from provision.decide.gputable import parse_pci_id
-    from provision.decide.targets import parse_target
-    from provision.facts.rootfs import is_live
-    from provision.probe.engines import with_versions
-    from provision.report import detect_host, detect_ids
-
     check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
     if driver_source is not None:
         check_choice(driver_source, SOURCE_CHOICES, "--driver-source")
@@ -93,8 +92,6 @@ def detect(
         report = detect_ids(ids, tgt, kernel_modules=kernel_modules, source=driver_source)
     else:
         if not root.is_dir():
-            from provision.errors import HostUnreadable
-
             raise HostUnreadable(f"--root {root} is not a directory")
         report = detect_host(root, target=tgt, kernel_modules=kernel_modules, source=driver_source)
         if is_live(root):  # versions take running each engine binary: the probe layer, live host only
@@ -106,4 +103,4 @@ def detect(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("detect")(detect)
+    app.command("detect", short_help=summary("detect"))(detect)

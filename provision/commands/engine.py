@@ -1,11 +1,15 @@
 """`gpuprov engine configure docker|containerd|crio`."""
 from __future__ import annotations
 
+import os
+import shutil
 from contextlib import nullcontext
 from typing import Optional
 
 import typer
 
+from provision.commands import summary
+from provision.engines.configure import configure
 from provision.hostlock import host_lock
 from provision.output import emit_json, kv
 
@@ -13,10 +17,8 @@ engine_app = typer.Typer(help="Container engine configuration (merge, never over
 
 
 def default_runtime_path() -> str:
-    import shutil
-
     for cand in ("/usr/local/bin/gpuprov-runtime",):
-        if __import__("os").path.exists(cand):
+        if os.path.exists(cand):
             return cand
     return shutil.which("gpuprov-runtime") or "/usr/local/bin/gpuprov-runtime"
 
@@ -37,8 +39,6 @@ def configure_cmd(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Register gpuprov-runtime in the engine's config (backup, atomic write, reload only on change, verify)."""
-    from provision.engines.configure import configure
-
     with nullcontext() if dry_run else host_lock(f"engine configure {engine}"):
         res = configure(engine, config=config, runtime_name=runtime_name,
                         runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
@@ -57,4 +57,4 @@ def configure_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(engine_app, name="engine")
+    app.add_typer(engine_app, name="engine", short_help=summary("engine"))

@@ -1,12 +1,28 @@
 """`gpuprov k8s node|labels|manifests`: Kubernetes GPU nodes on containerd or CRI-O."""
 from __future__ import annotations
 
+import os
 import shutil
+import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
 
+from provision.commands import summary
+from provision.commands.engine import default_runtime_path
+from provision.commands.runtime_cmds import _discover
+from provision.errors import GpuprovError, UsageError
+from provision.fsutil import write_file
+from provision.hostlock import host_lock
+from provision.inject.settings import load_settings, settings_path
+from provision.k8s import node
+from provision.k8s.labels import NFD_FILE, gfd_labels, kubelet_flag, nfd_file
+from provision.k8s.manifests import NodeSettings, decide_sharing, decide_strategy, render_all
+from provision.k8s.node import CDI_SPEC, ENGINE_UNITS, engine_has_cdi, write_if_changed
+from provision.metrics import nvml
 from provision.output import emit_json, kv
+from provision.share import mps
 
 k8s_app = typer.Typer(help="Kubernetes GPU nodes: CRI handler, CDI, node labels, RuntimeClass, device plugin config.",
                       no_args_is_help=True)
@@ -16,18 +32,10 @@ STRATEGY_HELP = "auto | envvar | volume-mounts | cdi-annotations (how the device
 
 
 def _settings(engine_cdi: bool | None = None):
-    import os
-
-    from provision.inject.settings import load_settings, settings_path
-    from provision.k8s.manifests import NodeSettings
-    from provision.share import mps
-
     s = load_settings()
     st = mps.load_state(s["share_state"])
     share_on = bool(st and mps.daemon_pid(st))
     if engine_cdi is None:  # what the engine has now: the CDI spec gpuprov writes, and an engine that applies it
-        from provision.k8s.node import CDI_SPEC, ENGINE_UNITS, engine_has_cdi
-
         engine_cdi = os.path.exists(CDI_SPEC) and any(shutil.which(e) and engine_has_cdi(e) for e in ENGINE_UNITS)
     return NodeSettings(share_state=st if share_on else None,
                         accept_env_unprivileged=bool(s.get("accept_env_unprivileged", True)),
@@ -36,10 +44,6 @@ def _settings(engine_cdi: bool | None = None):
 
 
 def _labels(sharing: str, replicas: Optional[int]) -> dict[str, str]:
-    from provision.k8s.labels import gfd_labels
-    from provision.k8s.manifests import decide_sharing
-    from provision.metrics import nvml
-
     return gfd_labels(nvml.snapshot(), decide_sharing(_settings(), sharing, replicas))
 
 
@@ -53,17 +57,11 @@ def labels_cmd(
 ) -> None:
     """This node's GPU labels in GPU Feature Discovery's format (product, memory, count, family, compute capability,
     CUDA driver/runtime versions, sharing strategy and replicas, MIG capability)."""
-    from provision.errors import UsageError
-    from provision.k8s.labels import NFD_FILE, kubelet_flag, nfd_file
-
     labels = _labels(sharing, replicas)
     if write:
-        from provision.hostlock import host_lock
-        from provision.k8s.node import write_if_changed
-
         with host_lock("k8s labels --write"):
             changed = write_if_changed(NFD_FILE, nfd_file(labels))
-        print(f"{'wrote' if changed else 'unchanged'} {NFD_FILE} ({len(labels)} labels)", file=__import__("sys").stderr)
+        print(f"{'wrote' if changed else 'unchanged'} {NFD_FILE} ({len(labels)} labels)", file=sys.stderr)
     if fmt == "nfd":
         print(nfd_file(labels), end="")
     elif fmt == "kubelet":
@@ -85,17 +83,12 @@ def manifests_cmd(
 ) -> None:
     """RuntimeClass `nvidia`, and the NVIDIA device plugin's config (file, ConfigMap, Helm values) from gpuprov's
     sharing and runtime settings."""
-    from pathlib import Path
-
-    from provision.k8s.manifests import decide_sharing, decide_strategy, render_all
-
     s = _settings()
     files = render_all(s, decide_sharing(s, sharing, replicas), decide_strategy(s, strategy), namespace)
     if output is None:
         for name, text in files.items():
             print(f"---\n# {name}\n{text}", end="")
         return
-    from provision.fsutil import write_file
 
     for name, text in files.items():
         write_file(Path(output) / name, text, mode=0o644, backup=False)
@@ -118,21 +111,11 @@ def node_cmd(
 ) -> None:
     """Prepare this containerd/CRI-O node for GPU pods: handler `nvidia` (drop-in), CDI spec and its refresh at boot,
     GPU labels for NFD. Idempotent: a second run changes nothing."""
-    from provision.hostlock import host_lock
-
     with host_lock("k8s node"):
         _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out)
 
 
 def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out) -> None:
-    from provision.commands.engine import default_runtime_path
-    from provision.commands.runtime_cmds import _discover
-    from provision.errors import GpuprovError
-    from provision.k8s import node
-    from provision.k8s.labels import gfd_labels
-    from provision.k8s.manifests import decide_sharing
-    from provision.metrics import nvml
-
     name = node.pick_engine(engine)
     s = _settings(engine_cdi=cdi and node.engine_has_cdi(name))
     sharing_d = decide_sharing(s, sharing, replicas)
@@ -140,13 +123,13 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
         labels = gfd_labels(nvml.snapshot(), sharing_d)
     except GpuprovError as exc:  # driver not loaded yet (reboot pending): the engine side still gets done
         labels = None
-        print(f"warning: no GPU labels: {exc}", file=__import__("sys").stderr)
+        print(f"warning: no GPU labels: {exc}", file=sys.stderr)
     disc = None
     if cdi:
         try:
             disc = _discover(None)
         except GpuprovError as exc:
-            print(f"warning: no CDI spec now: {exc}", file=__import__("sys").stderr)
+            print(f"warning: no CDI spec now: {exc}", file=sys.stderr)
     res = node.setup(name, runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
                      dry_run=dry_run, disc=disc, labels=labels, config=config)
     if manifests and not dry_run:
@@ -161,4 +144,4 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(k8s_app, name="k8s")
+    app.add_typer(k8s_app, name="k8s", short_help=summary("k8s"))

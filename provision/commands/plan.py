@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from provision import effects, errors
+from provision.bundle.install import check_bundle
+from provision.commands import summary
 from provision.commands.detect import check_choice
 from provision.decide.gputable import parse_pci_id
 from provision.decide.targets import parse_target
@@ -17,7 +20,10 @@ from provision.facts.pci import scan_display_devices
 from provision.hostlock import host_lock
 from provision.options import CHOICES, Mirror, Stage, values
 from provision.output import emit_json
+from provision.plan import apply as ap
+from provision.plan.build import Options, build_plan
 from provision.report import detect_host
+from provision.verify.checks import LocalHost, driver_loaded, versions_coherent
 
 # Deferred inside the commands (measured with `python -X importtime`, on top of what `gpuprov detect` already
 # loads, since cli imports every command module at start-up): plan.build +38 ms, plan.apply +19 ms, bundle.install
@@ -49,14 +55,11 @@ def _parse_stages(only: Optional[str]) -> tuple[str, ...]:
 
 def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate,
              replace_runtime=False, only=None, mirror=(), for_gpus=None, kernels=None):
-    from provision.plan.build import Options
-
     check_choice(kernel_modules, CHOICES["kernel_modules"], "--kernel-modules")
     check_choice(driver_source, CHOICES["driver_source"], "--driver-source")
     check_choice(engine, CHOICES["engine"], "--engine")
     check_choice(engine_source, CHOICES["engine_source"], "--engine-source")
     if driver not in ("auto", "skip") and not driver.isdigit():
-
         raise UsageError(f"--driver {driver!r}: use auto, skip or a driver branch such as 535")
 
     for p in for_gpus or ():
@@ -69,8 +72,6 @@ def _options(driver, kernel_modules, driver_source, engine, engine_source, runti
 
 
 def _plan(root: Path, target: Optional[str], opt):
-    from provision.plan.build import build_plan
-
     src = None if opt.driver_source == "distro" else opt.driver_source
     pin = opt.driver if opt.driver.isdigit() else None
     report = detect_host(root, target=parse_target(target) if target else None, kernel_modules=opt.kernel_modules,
@@ -160,8 +161,6 @@ def bootstrap_cmd(
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
-    from contextlib import nullcontext
-
 
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
                    not no_validate, replace_runtime, only, mirror, for_gpus, kernels)
@@ -173,11 +172,7 @@ def bootstrap_cmd(
 
 def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json_out: bool,
                bundle: Optional[Path], bundle_keyring: Optional[str] = None) -> None:
-    from provision.plan import apply as ap
-
     if bundle is not None:
-        from provision.bundle.install import check_bundle
-
         checked, _ = check_bundle(bundle, bundle_keyring)
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
     _resume_after_reboot(ap)
@@ -238,8 +233,6 @@ def _verify_after_reboot(state: dict) -> None:
     """Resuming after the driver's reboot: the module must be loaded, match the userspace, and nvidia-smi answer.
     Without an NVIDIA device (a baked image, a VM without its GPU) there is nothing to load it on: say so (exit
     15) rather than fail on the module that cannot load."""
-    from provision.verify.checks import LocalHost, driver_loaded, versions_coherent
-
     if not any(d.is_nvidia for d in scan_display_devices(Path("/"))):
         raise NoDeviceToVerify(f"resumed after the reboot ({state.get('reason')}): the driver is installed, but "
                                "this host has no NVIDIA device to load and verify it on; boot the image on a GPU "
@@ -256,5 +249,5 @@ def _verify_after_reboot(state: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan")(plan_cmd)
-    app.command("bootstrap")(bootstrap_cmd)
+    app.command("plan", short_help=summary("plan"))(plan_cmd)
+    app.command("bootstrap", short_help=summary("bootstrap"))(bootstrap_cmd)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -9,8 +10,16 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from provision import effects, paths
+from provision.commands import summary
 from provision.errors import GpuprovError, UsageError
+from provision.facts.driver_facts import find_driver_root
+from provision.fsutil import write_file
 from provision.hostlock import changes_host, host_lock
+from provision.inject.cdi import generate_spec, refresh_specs, refresh_units, render
+from provision.inject.discover import discover, write_manifests
+from provision.inject.edits import Refused, compute_edits
+from provision.inject.install import install_runtime
+from provision.inject.settings import load_settings, settings_path
 from provision.output import emit_json, kv
 
 if TYPE_CHECKING:
@@ -22,10 +31,6 @@ cdi_app = typer.Typer(help="CDI specs for engines that consume CDI natively.", n
 
 def _discover(driver_root: Optional[str]) -> Discovery:
     """Discovery for this host, laid out as the runtime's settings describe it (driver/proc/dev roots)."""
-    from provision.facts.driver_facts import find_driver_root
-    from provision.inject.discover import discover
-    from provision.inject.settings import load_settings, settings_path
-
     s = load_settings() if os.path.exists(settings_path()) else {"proc_root": "/", "dev_root": "/"}
     if driver_root is None:
         driver_root = s.get("driver_root") if os.path.exists(settings_path()) else None
@@ -52,9 +57,6 @@ def runtime_install(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Install gpuprov-runtime (the wheel's compiled front-end; else compiled here; else Python) and refresh discovery."""
-    from provision.facts.driver_facts import find_driver_root
-    from provision.inject.install import install_runtime
-
     if driver_root is None:
         driver_root = find_driver_root(Path("/"))[0] or "/"
     res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
@@ -92,9 +94,6 @@ def cdi_generate(
     fmt: str = typer.Option("yaml", "--format", help="yaml|json"),
 ) -> None:
     """Write a CDI spec (kind nvidia.com/gpu; devices by index, UUID and `all`; every capability's files)."""
-    from provision.inject.cdi import generate_spec, render
-    from provision.inject.discover import write_manifests
-
     if fmt not in ("yaml", "json"):
         raise UsageError("--format must be yaml or json")
     disc = _discover(driver_root)
@@ -107,8 +106,6 @@ def cdi_generate(
     if output is None:
         print(text, end="")
     else:
-        from provision.fsutil import write_file
-
         with host_lock("cdi generate"):
             write_file(output, text, mode=0o644, backup=False)
         print(f"wrote {output} ({len(spec['devices'])} devices)", file=sys.stderr)
@@ -123,8 +120,6 @@ def cdi_refresh(
 ) -> None:
     """Write the CDI spec where engines read it; rewrites only when the driver changed. Run at boot and on driver
     changes by the gpuprov-cdi-refresh systemd units (--install-units)."""
-    from provision.inject.cdi import refresh_specs
-
     disc = _discover(driver_root)  # same driver-root resolution (and error) as generate
     s = _settings_roots()
     with host_lock("cdi refresh"):
@@ -136,17 +131,10 @@ def cdi_refresh(
 
 
 def _settings_roots() -> dict:
-    from provision.inject.settings import load_settings, settings_path
-
     return load_settings() if os.path.exists(settings_path()) else {"proc_root": "/", "dev_root": "/"}
 
 
 def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
-    import shutil
-
-    from provision.fsutil import write_file
-    from provision.inject.cdi import refresh_units
-
     units = refresh_units(shutil.which("gpuprov") or "/usr/local/bin/gpuprov")
     for name, text in units.items():
         write_file(unit_dir / name, text, backup=False)
@@ -160,7 +148,7 @@ def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
 @cdi_app.command("list")
 def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-separated CDI spec directories.")):
     """List the qualified CDI device names found in the spec directories."""
-    import yaml
+    import yaml  # lazy: 11 ms at start-up (-X importtime, min of 15); bootstrap loads this module, only `cdi list` reads YAML
 
     for d in spec_dirs.split(":"):
         for p in sorted(Path(d).glob("*")) if Path(d).is_dir() else []:
@@ -177,8 +165,6 @@ def docker_args(
     driver_root: Optional[str] = typer.Option(None),
 ) -> None:
     """Print --device/--volume flags for a plain `docker run` (nvidia-docker 1.0 style, no runtime needed)."""
-    from provision.inject.edits import Refused, compute_edits
-
     try:
         e = compute_edits(_discover(driver_root), {"NVIDIA_VISIBLE_DEVICES": gpus,
                                                    "NVIDIA_DRIVER_CAPABILITIES": capabilities})
@@ -196,8 +182,6 @@ def driver_volume(
     driver_root: Optional[str] = typer.Option(None),
 ) -> None:
     """Keep BASE/current -> BASE/<version> (bin/, lib64/ at SONAMEs): mount BASE/current, survive upgrades."""
-    import shutil
-
     disc = _discover(driver_root)
     version = disc.version or ""  # _discover refused a root without a driver
     vdir = base / version
@@ -230,8 +214,6 @@ def driver_volume(
 
 
 def _link_or_copy(src: str, dst: Path) -> None:
-    import shutil
-
     if dst.exists():  # a library that serves two capabilities (libnvidia-gpucomp)
         return
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -242,7 +224,7 @@ def _link_or_copy(src: str, dst: Path) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(runtime_app, name="runtime")
-    app.add_typer(cdi_app, name="cdi")
-    app.command("docker-args")(docker_args)
-    app.command("driver-volume")(driver_volume)
+    app.add_typer(runtime_app, name="runtime", short_help=summary("runtime"))
+    app.add_typer(cdi_app, name="cdi", short_help=summary("cdi"))
+    app.command("docker-args", short_help=summary("docker-args"))(docker_args)
+    app.command("driver-volume", short_help=summary("driver-volume"))(driver_volume)

@@ -5,15 +5,18 @@ from typing import Optional
 
 import typer
 
+from provision.commands import summary
+from provision.errors import Refused, UsageError
 from provision.hostlock import changes_host
+from provision.inject.settings import load_settings
 from provision.output import emit_json, kv, table
+from provision.share import mps
+from provision.share.limits import is_index, parse_percent, parse_size
 
 share_app = typer.Typer(help="GPU sharing with limits (NVIDIA MPS): enable, disable, status.", no_args_is_help=True)
 
 
 def _state_path() -> str:
-    from provision.inject.settings import load_settings
-
     return load_settings()["share_state"]
 
 
@@ -29,10 +32,6 @@ def enable_cmd(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Start the MPS control daemon for the chosen GPUs (pipe dir /run/gpuprov/mps, logs /var/log/gpuprov/mps)."""
-    from provision.errors import Refused, UsageError
-    from provision.share import mps
-    from provision.share.limits import is_index, parse_percent, parse_size
-
     bad = [x for x in gpus.split(",") if not is_index(x.strip())] if gpus else []
     if bad:  # ASCII digits only: int() would take '１' or '٣' as 1 and 3
         raise UsageError(f"--gpus takes GPU indices such as 0,1 (got {', '.join(map(repr, bad))})")
@@ -57,8 +56,6 @@ def enable_cmd(
 @changes_host("share disable")
 def disable_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     """Stop the MPS daemon cleanly (running clients finish first)."""
-    from provision.share import mps
-
     res = mps.disable(_state_path())
     if json_out:
         emit_json(res)
@@ -69,8 +66,6 @@ def disable_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
 @share_app.command("status")
 def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     """The daemon, its clients and, per container, GPU memory in use and the limit (like cgpu-smi)."""
-    from provision.share import mps
-
     st = mps.status(_state_path())
     if json_out:
         emit_json(st)
@@ -87,4 +82,4 @@ def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(share_app, name="share")
+    app.add_typer(share_app, name="share", short_help=summary("share"))

@@ -5,8 +5,10 @@ from typing import Optional
 
 import typer
 
+from provision.commands import summary
 from provision.errors import REQUIREMENT_FAILED, GpuprovError, UsageError
 from provision.output import emit_json, table
+from provision.verify.checks import LocalHost, prepare_image, run_checks
 
 
 def verify_cmd(json_out: bool = typer.Option(False, "--json"),
@@ -16,8 +18,6 @@ def verify_cmd(json_out: bool = typer.Option(False, "--json"),
                ) -> None:
     """Driver loaded, versions coherent, engine running, runtime registered, containers (GPU where present).
     Nothing is pulled: the check image is built from this host's own files."""
-    from provision.verify.checks import LocalHost, prepare_image, run_checks
-
     if prepare is not None:
         if prepare not in ("docker", "containerd"):
             raise UsageError("--prepare takes docker or containerd")
@@ -35,4 +35,4 @@ def verify_cmd(json_out: bool = typer.Option(False, "--json"),
 
 
 def register(app: typer.Typer) -> None:
-    app.command("verify")(verify_cmd)
+    app.command("verify", short_help=summary("verify"))(verify_cmd)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from provision.engines.base import Engine
+from provision.engines.containerd import ContainerdEngine
+from provision.engines.crio import CrioEngine
+from provision.engines.docker import DockerEngine
 from provision.errors import UsageError
 
 
 def get(name: str) -> Engine:
-    from provision.engines.containerd import ContainerdEngine
-    from provision.engines.crio import CrioEngine
-    from provision.engines.docker import DockerEngine
-
     engines: dict[str, type[Engine]] = {e.name: e for e in (DockerEngine, ContainerdEngine, CrioEngine)}
     if name not in engines:
         raise UsageError(f"unknown engine {name!r}: use {', '.join(engines)}")

@@ -24,8 +24,12 @@ import fnmatch
 import glob
 import os
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomlkit
 
 from provision import effects
 from provision.engines import cri as cri_names
@@ -41,6 +45,11 @@ from provision.engines.base import (
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import CRI_PLUGIN
+
+try:
+    import tomllib  # Python >= 3.11
+except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10
+    tomllib = None
 
 CONFIG = "/etc/containerd/config.toml"
 DROPIN = Path("conf.d") / "99-gpuprov.toml"  # relative to the main config's directory
@@ -84,8 +93,6 @@ def binary_version(path: str) -> tuple[int, int] | None:
 
 
 def find_binary(live_exe: str | None = None) -> Binary:
-    import shutil
-
     path = live_exe or shutil.which("containerd")
     return Binary(path, binary_version(path) if path else None)
 
@@ -107,8 +114,6 @@ def parse(text: str, path: Path | str):
     """A tomlkit document of a containerd config, refused (ConfigInvalid, exit 6) where containerd would refuse it
     or where gpuprov could not edit it without losing something: not TOML, duplicate keys, `version` not an
     integer containerd knows, `imports` not a list of strings, a runtime that is not a table."""
-    import tomlkit
-
     try:
         doc = tomlkit.parse(text)
     except Exception as exc:  # tomlkit's ParseError subclasses (duplicate keys included)
@@ -251,8 +256,6 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
          replace: bool = False, binary: Binary, runc_from_dump: dict | None = None) -> DropinPlan:
     """What configuring containerd would write. Reads files only. `runc_from_dump`: the runc entry exactly as
     `containerd config dump` shows it (defaults filled in), used where the operator wrote none."""
-    import tomlkit
-
     cri_names.validate(runtime_name, runtime_path)
     dropin = dropin_path(main)
     main_old = read_config(main)
@@ -357,10 +360,6 @@ def operators_dump(binary: str, main: Path) -> dict:
     """`config dump` of the operator's own configuration: without gpuprov's drop-in (a copy of the main config whose
     imports are resolved as containerd resolves them, minus the drop-in), so that a re-run compares with what the
     operator has now, not with gpuprov's earlier copy."""
-    import tempfile
-
-    import tomlkit
-
     dropin = dropin_path(main)
     if not main.exists():
         return config_dump(binary, Path("/dev/null"))  # containerd's defaults (an empty file reads as one)
@@ -393,11 +392,7 @@ def runtime_in_dump(dump_text: str, runtime_name: str) -> bool:
 
 
 def _toml_loads(text: str) -> dict:
-    try:
-        import tomllib  # Python >= 3.11
-    except ModuleNotFoundError:  # pragma: no cover - hosts with Python 3.9/3.10
-        import tomlkit
-
+    if tomllib is None:  # pragma: no cover - hosts with Python 3.9/3.10
         try:
             return tomlkit.parse(text).unwrap()
         except Exception as exc:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import tomlkit
+
 from provision import effects
 from provision.engines import cri as cri_names
 from provision.engines.base import (
@@ -42,8 +44,6 @@ def dropin_path(runtime_name: str = "nvidia") -> str:
 
 
 def render(*, runtime_name: str = "nvidia", runtime_path: str, default: bool = False, cdi: bool = False) -> str:
-    import tomlkit
-
     cri_names.validate(runtime_name, runtime_path)
     doc = tomlkit.document()
     for line in HEADER.splitlines():
@@ -61,8 +61,6 @@ def render(*, runtime_name: str = "nvidia", runtime_path: str, default: bool = F
 
 
 def _load(path: Path) -> dict:
-    import tomlkit
-
     text = read_config(path)
     try:
         return tomlkit.parse(text or "").unwrap()

@@ -2,8 +2,11 @@
 (or /usr/lib/os-release, or the legacy release files such as /etc/centos-release)."""
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import distro
 
 from provision.errors import HostUnreadable
 from provision.facts.rootfs import NotRegular, read_bytes_bounded, under
@@ -87,10 +90,6 @@ def _release_files(root: Path) -> dict[str, bytes]:
 
 
 def read_distro(root: Path) -> DistroFacts:
-    import os
-
-    import distro  # deferred: only detection needs it (keeps other commands' start-up small)
-
     # `distro` is pointed at exactly the files checked above (regular, bounded), by name: it opens nothing else
     # (a FIFO named etc/x-release would hang it) and nothing is copied (facts write nothing: plans run on a
     # read-only root). /dev/null stands for "none of that kind".

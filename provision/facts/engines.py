@@ -7,6 +7,12 @@ from pathlib import Path
 
 from provision.facts.rootfs import read_bytes_bounded, under
 
+try:
+    import tomllib  # Python >= 3.11
+except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10
+    tomllib = None
+    import tomlkit  # the TOML parser there (3.9/3.10 have no tomllib)
+
 # containerd's CRI plugin per config version (version 3, containerd 2.x, split the plugin; its runtime part holds the
 # runtimes). The one table: the containerd adapter (engines/containerd.py) uses it too.
 CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -57,11 +63,7 @@ def find_binary(root: Path, name: str) -> str | None:
 
 
 def _toml_load(text: str) -> dict:
-    try:
-        import tomllib  # Python >= 3.11
-    except ModuleNotFoundError:  # pragma: no cover - targets with Python 3.9/3.10
-        import tomlkit
-
+    if tomllib is None:  # pragma: no cover - targets with Python 3.9/3.10
         return tomlkit.parse(text).unwrap()
     return tomllib.loads(text)
 

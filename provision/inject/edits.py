@@ -2,6 +2,8 @@
 No I/O here: every rule about *what* a GPU container gets lives in this file and is unit-tested."""
 from __future__ import annotations
 
+import re
+
 from provision.errors import Refused
 from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES, LIB32_DEST
 from provision.share.limits import is_index
@@ -118,8 +120,6 @@ CONSTRAINT_PATTERN = r"^(cuda|driver|arch|brand)(>=|<=|==|=|>|<)(\S+)$"
 
 
 def _satisfied(constraint: str, facts: dict[str, str | None]) -> bool:
-    import re  # only containers that state requirements pay for it
-
     m = re.match(CONSTRAINT_PATTERN, constraint)
     if not m:
         raise Refused(f"malformed requirement {constraint!r}: expected e.g. cuda>=12.2, driver>=535, brand=tesla")

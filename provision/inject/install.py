@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import effects, paths
+from provision import __version__, effects, paths
 from provision.fsutil import write_file
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
@@ -24,8 +24,6 @@ STAMP = paths.INSTALL_STAMP
 
 
 def _stamp(prefix: str, driver_root: str) -> str:
-    from provision import __version__
-
     srcs = b"".join(p.read_bytes() for p in source_files())
     srcs += SHIPPED.read_bytes() if SHIPPED.exists() else b""
     return json.dumps({"version": __version__, "src": hashlib.sha256(srcs).hexdigest()[:16], "prefix": prefix,

@@ -19,6 +19,7 @@ import stat
 from provision.errors import Refused
 from provision.fsutil import write_file
 from provision.inject import discover, edits
+from provision.share.limits import MPS_VARS, REQUEST_VARS, aliyun_visible, mps_env, share_request
 from provision.share.state import MpsState
 
 HOOK_NAME = "nvidia-container-runtime-hook"
@@ -137,8 +138,6 @@ def load_share_state(path: str) -> MpsState | None:
 
 def apply_sharing(config: dict, env: dict[str, str], n_gpus: int, settings: dict) -> None:
     """MPS client settings for a GPU container: limits, the pipe directory, the daemon's /dev/shm and IPC."""
-    from provision.share.limits import MPS_VARS, mps_env, share_request
-
     for var in MPS_VARS:  # a container never sets its own MPS limits or pipes
         env.pop(var, None)
     state = load_share_state(settings.get("share_state", ""))
@@ -165,8 +164,6 @@ def modify_config(config: dict, bundle: str, settings: dict) -> bool:
     process = config.setdefault("process", {})
     env = edits.env_dict(process.get("env"))
     if "ALIYUN_COM_GPU_VISIBLE_DEVICES" in env:
-        from provision.share.limits import aliyun_visible
-
         aliyun_visible(env)
     hooks = config.get("hooks", {}).get("prestart", [])
     gpus_hook = [h for h in hooks if posixpath.basename(h.get("path", "")) == HOOK_NAME]
@@ -183,8 +180,6 @@ def modify_config(config: dict, bundle: str, settings: dict) -> bool:
         config["hooks"]["prestart"] = [h for h in hooks if h not in gpus_hook]
         changed = True
     if selectors is None:
-        from provision.share.limits import REQUEST_VARS
-
         if any(env.get(v, "").strip() not in ("", "0") for v in REQUEST_VARS):
             raise Refused("GPU memory/compute limits were asked for, but the container requests no GPU "
                           "(set NVIDIA_VISIBLE_DEVICES or --gpus)")

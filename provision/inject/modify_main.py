@@ -11,7 +11,8 @@ from provision.inject.shim import run_create_edits  # noqa: E402
 # error message; --spawn-server: no warm editor was listening, leave one behind for the next containers)
 rc = run_create_edits(sys.argv[1], *(a or None for a in sys.argv[2:4]))
 if "--spawn-server" in sys.argv[4:]:
-    from provision.inject.server import spawn_detached
+    # only a create that leaves an editor behind loads the server (socket, fcntl…)
+    from provision.inject.server import spawn_detached  # lazy: 3.6 ms (-X importtime -I -S, min of 15)
 
     spawn_detached()
 raise SystemExit(rc)

@@ -18,6 +18,8 @@ import socket
 import stat
 import sys
 
+from provision.inject.shim import run_create_edits
+
 IDLE_SECONDS = 600
 CLIENT_TIMEOUT_S = 1.0  # the front-end sends its request at once; a silent client must not hold up the others
 MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
@@ -37,7 +39,8 @@ def lock_path(sock: str) -> str:
 
 def _code_stamp() -> float:
     """The newest mtime among the files the editor runs (inject/sources.py): a change means gpuprov was upgraded."""
-    from provision.inject.sources import source_files  # deferred: only the warm server needs it, not each cold create
+    # only the forked server needs it, not the cold create that leaves the server behind
+    from provision.inject.sources import source_files  # lazy: 0.4 ms (-X importtime -I -S, min of 15)
 
     return max(p.stat().st_mtime for p in source_files())
 
@@ -76,8 +79,6 @@ def _write_pid(fd: int) -> None:
 
 def handle(data: bytes) -> str:
     """One request line -> one reply line. Never raises: whatever goes wrong becomes a one-line refusal (rc 1)."""
-    from provision.inject.shim import run_create_edits
-
     try:
         text = data.decode()
     except UnicodeDecodeError:

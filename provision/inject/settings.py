@@ -33,7 +33,7 @@ def load_settings() -> dict:
     except FileNotFoundError:
         pass
     if not s["runc"]:
-        import shutil  # only when the settings name no runc
+        import shutil  # lazy: 2.2 ms (-X importtime -I -S, min of 15) on each runtime start; only without a runc setting
 
         s["runc"] = shutil.which("runc") or "/usr/sbin/runc"
     return s

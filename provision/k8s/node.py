@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provision import effects
+from provision.engines.configure import configure
+from provision.engines.containerd import find_binary
 from provision.errors import UsageError
+from provision.fsutil import write_file
+from provision.inject.cdi import generate_spec, refresh_units, render
+from provision.k8s.labels import NFD_FILE, nfd_file
 
 if TYPE_CHECKING:
     from provision.inject.discover import Discovery
@@ -50,8 +55,6 @@ def engine_has_cdi(engine: str) -> bool:
     """Does this node's CRI engine apply CDI devices? containerd from 1.7 (`enable_cdi`; 1.6 ignores the key, so
     CDI annotations would give pods no GPU); CRI-O always has."""
     if engine == "containerd":
-        from provision.engines.containerd import find_binary
-
         return find_binary().cdi
     return engine == "crio"
 
@@ -59,8 +62,6 @@ def engine_has_cdi(engine: str) -> bool:
 def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
     """Through the team's one write path (provision/fsutil.py: unnamed O_TMPFILE or hidden temp file, fsync,
     rename), so NFD's watcher and the engine never read half a file; unchanged content is not rewritten."""
-    from provision.fsutil import write_file
-
     try:
         if Path(path).read_text() == text:
             return False
@@ -71,23 +72,16 @@ def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
 
 
 def cdi_spec_text(disc: Discovery) -> str:
-    from provision.inject.cdi import generate_spec, render
-
     return render(generate_spec(disc))
 
 
 def refresh_unit(engine: str, gpuprov: str) -> str:
     """The one CDI refresh unit (provision/inject/cdi.py: refresh_units), ordered before this node's engine."""
-    from provision.inject.cdi import refresh_units
-
     return refresh_units(gpuprov, ENGINE_UNITS[engine])["gpuprov-cdi-refresh.service"]
 
 
 def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: Discovery | None,
           labels: dict[str, str] | None, config: str | None = None, root: str = "/") -> NodeResult:
-    from provision.engines.configure import configure
-    from provision.k8s.labels import NFD_FILE, nfd_file
-
     res = NodeResult(engine)
     eng = configure(engine, config=config, runtime_name="nvidia", runtime_path=runtime_path, default=default,
                     cdi=cdi, dry_run=dry_run)

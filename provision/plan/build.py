@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import paths
 from provision.decide.targets import Target
 from provision.errors import Unsupported
 from provision.facts.rootfs import under
+from provision.inject.cdi import SpecCurrent
 from provision.options import Stage, values
 from provision.plan import repos, validate
+from provision.plan.driver import driver_steps
+from provision.plan.packages import APT_ENV, package_step
 from provision.plan.steps import (
     Command,
     DirEmpty,
@@ -18,7 +20,6 @@ from provision.plan.steps import (
     FilesMatch,
     ImportImage,
     Never,
-    PackagesInstalled,
     RuntimeInstalled,
     ServiceAnswers,
     StartService,
@@ -47,42 +48,6 @@ class Options:
     stages: tuple[str, ...] = values(Stage)  # bootstrap --only: the stages whose steps are planned
     for_gpus: tuple[str, ...] = ()  # image baking: decide as if these PCI ids were present
     kernels: tuple[str, ...] = ()  # build the driver for these kernels (default: see plan/driver.py)
-
-
-APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
-BUNDLE_APT = paths.BUNDLE_APT
-
-
-def _install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None) -> list:
-    """The commands that install `packages`: apt refreshes its lists first (each package step, so a step that runs
-    alone after an earlier run never installs from stale lists); with a bundle, apt sees the bundle alone."""
-    if target.package_manager == "apt":
-        opts: list[str] = []
-        pre: list = []
-        if bundle:
-            opts = repos.apt_options(Path(bundle), Path(BUNDLE_APT))
-            pre = [Command(("install", "-d", "-m", "0755", f"{BUNDLE_APT}/lists/partial")),
-                   WriteFile(f"{BUNDLE_APT}/bundle.list", repos.source_list(Path(bundle)))]
-        if not packages:
-            return pre
-        return pre + [Command(("apt-get", *opts, "update"), APT_ENV),
-                      Command(("apt-get", *opts, "install", "-y", "--no-install-recommends", *packages), APT_ENV)]
-    if bundle:
-        return [Command(tuple(repos.dnf_install_cmd(bundle, list(packages))))]
-    pm = target.package_manager
-    mods = [p for p in packages if ":" in p]
-    plain = [p for p in packages if ":" not in p]
-    cmds = [Command((pm, "install", "-y", *plain))] if plain else []
-    cmds += [Command((pm, "module", "install", "-y", m)) for m in mods]
-    return cmds
-
-
-def _pkg_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
-              pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, **kw) -> Step:
-    hint = (f"a package may be missing from bundle {bundle}: rebuild it with `gpuprov bundle create`; nothing was "
-            "fetched from the network") if bundle else None
-    return Step(sid, stage, title, actions=(*([] if bundle else pre), *_install_actions(target, packages, bundle)),
-                check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
 
 
 def dpkg_recover_step(stage: Stage) -> Step:
@@ -118,7 +83,7 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
         else:
             cm = ("dnf", "config-manager") if target.package_manager == "dnf" else ("yum-config-manager",)
             pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),)
-    steps.append(_pkg_step("engine.packages", Stage.ENGINE, f"Install the container engine: {' '.join(pkgs)}"
+    steps.append(package_step("engine.packages", Stage.ENGINE, f"Install the container engine: {' '.join(pkgs)}"
                            + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle))
     return steps
 
@@ -150,8 +115,6 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                           check=EngineConfigured(opt.engine, opt.runtime_name, RUNTIME_PATH, opt.default_runtime,
                                                  opt.cdi, opt.replace_runtime)))
     if opt.cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
-        from provision.inject.cdi import SpecCurrent  # rewrite it at every boot and on a driver install
-
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
                           actions=(Command(("gpuprov", "cdi", "refresh", "--install-units")),),
                           check=SpecCurrent(droot)))
@@ -186,7 +149,6 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
         d = report.distro
         raise Unsupported(f"unsupported distribution {d.id if d else '?'} {d.version if d else ''}: "
                           "gpuprov has rules for Debian 11-13, Ubuntu 18.04-24.04, EL 7-10, Amazon Linux 2023")
-    from provision.plan.driver import driver_steps  # the driver's steps live beside their own checks and actions
 
     target = report.target
     on = set(opt.stages)

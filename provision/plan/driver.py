@@ -25,6 +25,7 @@ from provision.facts.rootfs import is_live, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.plan import repos
+from provision.plan.packages import APT_ENV, package_step
 from provision.plan.sources import enable_components
 from provision.plan.steps import (
     Already,
@@ -41,7 +42,6 @@ from provision.report import HostReport
 
 NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
 NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
-APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
 DKMS_KEY = "/var/lib/dkms/mok.pub"
 MOK_HASH = paths.MOK_HASH
 LOG_DIR = "/var/log/gpuprov"
@@ -481,9 +481,7 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], headers: tuple
         return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg)), reboot=True,
                     notes=(reboot_note,))
-    from provision.plan.build import _pkg_step
-
-    return _pkg_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
+    return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
                      check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
                      notes=(reboot_note,))
 
@@ -518,15 +516,13 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
 
 
 def _el_repo_steps(target: Target, opt) -> list[Step]:
-    from provision.plan.build import _pkg_step
-
     el = target.el_major
     if opt.bundle:
         return []  # the bundle's repository already holds the kmod / module packages
     if opt.driver_source in ("distro", "elrepo") and el:
         pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
                Command((target.package_manager, "install", "-y", repos.elrepo_release(el, opt.mirrors))))
-        return [_pkg_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (), pre=pre,
+        return [package_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (), pre=pre,
                           check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
                           notes=("ELRepo kmods are kABI-tracking and signed",))]
     pm = target.package_manager

@@ -29,6 +29,7 @@ from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import is_live, under
 from provision.fsutil import write_file
 from provision.inject import install
+from provision.plan import validate
 
 LIVE = Path("/")
 DOCKERD_LOG = "/var/log/gpuprov-dockerd.log"
@@ -142,8 +143,6 @@ class ImportImage:
     engine: str = "docker"  # docker | containerd
 
     def commands(self) -> list[tuple[str, ...]]:
-        from provision.plan import validate
-
         if self.engine == "containerd":
             return [(*validate.CTR, "images", "import", "-")]
         return [("docker", "image", "inspect", self.image), ("docker", "import", "-", self.image)]
@@ -156,8 +155,6 @@ class ImportImage:
         return [f"$ {inspect} >/dev/null || {imp} < <tar of {what}>"]
 
     def execute(self) -> str:
-        from provision.plan import validate
-
         if self.engine == "containerd":
             (imp,) = self.commands()
             effects.run(list(imp), input_text=validate.oci_archive(validate.build_image_tar(self.binaries),

@@ -134,10 +134,3 @@ def oci_archive(layer: bytes, name: str = CTR_IMAGE) -> bytes:
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
-
-
-def ensure_image() -> None:
-    """The validation image, imported from this host's files when it is missing (tests and `verify` use it)."""
-    from provision.plan.steps import ImportImage
-
-    ImportImage(IMAGE, BINARIES).execute()

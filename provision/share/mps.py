@@ -10,6 +10,8 @@ from pathlib import Path
 from provision import effects
 from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed
 from provision.fsutil import write_file
+from provision.metrics import nvml, usage
+from provision.render import render
 from provision.share.state import MpsState, ShareStateInvalid
 
 PIPE_DIR = "/run/gpuprov/mps"
@@ -88,8 +90,6 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
     for d in (state.pipe_dir, state.log_dir):
         os.makedirs(d, mode=0o755, exist_ok=True)
     if Path("/run/systemd/system").is_dir():
-        from provision.render import render
-
         unit = render("gpuprov-mps.service.j2", control=state.control,
                       environment={k: v for k, v in _env(state).items() if k != "PATH"})
         write_file(UNIT, unit, mode=0o644, backup=False)
@@ -172,7 +172,6 @@ def status(state_path: str) -> dict:
     servers = [s for s in control(state, "get_server_list").split() if s.isdigit()]
     clients = []
     # One code path with `gpuprov metrics`: NVML's process lists (MPS clients included) mapped to containers by cgroup.
-    from provision.metrics import nvml, usage
 
     procs = usage.by_pid(nvml.snapshot())
     for srv in servers:

@@ -21,7 +21,9 @@ from provision import effects
 from provision.engines import containerd, crio
 from provision.engines.containerd import runtime_in_dump
 from provision.errors import GpuprovError, StepFailed
+from provision.k8s.labels import NFD_FILE
 from provision.plan import validate
+from provision.plan.steps import ImportImage
 from provision.plan.validate import IMAGE
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
@@ -114,8 +116,8 @@ class TestinfraHost(NodeHost):
 def prepare_image(engine: str, rootfs: str = ROOTFS) -> None:
     """On this host: the check image for `engine`, from this host's own files (no registry)."""
 
-    if engine == "docker":
-        validate.ensure_image()
+    if engine == "docker":  # the validation image, imported from this host's files when it is missing
+        ImportImage(IMAGE, validate.BINARIES).execute()
         return
     root = Path(rootfs)
     stamp = root / ".gpuprov-image"
@@ -273,7 +275,6 @@ def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
                            "run gpuprov k8s node")
     else:
         return CheckResult("CRI handler", "skip", "no containerd or CRI-O on this host")
-    from provision.k8s.labels import NFD_FILE
 
     labels = "labels for NFD" if h.run(["test", "-s", NFD_FILE])[0] == 0 else "no NFD labels file (gpuprov k8s labels --write)"
     return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")

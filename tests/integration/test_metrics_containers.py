@@ -21,9 +21,10 @@ def run(*args: str) -> str:
 
 @pytest.fixture
 def started():
-    from provision.plan.validate import IMAGE, ensure_image
+    from provision.plan.validate import IMAGE
+    from provision.verify.checks import prepare_image
 
-    ensure_image()
+    prepare_image("docker")
     names = []
 
     def start(*extra: str) -> tuple[str, int, str]:
