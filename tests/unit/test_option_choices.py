@@ -12,11 +12,13 @@ import pytest
 import typer.main
 import yaml
 
-from provision.cli import app
+from provision.cli import load_commands
 from provision.options import CHOICES, MODULE_PARAMS, Mirror, Stage, values
 from provision.plan import repos
 from provision.plan.build import Options
 from tests.conftest import REPO, run_cli
+
+app = load_commands(["plan"])  # gpuprov imports only the invoked command's module: bootstrap's
 
 ROLE = REPO / "roles/gpuprov"
 # Module parameters that are not bootstrap options: `kubernetes` runs `gpuprov k8s node` after bootstrap, `gpuprov`
