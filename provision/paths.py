@@ -20,4 +20,6 @@ GENERATED_MANIFESTS = f"{RUNTIME_DIR}/manifests"
 BUNDLES = f"{STATE_DIR}/bundles"  # where .tar.gz bundles are unpacked (root-only)
 BUNDLE_APT = f"{STATE_DIR}/bundle-apt"  # the local apt source a bundle's packages are installed from
 MOK_HASH = f"{STATE_DIR}/mok-password.hash"
+MPS_PIPE_DIR = f"{RUN_DIR}/mps"  # `gpuprov share`: the MPS control daemon's pipes
+SHARE_STATE = f"{RUN_DIR}/share.json"  # `gpuprov share`: what runs where (the runtime reads it)
 DRIVER_VOLUMES = f"{STATE_DIR}/driver"  # `gpuprov driver-volume`: versioned copies and `current`

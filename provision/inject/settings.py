@@ -17,7 +17,7 @@ DEFAULTS = {
     # under /var/run/nvidia-container-devices/ (what Kubernetes device plugins pass), never from their own env.
     "accept_env_unprivileged": True,
     # Written by `gpuprov share enable`: where MPS runs, its defaults; absent = sharing off.
-    "share_state": "/run/gpuprov/share.json",
+    "share_state": paths.SHARE_STATE,
 }
 
 

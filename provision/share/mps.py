@@ -7,14 +7,14 @@ import shutil
 import time
 from pathlib import Path
 
-from provision import effects
+from provision import effects, paths
 from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed
 from provision.fsutil import write_file
 from provision.metrics import nvml, usage
 from provision.render import render
 from provision.share.state import MpsState, ShareStateInvalid
 
-PIPE_DIR = "/run/gpuprov/mps"
+PIPE_DIR = paths.MPS_PIPE_DIR
 LOG_DIR = "/var/log/gpuprov/mps"
 UNIT = "/etc/systemd/system/gpuprov-mps.service"
 
