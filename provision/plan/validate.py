@@ -97,9 +97,10 @@ def build_image_tar(binaries: tuple[str, ...] = BINARIES) -> bytes:
     return buf.getvalue()
 
 
-def oci_archive(layer: bytes, name: str = CTR_IMAGE) -> bytes:
+def oci_archive(layer: bytes, name: str = CTR_IMAGE, config: dict | None = None) -> bytes:
     """`layer` (a root filesystem tar, e.g. build_image_tar's) as a one-layer OCI image layout in a tar, named `name`
-    (`ctr images import` names the image after the index's `io.containerd.image.name`)."""
+    (`ctr images import` names the image after the index's `io.containerd.image.name`); `config` replaces the image
+    config's default (docker's default PATH, working directory /)."""
     blobs: dict[str, bytes] = {}
 
     def blob(data: bytes) -> dict:
@@ -108,13 +109,14 @@ def oci_archive(layer: bytes, name: str = CTR_IMAGE) -> bytes:
         return {"digest": digest, "size": len(data)}
 
     arch = ARCH.get(platform.machine(), platform.machine())
-    config = json.dumps({  # a bare root filesystem has no image config: PATH as docker would default it
+    image_config = json.dumps({  # a bare root filesystem has no image config: PATH as docker would default it
         "architecture": arch, "os": "linux",
-        "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/"},
+        "config": config or {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                             "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(image_config)},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(layer)}]}).encode()
     index = json.dumps({"schemaVersion": 2, "manifests": [{
         "mediaType": "application/vnd.oci.image.manifest.v1+json", **blob(manifest),

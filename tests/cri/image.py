@@ -3,13 +3,12 @@ packed as an OCI image archive that `ctr images import` reads. It serves as the 
 its entrypoint sleeps — and as the workload image."""
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
 import shutil
 import tarfile
 
+from provision.plan import validate
 from provision.plan.validate import ldd_deps
 
 BINARIES = ("sh", "ls", "cat", "sleep", "echo")
@@ -58,41 +57,7 @@ def _layer() -> bytes:
 
 
 def oci_archive(name: str = NAME) -> bytes:
-    """An OCI image layout (index.json, oci-layout, blobs) in a tar, named `name` for `ctr images import`."""
-    blobs: dict[str, bytes] = {}
-
-    def blob(data: bytes) -> dict:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        blobs[digest] = data
-        return {"digest": digest, "size": len(data)}
-
-    layer = _layer()
-    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": ["/bin/sleep", "infinity"], "Env": ["PATH=/bin"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-    }).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(layer)}],
-    }).encode()
-    index = json.dumps({"schemaVersion": 2, "manifests": [{
-        "mediaType": "application/vnd.oci.image.manifest.v1+json", **blob(manifest),
-        "platform": {"architecture": "amd64", "os": "linux"},
-        "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]},
-    }]}).encode()
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
-        files.update({f"blobs/sha256/{d.split(':')[1]}": data for d, data in blobs.items()})
-        for d in ("blobs", "blobs/sha256"):
-            info = tarfile.TarInfo(d)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        for arc, data in files.items():
-            info = tarfile.TarInfo(arc)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+    """An OCI image layout (index.json, oci-layout, blobs) in a tar, named `name` for `ctr images import`: the
+    layout bootstrap's validation step imports into containerd, with this image's layer and entrypoint."""
+    return validate.oci_archive(_layer(), name, {"Entrypoint": ["/bin/sleep", "infinity"], "Env": ["PATH=/bin"],
+                                                 "WorkingDir": "/"})

@@ -140,6 +140,6 @@ def test_host_without_a_gpu(on_node, tmp_path):
     step = step_for(make_host(tmp_path, "debian-12", "none"), node.runtime)
     assert "no GPU on this host" in step.title
     detail = step.apply()
-    assert validate.OK_WORD in detail and "no GPU on this host: checked a plain container" in detail
+    assert validate.OK_WORD in detail and "no GPU on this host: checked a plain container" in detail, detail
     assert ran == st.executed_argvs(step) and len(ran) == 3  # import, leftover removal, one plain container
     assert node.leftovers()["containers"] == []
