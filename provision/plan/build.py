@@ -20,6 +20,7 @@ from provision.plan.steps import (
     FilesMatch,
     ImportImage,
     Never,
+    RunContainer,
     RuntimeInstalled,
     ServiceAnswers,
     StartService,
@@ -134,7 +135,8 @@ def validate_steps(report: HostReport, target: Target, opt: Options, runtime_pat
     else:
         actions = (ImportImage(validate.CTR_IMAGE, validate.BINARIES, engine="containerd"),
                    Command(validate.ctr_remove_argv(), may_fail=True),
-                   *(Command(a) for a in validate.ctr_run_argvs(runtime_path, has_gpu)))
+                   *(RunContainer(a, validate.ctr_log(), expect=None if i else validate.OK_WORD)
+                     for i, a in enumerate(validate.ctr_run_argvs(runtime_path, has_gpu))))
     return [Step("validate", Stage.VALIDATE, "Start a validation container through the runtime"
                  + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)")
                  + (f" (containerd, namespace {validate.CTR_NAMESPACE})" if opt.engine == "containerd" else ""),

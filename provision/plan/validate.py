@@ -12,7 +12,7 @@ import platform
 import shutil
 import tarfile
 
-from provision import __version__, effects
+from provision import __version__, effects, paths
 
 IMAGE = f"gpuprov-validate:{__version__}"
 BINARIES = ("sh", "cat", "ls", "echo")
@@ -26,6 +26,11 @@ CONTAINER = "gpuprov-validate"
 RUNC_SHIM = "io.containerd.runc.v2"  # the shim whose runc binary `--runc-binary` replaces
 GPU_ENV = "NVIDIA_VISIBLE_DEVICES=all"
 ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+def ctr_log() -> str:
+    """Where the shim writes the validation container's output (ctr run --log-uri)."""
+    return f"{paths.RUN_DIR}/validate.log"
 
 
 def run_argvs(runtime: str, gpu: bool) -> list[tuple[str, ...]]:
@@ -42,10 +47,12 @@ def ctr_remove_argv() -> tuple[str, ...]:
     return (*CTR, "containers", "delete", CONTAINER)
 
 
-def ctr_run_argvs(runtime_path: str, gpu: bool) -> list[tuple[str, ...]]:
+def ctr_run_argvs(runtime_path: str, gpu: bool, log: str = "") -> list[tuple[str, ...]]:
     """The validation containers on containerd: runc's shim with gpuprov's runtime as its runc binary, `--rm`
-    removing each container and its snapshot (the image stays, as docker's does)."""
-    base = (*CTR, "run", "--rm", "--runtime", RUNC_SHIM, "--runc-binary", runtime_path)
+    removing each container and its snapshot (the image stays, as docker's does), the output written by the shim to
+    `log` (steps.RunContainer says why)."""
+    base = (*CTR, "run", "--rm", "--log-uri", f"file://{log or ctr_log()}", "--runtime", RUNC_SHIM, "--runc-binary",
+            runtime_path)
     cmds = [base + (CTR_IMAGE, CONTAINER, "sh", "-c", f"echo {OK_WORD}")]
     if gpu:
         cmds.append(base + ("--env", GPU_ENV, CTR_IMAGE, CONTAINER, "nvidia-smi", "-L"))

@@ -9,8 +9,9 @@ driver's binary. In the fake driver root that binary is a program printing the c
 capture's file holds only a size note); the same step with plain runc as the runc binary fails (the control).
 
 Also: what ran is what the plan prints (argv for argv), the container and its snapshot are gone afterwards and the
-image stays (as docker's does), a container left by a killed run does not stop the next one, and a host without a GPU
-runs the plain container and says so."""
+image stays (as docker's does), a container left by a killed run does not stop the next one, a host without a GPU
+runs the plain container and says so, and the output checked is the container's own (read from the file containerd's
+shim writes, not ctr's stdout, which can drop it)."""
 from __future__ import annotations
 
 import shlex
@@ -98,7 +99,8 @@ def step_for(root: Path, runtime_path: str) -> st.Step:
 
 
 def printed_argvs(step: st.Step) -> list[tuple[str, ...]]:
-    return [tuple(shlex.split(ln[2:].split(" < <", 1)[0].removesuffix(" || true"))) for ln in step.lines()]
+    return [tuple(shlex.split(ln[2:].split(" < <", 1)[0].removesuffix(" || true"))) for ln in step.lines()
+            if ln.startswith("$ ")]
 
 
 def test_gpu_container_through_gpuprovs_runtime(on_node):
@@ -112,6 +114,7 @@ def test_gpu_container_through_gpuprovs_runtime(on_node):
     assert all(a[a.index("--runc-binary") + 1] == node.runtime for a in ran[2:])
     # cleaned up: no container, task or active snapshot left; the image stays, as docker's validation image does
     assert node.leftovers() == {"containers": [], "tasks": [], "active snapshots": [], "images": [validate.CTR_IMAGE]}
+    assert not Path(validate.ctr_log()).exists()  # the shim's output file, read and removed
 
 
 def test_plain_runc_fails_it(on_node):
@@ -143,3 +146,18 @@ def test_host_without_a_gpu(on_node, tmp_path):
     assert validate.OK_WORD in detail and "no GPU on this host: checked a plain container" in detail, detail
     assert ran == st.executed_argvs(step) and len(ran) == 3  # import, leftover removal, one plain container
     assert node.leftovers()["containers"] == []
+
+
+def test_output_is_the_containers_own(on_node):
+    """The output is read from the file the shim writes (ctr's own stdout can drop a short-lived container's): a
+    file left holding the word by an earlier run does not pass a container that printed something else."""
+    node, _ = on_node
+    step_for(H200, node.runtime).apply()  # the image is there
+    log = Path(validate.ctr_log())
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"{validate.OK_WORD}\n")
+    argv = validate.ctr_run_argvs(node.runtime, False)[0]
+    assert argv[-3:] == ("sh", "-c", f"echo {validate.OK_WORD}")
+    with pytest.raises(StepFailed, match="output lacks 'gpuprov-validate-ok': 'something else'"):
+        st.RunContainer((*argv[:-1], "echo something else"), str(log), expect=validate.OK_WORD).execute()
+    assert not log.exists()

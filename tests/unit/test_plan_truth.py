@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ import provision.cli  # noqa: F401 - registers the command line's dispatch, as r
 from provision import effects, paths
 from provision.errors import GpuprovError
 from provision.plan import steps as st
+from provision.plan import validate
 from provision.plan.build import Options, build_plan
 from provision.report import detect_host
 from tests.conftest import DISTROS, H200, REPO, gpuprov_bin, make_host, needs
@@ -48,6 +50,10 @@ class Recorder:
             failing = argv[:3] == ["docker", "image", "inspect"] or argv[0].startswith("/etc/init.d/")
             if argv[:2] == ["dkms", "status"]:  # DKMS built the module, as on a host where the build works
                 return effects.CommandResult(list(argv), 0, f"nvidia/1.0, {argv[-1]}, x86_64: installed\n")
+            if "--log-uri" in argv:  # containerd's shim writes the container's output where ctr run says
+                log = Path(argv[argv.index("--log-uri") + 1].removeprefix("file://"))
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(f"{validate.OK_WORD}\n")
             return effects.CommandResult(list(argv), 1 if failing else 0, "done\n")
 
         monkeypatch.setattr(effects, "run", run)
