@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from provision.plan.validate import glibc_companions
 from tests.cri import image
 from tests.cri.client import CRI
 from tests.cri.harness import Containerd
@@ -115,13 +116,3 @@ def workload_image(c: Containerd, extra: dict[str, str]) -> str:
         image.BINARIES, image._libs = saved, saved_libs
     c.ctr("images", "import", str(tar))
     return name
-
-
-def glibc_companions(libs: list[str]) -> list[str]:
-    """libm/libdl/libpthread/librt beside the libc a program loads."""
-    libc = next((x for x in libs if os.path.basename(x) == "libc.so.6"), None)
-    if not libc:
-        return []
-    d = os.path.dirname(libc)
-    return [os.path.join(d, n) for n in ("libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
-            if os.path.exists(os.path.join(d, n))]

@@ -72,9 +72,22 @@ def ldd_deps(binary: str) -> list[str]:
     return libs
 
 
+def glibc_companions(libs: list[str]) -> list[str]:
+    """libm/libdl/libpthread/librt beside the libc a program loads, as every distribution's base image has them:
+    the driver's programs and libraries the runtime puts in the container load them (nvidia-smi on Ubuntu 24.04:
+    "libpthread.so.0: cannot open shared object file" without)."""
+    libc = next((x for x in libs if os.path.basename(x) == "libc.so.6"), None)
+    if not libc:
+        return []
+    d = os.path.dirname(libc)
+    return [os.path.join(d, n) for n in ("libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+            if os.path.exists(os.path.join(d, n))]
+
+
 def build_image_tar(binaries: tuple[str, ...] = BINARIES) -> bytes:
-    """A tiny rootfs: sh/cat/ls and the C libraries they load, taken from this host. /etc/debian_version marks
-    the loader layout when the host is Debian-family (so driver libraries land where its loader looks)."""
+    """A tiny rootfs: sh/cat/ls and the C libraries they load (with glibc's companions), taken from this host.
+    /etc/debian_version marks the loader layout when the host is Debian-family (so driver libraries land where its
+    loader looks)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         added = set()
@@ -97,7 +110,8 @@ def build_image_tar(binaries: tuple[str, ...] = BINARIES) -> bytes:
             if not path:
                 continue
             add(path, f"/bin/{b}")
-            for lib in ldd_deps(path):
+            libs = ldd_deps(path)
+            for lib in libs + glibc_companions(libs):
                 add(lib)
         if os.path.exists("/etc/debian_version"):
             add("/etc/debian_version")
