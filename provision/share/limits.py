@@ -6,7 +6,10 @@ from __future__ import annotations
 import math
 
 from provision.errors import Refused
-from provision.share.state import MpsState, ShareRequest
+
+TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every GPU start's path
+if TYPE_CHECKING:
+    from provision.share.state import MpsState, ShareRequest
 
 
 def is_index(s: str) -> bool:
@@ -118,6 +121,10 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
     if mem and ceiling and any(v > ceiling for v in mem.values()):
         raise Refused(f"the GPU memory asked for is above this host's sharing ceiling ({ceiling // (1 << 20)} MiB per "
                       "container, `gpuprov share enable --max-memory`)")
+    # Imported here, not at the top: only a host with sharing on needs the records, and building their classes
+    # costs ~2 ms at import (python -X importtime), which every cold GPU container start would pay.
+    from provision.share.state import ShareRequest
+
     if mem is None and state.default_memory:
         mem = {i: state.default_memory for i in range(n_gpus)}
     if comp is None and state.default_compute:
