@@ -127,9 +127,8 @@ def load_share_state(path: str) -> MpsState | None:
             text = fh.read()
     except OSError:
         return None
-    # Imported here, not at the top: without a state file (sharing off) the records' classes are never built
-    # (~2 ms at import, python -X importtime, on every cold GPU container start).
-    from provision.share.state import MpsState
+    # Without a state file (sharing off) the share records' classes are never built.
+    from provision.share.state import MpsState  # lazy: 2 ms (-X importtime) per cold GPU start, sharing off
 
     try:
         state = MpsState.from_json(text)

@@ -121,9 +121,8 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
     if mem and ceiling and any(v > ceiling for v in mem.values()):
         raise Refused(f"the GPU memory asked for is above this host's sharing ceiling ({ceiling // (1 << 20)} MiB per "
                       "container, `gpuprov share enable --max-memory`)")
-    # Imported here, not at the top: only a host with sharing on needs the records, and building their classes
-    # costs ~2 ms at import (python -X importtime), which every cold GPU container start would pay.
-    from provision.share.state import ShareRequest
+    # Only a host with sharing on needs the records: every cold GPU start elsewhere skips building their classes.
+    from provision.share.state import ShareRequest  # lazy: 2 ms (-X importtime) per cold GPU start, sharing off
 
     if mem is None and state.default_memory:
         mem = {i: state.default_memory for i in range(n_gpus)}
