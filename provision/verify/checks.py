@@ -29,6 +29,8 @@ from provision.plan.validate import IMAGE
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 ROOTFS = "/var/lib/gpuprov/verify/rootfs"  # containerd's check container: the image's files, unpacked
 CTR = list(validate.CTR)  # gpuprov's own namespace, as bootstrap's validation step uses
+# containerd's check container writes its output here (ctr run --log-uri; plan/steps.RunContainer says why)
+LOG_DIR = "/run/gpuprov"
 OK_WORD = "gpuprov-verify-ok"
 
 
@@ -48,6 +50,7 @@ class NodeHost:
 
     runtime_path = RUNTIME_PATH  # what containerd's check container runs as its runc (docker: its registration)
     rootfs = ROOTFS
+    log_dir = LOG_DIR
 
     def run(self, argv: list[str]) -> tuple[int, str, str]:
         raise NotImplementedError
@@ -207,14 +210,16 @@ def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
 
 
 def container_argv(engine: str, cid: str, env: dict[str, str], argv: list[str], runtime_path: str = RUNTIME_PATH,
-                   rootfs: str = ROOTFS) -> list[str]:
-    """The command that starts the check container through the runtime, never pulling anything."""
+                   rootfs: str = ROOTFS, log: str = "") -> list[str]:
+    """The command that starts the check container through the runtime, never pulling anything. containerd's writes
+    the container's output to `log` (ctr's own stdout can drop a short-lived container's)."""
     if engine == "docker":
         envs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
         return ["docker", "run", "--rm", "--pull", "never", "--runtime", "nvidia", *envs, IMAGE, *argv]
     # a bare rootfs has no image config: PATH as docker would default it
     envs = [a for k, v in {"PATH": "/usr/bin:/bin", **env}.items() for a in ("--env", f"{k}={v}")]
-    return [*CTR, "run", "--rm", "--runc-binary", runtime_path, *envs, "--rootfs", rootfs, cid, *argv]
+    logs = ["--log-uri", f"file://{log}"] if log else []
+    return [*CTR, "run", "--rm", *logs, "--runc-binary", runtime_path, *envs, "--rootfs", rootfs, cid, *argv]
 
 
 def _container(h: NodeHost, name: str, env: dict[str, str], argv: list[str]) -> tuple[CheckResult | None, str]:
@@ -223,8 +228,14 @@ def _container(h: NodeHost, name: str, env: dict[str, str], argv: list[str]) -> 
     why = h.prepare(h.engine)
     if why:
         return CheckResult(name, "fail", f"could not build the check image from this host's files: {why}"), ""
-    rc, out, err = h.run(container_argv(h.engine, f"gpuprov-verify-{os.getpid()}", env, argv, h.runtime_path,
-                                        h.rootfs))
+    cid = f"gpuprov-verify-{os.getpid()}"
+    log = f"{h.log_dir}/{cid}.log" if h.engine == "containerd" else ""
+    if log:
+        h.run(["rm", "-f", log])  # the shim appends
+    rc, out, err = h.run(container_argv(h.engine, cid, env, argv, h.runtime_path, h.rootfs, log))
+    if log:
+        out = h.run(["cat", log])[1] + out
+        h.run(["rm", "-f", log])
     if rc != 0:
         last = (err or out).strip().splitlines()
         return CheckResult(name, "fail", f"a container through runtime nvidia ({h.engine}) failed: "

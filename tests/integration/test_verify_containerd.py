@@ -38,6 +38,7 @@ def node(tmp_path_factory):
         engine = "containerd"
         runtime_path = str(base / "rt/bin/gpuprov-runtime")
         rootfs = str(base / "check-rootfs")
+        log_dir = str(base / "logs")
 
         def run(self, argv):
             if argv == ["containerd", "config", "dump"]:
@@ -59,3 +60,4 @@ def test_verify_checks_on_a_containerd_node(node):
     assert results["runtime registered"].detail.endswith("rt/bin/gpuprov-runtime")
     assert results["container through the runtime"].status == "pass", results
     assert "(containerd)" in results["container through the runtime"].detail
+    assert Path(node.log_dir).is_dir() and not list(Path(node.log_dir).glob("*"))  # its output file: read, removed
