@@ -14,7 +14,10 @@ import tarfile
 
 from provision import __version__, effects, paths
 
-IMAGE = f"gpuprov-validate:{__version__}"
+# What build_image_tar puts in, numbered: docker reuses an image of the same name, so a host that has an image of an
+# older layout must get a new name (2: glibc's companions, without which the driver's nvidia-smi cannot start).
+IMAGE_LAYOUT = 2
+IMAGE = f"gpuprov-validate:{__version__}-{IMAGE_LAYOUT}"
 BINARIES = ("sh", "cat", "ls", "echo")
 OK_WORD = "gpuprov-validate-ok"
 # containerd: the name its clients (CRI, nerdctl) resolve IMAGE to, in a namespace of gpuprov's own (verify's too), so

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from provision.plan.validate import CTR_IMAGE
 from tests.conftest import needs
 from tests.integration.hosts import Host
 
@@ -47,7 +48,7 @@ def test_1_bootstrap_fresh_host(host):
     assert RT in host.exec("containerd config dump").stdout  # handler nvidia -> gpuprov's runtime
     # nothing left but the image, kept as docker's validation image is
     assert host.exec(f"{CTR} containers ls -q; {CTR} tasks ls -q").stdout.split() == []
-    assert host.exec(f"{CTR} images ls -q").stdout.split() == ["docker.io/library/gpuprov-validate:0.1.0"]
+    assert host.exec(f"{CTR} images ls -q").stdout.split() == [CTR_IMAGE]
 
 
 def test_2_validation_goes_through_gpuprovs_runtime(host):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from provision.plan.validate import IMAGE
 from tests.conftest import needs
 from tests.integration.hosts import Host, sh
 
@@ -65,7 +66,7 @@ def test_2_bootstrap_fresh_host(host):
     assert list(doc)[:len(USER_DAEMON)] == list(USER_DAEMON)
     assert doc["runtimes"]["nvidia"]["path"] == "/usr/local/bin/gpuprov-runtime"
     assert "nvidia" in json.loads(host.exec("docker info --format '{{json .Runtimes}}'").stdout)
-    out = host.exec("docker run --rm --runtime nvidia gpuprov-validate:0.1.0 sh -c 'echo through-nvidia'")
+    out = host.exec(f"docker run --rm --runtime nvidia {IMAGE} sh -c 'echo through-nvidia'")
     assert out.stdout.strip() == "through-nvidia", out.stderr
 
 
@@ -124,7 +125,7 @@ def test_5_killed_run_converges():
 def test_6_verify_without_any_network(host):
     """`gpuprov verify` on a bootstrapped host cut off from every network (no registry, no DNS): the check image is
     built from the host's own files (removed first, so it must be), every check passes or says why it is skipped."""
-    assert host.exec("docker rmi gpuprov-validate:0.1.0").returncode == 0
+    assert host.exec(f"docker rmi {IMAGE}").returncode == 0
     sh("docker", "network", "disconnect", "bridge", host.name)
     # no interface but loopback and the nested engine's own bridge, no default route: no registry, no DNS
     assert set(host.exec("ls /sys/class/net").stdout.split()) <= {"lo", "docker0"}

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from provision.plan.validate import IMAGE
 from tests.conftest import needs
 from tests.integration.fleet import playbook, write_inventory
 from tests.integration.hosts import REPO, Host
@@ -58,17 +59,17 @@ def test_2b_tags_runtime_changes_only_the_runtime(fleet):
     runs (the validation image removed by hand stays removed; the log names runtime steps only)."""
     hosts, inv = fleet
     h = hosts[0]
-    h.exec("rm -f /usr/local/bin/gpuprov-runtime; docker rmi gpuprov-validate:0.1.0")
+    h.exec(f"rm -f /usr/local/bin/gpuprov-runtime; docker rmi {IMAGE}")
     before = len(h.read("/var/log/gpuprov/bootstrap.log").splitlines())
     rc, out, recap = playbook(inv, "--tags", "runtime", "--limit", h.name)
     assert rc == 0, out[-3000:]
     assert recap[h.name]["changed"] == 1, recap
     assert h.exec("test -x /usr/local/bin/gpuprov-runtime").returncode == 0
-    assert h.exec("docker image inspect gpuprov-validate:0.1.0").returncode != 0  # validate did not run
+    assert h.exec(f"docker image inspect {IMAGE}").returncode != 0  # validate did not run
     run = h.read("/var/log/gpuprov/bootstrap.log").decode().splitlines()[before:]
     assert {ln.split()[2].rstrip(":") for ln in run} == {"runtime.install", "engine.config"}, run
     rc, out, recap = playbook(inv, "--limit", h.name)  # the whole role again: the validation image is rebuilt
-    assert rc == 0 and h.exec("docker image inspect gpuprov-validate:0.1.0").returncode == 0, out[-2000:]
+    assert rc == 0 and h.exec(f"docker image inspect {IMAGE}").returncode == 0, out[-2000:]
 
 
 def _logged_steps(h, before: int) -> set[str]:
