@@ -21,6 +21,7 @@ from typing import ClassVar
 
 from provision import effects
 from provision.errors import ConfigInvalid
+from provision.facts.rootfs import MAX_READ, NotRegular, read_bytes_bounded
 
 
 @dataclass(frozen=True)
@@ -168,13 +169,20 @@ class Engine(ABC):
 # --- helpers shared by the adapters ------------------------------------------------------------------------------
 
 def read_config(path: Path) -> str | None:
-    """The config's text (None when it does not exist); not UTF-8 or unreadable → ConfigInvalid."""
+    """The config's text (None when it does not exist); not UTF-8, unreadable, not a regular file (a FIFO would
+    hang the read: it is opened non-blocking and refused) or larger than any engine config → ConfigInvalid."""
     try:
-        data = path.read_bytes()
+        data = read_bytes_bounded(path, MAX_READ + 1)
     except FileNotFoundError:
         return None
+    except NotRegular:
+        raise ConfigInvalid(f"{path} is not a regular file; move it aside and run again (nothing was changed)") \
+            from None
     except OSError as exc:
         raise ConfigInvalid(f"cannot read {path}: {exc.strerror}; the file was not changed") from None
+    if len(data) > MAX_READ:
+        raise ConfigInvalid(f"{path} is larger than {MAX_READ >> 20} MiB: not an engine config; fix it, then run "
+                            "again (the file was not changed)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 from provision import effects, paths
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
-from provision.facts.rootfs import is_live, under
+from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.plan import repos
@@ -45,6 +45,7 @@ NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
 DKMS_KEY = "/var/lib/dkms/mok.pub"
 MOK_HASH = paths.MOK_HASH
 LOG_DIR = "/var/log/gpuprov"
+DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound on hosts with many packages
 # Debian's kernel module names per flavour: `install nvidia modprobe -i <name>` in /etc/modprobe.d/nvidia.conf,
 # chosen by the `nvidia` alternative (/usr/lib/nvidia/<flavour dir>).
 DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open"),
@@ -208,7 +209,8 @@ class Held:
     def satisfied(self, root: Path) -> bool:
         if self.manager == "apt":
             held = set(re.findall(r"^Package: (\S+)\nStatus: hold ",
-                                  read_or_empty(under(root, "/var/lib/dpkg/status")), re.M))
+                                  read_or_empty(under(root, "/var/lib/dpkg/status"), DPKG_STATUS_MAX),
+                                  re.M))
             return all(p in held for p in self.packages)
         locks = read_or_empty(under(root, versionlock_list(self.manager)))
         return all(re.search(rf"^\d*:?{re.escape(p)}-\d", locks, re.M) for p in self.packages)
@@ -442,8 +444,8 @@ def _components_step(root: Path, target: Target, opt) -> list[Step]:
     lists = root / "etc/apt/sources.list.d"
     for p in [root / "etc/apt/sources.list", *sorted(lists.glob("*.sources")), *sorted(lists.glob("*.list"))]:
         try:
-            old = p.read_text()
-        except OSError:
+            old = read_text_file(p)
+        except OSError:  # missing, or not a regular file (a FIFO never hangs the plan): nothing to edit there
             continue
         new = enable_components(old, comps, target.codename)
         if new != old:

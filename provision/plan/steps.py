@@ -26,7 +26,7 @@ from provision import dispatch, effects, engines
 from provision.engines import containerd
 from provision.engines.base import EnginePlan, FileEdit, RuntimeRequest
 from provision.errors import GpuprovError, StepFailed
-from provision.facts.rootfs import is_live, under
+from provision.facts.rootfs import MAX_READ, is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.inject import install
 from provision.plan import validate
@@ -424,9 +424,11 @@ def executed_argvs(step: Step) -> list[tuple[str, ...]]:
     return out
 
 
-def read_or_empty(path: Path | str) -> str:
+def read_or_empty(path: Path | str, limit: int = MAX_READ) -> str:
+    """A file under the plan's root, or "" when it is missing or not a regular file. Read as facts are (bounded,
+    regular files only, non-blocking open): a FIFO or device node in a `--root` tree never hangs a plan."""
     try:
-        return Path(path).read_text()
+        return read_text_file(path, limit)
     except OSError:
         return ""
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from provision.plan import steps as st
 from provision.plan import validate
 from provision.plan.build import Options, build_plan
 from provision.report import detect_host
-from tests.conftest import DISTROS, H200, REPO, gpuprov_bin, make_host, needs
+from tests.conftest import DISTROS, H200, REPO, gpuprov_bin, make_host, needs, run_cli
 from tests.unit.test_golden_plans import LEGACY_GPU
 
 KERNEL = "6.1.0-27-amd64"
@@ -208,3 +209,23 @@ def test_gpuprov_steps_run_through_the_command_line(tmp_path, monkeypatch):
     with pytest.raises(GpuprovError) as e:
         cmd.execute()
     assert e.value.exit_code == 6 and bad.read_text() == "{not json\n"
+
+
+def test_plan_never_hangs_on_a_fifo_under_the_root(tmp_path):
+    """Files a plan reads under `--root` are read as facts are (regular files only, bounded, non-blocking): a FIFO
+    with no writer in place of the apt sources or an apt list is skipped, one in place of the engine's config is
+    refused in one line (exit 6), instead of a plan that waits forever."""
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL)
+    (root / "etc/apt/sources.list.d").mkdir()
+    (root / "etc/apt/sources.list.d/extra.list").write_text("deb http://mirror.invalid/debian bookworm main\n")
+    (root / "etc/apt/sources.list").unlink()
+    os.mkfifo(root / "etc/apt/sources.list")
+    os.mkfifo(root / "etc/apt/sources.list.d/fifo.list")
+    r = run_cli("plan", "--json", "--root", str(root), timeout=60)
+    assert r.returncode == 0, r.stderr
+    comps = next(s for s in json.loads(r.stdout)["steps"] if s["id"] == "driver.components")
+    assert comps["files"] == ["/etc/apt/sources.list.d/extra.list"]
+    (root / "etc/docker").mkdir()
+    os.mkfifo(root / "etc/docker/daemon.json")
+    r = run_cli("plan", "--root", str(root), timeout=60)
+    assert r.returncode == 6 and "daemon.json is not a regular file" in r.stderr, r.stderr
