@@ -45,6 +45,7 @@ from provision.engines.base import (
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import CRI_PLUGIN
+from provision.facts.rootfs import under
 
 try:
     import tomllib  # Python >= 3.11
@@ -52,6 +53,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10
     tomllib = None
 
 CONFIG = "/etc/containerd/config.toml"
+LIVE = Path("/")
 DROPIN = Path("conf.d") / "99-gpuprov.toml"  # relative to the main config's directory
 # The CRI plugin per config version: CRI_PLUGIN (facts/engines.py). Runtimes live in its `containerd.runtimes`;
 # enable_cdi and cdi_spec_dirs directly in it (version 3 split the CRI plugin; the runtime part holds all three).
@@ -137,53 +139,61 @@ def parse(text: str, path: Path | str):
     return doc
 
 
-def resolve_imports(importer: Path, entries: list[str]) -> list[Path]:
-    """containerd's resolveImports: relative to the importing file's directory; globs expanded and sorted."""
+def _at(root: Path, path: Path | str) -> Path:
+    """A host path as read under `root` (a `--root` tree); itself on the live host."""
+    return Path(path) if root == LIVE else under(root, str(path))
+
+
+def resolve_imports(importer: Path, entries: list[str], root: Path = LIVE) -> list[Path]:
+    """containerd's resolveImports: relative to the importing file's directory; globs expanded (in the tree under
+    `root`) and sorted. Host paths: what containerd on that host would open."""
     out: list[Path] = []
     for e in entries:
         p = e if os.path.isabs(e) else os.path.join(os.path.dirname(importer), e)
         if any(c in p for c in "*?["):
-            out += [Path(x) for x in sorted(glob.glob(p))]
+            found = sorted(glob.glob(str(_at(root, p))))
+            out += [Path(x) if root == LIVE else Path("/", os.path.relpath(x, root)) for x in found]
         else:
             out.append(Path(p))
     return out
 
 
-def _same(a: Path, b: Path) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b)
+def _same(a: Path, b: Path, root: Path = LIVE) -> bool:
+    return os.path.realpath(_at(root, a)) == os.path.realpath(_at(root, b))
 
 
-def load_chain(main: Path, main_doc, skip: Path) -> list[Source]:
+def load_chain(main: Path, main_doc, skip: Path, root: Path = LIVE) -> list[Source]:
     """The files containerd reads for `main`, in its order (breadth first, each once), without `skip` (our own
-    drop-in: what it holds is what we are about to compute)."""
+    drop-in: what it holds is what we are about to compute). Paths are the host's, read under `root`."""
     sources: list[Source] = []
     pending: list[tuple[Path, object]] = [(main, main_doc)]
     seen: set[str] = set()
     while pending:
         path, doc = pending.pop(0)
-        key = os.path.realpath(path)
+        key = os.path.realpath(_at(root, path))
         if key in seen:
             continue
         seen.add(key)
         if doc is None:
-            text = read_config(path)
+            text = read_config(_at(root, path))
             if text is None:
                 raise ConfigInvalid(f"{path} (imported by the containerd config) does not exist: containerd would "
                                     "not start; fix the `imports` list, then run again (nothing was changed)")
             doc = parse(text, path)
         plain = doc.unwrap()
-        if not _same(path, skip):
+        if not _same(path, skip, root):
             sources.append(Source(path, plain, plain.get("version", 1)))
-        pending += [(p, None) for p in resolve_imports(path, plain.get("imports", []))]
+        pending += [(p, None) for p in resolve_imports(path, plain.get("imports", []), root)]
     return sources
 
 
-def imports_cover(main: Path, entries: list[str], target: Path) -> bool:
+def imports_cover(main: Path, entries: list[str], target: Path, root: Path = LIVE) -> bool:
     """Whether one of `entries` (as containerd resolves them) names `target`, existing yet or not."""
-    t = os.path.realpath(target)
+    t = os.path.realpath(_at(root, target))
     for e in entries:
         p = e if os.path.isabs(e) else os.path.join(os.path.dirname(main), e)
-        if os.path.realpath(p) == t or (any(c in p for c in "*?[") and fnmatch.fnmatch(t, os.path.realpath(p))):
+        at = os.path.realpath(_at(root, p))
+        if at == t or (any(c in p for c in "*?[") and fnmatch.fnmatch(t, at)):
             return True
     return False
 
@@ -253,19 +263,20 @@ def dropin_path(main: Path) -> Path:
 
 
 def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = False, cdi: bool = False,
-         replace: bool = False, binary: Binary, runc_from_dump: dict | None = None) -> DropinPlan:
+         replace: bool = False, binary: Binary, runc_from_dump: dict | None = None, root: Path = LIVE) -> DropinPlan:
     """What configuring containerd would write. Reads files only. `runc_from_dump`: the runc entry exactly as
-    `containerd config dump` shows it (defaults filled in), used where the operator wrote none."""
+    `containerd config dump` shows it (defaults filled in), used where the operator wrote none. `main` and every
+    path in the plan (the `imports` entry written into the file included) are host paths, read under `root`."""
     cri_names.validate(runtime_name, runtime_path)
     dropin = dropin_path(main)
-    main_old = read_config(main)
+    main_old = read_config(_at(root, main))
     main_doc = parse(main_old, main) if main_old is not None else tomlkit.document()
     version = main_doc.unwrap().get("version", 1) if main_old is not None else binary.native_version
     if version == 1 and binary.deep_merge:
         raise ConfigInvalid(f"{main} is a version-1 containerd config, which containerd "
                             f"{'.'.join(map(str, binary.version))} no longer reads: run `containerd config migrate`, "
                             "then run again (nothing was changed)")
-    sources = load_chain(main, main_doc, dropin) if main_old is not None else []
+    sources = load_chain(main, main_doc, dropin, root) if main_old is not None else []
     cri = effective_cri(sources, binary, version)
     _refuse_operators_runtime(cri, runtime_name, runtime_path, default, replace)
     section, changes, warnings = _cri_section(cri, binary, version, runtime_name, runtime_path, default, cdi,
@@ -277,7 +288,7 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
 
     main_new = main_old
     imports = main_doc.unwrap().get("imports", [])
-    if not imports_cover(main, imports, dropin):
+    if not imports_cover(main, imports, dropin, root):
         if main_old is None:
             main_doc["version"] = version
         if "imports" in main_doc:
@@ -286,7 +297,8 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
             main_doc["imports"] = [str(dropin)]
         main_new = tomlkit.dumps(main_doc)
         changes.append(("imports", f"+ {dropin}"))
-    return DropinPlan(main, dropin, main_old, main_new or "", read_config(dropin), dropin_new, changes, warnings)
+    return DropinPlan(main, dropin, main_old, main_new or "", read_config(_at(root, dropin)), dropin_new, changes,
+                      warnings)
 
 
 def _refuse_operators_runtime(cri: dict, runtime_name: str, runtime_path: str, default: bool, replace: bool) -> None:

@@ -302,36 +302,34 @@ class EngineConfigured:
     cdi: bool
     replace: bool = False
 
-    def _plan(self, root: Path):
-        """The adapter's plan against the config under `root`, and the config's path on the host."""
-
+    def _plan(self, root: Path) -> EnginePlan:
+        """The adapter's plan against the config under `root`. Its edits name host paths, and what they would
+        write names host paths too (containerd's `imports` entry), never `root`."""
         eng = engines.get(self.engine)
         req = RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
                              replace=self.replace)
-        path = under(root, str(eng.config_path(None, req)))
-        if self.engine == "containerd" and not is_live(root):
+        host = eng.config_path(None, req)
+        if is_live(root):
+            return eng.plan(host, req, unit_root=root)
+        if self.engine == "containerd":
             # The adapter asks the live containerd (its version, `config dump`); a host tree's containerd cannot be
             # run: plan from the files alone, as for a containerd of unknown version.
-
-            p = containerd.plan(path, runtime_name=req.name, runtime_path=req.path, default=req.default,
-                                cdi=req.cdi, replace=req.replace, binary=containerd.Binary(None, None))
-            return EnginePlan([FileEdit(f, old, new) for f, old, new in p.edits], [], p.warnings), root
-        return eng.plan(path, req, unit_root=root), root
+            p = containerd.plan(host, runtime_name=req.name, runtime_path=req.path, default=req.default,
+                                cdi=req.cdi, replace=req.replace, binary=containerd.Binary(None, None), root=root)
+            return EnginePlan([FileEdit(f, old, new) for f, old, new in p.edits], [], p.warnings)
+        plan = eng.plan(under(root, str(host)), req, unit_root=root)  # one file (daemon.json), read under root
+        return EnginePlan([FileEdit(Path("/", Path(e.path).relative_to(root)), e.old, e.new) for e in plan.edits],
+                          plan.changes, plan.warnings)
 
     def satisfied(self, root: Path) -> bool:
-        if not is_live(root) or self._plan(root)[0].changed:
+        if not is_live(root) or self._plan(root).changed:
             return False
         return self.engine != "docker" or self.runtime_name in (effects.docker_runtimes() or [])
 
     def preview(self, root: Path) -> dict[str, str]:
         """{path on the host: diff} for every file the merge would write, read under `root`."""
-        plan, root = self._plan(root)
-        out = {}
-        for edit in plan.edits:
-            if edit.changed:
-                host = "/" + str(Path(edit.path).relative_to(root)) if not is_live(root) else str(edit.path)
-                out[host] = effects.unified_diff(edit.old or "", edit.new, host)
-        return out
+        return {str(e.path): effects.unified_diff(e.old or "", e.new, str(e.path)) for e in self._plan(root).edits
+                if e.changed}
 
     def describe(self) -> str:
         return (f"skipped when {self.engine}'s config already registers {self.runtime_name!r}"

@@ -20,10 +20,14 @@ KERNELS = {"debian": "6.1.0-27-amd64", "ubuntu": "6.8.0-49-generic"}
 LEGACY_GPU = {"centos-7": "kepler", "debian-11": "volta", "ubuntu-18.04": "volta"}
 
 
-def plan_doc(tmp_path, name: str, sysfs: str, opt: Options) -> dict:
+def plan_doc(tmp_path, name: str, sysfs: str, opt: Options, files: dict[str, str] | None = None) -> dict:
+    """The plan as data; `files`: host path -> content, the operator's own files added to the fixture tree."""
     fam = name.split("-")[0]
     root = make_host(tmp_path, name, sysfs, kernel=KERNELS.get(fam, "5.14.0-427.13.1.el9_4.x86_64"))
     (root / "run/systemd/system").mkdir(parents=True)  # a booted systemd host, as every release here ships
+    for path, text in (files or {}).items():
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/")).write_text(text)
     rep = detect_host(root, engines=False)
     try:
         steps = build_plan(rep, opt)
@@ -43,6 +47,35 @@ def test_golden_plan(tmp_path, name):
     if os.environ.get("GPUPROV_UPDATE_GOLDEN"):
         path.write_text(json.dumps(doc, indent=2) + "\n")
     assert doc == json.loads(path.read_text())
+
+
+# An operator's containerd config that imports a directory of its own (present only in the host tree, not on the
+# machine running the test): the drop-in must copy the CRI section containerd reads from that import (1.x replaces
+# plugin sections), and the `imports` entry gpuprov adds must name the host's path, never the --root tree's.
+CONTAINERD_FILES = {
+    "/etc/containerd/config.toml": 'version = 2\nimports = ["/etc/containerd/site.d/*.toml"]\n\n'
+                                   '[plugins."io.containerd.grpc.v1.cri"]\n'
+                                   '  sandbox_image = "registry.invalid/pause:3.9"\n',
+    "/etc/containerd/site.d/mirrors.toml": 'version = 2\n\n[plugins."io.containerd.grpc.v1.cri"]\n'
+                                           '  sandbox_image = "registry.invalid/pause:3.10"\n'
+                                           '  [plugins."io.containerd.grpc.v1.cri".registry]\n'
+                                           '    config_path = "/etc/containerd/certs.d"\n',
+}
+
+
+def test_golden_containerd_on_debian(tmp_path):
+    doc = plan_doc(tmp_path, "debian-12", "datacenter", Options(engine="containerd"), CONTAINERD_FILES)
+    path = GOLDEN / "debian-12-containerd.json"
+    if os.environ.get("GPUPROV_UPDATE_GOLDEN"):
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    assert doc == json.loads(path.read_text())
+    config = next(s for s in doc["steps"] if s["id"] == "engine.config")["files"]
+    assert str(tmp_path) not in json.dumps(doc)
+    assert '+imports = ["/etc/containerd/site.d/*.toml", "/etc/containerd/conf.d/99-gpuprov.toml"]' \
+        in config["/etc/containerd/config.toml"]
+    dropin = config["/etc/containerd/conf.d/99-gpuprov.toml"]
+    assert '+sandbox_image = "registry.invalid/pause:3.10"' in dropin and \
+        '+config_path = "/etc/containerd/certs.d"' in dropin
 
 
 def test_golden_docker_ce_on_debian(tmp_path):
