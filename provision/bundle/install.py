@@ -38,13 +38,20 @@ class OpenBundle:
             shutil.rmtree(self.path.parent, ignore_errors=True)
 
 
-def open_verified(path: Path, keyring: str | None = None) -> OpenBundle:
-    """A bundle directory, or a .tar.gz unpacked (members filtered) into a private directory, then verified
-    (manifest.verify). Raises BundleInvalid (exit 8) when anything fails, after removing what was unpacked."""
+def kept_path(base: Path, bundle: Path) -> Path:
+    """Where a verified .tar.gz bundle's unpacked copy is kept under `base`: one directory per bundle content."""
+    return base / manifest.sha256(bundle / "SHA256SUMS")[:16] / bundle.name
+
+
+def open_verified(path: Path, keyring: str | None = None, base: Path | None = None) -> OpenBundle:
+    """A bundle directory, or a .tar.gz unpacked (members filtered) into a private directory under `base`
+    (extract_base() unless given), then verified (manifest.verify). Raises BundleInvalid (exit 8) when anything
+    fails, after removing what was unpacked."""
+    base = extract_base() if base is None else base
     if path.is_dir():
         bundle, unpacked = path.resolve(), False
     elif path.is_file():
-        bundle, unpacked = unpack(path, extract_base()), True
+        bundle, unpacked = unpack(path, base), True
     else:
         raise BundleInvalid(f"{path}: no such bundle (a directory or .tar.gz from `gpuprov bundle create`)")
     opened = OpenBundle(bundle, manifest.VerifyResult(False, None), unpacked)
@@ -62,10 +69,10 @@ def open_verified(path: Path, keyring: str | None = None) -> OpenBundle:
         exc.problems = problems
         raise exc
     if unpacked:  # one copy per bundle content: a re-run replaces it instead of piling up copies
-        final = bundle.parent.parent / manifest.sha256(bundle / "SHA256SUMS")[:16]
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(bundle.parent, final)
-        opened.path = final / bundle.name
+        final = kept_path(base, bundle)
+        shutil.rmtree(final.parent, ignore_errors=True)
+        os.rename(bundle.parent, final.parent)
+        opened.path = final
     return opened
 
 
@@ -82,9 +89,11 @@ def preflight(target: dict, distro, kernel: str | None) -> None:
                              f"{kernel}: build it with --kernel {kernel}")
 
 
-def check_bundle(path: Path, keyring: str | None = None, root: Path = Path("/")) -> tuple[Path, dict]:
-    """Verify first (nothing is read from an unverified bundle), then the preflight and the repository."""
-    opened = open_verified(path, keyring)
+def check_bundle(path: Path, keyring: str | None = None, root: Path = Path("/"),
+                 base: Path | None = None) -> tuple[Path, dict]:
+    """Verify first (nothing is read from an unverified bundle), then the preflight (against the host under
+    `root`) and the repository. `base`: where a .tar.gz is unpacked (open_verified)."""
+    opened = open_verified(path, keyring, base)
     bundle, man = opened.path, opened.result.manifest
     try:
         target = man["target"]

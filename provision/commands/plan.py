@@ -3,20 +3,23 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from contextlib import nullcontext
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
 from provision import effects, errors
-from provision.bundle.install import check_bundle
+from provision.bundle.install import check_bundle, extract_base, kept_path
 from provision.commands import summary
 from provision.commands.detect import check_choice
 from provision.decide.gputable import parse_pci_id
 from provision.decide.targets import parse_target
 from provision.errors import NoDeviceToVerify, StepFailed, UsageError
 from provision.facts.pci import scan_display_devices
+from provision.facts.rootfs import is_live
 from provision.hostlock import host_lock
 from provision.options import CHOICES, Mirror, Stage, values
 from provision.output import emit_json
@@ -79,15 +82,44 @@ def _plan(root: Path, target: Optional[str], opt):
     return report, build_plan(report, opt)
 
 
-def _print_plan(report, steps, json_out: bool) -> None:
+@dataclass(frozen=True)
+class Resume:
+    """What a real bootstrap does first on a host whose last run asked for a reboot: said by --dry-run and --check,
+    which never do it (it writes the state file and runs the driver's checks)."""
+    reason: str | None
+    rebooted: bool
+    bootstrap: str  # what `gpuprov bootstrap` would do, in a sentence
+
+
+def _resume_pending(root: Path) -> Resume | None:
+    """The resume a real run would do (_resume_after_reboot), decided from the same state, read only."""
+    state = ap.read_state(root)
+    if not state.get("reboot_required"):
+        return None
+    reason = state.get("reason") or "no reason recorded"
+    if not ap.rebooted_since(state, root):
+        return Resume(reason, False, f"a reboot is still pending ({reason}): bootstrap stops before this plan "
+                      "(exit 7) until the host has rebooted")
+    first = f"the host rebooted since ({reason}): bootstrap first records the resume in {ap.STATE_FILE}"
+    if not any(d.is_nvidia for d in scan_display_devices(root)):
+        return Resume(reason, True, f"{first}, then stops: no NVIDIA device to verify the driver on (exit 15)")
+    return Resume(reason, True, f"{first} and verifies the driver (module loaded, versions coherent, "
+                  "`nvidia-smi -L`), then applies this plan")
+
+
+def _print_plan(report, steps, json_out: bool, resume: Resume | None = None) -> None:
     """The plan as it will run: each step's commands (shell-quoted, paste-able), its file diffs against the host
     under the plan's root, and the check that skips it."""
     root = Path(report.root or "/")
     doc = {"schema": "gpuprov.plan/v1", "root": str(root), "target": report.target.name if report.target else None,
            "steps": [s.to_dict(root) for s in steps]}
+    if resume:
+        doc["resume"] = dataclasses.asdict(resume)
     if json_out:
         emit_json(doc)
         return
+    if resume:
+        print(f"Before the plan: {resume.bootstrap}")
     print(f"Plan for {report.target.name} ({len(steps)} steps):")
     for i, s in enumerate(doc["steps"], 1):
         print(f"{i:2}. {s['title']}{'  [reboot]' if s['reboot'] else ''}  ({s['check']})")
@@ -159,30 +191,63 @@ def bootstrap_cmd(
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
+    root: Path = typer.Option(Path("/"), "--root", help="With --dry-run or --check: plan or check the host tree "
+                              "under ROOT (every read, diff and check through it); applying is for this host only."),
 ) -> None:
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
-
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
                    not no_validate, replace_runtime, only, mirror, for_gpus, kernels)
+    if dry_run or check:  # they only report: no lock, no resume, no write
+        _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
+        return
+    if not is_live(root):
+        raise UsageError(f"--root {root}: bootstrap applies to this host only; use it with --dry-run or --check "
+                         "to plan or check a host tree")
     # Held from planning to the end (the prompt included), so the plan shown is the one applied.
-    with nullcontext() if dry_run or check else host_lock("bootstrap"):
-        _bootstrap(opt, yes=yes, dry_run=dry_run, check=check, reboot=reboot, json_out=json_out, bundle=bundle,
-                   bundle_keyring=bundle_keyring)
+    with host_lock("bootstrap"):
+        _bootstrap(opt, yes=yes, reboot=reboot, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
 
 
-def _bootstrap(opt, *, yes: bool, dry_run: bool, check: bool, reboot: bool, json_out: bool,
-               bundle: Optional[Path], bundle_keyring: Optional[str] = None) -> None:
+def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Path],
+            bundle_keyring: Optional[str]) -> None:
+    """--dry-run (the plan) and --check (each step evaluated): what bootstrap would do under `root`, changing
+    nothing. The resume after a reboot is said, not done; a bundle is verified as a real run verifies it, a .tar.gz
+    in a private temporary directory removed afterwards (see _bundle_repo)."""
+    resume = _resume_pending(root)
+    with _bundle_repo(bundle, bundle_keyring, root) as repo:
+        if repo:
+            opt = dataclasses.replace(opt, bundle=repo)
+        report, steps = _plan(root, None, opt)
+        if check:
+            _print_check(ap.check_plan(steps, root), json_out, resume)
+        else:
+            _print_plan(report, steps, json_out, resume)
+
+
+@contextmanager
+def _bundle_repo(bundle: Optional[Path], keyring: Optional[str], root: Path) -> Iterator[Optional[str]]:
+    """The verified bundle's repository for a plan that only reports. A directory is read where it is. A .tar.gz
+    is unpacked (members checked first) into a private temporary directory and verified there, as a real run does
+    in /var/lib/gpuprov/bundles; the copy is removed afterwards, and the plan names the directory a real run keeps
+    it in, so that what is printed is what runs."""
+    if bundle is None:
+        yield None
+    elif not bundle.is_file():
+        checked, _ = check_bundle(bundle, keyring, root)
+        yield str(checked / "repo")
+    else:
+        with tempfile.TemporaryDirectory(prefix="gpuprov-bundle-check-") as scratch:
+            checked, _ = check_bundle(bundle, keyring, root, base=Path(scratch))
+            yield str(kept_path(extract_base(), checked) / "repo")
+
+
+def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional[Path],
+               bundle_keyring: Optional[str] = None) -> None:
     if bundle is not None:
         checked, _ = check_bundle(bundle, bundle_keyring)
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
     _resume_after_reboot(ap)
     report, steps = _plan(Path("/"), None, opt)
-    if dry_run:
-        _print_plan(report, steps, json_out)
-        return
-    if check:
-        _print_check(ap.check_plan(steps), json_out)
-        return
     if not yes:
         if not sys.stdin.isatty():
             raise errors.UsageError("refusing to change the host without --yes when not on a terminal")
@@ -218,10 +283,14 @@ def _resume_after_reboot(ap) -> None:
     _verify_after_reboot(state)
 
 
-def _print_check(doc: dict, json_out: bool) -> None:
+def _print_check(doc: dict, json_out: bool, resume: Resume | None = None) -> None:
+    if resume:
+        doc = {**doc, "resume": dataclasses.asdict(resume)}
     if json_out:
         emit_json(doc)
         return
+    if resume:
+        print(f"Before the steps: {resume.bootstrap}")
     for item in doc["steps"]:
         print(f"{'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
         if item.get("diff"):

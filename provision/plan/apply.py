@@ -9,10 +9,12 @@ from pathlib import Path
 
 from provision import paths
 from provision.errors import GpuprovError, StepFailed
+from provision.facts.rootfs import read_text, under
 from provision.fsutil import write_file
 from provision.output import progress
 from provision.plan.steps import Step
 
+LIVE = Path("/")
 STATE_FILE = Path(paths.STATE_FILE)
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
 
@@ -40,11 +42,8 @@ class ApplyResult:
                 "steps": [o.__dict__ for o in self.outcomes]}
 
 
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+def boot_id(root: Path = LIVE) -> str:
+    return (read_text(root, "/proc/sys/kernel/random/boot_id") or "").strip()
 
 
 BOOT_MARKER = Path(paths.REBOOT_MARKER)
@@ -61,15 +60,18 @@ def pending_reboot(reason: str) -> dict:
     return {"reboot_required": True, "boot_id": boot_id(), "reason": reason}
 
 
-def rebooted_since(state: dict) -> bool:
-    return state.get("boot_id") != boot_id() or not BOOT_MARKER.exists()
+def rebooted_since(state: dict, root: Path = LIVE) -> bool:
+    """Whether the host under `root` rebooted since `state` was written (reads only)."""
+    return state.get("boot_id") != boot_id(root) or not under(root, str(BOOT_MARKER)).exists()
 
 
-def read_state() -> dict:
+def read_state(root: Path = LIVE) -> dict:
+    """The reboot state of the host under `root` ({} when there is none, or it is unreadable)."""
     try:
-        return json.loads(STATE_FILE.read_text())
-    except (OSError, ValueError):
+        state = json.loads(read_text(root, str(STATE_FILE)) or "{}")
+    except ValueError:
         return {}
+    return state if isinstance(state, dict) else {}
 
 
 def write_state(state: dict) -> None:

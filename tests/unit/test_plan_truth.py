@@ -22,11 +22,15 @@ import pytest
 
 import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
 from provision import effects, paths
+from provision.bundle import manifest
 from provision.errors import GpuprovError
+from provision.facts.distro_facts import read_distro
 from provision.plan import steps as st
 from provision.plan import validate
-from provision.plan.build import Options, build_plan
+from provision.plan.build import BUNDLE_APT, Options, build_plan
 from provision.report import detect_host
+from tests import bundles
+from tests.bundles import small_bundle, tar_of
 from tests.conftest import DISTROS, H200, REPO, gpuprov_bin, make_host, needs, run_cli
 from tests.unit.test_golden_plans import LEGACY_GPU
 
@@ -176,25 +180,85 @@ def test_plan_opens_nothing_for_writing(tmp_path):
         assert json.loads(out)["steps"], argv
 
 
+def host_bundle(base: Path) -> Path:
+    """tests/bundles.small_bundle made for this machine's release, so that bootstrap's preflight passes here."""
+    bundle = small_bundle(base)
+    d = read_distro(Path("/"))
+    target = {**bundles.TARGET, "os_id": d.id, "version": d.major, "codename": d.codename,
+              "name": f"{d.id}-{d.major}"}
+    manifest.write_manifest(bundle, target, bundles.COMPONENTS)
+    return bundle
+
+
+RO_SCRIPT = ("set -e; mount --make-rprivate /; "
+             "awk '{print $2}' /proc/self/mounts | sort -u | "
+             "while read -r mp; do mount -o remount,bind,ro \"$mp\" 2>/dev/null || true; done; "
+             "if touch /tmp/.gpuprov-ro-probe 2>/dev/null; then echo NOT-READ-ONLY; exit 99; fi; "
+             # the one writable place: an empty private tmpfs as TMPDIR, which must be empty again afterwards
+             "mount -t tmpfs -o mode=0700,size=64m gpuprov-scratch \"$SCRATCH\"; "
+             "rc=0; TMPDIR=\"$SCRATCH\" \"$@\" || rc=$?; "
+             "if [ -n \"$(ls -A \"$SCRATCH\")\" ]; then echo \"left in TMPDIR: $(ls -A \"$SCRATCH\")\" >&2; exit 98; fi; "
+             "exit $rc")
+
+
 @needs("unshare")
 def test_plan_on_a_read_only_filesystem(tmp_path):
-    """The whole host read-only (every mount remounted read-only in a private mount namespace): `plan` of this
-    live host, of a fixture root and `bootstrap --dry-run` all succeed and print the same as on a writable one."""
+    """The whole host read-only (every mount remounted read-only in a private mount namespace; TMPDIR an empty
+    private tmpfs that must be empty again afterwards): `plan` of this live host and of a fixture root,
+    `bootstrap --dry-run` (also with a reboot-resume pending, and with a bundle directory or .tar.gz) and
+    `bootstrap --check --root` all succeed and print the same as on a writable one."""
     root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL)
-    script = ("set -e; mount --make-rprivate /; "
-              "awk '{print $2}' /proc/self/mounts | sort -u | "
-              "while read -r mp; do mount -o remount,bind,ro \"$mp\" 2>/dev/null || true; done; "
-              "if touch /tmp/.gpuprov-ro-probe 2>/dev/null; then echo NOT-READ-ONLY; exit 99; fi; "
-              "exec \"$@\"")
+    state, run, scratch = tmp_path / "state", tmp_path / "run", tmp_path / "scratch"
+    for d in (state, run, scratch):
+        d.mkdir()
+    # the last run asked for a reboot, and the host has rebooted since: a real run would resume (and write)
+    (state / "state.json").write_text(json.dumps({"reboot_required": True, "boot_id": "before",
+                                                  "reason": "driver installed"}))
+    bundle = host_bundle(tmp_path / "bundle")
+    archive = tar_of(bundle, tmp_path / "bundle.tar.gz")
+    env = {**os.environ, "GPUPROV_STATE_DIR": str(state), "GPUPROV_RUN_DIR": str(run), "SCRATCH": str(scratch),
+           "GPUPROV_BUNDLE_DIR": str(tmp_path / "bundles")}
     gp = gpuprov_bin()
-    for args in (["plan", "--json"], ["plan", "--json", "--root", str(root)], ["bootstrap", "--dry-run", "--json"]):
-        ro = subprocess.run(["unshare", "-m", "bash", "-c", script, "ro", *gp, *args], capture_output=True,
-                            text=True)
+    for args in (["plan", "--json"], ["plan", "--json", "--root", str(root)], ["bootstrap", "--dry-run", "--json"],
+                 ["bootstrap", "--dry-run", "--json", "--bundle", str(bundle)],
+                 ["bootstrap", "--dry-run", "--json", "--bundle", str(archive)],
+                 ["bootstrap", "--check", "--json", "--root", str(root)]):
+        ro = subprocess.run(["unshare", "-m", "bash", "-c", RO_SCRIPT, "ro", *gp, *args], capture_output=True,
+                            text=True, env=env)
         if "Operation not permitted" in ro.stderr and "unshare" in ro.stderr:
             pytest.skip("no mount namespaces here (unprivileged)")
-        assert ro.returncode == 0, ro.stdout + ro.stderr
-        rw = subprocess.run([*gp, *args], capture_output=True, text=True)
-        assert json.loads(ro.stdout) == json.loads(rw.stdout)
+        assert ro.returncode == 0, (args, ro.stdout + ro.stderr)
+        rw = subprocess.run([*gp, *args], capture_output=True, text=True, env=env)
+        assert json.loads(ro.stdout) == json.loads(rw.stdout), args
+        if args[0] == "bootstrap" and "--root" not in args:
+            assert "records the resume" in json.loads(ro.stdout)["resume"]["bootstrap"]
+    assert json.loads((state / "state.json").read_text())["reboot_required"] is True
+    assert not (tmp_path / "bundles").exists() and not any(run.iterdir()) and not any(scratch.iterdir())
+
+
+def test_dry_run_and_check_of_a_bundle_leave_nothing(tmp_path):
+    """`bootstrap --dry-run|--check --bundle X.tar.gz` verify the bundle as a real run does (a tampered one is
+    refused, exit 8) in a private temporary directory removed afterwards: nothing is left where a real run keeps
+    its copy, and the plan names that copy's directory (what a real run would use)."""
+    bundle = host_bundle(tmp_path / "b")
+    archive = tar_of(bundle, tmp_path / "b.tar.gz")
+    kept, scratch = tmp_path / "bundles", tmp_path / "scratch"
+    scratch.mkdir()
+    env = {"GPUPROV_BUNDLE_DIR": str(kept), "TMPDIR": str(scratch)}
+    repo = f"{kept}/{manifest.sha256(bundle / 'SHA256SUMS')[:16]}/gpuprov-bundle/repo"
+    for mode in ("--dry-run", "--check"):
+        r = run_cli("bootstrap", mode, "--json", "--bundle", str(archive), "--driver", "skip", "--only", "engine",
+                    env=env)
+        assert r.returncode == 0, r.stderr
+        if mode == "--dry-run":
+            pkgs = next(s for s in json.loads(r.stdout)["steps"] if s["id"] == "engine.packages")
+            assert any(f"Dir::Etc::SourceList={BUNDLE_APT}/bundle.list" in c for c in pkgs["commands"])
+            assert f"+deb [trusted=yes] file:{repo} ./" in pkgs["diffs"][f"{BUNDLE_APT}/bundle.list"]
+        assert not kept.exists() and not any(scratch.iterdir()), (list(kept.rglob("*")), list(scratch.iterdir()))
+    (bundle / "repo/python3.deb").write_bytes(b"!<arch>\ntampered\n")
+    r = run_cli("bootstrap", "--dry-run", "--bundle", str(tar_of(bundle, tmp_path / "bad.tar.gz")), env=env)
+    assert r.returncode == 8 and "python3.deb" in r.stderr, r.stderr
+    assert not kept.exists() and not any(scratch.iterdir())
 
 
 def test_gpuprov_steps_run_through_the_command_line(tmp_path, monkeypatch):
@@ -229,3 +293,22 @@ def test_plan_never_hangs_on_a_fifo_under_the_root(tmp_path):
     os.mkfifo(root / "etc/docker/daemon.json")
     r = run_cli("plan", "--root", str(root), timeout=60)
     assert r.returncode == 6 and "daemon.json is not a regular file" in r.stderr, r.stderr
+
+
+def test_check_reads_through_the_root(tmp_path):
+    """`bootstrap --check --root TREE` evaluates every step against the tree (its apt sources: a minimal diff);
+    `--root` without --dry-run/--check is a usage error (applying is for this host only)."""
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL)
+    r = run_cli("bootstrap", "--check", "--json", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    steps = {s["id"]: s for s in json.loads(r.stdout)["steps"]}
+    changed = [ln for ln in steps["driver.components"]["diff"].splitlines()
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    assert changed == ["-deb http://mirror.invalid/debian bookworm main",
+                       "-deb http://mirror.invalid/debian-security bookworm-security main",
+                       "+deb http://mirror.invalid/debian bookworm main contrib non-free non-free-firmware",
+                       "+deb http://mirror.invalid/debian-security bookworm-security main contrib non-free "
+                       "non-free-firmware"]
+    assert steps["driver.packages"]["would_change"] and steps["packages.recover"]["would_change"] is False
+    r = run_cli("bootstrap", "--yes", "--root", str(root))
+    assert r.returncode == 2 and "--dry-run or --check" in r.stderr

@@ -33,3 +33,26 @@ def test_resumed_without_a_device_exits_15(tmp_path):
     assert "no NVIDIA device" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["reboot_required"] is False and state["resumed_after_reboot"] is True
+
+
+def test_dry_run_and_check_only_say_what_the_resume_would_do(tmp_path):
+    """`bootstrap --dry-run` and `--check` change nothing, not even the resume after a reboot: they say what a
+    real run would do first (stop with exit 7 while the reboot is pending; after it, record the resume and verify
+    the driver), exit 0, and leave the state file byte for byte and /run untouched."""
+    for marker, rebooted, words in ((True, False, "exit 7"), (False, True, "records the resume")):
+        case = tmp_path / f"marker-{marker}"
+        case.mkdir()
+        env = _pending(case, marker)
+        before = (case / "state.json").read_bytes()
+        runs = sorted((case / "run").iterdir())
+        for args in (["--dry-run", "--json"], ["--check", "--json"], ["--dry-run"]):
+            r = run_cli("bootstrap", "--driver", "skip", "--engine", "none", *args, env=env)
+            assert r.returncode == 0, r.stderr
+            if "--json" in args:
+                resume = json.loads(r.stdout)["resume"]
+                assert resume["rebooted"] is rebooted and resume["reason"] == "driver installed"
+                assert words in resume["bootstrap"]
+            else:
+                assert r.stdout.startswith("Before the plan: ") and words in r.stdout.splitlines()[0]
+            assert (case / "state.json").read_bytes() == before
+            assert sorted((case / "run").iterdir()) == runs
