@@ -107,6 +107,7 @@ def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
             except GpuprovError as exc:
                 item["diff"], item["error"] = "", str(exc)
             item["commands"] = [c.shell() for c in step.commands]
+            item["on_failure"] = [c.shell() for c in step.on_failure]
             item["actions"] = step.lines()
         out.append(item)
     return {"would_change": sum(i["would_change"] for i in out), "steps": out}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from provision.plan import repos
 from provision.plan.packages import APT_ENV, package_step
 from provision.plan.sources import enable_components
 from provision.plan.steps import (
+    Action,
     Already,
     Command,
     FilesMatch,
@@ -44,6 +44,8 @@ NOUVEAU_CONF = "/etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
 NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
 DKMS_KEY = "/var/lib/dkms/mok.pub"
 MOK_HASH = paths.MOK_HASH
+ONE_TIME_PASSWORD = "<one-time password, shown once>"  # what a printed plan shows in its place
+ONE_TIME_PASSWORD = "<one-time password, shown once>"  # what a printed plan shows in its place
 LOG_DIR = "/var/log/gpuprov"
 DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound on hosts with many packages
 # Debian's kernel module names per flavour: `install nvidia modprobe -i <name>` in /etc/modprobe.d/nvidia.conf,
@@ -242,72 +244,85 @@ class MokStaged:
 
 
 @dataclass(frozen=True)
-class DriverInstall:
+class DriverInstall(Action):
     """apt: refresh the lists, make sure every kernel's headers are offered, install; then prove DKMS built the
     module for every kernel. A failed build is rolled back (the module package purged, `dpkg --audit` empty) and
-    reported with the compiler's first error line (exit 16)."""
+    reported with the compiler's first error line (exit 16). Every command, the rollback's too, is a Command below:
+    printed and run from the same objects."""
     packages: tuple[str, ...]
     kernels: tuple[str, ...]
     dkms_package: str | None  # the kernel-module package DKMS builds (None: precompiled kmods)
     headers: tuple[str, ...]
     ways_out: str
 
-    def _install(self) -> tuple[str, ...]:
-        return ("apt-get", "install", "-y", "--no-install-recommends", *self.packages)
+    def _install(self) -> Command:
+        return Command(("apt-get", "install", "-y", "--no-install-recommends", *self.packages), APT_ENV)
 
-    def commands(self) -> list[tuple[str, ...]]:
+    def _header_checks(self) -> list[Command]:
+        return [Command(("apt-cache", "show", "--no-all-versions", h)) for h in self.headers]
+
+    def _dkms_status(self) -> list[Command]:
+        return [Command(("dkms", "status", "-k", k)) for k in self.kernels] if self.dkms_package else []
+
+    def commands(self) -> list[Command]:
         """In order: refresh, ask apt for every kernel's headers, install, ask DKMS for every kernel."""
-        return ([("apt-get", "update")] + [("apt-cache", "show", "--no-all-versions", h) for h in self.headers]
-                + [self._install()] + ([("dkms", "status", "-k", k) for k in self.kernels] if self.dkms_package
-                                       else []))
+        return [Command(("apt-get", "update"), APT_ENV), *self._header_checks(), self._install(), *self._dkms_status()]
+
+    def on_failure(self) -> list[Command]:
+        """The rollback of a failed DKMS build: purge the module package together with the packages that need a
+        kernel module (left to itself, apt would keep the metapackage by installing the other flavour's module: a
+        silent switch, another build), finish what dpkg left, and ask dpkg whether anything is still broken."""
+        if not self.dkms_package:
+            return []
+        purge = [p for p in self.packages if not p.startswith(("linux-headers-", "firmware-"))]
+        return [Command(("apt-get", "purge", "-y", *purge), APT_ENV), Command(("dpkg", "--configure", "-a"), APT_ENV),
+                Command(("dpkg", "--audit"))]
 
     def lines(self) -> list[str]:
-        env = " ".join(f"{k}={v}" for k, v in APT_ENV)
-        out = [f"$ {env} {shlex.join(c)}" if c[0] == "apt-get" else f"$ {shlex.join(c)}" for c in self.commands()]
+        out = [ln for c in self.commands() for ln in c.lines()]
         if self.dkms_package:
-            out.append(f"  (a kernel whose headers apt lacks stops here, exit 4; a DKMS status other than installed "
-                       f"purges {self.dkms_package} and what needs it again and stops, exit 16)")
+            out.append("  (a kernel whose headers apt does not offer stops the step there: exit 4)")
+            out.append("  on a failed DKMS build (a status other than installed), roll back, then stop with exit 16:")
+            out += [f"  {ln}" for c in self.on_failure() for ln in c.lines()]
         return out
 
     def execute(self) -> str:
-        env = {**os.environ, **dict(APT_ENV)}
-        effects.run(["apt-get", "update"], env=env, timeout=3600)
-        for h in self.headers:
-            r = effects.run(["apt-cache", "show", "--no-all-versions", h], check=False, env=env)
+        update, *_ = self.commands()
+        update.execute()
+        for check in self._header_checks():
+            r = check.run()
             if r.returncode != 0 or not r.output.strip():
+                h = check.argv[-1]
                 k = h.removeprefix("linux-headers-")
                 raise Unsupported(
                     f"apt offers no {h}: DKMS cannot build the driver for kernel {k} (a kernel newer than the "
                     "headers the archive carries, or one apt did not install). Ways out: install the current "
                     "kernel and its headers (apt-get install linux-image-amd64 linux-headers-amd64), reboot into it "
                     "and run bootstrap again; or build for another installed kernel with --kernel")
-        res = effects.run(list(self._install()), check=False, env=env, timeout=3600)
-        if self.dkms_package:
-            for k in self.kernels:
-                st = effects.run(["dkms", "status", "-k", k], check=False).output
-                built = any(k in ln and ln.rstrip().endswith(": installed") for ln in st.splitlines())
-                # a build that ran and failed (its make.log, DKMS's own message) — not apt failing before it
-                if not built and (res.returncode == 0 or "Bad return status" in res.output or build_logs()):
-                    raise self._rollback(k, res.output)
+        install = self._install()
+        res = install.run()
+        for status in self._dkms_status():
+            k = status.argv[-1]
+            built = any(k in ln and ln.rstrip().endswith(": installed") for ln in status.run().output.splitlines())
+            # a build that ran and failed (its make.log, DKMS's own message) — not apt failing before it
+            if not built and (res.returncode == 0 or "Bad return status" in res.output or build_logs()):
+                raise self._rollback(k)
         if res.returncode != 0:
             tail = "\n".join(res.output.strip().splitlines()[-15:])
-            raise StepFailed(f"`{shlex.join(self._install())}` failed with exit code {res.returncode}:\n{tail}")
+            raise StepFailed(f"`{install.shell()}` failed with exit code {res.returncode}:\n{tail}")
         return res.output
 
-    def _rollback(self, kernel: str, apt_output: str) -> DkmsBuildFailed:
+    def _rollback(self, kernel: str) -> DkmsBuildFailed:
         first, kept = first_build_error(kernel)
-        env = {**os.environ, **dict(APT_ENV)}
-        # Purge the module package together with the packages that need a kernel module (left to itself, apt
-        # would keep the metapackage by installing the other flavour's module: a silent switch, another build).
-        purge_pkgs = [p for p in self.packages if not p.startswith(("linux-headers-", "firmware-"))]
-        purge = effects.run(["apt-get", "purge", "-y", *purge_pkgs], check=False, env=env, timeout=1800)
-        effects.run(["dpkg", "--configure", "-a"], check=False, env=env, timeout=1800)
-        audit = effects.run(["dpkg", "--audit"], check=False).output.strip()
-        state = ("dpkg is consistent (`dpkg --audit` is empty)" if not audit and purge.returncode == 0 else
-                 f"dpkg still reports: {audit.splitlines()[0] if audit else purge.output.strip()[-200:]}")
+        purge, configure, audit_cmd = self.on_failure()
+        purged = purge.run()
+        configure.run()
+        audit = audit_cmd.run().output.strip()
+        state = ("dpkg is consistent (`dpkg --audit` is empty)" if not audit and purged.returncode == 0 else
+                 f"dpkg still reports: {audit.splitlines()[0] if audit else purged.output.strip()[-200:]}")
         return DkmsBuildFailed(
             f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
-            f"{f' (full log: {kept})' if kept else ''}. Rolled back: purged {' '.join(purge_pkgs)}; {state}. "
+            f"{f' (full log: {kept})' if kept else ''}. Rolled back: purged {' '.join(purge.argv[3:])}; {state}. "
             f"Ways out: {self.ways_out}")
 
 
@@ -336,25 +351,26 @@ def first_build_error(kernel: str) -> tuple[str | None, str | None]:
 
 
 @dataclass(frozen=True)
-class MokImport:
+class MokImport(Action):
     """Stage the DKMS key for enrolment with a one-time password (mokutil reads it from a hash file, so nothing
-    prompts); the password is shown once, for the console's question at the next boot."""
+    prompts); the password is shown once, for the console's question at the next boot. Printed and run from the
+    same commands; the password is the one token a printed plan does not show as run."""
     key: str = DKMS_KEY
 
-    def commands(self) -> list[tuple[str, ...]]:
-        return [("mokutil", "--generate-hash=<one-time password>"), ("mokutil", "--import", self.key,
-                                                                     "--hash-file", MOK_HASH)]
+    def commands(self, password: str = ONE_TIME_PASSWORD) -> list[Command]:
+        return [Command(("mokutil", f"--generate-hash={password}"), stdout_to=MOK_HASH),
+                Command(("mokutil", "--import", self.key, "--hash-file", MOK_HASH))]
 
     def lines(self) -> list[str]:
-        return [f"$ mokutil --generate-hash=<one-time password, shown once> > {MOK_HASH}",
-                f"$ mokutil --import {self.key} --hash-file {MOK_HASH}"]
+        return [ln for c in self.commands() for ln in c.lines()]
 
     def execute(self) -> str:
         password = secrets.token_hex(4)
-        h = effects.run(["mokutil", f"--generate-hash={password}"]).output
-        Path(MOK_HASH).parent.mkdir(parents=True, exist_ok=True)
-        write_file(MOK_HASH, h, mode=0o600, keep_mode=False, backup=False)  # 0600 from its first byte
-        effects.run(["mokutil", "--import", self.key, "--hash-file", MOK_HASH])
+        try:
+            for c in self.commands(password):
+                c.execute()
+        except StepFailed as exc:  # its message names the command: never with the password in it
+            raise StepFailed(str(exc).replace(password, ONE_TIME_PASSWORD), exit_code=exc.exit_code) from None
         return mok_console_text(password)
 
 

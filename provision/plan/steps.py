@@ -8,6 +8,8 @@ all walk these same objects, so what is printed is what runs:
   (a child process would wait for that lock), without a second interpreter start-up.
 - `WriteFile`: printed as a unified diff against the file under the plan's root; applied by an atomic write.
 - `StartService`: printed as the commands it runs, in order, with the fallback it takes without systemd.
+Every action lists the `Command`s it runs (`commands()`, in order) and those it runs only to undo a failure
+(`on_failure()`): the same objects its `execute` runs, so `plan --json` and `--check` list every command.
 
 Checks are data too, and read through the host root they are given; checks that need the live host (a daemon's
 answer, the package database of a running system) say "cannot tell" (False: would change) for any other root.
@@ -38,23 +40,47 @@ DOCKERD_LOG = "/var/log/gpuprov-dockerd.log"
 # ---------------------------------------------------------------- actions
 
 
+class Action:
+    """What every action offers: the commands it runs, in order (`commands`; plan --json, --check and the
+    printed-vs-executed test read them), and those it runs only to undo a failure (`on_failure`). Both are the
+    very Command objects `execute` runs, so what is listed is what runs."""
+
+    def commands(self) -> list[Command]:
+        return []
+
+    def on_failure(self) -> list[Command]:
+        return []
+
+
 @dataclass(frozen=True)
-class Command:
+class Command(Action):
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()  # extra environment, printed as `K=V` before the command
     may_fail: bool = False  # its failure is not the step's (printed `|| true`): the next command repairs it
+    stdout_to: str | None = None  # its standard output is written there by gpuprov, 0600 from the first byte
 
     def shell(self) -> str:
         return " ".join([f"{k}={shlex.quote(v)}" for k, v in self.env] + [shlex.join(self.argv)]
+                        + ([f"> {shlex.quote(self.stdout_to)}"] if self.stdout_to else [])
                         + (["|| true"] if self.may_fail else []))
 
     def lines(self) -> list[str]:
-        return [f"$ {self.shell()}"]
+        return [f"$ {self.shell()}"] + ([f"  (written by gpuprov: {self.stdout_to} mode 0600 from its first byte, "
+                                         "atomically)"] if self.stdout_to else [])
+
+    def commands(self) -> list[Command]:
+        return [self]
+
+    def run(self) -> effects.CommandResult:
+        """The argv with its environment; a failure is returned, not raised."""
+        return effects.run(list(self.argv), check=False, env={**os.environ, **dict(self.env)}, timeout=3600)
 
     def execute(self) -> str:
         if self.argv[0] == "gpuprov":
             return run_gpuprov(list(self.argv[1:]))
-        res = effects.run(list(self.argv), check=False, env={**os.environ, **dict(self.env)}, timeout=3600)
+        res = self.run()
+        if res.returncode == 0 and self.stdout_to:
+            write_file(self.stdout_to, res.stdout, mode=0o600, keep_mode=False, backup=False)
         if res.returncode == 0 or self.may_fail:
             return res.output
         tail = "\n".join(res.output.strip().splitlines()[-15:])
@@ -77,7 +103,7 @@ def run_gpuprov(args: list[str]) -> str:
 
 
 @dataclass(frozen=True)
-class WriteFile:
+class WriteFile(Action):
     path: str
     content: str
     mode: int = 0o644
@@ -94,7 +120,7 @@ class WriteFile:
 
 
 @dataclass(frozen=True)
-class StartService:
+class StartService(Action):
     """Start an engine's daemon and enable it at boot, then wait until its client answers. Where systemd runs, one
     `systemctl enable --now`; without it (containers, minimal hosts) the SysV script, and when that is missing or
     fails (a container that cannot raise its ulimits), the daemon itself in the background."""
@@ -102,30 +128,31 @@ class StartService:
     daemon: str  # the binary for the last resort: dockerd
     systemd: bool  # decided from the plan's root (/run/systemd/system)
 
-    def commands(self) -> list[tuple[str, ...]]:
+    def commands(self) -> list[Command]:
+        """systemd's one command; else the SysV script, then the daemon itself (in the background) as a fallback."""
         if self.systemd:
-            return [("systemctl", "enable", "--now", self.name)]
-        return [(f"/etc/init.d/{self.name}", "start"), (self.daemon,)]
+            return [Command(("systemctl", "enable", "--now", self.name))]
+        return [Command((f"/etc/init.d/{self.name}", "start")), Command((self.daemon,))]
 
     def lines(self) -> list[str]:
         if self.systemd:
-            return [f"$ {shlex.join(self.commands()[0])}", "  (then wait until `docker info` answers)"]
-        init, daemon = (shlex.join(c) for c in self.commands())
+            return [f"$ {self.commands()[0].shell()}", "  (then wait until `docker info` answers)"]
+        init, daemon = (c.shell() for c in self.commands())
         return [f"$ {init}", f"  (if that fails or is missing: `{daemon}` in the background, log {DOCKERD_LOG};"
                 " then wait until `docker info` answers)"]
 
     def execute(self) -> str:
         ready = lambda: effects.docker_runtimes() is not None  # noqa: E731
         if self.systemd:
-            effects.run(list(self.commands()[0]))
-            how = shlex.join(self.commands()[0])
+            (start,) = self.commands()
+            start.execute()
+            how = start.shell()
         else:
             init, daemon = self.commands()
-            if Path(init[0]).exists() and effects.run(list(init), check=False).returncode == 0 \
-                    and effects.wait_for(ready, 20):
-                return shlex.join(init)
-            effects.spawn(list(daemon), DOCKERD_LOG)
-            how = f"{shlex.join(daemon)} (background; log {DOCKERD_LOG})"
+            if Path(init.argv[0]).exists() and init.run().returncode == 0 and effects.wait_for(ready, 20):
+                return init.shell()
+            effects.spawn(list(daemon.argv), DOCKERD_LOG)
+            how = f"{daemon.shell()} (background; log {DOCKERD_LOG})"
         if not effects.wait_for(ready, 60):
             raise StepFailed(f"{self.daemon} did not come up after `{how}`; see `journalctl -u {self.name}` or "
                              "the log named there")
@@ -133,7 +160,7 @@ class StartService:
 
 
 @dataclass(frozen=True)
-class ImportImage:
+class ImportImage(Action):
     """A local image built from this host's own files (no registry): the tar is made in-process, from the binaries
     named and the libraries `ldd` lists for them. docker: fed to `docker import` only when the image is missing.
     containerd: the same files as a one-layer OCI archive, fed to `ctr images import` in gpuprov's namespace on every
@@ -142,33 +169,33 @@ class ImportImage:
     binaries: tuple[str, ...]
     engine: str = "docker"  # docker | containerd
 
-    def commands(self) -> list[tuple[str, ...]]:
+    def commands(self) -> list[Command]:
         if self.engine == "containerd":
-            return [(*validate.CTR, "images", "import", "-")]
-        return [("docker", "image", "inspect", self.image), ("docker", "import", "-", self.image)]
+            return [Command((*validate.CTR, "images", "import", "-"))]
+        return [Command(("docker", "image", "inspect", self.image)), Command(("docker", "import", "-", self.image))]
 
     def lines(self) -> list[str]:
         what = f"{', '.join(self.binaries)} and their libraries, taken from this host"
         if self.engine == "containerd":
-            return [f"$ {shlex.join(self.commands()[0])} < <OCI image archive {self.image} of {what}>"]
-        inspect, imp = (shlex.join(c) for c in self.commands())
+            return [f"$ {self.commands()[0].shell()} < <OCI image archive {self.image} of {what}>"]
+        inspect, imp = (c.shell() for c in self.commands())
         return [f"$ {inspect} >/dev/null || {imp} < <tar of {what}>"]
 
     def execute(self) -> str:
         if self.engine == "containerd":
             (imp,) = self.commands()
-            effects.run(list(imp), input_text=validate.oci_archive(validate.build_image_tar(self.binaries),
-                                                                   self.image))
+            effects.run(list(imp.argv), input_text=validate.oci_archive(validate.build_image_tar(self.binaries),
+                                                                        self.image))
             return ""
         inspect, imp = self.commands()
-        if effects.run(list(inspect), check=False).returncode == 0:
+        if inspect.run().returncode == 0:
             return ""
-        effects.run(list(imp), input_text=validate.build_image_tar(self.binaries))
+        effects.run(list(imp.argv), input_text=validate.build_image_tar(self.binaries))
         return ""
 
 
 @dataclass(frozen=True)
-class RunContainer:
+class RunContainer(Action):
     """A container through containerd's `ctr run`, its output taken from the file the shim writes it to
     (`--log-uri file://…`), not from ctr's own stdout: ctr stops reading a short-lived container's output when it
     deletes the task, so a starved ctr can print nothing for a container that did print (seen on containerd 1.6 on
@@ -178,18 +205,19 @@ class RunContainer:
     log: str
     expect: str | None = None  # the run passes only when its output holds this
 
-    def commands(self) -> list[tuple[str, ...]]:
-        return [self.argv]
+    def commands(self) -> list[Command]:
+        return [Command(self.argv)]
 
     def lines(self) -> list[str]:
-        return [f"$ {shlex.join(self.argv)}", f"  (its output read from {self.log}, removed before and after"
+        return [f"$ {self.commands()[0].shell()}", f"  (its output read from {self.log}, removed before and after"
                 + (f"; passes when the output holds {self.expect})" if self.expect else ")")]
 
     def execute(self) -> str:
         log = Path(self.log)
         log.unlink(missing_ok=True)
+        (run,) = self.commands()
         try:
-            res = effects.run(list(self.argv), check=False, timeout=600)
+            res = effects.run(list(run.argv), check=False, timeout=600)
             out = read_or_empty(log)
         finally:
             log.unlink(missing_ok=True)
@@ -200,9 +228,6 @@ class RunContainer:
             raise StepFailed(f"`{shlex.join(self.argv)}` exited 0 but its output lacks {self.expect!r}: "
                              f"{out.strip()[-200:]!r}")
         return out
-
-
-Action = Union[Command, WriteFile, StartService, ImportImage, RunContainer]
 
 
 # ---------------------------------------------------------------- checks
@@ -368,7 +393,13 @@ class Step:
 
     @property
     def commands(self) -> list[Command]:
-        return [a for a in self.actions if isinstance(a, Command)]
+        """Every command the step's actions run, in order (a fallback included)."""
+        return [c for a in self.actions for c in a.commands()]
+
+    @property
+    def on_failure(self) -> list[Command]:
+        """The commands run only to undo a failed action (the DKMS rollback), in order."""
+        return [c for a in self.actions for c in a.on_failure()]
 
     @property
     def files(self) -> dict[str, str]:
@@ -404,7 +435,8 @@ class Step:
 
     def to_dict(self, root: Path = LIVE, diffs: bool = True) -> dict:
         d = {"id": self.id, "title": self.title, "commands": [c.shell() for c in self.commands],
-             "actions": [ln for ln in self.lines()], "files": sorted(self.files), "check": self.check.describe(),
+             "on_failure": [c.shell() for c in self.on_failure], "actions": [ln for ln in self.lines()],
+             "files": sorted(self.files), "check": self.check.describe(),
              "reboot": self.reboot, "verify_only": self.verify_only, "notes": list(self.notes)}
         if diffs:
             d["diffs"] = self.diffs(root)
@@ -413,13 +445,7 @@ class Step:
 
 def executed_argvs(step: Step) -> list[tuple[str, ...]]:
     """Every argv the step may run, in order: what a test compares with what apply really ran."""
-    out: list[tuple[str, ...]] = []
-    for a in step.actions:
-        if isinstance(a, Command):
-            out.append(a.argv)
-        elif hasattr(a, "commands"):  # StartService, ImportImage, RunContainer, the driver's DriverInstall/MokImport
-            out += a.commands()
-    return out
+    return [c.argv for c in step.commands]
 
 
 def read_or_empty(path: Path | str, limit: int = MAX_READ) -> str:

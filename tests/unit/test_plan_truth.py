@@ -25,8 +25,9 @@ from provision import effects, paths
 from provision.bundle import manifest
 from provision.errors import GpuprovError
 from provision.facts.distro_facts import read_distro
+from provision.plan import driver, validate
 from provision.plan import steps as st
-from provision.plan import validate
+from provision.plan.apply import check_plan
 from provision.plan.build import BUNDLE_APT, Options, build_plan
 from provision.report import detect_host
 from tests import bundles
@@ -41,10 +42,11 @@ class Recorder:
     """Stands in for the host: records what apply would do, answers like a fresh host where everything runs
     (the image is missing, the SysV script fails, so the background daemon is spawned)."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, dkms_builds: bool = True):
         self.argvs: list[tuple[str, ...]] = []
         self.envs: list[dict] = []
         self.writes: list[tuple[str, str]] = []
+        self.write_kw: list[dict] = []
         real_run = effects.run
 
         def run(argv, *, check=True, env=None, timeout=None, input_text=None):
@@ -53,13 +55,14 @@ class Recorder:
             self.argvs.append(tuple(argv))
             self.envs.append(env or {})
             failing = argv[:3] == ["docker", "image", "inspect"] or argv[0].startswith("/etc/init.d/")
-            if argv[:2] == ["dkms", "status"]:  # DKMS built the module, as on a host where the build works
-                return effects.CommandResult(list(argv), 0, f"nvidia/1.0, {argv[-1]}, x86_64: installed\n")
+            if argv[:2] == ["dkms", "status"]:  # DKMS built the module (or, when told, did not: nothing listed)
+                out = f"nvidia/1.0, {argv[-1]}, x86_64: installed\n" if dkms_builds else ""
+                return effects.CommandResult(list(argv), 0, out, out)
             if "--log-uri" in argv:  # containerd's shim writes the container's output where ctr run says
                 log = Path(argv[argv.index("--log-uri") + 1].removeprefix("file://"))
                 log.parent.mkdir(parents=True, exist_ok=True)
                 log.write_text(f"{validate.OK_WORD}\n")
-            return effects.CommandResult(list(argv), 1 if failing else 0, "done\n")
+            return effects.CommandResult(list(argv), 1 if failing else 0, "done\n", "done\n")
 
         monkeypatch.setattr(effects, "run", run)
         def gpuprov(args):
@@ -69,55 +72,132 @@ class Recorder:
 
         monkeypatch.setattr(st, "run_gpuprov", gpuprov)
         monkeypatch.setattr(effects, "spawn", lambda argv, log: self.argvs.append(tuple(argv)))
-        monkeypatch.setattr(st, "write_file", lambda path, text, **kw: self.writes.append((str(path), text)))
+        def write(path, text, **kw):
+            self.writes.append((str(path), text))
+            self.write_kw.append(kw)
+
+        monkeypatch.setattr(st, "write_file", write)
+        monkeypatch.setattr(driver, "build_logs", lambda: [])  # no DKMS build log of this machine's is read
         monkeypatch.setattr(effects, "wait_for", lambda pred, *a, **kw: True)
 
 
-def _printed_argvs(step: st.Step) -> list[tuple[str, ...]]:
+def _printed_argvs(step: st.Step, prompt: str = "$ ") -> list[tuple[str, ...]]:
     """The argvs as a reader of the printed plan sees them: `$ ` lines split on shell operators, `K=V` prefixes
-    dropped, plus the fallback named in backquotes."""
+    and output redirections dropped, plus the fallback named in backquotes. prompt="  $ ": the commands printed
+    under "on a failed …" instead (a rollback)."""
     out = []
     for line in step.lines():
-        if line.startswith("$ "):
-            text = line[2:].split(" < <", 1)[0]
+        if line.startswith(prompt):
+            text = line[len(prompt):].split(" < <", 1)[0]
             cmd: list[str] = []
+            redirect = False
             for tok in shlex.split(text.removesuffix(" || true")) + ["||"]:
-                if tok in ("||", ">/dev/null"):
+                if redirect:  # `> FILE`: where the output goes, not an argument
+                    redirect = False
+                elif tok == ">":
+                    redirect = True
+                elif tok in ("||", ">/dev/null"):
                     if cmd:
                         out.append(tuple(cmd))
                     cmd = []
                 elif not (not cmd and "=" in tok and tok.split("=")[0].isupper()):
                     cmd.append(tok)
-        elif "`" in line:
+        elif "`" in line and prompt == "$ ":
             out.append(tuple(shlex.split(line.split("`")[1])))
     return out
+
+
+def _planned_writes(step: st.Step) -> list[tuple[str, str]]:
+    """The files the step writes, in order: WriteFile's content, and a command's output ("done" from Recorder)
+    where it is written to a file."""
+    return [w for a in step.actions for w in ([(a.path, a.content)] if isinstance(a, st.WriteFile) else
+                                              [(c.stdout_to, "done\n") for c in a.commands() if c.stdout_to])]
+
+
+def secure_boot(root: Path) -> None:
+    var = root / "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+    var.parent.mkdir(parents=True)
+    var.write_bytes(b"\x06\x00\x00\x00\x01")
 
 
 CASES = [("debian-12", "datacenter", Options()), ("debian-12", "none", Options(engine_source="docker-ce")),
          ("ubuntu-24.04", "datacenter", Options(cdi=True)), ("rocky-9", "datacenter", Options()),
          ("rocky-9", "none", Options(driver_source="nvidia", engine="containerd")),
-         ("debian-12", "datacenter", Options(engine="containerd"))]  # containerd's validation with the GPU
+         ("debian-12", "datacenter", Options(engine="containerd")),  # containerd's validation with the GPU
+         ("debian-12", "datacenter+secureboot", Options())]  # the MOK import, its one-time password redacted
+PASSWORD = "0badc0de"
 
 
 @pytest.mark.parametrize("distro,sysfs,opt", CASES, ids=[f"{d}-{s}-{i}" for i, (d, s, _) in enumerate(CASES)])
 def test_printed_equals_executed(tmp_path, monkeypatch, distro, sysfs, opt):
-    root = make_host(tmp_path, distro, sysfs, kernel=KERNEL)
+    root = make_host(tmp_path, distro, sysfs.split("+")[0], kernel=KERNEL)
+    if sysfs.endswith("+secureboot"):
+        secure_boot(root)
     steps = build_plan(detect_host(root, engines=False), opt)
     rec = Recorder(monkeypatch)
+    monkeypatch.setattr(driver.secrets, "token_hex", lambda n: PASSWORD)
     for step in steps:
         step.apply()
+    # the one-time password is the only token that differs between what ran and what was printed
+    assert sum(PASSWORD in t for a in rec.argvs for t in a) == (1 if sysfs.endswith("+secureboot") else 0)
+    ran = [tuple(t.replace(PASSWORD, driver.ONE_TIME_PASSWORD) for t in a) for a in rec.argvs]
     expected = [a for s in steps for a in st.executed_argvs(s)]
-    assert rec.argvs == expected
-    assert rec.argvs == [a for s in steps for a in _printed_argvs(s)]
-    assert rec.writes == [(p, t) for s in steps for p, t in s.files.items()]
+    assert ran == expected
+    assert ran == [a for s in steps for a in _printed_argvs(s)]
+    assert rec.writes == [w for s in steps for w in _planned_writes(s)]
+    # a command's output written to a file (the MOK password's hash) is 0600 from its first byte, never a backup
+    for (path, _), kw in zip(rec.writes, rec.write_kw):
+        if path == driver.MOK_HASH:
+            assert kw == {"mode": 0o600, "keep_mode": False, "backup": False}
     # each environment assignment printed before a command is in that command's environment
     cmds = [c for s in steps for c in s.commands]
     for c in cmds:
-        i = rec.argvs.index(c.argv)
+        i = ran.index(c.argv)
         assert all(rec.envs[i].get(k) == v for k, v in c.env)
         # shell-quoted: pasting it gives this argv (and `|| true` exactly when its failure is not the step's)
-        assert shlex.split(c.shell().removesuffix(" || true"))[len(c.env):] == list(c.argv)
+        assert shlex.split(c.shell().removesuffix(" || true"))[len(c.env):] == \
+            list(c.argv) + ([">", c.stdout_to] if c.stdout_to else [])
         assert c.shell().endswith(" || true") == c.may_fail
+
+
+def test_dkms_rollback_runs_what_is_printed(tmp_path, monkeypatch):
+    """A failed DKMS build: after the step's commands, exactly the rollback commands printed under "on a failed
+    DKMS build" run, with their printed environment, and the step stops with exit 16."""
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL)
+    step = next(s for s in build_plan(detect_host(root, engines=False), Options()) if s.id == "driver.packages")
+    rollback = _printed_argvs(step, prompt="  $ ")
+    assert [c.argv for c in step.on_failure] == rollback and rollback[0][:3] == ("apt-get", "purge", "-y")
+    assert rollback[1:] == [("dpkg", "--configure", "-a"), ("dpkg", "--audit")]
+    rec = Recorder(monkeypatch, dkms_builds=False)
+    with pytest.raises(GpuprovError) as e:
+        step.apply()
+    assert e.value.exit_code == 16
+    assert rec.argvs == [*st.executed_argvs(step), *rollback]
+    for c, env in zip(step.on_failure, rec.envs[-3:]):
+        assert all(env.get(k) == v for k, v in c.env)
+    assert step.to_dict(root)["on_failure"] == [c.shell() for c in step.on_failure]
+
+
+def test_json_and_check_list_every_actions_commands(tmp_path):
+    """`plan --json` and `--check` list the commands of every action, not only of plain commands: the driver's
+    install (with its rollback), the engine's start, the validation image (Ansible's check mode reads them)."""
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL)
+    (root / "run/systemd/system").mkdir(parents=True)
+    steps = build_plan(detect_host(root, engines=False), Options())
+    doc = {s.id: s.to_dict(root) for s in steps}
+    checked = {i["id"]: i for i in check_plan(steps, root)["steps"]}
+    for sid in ("driver.packages", "engine.service"):
+        step = next(s for s in steps if s.id == sid)
+        want = [c.shell() for c in step.commands]
+        assert want and doc[sid]["commands"] == want and checked[sid]["commands"] == want
+    assert doc["engine.service"]["commands"] == ["systemctl enable --now docker"]
+    assert doc["driver.packages"]["commands"][-2:] == [
+        "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get install -y --no-install-recommends "
+        "linux-headers-6.1.0-27-amd64 nvidia-open-kernel-dkms nvidia-driver nvidia-smi libcuda1 firmware-misc-nonfree",
+        "dkms status -k 6.1.0-27-amd64"]
+    assert checked["driver.packages"]["on_failure"][-1] == "dpkg --audit"
+    assert doc["validate"]["commands"][:2] == ["docker image inspect gpuprov-validate:0.1.0",
+                                               "docker import - gpuprov-validate:0.1.0"]
 
 
 def test_bundle_plan_writes_its_source_list_only_when_applied(tmp_path, monkeypatch):
