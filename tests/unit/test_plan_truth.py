@@ -28,7 +28,7 @@ from provision.facts.distro_facts import read_distro
 from provision.plan import driver, validate
 from provision.plan import steps as st
 from provision.plan.apply import check_plan
-from provision.plan.build import BUNDLE_APT, Options, build_plan
+from provision.plan.build import Options, build_plan
 from provision.report import detect_host
 from tests import bundles
 from tests.bundles import small_bundle, tar_of
@@ -332,8 +332,8 @@ def test_dry_run_and_check_of_a_bundle_leave_nothing(tmp_path):
         assert r.returncode == 0, r.stderr
         if mode == "--dry-run":
             pkgs = next(s for s in json.loads(r.stdout)["steps"] if s["id"] == "engine.packages")
-            assert any(f"Dir::Etc::SourceList={BUNDLE_APT}/bundle.list" in c for c in pkgs["commands"])
-            assert f"+deb [trusted=yes] file:{repo} ./" in pkgs["diffs"][f"{BUNDLE_APT}/bundle.list"]
+            assert any(f"Dir::Etc::SourceList={paths.BUNDLE_APT}/bundle.list" in c for c in pkgs["commands"])
+            assert f"+deb [trusted=yes] file:{repo} ./" in pkgs["diffs"][f"{paths.BUNDLE_APT}/bundle.list"]
         assert not kept.exists() and not any(scratch.iterdir()), (list(kept.rglob("*")), list(scratch.iterdir()))
     (bundle / "repo/python3.deb").write_bytes(b"!<arch>\ntampered\n")
     r = run_cli("bootstrap", "--dry-run", "--bundle", str(tar_of(bundle, tmp_path / "bad.tar.gz")), env=env)
