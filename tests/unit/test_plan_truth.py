@@ -196,8 +196,8 @@ def test_json_and_check_list_every_actions_commands(tmp_path):
         "linux-headers-6.1.0-27-amd64 nvidia-open-kernel-dkms nvidia-driver nvidia-smi libcuda1 firmware-misc-nonfree",
         "dkms status -k 6.1.0-27-amd64"]
     assert checked["driver.packages"]["on_failure"][-1] == "dpkg --audit"
-    assert doc["validate"]["commands"][:2] == ["docker image inspect gpuprov-validate:0.1.0",
-                                               "docker import - gpuprov-validate:0.1.0"]
+    assert doc["validate"]["commands"][:2] == [f"docker image inspect {validate.IMAGE}",
+                                               f"docker import - {validate.IMAGE}"]
 
 
 def test_bundle_plan_writes_its_source_list_only_when_applied(tmp_path, monkeypatch):
