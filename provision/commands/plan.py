@@ -28,13 +28,8 @@ from provision.plan.build import Options, build_plan
 from provision.report import detect_host
 from provision.verify.checks import LocalHost, driver_loaded, versions_coherent
 
-# Deferred inside the commands (measured with `python -X importtime`, on top of what `gpuprov detect` already
-# loads, since cli imports every command module at start-up): plan.build +38 ms, plan.apply +19 ms, bundle.install
-# +20 ms, verify.checks +17 ms; `gpuprov detect` must start within 150 ms (bench/detect_bench.py).
-
 
 def _parse_mirrors(mirror: list[str]) -> dict[str, str]:
-
     out = {}
     for item in mirror:
         name, sep, url = item.partition("=")

@@ -117,7 +117,9 @@ def test_sigkill_during_writes(tmp_path):
     assert probe.returncode == 0
     span = time.monotonic() - t0
     kills = 0
-    for i in range(30):
+    for i in range(90):  # until 30 writers ran and 15 of them were killed (fewer land in time on a loaded machine)
+        if i >= 30 and kills >= 15:
+            break
         before = p.read_bytes()
         names = {e.name for e in os.scandir(d)}
         proc = subprocess.Popen([*gpuprov_bin(), "engine", "configure", "docker", "--config", str(p),
