@@ -15,15 +15,19 @@ NOT_FILE_CONTENT = {
 RENAME = re.compile(r"\bos\.(replace|rename)\(|\.rename\(|\bmkstemp\(|NamedTemporaryFile\(")
 
 
-def test_only_fsutil_replaces_file_contents():
+def matches_outside_fsutil(pattern: re.Pattern) -> dict[str, int]:
+    """module path -> how many times `pattern` occurs in it, for every provision module but fsutil.py."""
     found: dict[str, int] = {}
     for p in sorted((REPO / "provision").rglob("*.py")):
         rel = str(p.relative_to(REPO))
-        if rel == "provision/fsutil.py":
-            continue
-        n = len(RENAME.findall(p.read_text()))
+        n = len(pattern.findall(p.read_text())) if rel != "provision/fsutil.py" else 0
         if n:
             found[rel] = n
+    return found
+
+
+def test_only_fsutil_replaces_file_contents():
+    found = matches_outside_fsutil(RENAME)
     assert found == {k: n for k, (n, _why) in NOT_FILE_CONTENT.items()}
 
 
@@ -45,14 +49,7 @@ DIRECT_WRITES_ALLOWED = {
 
 
 def test_host_files_are_written_only_by_fsutil():
-    found: dict[str, int] = {}
-    for p in sorted((REPO / "provision").rglob("*.py")):
-        rel = str(p.relative_to(REPO))
-        if rel == "provision/fsutil.py":
-            continue
-        n = len(DIRECT_WRITE.findall(p.read_text()))
-        if n:
-            found[rel] = n
+    found = matches_outside_fsutil(DIRECT_WRITE)
     unexpected = {k: v for k, v in found.items() if DIRECT_WRITES_ALLOWED.get(k, (0,))[0] != v}
     missing = {k: v for k, (v, _why) in DIRECT_WRITES_ALLOWED.items() if k not in found}
     assert not unexpected and not missing, (
