@@ -22,6 +22,14 @@ def sh(*argv, check=True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, check=check, **kw)
 
 
+def checkout_ignore():
+    """For shutil.copytree: what a clone of this checkout would not hold (.git, and the .gitignore's patterns: venv,
+    builds, caches), for copies made where the checkout is no git work tree (bench/host_orders.py's hosts)."""
+    lines = (REPO / ".gitignore").read_text().splitlines() if (REPO / ".gitignore").exists() else []
+    return shutil.ignore_patterns(".git", ".gpu-*", *(ln.strip().strip("/") for ln in lines
+                                                         if ln.strip() and not ln.startswith("#")))
+
+
 def ensure_image() -> str:
     if sh("docker", "image", "inspect", IMAGE, check=False).returncode == 0:
         return IMAGE
