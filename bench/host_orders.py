@@ -5,8 +5,9 @@ pip, no gpuprov), each leaving the host as the first one left it:
   A: ./run-tests.sh TESTS  then  ./install.sh --yes
   B: ./install.sh --yes    then  ./run-tests.sh TESTS
 
-Checks: both commands exit 0 in both orders; in B, the tests leave the installed gpuprov (/usr/local/bin/gpuprov*,
-the hook, /etc/gpuprov, /etc/docker/daemon.json) byte-identical; in A, install.sh works on the host the tests left.
+Checks: both commands exit 0 in both orders; in B, the tests leave the installed gpuprov (tests/conftest.py's
+HOST_GPUPROV: /usr/local/bin/gpuprov*, the hook, /etc/gpuprov, /opt/gpuprov, /var/lib/gpuprov, daemon.json, …)
+byte-identical; in A, install.sh works on the host the tests left.
 The checkout is copied into each host (run-tests.sh makes its .venv there); pip inside reaches the same package
 index as this machine (its CA bundle, find-links and index directories mounted read-only, as `pip config` names
 them here). A whole `./run-tests.sh` nests hosts three deep and takes long: TESTS (default: the unit and fault
@@ -18,10 +19,8 @@ settings (from /etc/apt/apt.conf.d here, e.g. the archive snapshot's dates not c
 
 The orders run one after the other (2 cores here), or one of them: `--order A|B`.
 
-`--seed-images IMAGE …` (off by default; printed in the output when used): after the first command has installed
-docker.io in the host, these images are copied from this machine's dockerd into the host's (`docker save | docker
-load`), so that tests reuse them instead of building them (the Debian kernel images of the driver test, ~20 min).
-A run with seeded images proves less than a run without: say so wherever its numbers are quoted.
+Every image the tests use is built inside the host, as on a fresh server (the Debian kernel images of the driver
+test included: the longest part).
 
 Usage (root): python3 bench/host_orders.py [--tests 'tests/unit tests/faults …'] [--order A|B] [--json]"""
 from __future__ import annotations
@@ -29,17 +28,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.integration.hosts import Host, sh  # noqa: E402
+from tests.conftest import HOST_GPUPROV  # noqa: E402
+from tests.integration.hosts import Host  # noqa: E402
 
 DEFAULT_TESTS = "tests/unit tests/faults tests/integration/test_runtime_docker.py"
-WATCH = "sha256sum /usr/local/bin/gpuprov* /usr/local/bin/nvidia-container-runtime-hook /etc/docker/daemon.json " \
-        "$(find /etc/gpuprov -type f 2>/dev/null) 2>/dev/null; ls -l /usr/local/bin/gpuprov* 2>/dev/null"
+# What the installed gpuprov is, by the suite's own list (tests/conftest.py: HOST_GPUPROV): every file's hash, every
+# entry's type, mode, owner and link target.
+WATCH = " ".join(["find", *HOST_GPUPROV, "-printf '%p %y %m %U:%G %l\\n'", "2>/dev/null | sort;",
+                  "find", *HOST_GPUPROV, "-type f -exec sha256sum {} + 2>/dev/null | sort"])
 # This machine's CA bundle goes in beside the host's own (its ca-certificates package must stay writable).
 CA = os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt")
 PIP_DIRS = {p: p for p in ("/opt/wheels", "/opt/pypi", "/opt/pypi-more") if os.path.exists(p)}
@@ -99,18 +100,7 @@ def step(h: Host, name: str, script: str, log: dict, timeout: float = 3600) -> b
     return r.returncode == 0
 
 
-def seed(h: Host, images: list[str], log: dict) -> None:
-    """This machine's images into the host's dockerd (see the header: off unless asked for, and reported)."""
-    t = time.monotonic()
-    have = [i for i in images if sh("docker", "image", "inspect", i, check=False).returncode == 0]
-    save = subprocess.Popen(["docker", "save", *have], stdout=subprocess.PIPE)
-    load = subprocess.run(["docker", "exec", "-i", h.name, "docker", "load"], stdin=save.stdout,
-                          capture_output=True, text=True)
-    save.wait()
-    log["seeded_images"] = {"images": have, "rc": load.returncode, "seconds": round(time.monotonic() - t, 1)}
-
-
-def order(key: str, tests: str, results: dict, seed_images: list[str]) -> None:
+def order(key: str, tests: str, results: dict) -> None:
     name, seq = ORDERS[key]
     log: dict = {}
     results[name] = log
@@ -125,15 +115,7 @@ def order(key: str, tests: str, results: dict, seed_images: list[str]) -> None:
         cmds = {"tests": f"cd /root/gpuprov && env {PIP_ENV} CI=true ./run-tests.sh -q -p no:cacheprovider -rfEs "
                          f"--durations=25 {ignores(tests)}",
                 "install": f"cd /root/gpuprov && env {PIP_ENV} ./install.sh --yes"}
-        if seed_images and seq[0] == "tests":  # docker.io is not there yet: run-tests.sh's own installer first
-            h.exec("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io "
-                   ">/dev/null", check=True, timeout=1200)
-            log["docker_preinstalled_for_seed"] = True
-        if seed_images and seq[0] == "tests":
-            seed(h, seed_images, log)
         ok = step(h, seq[0], cmds[seq[0]], log)
-        if seed_images and seq[0] == "install":
-            seed(h, seed_images, log)
         before = h.exec(WATCH).stdout
         ok = step(h, seq[1], cmds[seq[1]], log) and ok
         after = h.exec(WATCH).stdout
@@ -149,7 +131,6 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tests", default=DEFAULT_TESTS)
     ap.add_argument("--order", choices=("A", "B", "both"), default="both")
-    ap.add_argument("--seed-images", nargs="*", default=[], metavar="IMAGE")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--log-dir", type=Path, help="keep each step's whole output there")
     args = ap.parse_args()
@@ -157,16 +138,15 @@ def main() -> int:
     LOG_DIR = args.log_dir
     if LOG_DIR:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
-    results: dict = {"tests": args.tests, "seeded_images": args.seed_images or "none: every image built in the host"}
+    results: dict = {"tests": args.tests}
     t = time.monotonic()
     for key in ("A", "B") if args.order == "both" else (args.order,):
-        order(key, args.tests, results, args.seed_images)
+        order(key, args.tests, results)
     results["total_seconds"] = round(time.monotonic() - t, 1)
     ok = all(v.get("ok") for v in results.values() if isinstance(v, dict))
     if args.json:
         print(json.dumps(results, indent=1))
     else:
-        print("seeded images:", results["seeded_images"])
         for k, v in results.items():
             if isinstance(v, dict):
                 print(k, "ok" if v.get("ok") else "FAILED",
