@@ -2,6 +2,7 @@
 `docker exec` only. gpuprov goes in from a wheelhouse built on this machine, as on an offline host."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -56,12 +57,28 @@ def ensure_systemd_image() -> str:
     return SYSTEMD_IMAGE
 
 
+def checkout_key() -> str:
+    """What the checkout holds now: git's HEAD and work-tree status, or, where there is no git or no git work tree
+    (a copy of the checkout on a fresh host: bench/host_orders.py's), every file's path, size and mtime."""
+    if shutil.which("git") and (REPO / ".git").exists():
+        head = sh("git", "-C", str(REPO), "rev-parse", "HEAD", check=False).stdout.strip()
+        dirty = sh("git", "-C", str(REPO), "status", "--porcelain", check=False).stdout
+        return head + hashlib.sha256(dirty.encode()).hexdigest()
+    h = hashlib.sha256()
+    ignore = checkout_ignore()
+    for dirpath, dirnames, filenames in os.walk(REPO):
+        left_out = ignore(dirpath, dirnames + filenames)
+        dirnames[:] = sorted(d for d in dirnames if d not in left_out)
+        for f in sorted(set(filenames) - left_out):
+            st = os.lstat(os.path.join(dirpath, f))
+            h.update(f"{dirpath}/{f} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def ensure_wheelhouse() -> Path:
     wh = Path(os.environ.get("GPUPROV_TEST_WHEELHOUSE", "/tmp/gpuprov-wheelhouse"))
     stamp = wh / ".built-from"
-    head = sh("git", "-C", str(REPO), "rev-parse", "HEAD", check=False).stdout.strip()
-    dirty = sh("git", "-C", str(REPO), "status", "--porcelain", check=False).stdout
-    key = head + str(hash(dirty))
+    key = checkout_key()
     if stamp.exists() and stamp.read_text() == key:
         return wh
     shutil.rmtree(wh, ignore_errors=True)

@@ -29,7 +29,7 @@ def readme_blocks() -> list[str]:
 
 def checkout_copy(dest: Path) -> Path:
     """What a clone of this checkout holds (tracked and not-ignored files), without this checkout's venv or builds."""
-    if not (REPO / ".git").exists():  # a copy of the checkout without git (e.g. bench/host_orders.py's hosts)
+    if not ((REPO / ".git").exists() and shutil.which("git")):  # a copy without git (bench/host_orders.py's hosts)
         return Path(shutil.copytree(REPO, dest, symlinks=True, ignore=checkout_ignore()))
     files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
                            capture_output=True, text=True, check=True).stdout.split("\0")

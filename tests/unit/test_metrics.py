@@ -156,9 +156,21 @@ def test_real_process_in_a_real_cgroup(tmp_path):
     if not os.access(cg_dir.parent, os.W_OK):  # v1: /sys/fs/cgroup itself is a read-only tmpfs, pids/ is not
         pytest.skip("needs root and a writable cgroup hierarchy (CI has both)")
     cg_dir.mkdir(exist_ok=True)
+
+    def move(pid: int) -> None:
+        """Into the test's cgroup; on v1 also into every other hierarchy's root, so that the process's cgroups are
+        the test's own even where pytest itself runs in a container (/docker/<id> in every hierarchy, as on the
+        hosts of bench/host_orders.py), as a container's process is in its cgroup in every hierarchy."""
+        (cg_dir / "cgroup.procs").write_text(str(pid))
+        for other in [] if v2 else [d for d in base.iterdir() if d != cg_dir.parent and not d.is_symlink()]:
+            try:
+                (other / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass
+
     p = subprocess.Popen(["unshare", "--mount", "sleep", "30"])  # a container has its own mount namespace
     try:
-        (cg_dir / "cgroup.procs").write_text(str(p.pid))
+        move(p.pid)
         for _ in range(50):  # until unshare(2) has run
             if os.readlink(f"/proc/{p.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
                 break
@@ -167,7 +179,7 @@ def test_real_process_in_a_real_cgroup(tmp_path):
         assert ref is not None and ref.id == "gpuprov-k8s-test-ctr"
         host = subprocess.Popen(["sleep", "30"])  # same cgroup, host mount namespace: a host process, not a container
         try:
-            (cg_dir / "cgroup.procs").write_text(str(host.pid))
+            move(host.pid)
             assert containers.container_of(host.pid) is None
         finally:
             host.kill()
