@@ -88,7 +88,9 @@ def ignores(tests: str) -> str:
     return " ".join(f"--ignore={p}" for p in out)
 
 
-def step(h: Host, name: str, script: str, log: dict, timeout: float = 3600) -> bool:
+def step(h: Host, name: str, script: str, log: dict, timeout: float = 4 * 3600) -> bool:
+    """One command in the host. The whole suite nested under a loaded machine's 2 cores took over an hour (a 3600 s
+    limit here cut one run off): the limit is for hangs only."""
     t = time.monotonic()
     r = h.exec(script, timeout=timeout)
     if LOG_DIR:  # the whole output, for what the summary lines do not say
