@@ -4,6 +4,7 @@ signer made in the test, and the tampering an attacker would do (swap a file, re
 signature)."""
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import io
@@ -63,6 +64,9 @@ def make_signer(base: Path, email: str = "bundles@gpuprov.invalid") -> Signer:
     home = base / "gnupg"
     home.mkdir(mode=0o700, parents=True)
     env = {**GPG_ENV, "GNUPGHOME": str(home)}
+    # gpg starts an agent per home and leaves it running: stop it when the test run ends (signing restarts it)
+    atexit.register(subprocess.run, ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True,
+                    env=env)
     subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", email, "ed25519", "sign", "never"],
                    check=True, capture_output=True, env=env)
     out = subprocess.run(["gpg", "--batch", "--with-colons", "--fingerprint", email], capture_output=True,
