@@ -37,9 +37,10 @@ def _decode(data: bytes | str | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
-def _failed(argv: list[str], returncode: int, output: str) -> StepFailed:
+def failed(shown: str, returncode: int, output: str) -> StepFailed:
+    """The one message for a command that failed: the command as printed, its exit code, its output's last lines."""
     tail = "\n".join(output.strip().splitlines()[-15:])
-    return StepFailed(f"`{shlex.join(argv)}` failed with exit code {returncode}:\n{tail}")
+    return StepFailed(f"`{shown}` failed with exit code {returncode}:\n{tail}")
 
 
 def _cannot_start(argv: list[str], exc: OSError) -> StepFailed:
@@ -65,7 +66,7 @@ def run(argv: list[str], *, check: bool = True, env: dict | None = None, timeout
     out, err = _decode(p.stdout), _decode(p.stderr)
     res = CommandResult(argv, p.returncode, out + err, out, err)
     if check and p.returncode != 0:
-        raise _failed(argv, p.returncode, res.output)
+        raise failed(shlex.join(argv), p.returncode, res.output)
     return res
 
 
@@ -136,9 +137,9 @@ def pipe(first: list[str], second: list[str], *, timeout: float = DEFAULT_TIMEOU
     out, err = _decode(out), _decode(err)
     res = CommandResult(second, consumer.returncode, out + err, out, err)
     if producer.returncode != 0:
-        raise _failed(first, producer.returncode, _decode(perr))
+        raise failed(shlex.join(first), producer.returncode, _decode(perr))
     if consumer.returncode != 0:
-        raise _failed(second, consumer.returncode, res.output)
+        raise failed(shlex.join(second), consumer.returncode, res.output)
     return res
 
 

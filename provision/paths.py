@@ -2,7 +2,9 @@
 
 GPUPROV_STATE_DIR and GPUPROV_RUN_DIR move them (the test suite points both at private directories, so it never
 writes the host's own gpuprov state). Plain strings, no pathlib: the runtime's container-start path imports this.
-The host lock is not here on purpose: it must be found at the same place by every run (provision/hostlock.py)."""
+Fixed on purpose, so not here: the host lock (every run must find the same one, provision/hostlock.py), the warm
+editor's socket (shim.c names it too, inject/server.py) and verify's check paths (a controller names them for a
+node, verify/checks.py)."""
 from __future__ import annotations
 
 import os

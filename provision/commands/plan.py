@@ -241,7 +241,7 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
     if bundle is not None:
         checked, _ = check_bundle(bundle, bundle_keyring)
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
-    _resume_after_reboot(ap)
+    _resume_after_reboot()
     report, steps = _plan(Path("/"), None, opt)
     if not yes:
         if not sys.stdin.isatty():
@@ -266,7 +266,7 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
         raise errors.RebootRequired("reboot to load the NVIDIA driver, then run `gpuprov bootstrap` again to verify")
 
 
-def _resume_after_reboot(ap) -> None:
+def _resume_after_reboot() -> None:
     """A run that asked for a reboot: refuse until the host rebooted, then check the driver it installed."""
     state = ap.read_state()
     if not state.get("reboot_required"):

@@ -85,7 +85,7 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
             cm = ("dnf", "config-manager") if target.package_manager == "dnf" else ("yum-config-manager",)
             pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),)
     steps.append(package_step("engine.packages", Stage.ENGINE, f"Install the container engine: {' '.join(pkgs)}"
-                           + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle))
+                              + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle))
     return steps
 
 

@@ -45,7 +45,6 @@ NOUVEAU_TEMPLATE = "nouveau-blacklist.conf.j2"
 DKMS_KEY = "/var/lib/dkms/mok.pub"
 MOK_HASH = paths.MOK_HASH
 ONE_TIME_PASSWORD = "<one-time password, shown once>"  # what a printed plan shows in its place
-ONE_TIME_PASSWORD = "<one-time password, shown once>"  # what a printed plan shows in its place
 LOG_DIR = "/var/log/gpuprov"
 DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound on hosts with many packages
 # Debian's kernel module names per flavour: `install nvidia modprobe -i <name>` in /etc/modprobe.d/nvidia.conf,
@@ -308,8 +307,7 @@ class DriverInstall(Action):
             if not built and (res.returncode == 0 or "Bad return status" in res.output or build_logs()):
                 raise self._rollback(k)
         if res.returncode != 0:
-            tail = "\n".join(res.output.strip().splitlines()[-15:])
-            raise StepFailed(f"`{install.shell()}` failed with exit code {res.returncode}:\n{tail}")
+            raise effects.failed(install.shell(), res.returncode, res.output)
         return res.output
 
     def _rollback(self, kernel: str) -> DkmsBuildFailed:
@@ -500,8 +498,8 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], headers: tuple
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg)), reboot=True,
                     notes=(reboot_note,))
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
-                     check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
-                     notes=(reboot_note,))
+                        check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
+                        notes=(reboot_note,))
 
 
 def _initramfs_step(target: Target, releases: tuple[str, ...]) -> Step:
@@ -541,8 +539,8 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
         pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
                Command((target.package_manager, "install", "-y", repos.elrepo_release(el, opt.mirrors))))
         return [package_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (), pre=pre,
-                          check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
-                          notes=("ELRepo kmods are kABI-tracking and signed",))]
+                             check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
+                             notes=("ELRepo kmods are kABI-tracking and signed",))]
     pm = target.package_manager
     add = ("dnf", "config-manager") if pm == "dnf" else ("yum-config-manager",)
     pre = ((Command((pm, "install", "-y", repos.epel_release(el, opt.mirrors))),) if el else ()) + \

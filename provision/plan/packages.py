@@ -39,7 +39,7 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
 
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
-              pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, **kw) -> Step:
+                 pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, **kw) -> Step:
     hint = (f"a package may be missing from bundle {bundle}: rebuild it with `gpuprov bundle create`; nothing was "
             "fetched from the network") if bundle else None
     return Step(sid, stage, title, actions=(*([] if bundle else pre), *install_actions(target, packages, bundle)),

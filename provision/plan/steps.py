@@ -73,7 +73,7 @@ class Command(Action):
 
     def run(self) -> effects.CommandResult:
         """The argv with its environment; a failure is returned, not raised."""
-        return effects.run(list(self.argv), check=False, env={**os.environ, **dict(self.env)}, timeout=3600)
+        return effects.run(list(self.argv), check=False, env={**os.environ, **dict(self.env)})
 
     def execute(self) -> str:
         if self.argv[0] == "gpuprov":
@@ -83,8 +83,7 @@ class Command(Action):
             write_file(self.stdout_to, res.stdout, mode=0o600, keep_mode=False, backup=False)
         if res.returncode == 0 or self.may_fail:
             return res.output
-        tail = "\n".join(res.output.strip().splitlines()[-15:])
-        raise StepFailed(f"`{self.shell()}` failed with exit code {res.returncode}:\n{tail}")
+        raise effects.failed(self.shell(), res.returncode, res.output)
 
 
 def run_gpuprov(args: list[str]) -> str:
@@ -222,8 +221,7 @@ class RunContainer(Action):
         finally:
             log.unlink(missing_ok=True)
         if res.returncode != 0:
-            tail = "\n".join((res.output + out).strip().splitlines()[-15:])
-            raise StepFailed(f"`{shlex.join(self.argv)}` failed with exit code {res.returncode}:\n{tail}")
+            raise effects.failed(shlex.join(self.argv), res.returncode, res.output + out)
         if self.expect and self.expect not in out:
             raise StepFailed(f"`{shlex.join(self.argv)}` exited 0 but its output lacks {self.expect!r}: "
                              f"{out.strip()[-200:]!r}")

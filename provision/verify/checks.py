@@ -27,6 +27,8 @@ from provision.plan.steps import ImportImage
 from provision.plan.validate import IMAGE
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
+# Fixed paths, not provision/paths.py's: through testinfra the controller names these for a node, and the node's
+# `gpuprov verify --prepare` must find the same ones whatever GPUPROV_STATE_DIR/GPUPROV_RUN_DIR the controller has.
 ROOTFS = "/var/lib/gpuprov/verify/rootfs"  # containerd's check container: the image's files, unpacked
 CTR = list(validate.CTR)  # gpuprov's own namespace, as bootstrap's validation step uses
 # containerd's check container writes its output here (ctr run --log-uri; plan/steps.RunContainer says why)
