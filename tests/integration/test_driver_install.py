@@ -6,7 +6,9 @@ Debian 12: the open kernel module (the GPU allows it) built by DKMS for the kern
 loading that flavour, signed by DKMS's key, nouveau blacklisted inside that kernel's initramfs, the packages held,
 the reboot recorded with its reason; a second run changes nothing; after the host restarts bootstrap resumes and
 exits 15 (no device to verify). The time is compared with a plain `apt-get install` of the same package set on a
-second fresh host from the same image, run after the first (2 cores: never in parallel).
+second fresh host from the same image, started at the same instant: both see the same load, the same archive and the
+same caches, so the difference is what gpuprov adds (run one after the other, a 200 s DKMS build on a shared 2-core
+machine varied by 15-30 s between the two hosts, more than the 10 s being checked).
 
 Debian 13: the same, or, while trixie's open module does not build against trixie's kernel, the honest failure:
 exit 16 naming package, kernel and the compiler's first error line, dpkg consistent, the ways out.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -60,11 +63,27 @@ def test_bookworm_install_then_resume(bookworm, record_property):
     k = h.kernel()
     packages = _planned_packages(h)
     assert packages[0] == f"linux-headers-{k}" and "nvidia-open-kernel-dkms" in packages, packages
-    r, took = _timed(h, BOOT + " --json")
+    # the reference: the same package set with plain apt on a second fresh host from the same image
+    ref = KernelHost("bookworm", "apt")
+    try:
+        ref.exec(COMPONENTS, check=True)
+        with ThreadPoolExecutor(2) as pool:
+            plain = pool.submit(_timed, ref, "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+                                "--no-install-recommends " + " ".join(packages))
+            r, took = _timed(h, BOOT + " --json")
+            rr, apt_took = plain.result()
+        assert rr.returncode == 0, rr.stdout[-2000:] + rr.stderr[-2000:]
+    finally:
+        ref.remove()
+    print(f"bookworm: gpuprov bootstrap {took:.1f}s, plain apt-get install of the same {len(packages)} "
+          f"packages {apt_took:.1f}s (side by side)")
+    record_property("gpuprov_s", round(took, 1))
+    record_property("apt_s", round(apt_took, 1))
     assert r.returncode == 7, r.stdout[-3000:] + r.stderr[-3000:]  # done; reboot required to load it
     assert "Traceback" not in r.stderr
     res = json.loads(r.stdout)
     assert {s["id"]: s["status"] for s in res["steps"]}["driver.packages"] == "changed"
+    print("bookworm steps: " + ", ".join(f"{s['id']} {s.get('seconds', 0):.1f}s" for s in res["steps"]))
 
     # apt and dpkg consistent; what is installed is what apt offers now
     assert h.exec("dpkg --audit").stdout.strip() == ""
@@ -111,19 +130,6 @@ def test_bookworm_install_then_resume(bookworm, record_property):
     assert "no NVIDIA device" in r3.stderr and "Traceback" not in r3.stderr
     assert len(r3.stderr.strip().splitlines()) == 1
 
-    # the same package set with plain apt on a second fresh host from the same image, after this one
-    ref = KernelHost("bookworm", "apt")
-    try:
-        ref.exec(COMPONENTS, check=True)
-        rr, apt_took = _timed(ref, "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y "
-                              "--no-install-recommends " + " ".join(packages))
-        assert rr.returncode == 0, rr.stdout[-2000:] + rr.stderr[-2000:]
-    finally:
-        ref.remove()
-    print(f"bookworm: gpuprov bootstrap {took:.1f}s, plain apt-get install of the same {len(packages)} "
-          f"packages {apt_took:.1f}s")
-    record_property("gpuprov_s", round(took, 1))
-    record_property("apt_s", round(apt_took, 1))
     assert took <= apt_took + 10, (took, apt_took)
 
 
