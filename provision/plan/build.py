@@ -89,12 +89,19 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
     return steps
 
 
+# The daemon each engine's service runs (CRI-O is configured for an existing node, not started by gpuprov).
+DAEMONS = {"docker": "dockerd", "containerd": "containerd"}
+
+
 def service_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
-    if opt.engine != "docker":
+    """The engine's daemon started (and enabled at boot) once its runtime is configured; without systemd the
+    daemon in the background, so a host without an init still gets a daemon to validate against."""
+    daemon = DAEMONS.get(opt.engine)
+    if daemon is None:
         return []
     systemd = under(Path(report.root or "/"), "/run/systemd/system").is_dir()
-    return [Step("engine.service", Stage.ENGINE, "Start dockerd (and enable it at boot)",
-                 actions=(StartService("docker", "dockerd", systemd),), check=ServiceAnswers("docker"))]
+    return [Step("engine.service", Stage.ENGINE, f"Start {daemon} (and enable it at boot)",
+                 actions=(StartService(opt.engine, daemon, systemd),), check=ServiceAnswers(opt.engine))]
 
 
 def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:

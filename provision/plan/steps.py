@@ -34,7 +34,6 @@ from provision.inject import install
 from provision.plan import validate
 
 LIVE = Path("/")
-DOCKERD_LOG = "/var/log/gpuprov-dockerd.log"
 
 
 # ---------------------------------------------------------------- actions
@@ -118,14 +117,28 @@ class WriteFile(Action):
         return f"wrote {self.path}"
 
 
+# How each engine's client tells that its daemon is up: what is printed, and the command run.
+ANSWERS = {"docker": ("docker", "info"), "containerd": ("ctr", "version")}
+
+
+def daemon_answers(engine: str) -> bool:
+    r = effects.try_run(list(ANSWERS[engine]), timeout=10)
+    return r is not None and r.returncode == 0
+
+
 @dataclass(frozen=True)
 class StartService(Action):
     """Start an engine's daemon and enable it at boot, then wait until its client answers. Where systemd runs, one
     `systemctl enable --now`; without it (containers, minimal hosts) the SysV script, and when that is missing or
-    fails (a container that cannot raise its ulimits), the daemon itself in the background."""
-    name: str  # the unit / init script: docker
-    daemon: str  # the binary for the last resort: dockerd
+    fails (a container that cannot raise its ulimits; Debian's containerd ships no script), the daemon itself in the
+    background, its output in /var/log/gpuprov-<daemon>.log."""
+    name: str  # the unit / init script, and the engine whose client answers: docker | containerd
+    daemon: str  # the binary for the last resort: dockerd | containerd
     systemd: bool  # decided from the plan's root (/run/systemd/system)
+
+    @property
+    def log(self) -> str:
+        return f"/var/log/gpuprov-{self.daemon}.log"
 
     def commands(self) -> list[Command]:
         """systemd's one command; else the SysV script, then the daemon itself (in the background) as a fallback."""
@@ -134,24 +147,27 @@ class StartService(Action):
         return [Command((f"/etc/init.d/{self.name}", "start")), Command((self.daemon,))]
 
     def lines(self) -> list[str]:
+        wait = f"then wait until `{shlex.join(ANSWERS[self.name])}` answers"
         if self.systemd:
-            return [f"$ {self.commands()[0].shell()}", "  (then wait until `docker info` answers)"]
+            return [f"$ {self.commands()[0].shell()}", f"  ({wait})"]
         init, daemon = (c.shell() for c in self.commands())
-        return [f"$ {init}", f"  (if that fails or is missing: `{daemon}` in the background, log {DOCKERD_LOG};"
-                " then wait until `docker info` answers)"]
+        return [f"$ {init}", f"  (if that fails or is missing: `{daemon}` in the background, log {self.log};"
+                f" {wait})"]
 
     def execute(self) -> str:
-        ready = lambda: effects.docker_runtimes() is not None  # noqa: E731
+        ready = lambda: daemon_answers(self.name)  # noqa: E731
         if self.systemd:
             (start,) = self.commands()
             start.execute()
             how = start.shell()
         else:
             init, daemon = self.commands()
-            if Path(init.argv[0]).exists() and init.run().returncode == 0 and effects.wait_for(ready, 20):
+            # always tried, as printed: a missing script is a failed one, and the fallback follows
+            r = effects.try_run(list(init.argv), timeout=120)
+            if r is not None and r.returncode == 0 and effects.wait_for(ready, 20):
                 return init.shell()
-            effects.spawn(list(daemon.argv), DOCKERD_LOG)
-            how = f"{daemon.shell()} (background; log {DOCKERD_LOG})"
+            effects.spawn(list(daemon.argv), self.log)
+            how = f"{daemon.shell()} (background; log {self.log})"
         if not effects.wait_for(ready, 60):
             raise StepFailed(f"{self.daemon} did not come up after `{how}`; see `journalctl -u {self.name}` or "
                              "the log named there")
@@ -361,13 +377,13 @@ class EngineConfigured:
 
 @dataclass(frozen=True)
 class ServiceAnswers:
-    name: str  # docker
+    name: str  # docker | containerd
 
     def satisfied(self, root: Path) -> bool:
-        return is_live(root) and effects.docker_runtimes() is not None
+        return is_live(root) and daemon_answers(self.name)
 
     def describe(self) -> str:
-        return "skipped when `docker info` answers"
+        return f"skipped when `{shlex.join(ANSWERS[self.name])}` answers"
 
 
 Check = Union[Never, Already, FilesMatch, PathExists, DirEmpty, PackagesInstalled, RuntimeInstalled,

@@ -79,3 +79,29 @@ def test_3_second_run_changes_nothing(host):
     assert [i for i, s in by_id.items() if s["status"] == "changed"] == []
     assert "gpuprov-validate-ok" in by_id["validate"]["detail"]
     print(f"\nre-run with the validation container: {took:.2f} s")
+
+
+def test_4_without_systemd_containerd_is_started_in_the_background():
+    """A host without an init system (a container, a minimal image): Debian's containerd ships only a systemd unit,
+    so bootstrap tries the SysV script as printed, then starts the daemon itself in the background and validates
+    through it; a second run finds it answering."""
+    h = Host(tmpfs=("/var/lib/containerd",))
+    try:
+        r = h.install_gpuprov()
+        assert r.returncode == 0, r.stdout + r.stderr
+        plan = h.exec("gpuprov plan --driver skip --engine containerd").stdout
+        assert "$ /etc/init.d/containerd start" in plan and "`containerd` in the background" in plan, plan
+        r = h.exec(BOOT)
+        assert r.returncode == 0, r.stdout + r.stderr
+        by_id = steps(r.stdout)
+        svc = by_id["engine.service"]
+        assert svc["status"] == "changed" and "log /var/log/gpuprov-containerd.log" in svc["detail"], svc
+        assert by_id["validate"]["status"] == "verified" and "gpuprov-validate-ok" in by_id["validate"]["detail"]
+        assert h.exec("ctr version").returncode == 0
+        assert RT in h.exec("containerd config dump").stdout  # the daemon started with gpuprov's drop-in
+        r2 = h.exec(BOOT)
+        assert r2.returncode == 0, r2.stdout + r2.stderr
+        assert [i for i, s in steps(r2.stdout).items() if s["status"] == "changed"] == []
+        assert steps(r2.stdout)["engine.service"]["status"] == "ok"
+    finally:
+        h.remove()
