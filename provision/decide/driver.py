@@ -210,6 +210,18 @@ def _ubuntu_packages(entry, branch, modules, release, datacenter, pin=None
     return (f"nvidia-driver-{b}{opn}",), str(b), None
 
 
+def ubuntu_dkms_package(packages: tuple[str, ...] | list[str]) -> str | None:
+    """The DKMS module package Ubuntu's driver metapackage pulls in, by Ubuntu's naming: nvidia-headless-B-server[-open]
+    and nvidia-driver-B[-open] depend on nvidia-dkms-<the same suffix> (whose `dkms status` lines say whether the
+    module was built). None for a package list that is not Ubuntu's."""
+    for p in packages:
+        for meta in ("nvidia-headless-", "nvidia-driver-"):
+            rest = p.removeprefix(meta)
+            if rest != p and rest[:1].isdigit():
+                return f"nvidia-dkms-{rest}"
+    return None
+
+
 def _elrepo_packages(entry, branch: str, modules: str, el_major: int, pin: str | None = None
                      ) -> tuple[tuple[str, ...], str | None, str | None]:
     kmods = ELREPO_KMODS[el_major]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision import effects, paths
+from provision.decide.driver import ubuntu_dkms_package
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
 from provision.facts.rootfs import is_live, read_text_file, under
@@ -274,6 +275,7 @@ class DriverInstall(Action):
         if not self.dkms_package:
             return []
         purge = [p for p in self.packages if not p.startswith(("linux-headers-", "firmware-"))]
+        purge += [self.dkms_package] if self.dkms_package not in purge else []  # Ubuntu's: a dependency
         return [Command(("apt-get", "purge", "-y", *purge), APT_ENV), Command(("dpkg", "--configure", "-a"), APT_ENV),
                 Command(("dpkg", "--audit"))]
 
@@ -407,7 +409,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     if target.family == "rhel" and dkms and not opt.bundle:
         headers.append("dkms")
     steps.append(_nouveau_step(bool(drv and drv.nouveau_loaded)))
-    dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None)
+    # the package DKMS builds: named in Debian's list; pulled in by Ubuntu's metapackage (purged with it on a failure)
+    dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
+        (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     steps.append(_packages_step(target, opt, gpus[0], packages, tuple(headers), kernels, dkms, dkms_pkg))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]

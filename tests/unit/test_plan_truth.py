@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -160,13 +161,22 @@ def test_printed_equals_executed(tmp_path, monkeypatch, distro, sysfs, opt):
         assert c.shell().endswith(" || true") == c.may_fail
 
 
-def test_dkms_rollback_runs_what_is_printed(tmp_path, monkeypatch):
+# The module package DKMS builds, which the rollback purges: named in Debian's package list; on Ubuntu a dependency
+# of the metapackage (nvidia-headless-B-server-open -> nvidia-dkms-B-server-open), purged with it.
+DKMS_PACKAGE = {"debian-12": re.compile(r"nvidia-open-kernel-dkms"),
+                "ubuntu-24.04": re.compile(r"nvidia-dkms-\d+-server-open")}
+
+
+@pytest.mark.parametrize("distro", sorted(DKMS_PACKAGE))
+def test_dkms_rollback_runs_what_is_printed(tmp_path, monkeypatch, distro):
     """A failed DKMS build: after the step's commands, exactly the rollback commands printed under "on a failed
     DKMS build" run, with their printed environment, and the step stops with exit 16."""
-    root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL)
+    root = make_host(tmp_path, distro, "datacenter", kernel=KERNEL)
     step = next(s for s in build_plan(detect_host(root, engines=False), Options()) if s.id == "driver.packages")
     rollback = _printed_argvs(step, prompt="  $ ")
     assert [c.argv for c in step.on_failure] == rollback and rollback[0][:3] == ("apt-get", "purge", "-y")
+    assert any(DKMS_PACKAGE[distro].fullmatch(p) for p in rollback[0][3:]), rollback[0]
+    assert ("dkms", "status", "-k", KERNEL) in st.executed_argvs(step)
     assert rollback[1:] == [("dpkg", "--configure", "-a"), ("dpkg", "--audit")]
     rec = Recorder(monkeypatch, dkms_builds=False)
     with pytest.raises(GpuprovError) as e:
