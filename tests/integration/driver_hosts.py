@@ -59,11 +59,13 @@ def kernel_image(suite: str) -> str:
 class KernelHost:
     """A systemd host container from the prepared image; reached through `docker exec` only."""
 
-    def __init__(self, suite: str, role: str):
+    def __init__(self, suite: str, role: str, cpus: str | None = None):
+        """cpus: the CPUs the host may use (docker's --cpuset-cpus), so that two hosts timed side by side each have
+        their own and neither's build waits on the other's."""
         self.name = f"driver-{suite}-{role}-{int(time.time() * 1000) % 10**8}"
         self.suite = suite
-        sh("docker", "run", "-d", "--name", self.name, *SYSTEMD_FLAGS, "-v", f"{ensure_wheelhouse()}:/wh:ro",
-           kernel_image(suite))
+        sh("docker", "run", "-d", "--name", self.name, *SYSTEMD_FLAGS, *(["--cpuset-cpus", cpus] if cpus else []),
+           "-v", f"{ensure_wheelhouse()}:/wh:ro", kernel_image(suite))
         self.wait_systemd()
 
     def wait_systemd(self, timeout: float = 90) -> str:
