@@ -195,22 +195,48 @@ def wait_for(pred, timeout: float = 30.0, interval: float = 0.3) -> bool:
     return pred()
 
 
-def start_dockerd() -> str:
-    """Start dockerd the way this host does it: systemd, else the SysV script, else (containers without an init,
-    or where the script cannot raise its ulimits) dockerd directly in the background."""
-    if has_systemd():
-        run(["systemctl", "enable", "--now", "docker"])
-        how = "systemctl enable --now docker"
+# How each engine's client tells that its daemon is up: printed in plans ("then wait until `docker info` answers")
+# and run here.
+ANSWERS = {"docker": ("docker", "info"), "containerd": ("ctr", "version")}
+
+
+def daemon_answers(engine: str) -> bool:
+    r = try_run(list(ANSWERS[engine]), timeout=10)
+    return r is not None and r.returncode == 0
+
+
+def daemon_log(daemon: str) -> str:
+    return f"/var/log/gpuprov-{daemon}.log"
+
+
+def daemon_start_argvs(unit: str, daemon: str, systemd: bool) -> list[tuple[str, ...]]:
+    """What starting an engine's daemon runs, in order: systemd's one command; else the SysV script, then the daemon
+    itself in the background (the fallback). The plan prints these (plan/steps.StartService)."""
+    if systemd:
+        return [("systemctl", "enable", "--now", unit)]
+    return [(f"/etc/init.d/{unit}", "start"), (daemon,)]
+
+
+def start_daemon(unit: str, daemon: str, systemd: bool | None = None) -> str:
+    """Start an engine's daemon (enabled at boot where systemd runs) and wait until its client answers; how it was
+    started. Without systemd (containers, minimal hosts) the SysV script is always tried (a missing one is a failed
+    one), and when it fails (a container that cannot raise its ulimits; Debian's containerd ships none) the daemon
+    runs in the background, its output in daemon_log()."""
+    systemd = has_systemd() if systemd is None else systemd
+    ready = lambda: daemon_answers(unit)  # noqa: E731
+    if systemd:
+        (start,) = daemon_start_argvs(unit, daemon, True)
+        run(list(start))
+        how = shlex.join(start)
     else:
-        how = ""
-        if Path("/etc/init.d/docker").exists():
-            r = run(["/etc/init.d/docker", "start"], check=False)
-            if r.returncode == 0 and wait_for(lambda: docker_runtimes() is not None, 20):
-                return "/etc/init.d/docker start"
-        spawn(["dockerd"], "/var/log/gpuprov-dockerd.log")
-        how = "dockerd (background; log /var/log/gpuprov-dockerd.log)"
-    if not wait_for(lambda: docker_runtimes() is not None, 60):
-        raise StepFailed(f"dockerd did not come up after `{how}`; see `journalctl -u docker` or the log named there")
+        init, bg = daemon_start_argvs(unit, daemon, False)
+        r = try_run(list(init), timeout=120)
+        if r is not None and r.returncode == 0 and wait_for(ready, 20):
+            return shlex.join(init)
+        spawn(list(bg), daemon_log(daemon))
+        how = f"{shlex.join(bg)} (background; log {daemon_log(daemon)})"
+    if not wait_for(ready, 60):
+        raise StepFailed(f"{daemon} did not come up after `{how}`; see `journalctl -u {unit}` or the log named there")
     return how
 
 
@@ -225,7 +251,7 @@ def restart_dockerd(pid: int | None = None) -> str:
         os.kill(pid, signal.SIGTERM)
         if not wait_for(lambda: not _alive(pid), 60):
             raise StepFailed(f"dockerd (pid {pid}) did not stop within 60 s; restart it by hand")
-    return "restarted dockerd: " + start_dockerd()
+    return "restarted dockerd: " + start_daemon("docker", "dockerd")
 
 
 def _alive(pid: int) -> bool:

@@ -117,61 +117,28 @@ class WriteFile(Action):
         return f"wrote {self.path}"
 
 
-# How each engine's client tells that its daemon is up: what is printed, and the command run.
-ANSWERS = {"docker": ("docker", "info"), "containerd": ("ctr", "version")}
-
-
-def daemon_answers(engine: str) -> bool:
-    r = effects.try_run(list(ANSWERS[engine]), timeout=10)
-    return r is not None and r.returncode == 0
-
-
 @dataclass(frozen=True)
 class StartService(Action):
-    """Start an engine's daemon and enable it at boot, then wait until its client answers. Where systemd runs, one
-    `systemctl enable --now`; without it (containers, minimal hosts) the SysV script, and when that is missing or
-    fails (a container that cannot raise its ulimits; Debian's containerd ships no script), the daemon itself in the
-    background, its output in /var/log/gpuprov-<daemon>.log."""
+    """Start an engine's daemon and enable it at boot, then wait until its client answers (effects.start_daemon:
+    `systemctl enable --now`, or without systemd the SysV script, then the daemon itself in the background). Printed
+    from the same argvs it runs."""
     name: str  # the unit / init script, and the engine whose client answers: docker | containerd
     daemon: str  # the binary for the last resort: dockerd | containerd
     systemd: bool  # decided from the plan's root (/run/systemd/system)
 
-    @property
-    def log(self) -> str:
-        return f"/var/log/gpuprov-{self.daemon}.log"
-
     def commands(self) -> list[Command]:
-        """systemd's one command; else the SysV script, then the daemon itself (in the background) as a fallback."""
-        if self.systemd:
-            return [Command(("systemctl", "enable", "--now", self.name))]
-        return [Command((f"/etc/init.d/{self.name}", "start")), Command((self.daemon,))]
+        return [Command(a) for a in effects.daemon_start_argvs(self.name, self.daemon, self.systemd)]
 
     def lines(self) -> list[str]:
-        wait = f"then wait until `{shlex.join(ANSWERS[self.name])}` answers"
+        wait = f"then wait until `{shlex.join(effects.ANSWERS[self.name])}` answers"
         if self.systemd:
             return [f"$ {self.commands()[0].shell()}", f"  ({wait})"]
         init, daemon = (c.shell() for c in self.commands())
-        return [f"$ {init}", f"  (if that fails or is missing: `{daemon}` in the background, log {self.log};"
-                f" {wait})"]
+        return [f"$ {init}", f"  (if that fails or is missing: `{daemon}` in the background, log "
+                f"{effects.daemon_log(self.daemon)}; {wait})"]
 
     def execute(self) -> str:
-        ready = lambda: daemon_answers(self.name)  # noqa: E731
-        if self.systemd:
-            (start,) = self.commands()
-            start.execute()
-            how = start.shell()
-        else:
-            init, daemon = self.commands()
-            # always tried, as printed: a missing script is a failed one, and the fallback follows
-            r = effects.try_run(list(init.argv), timeout=120)
-            if r is not None and r.returncode == 0 and effects.wait_for(ready, 20):
-                return init.shell()
-            effects.spawn(list(daemon.argv), self.log)
-            how = f"{daemon.shell()} (background; log {self.log})"
-        if not effects.wait_for(ready, 60):
-            raise StepFailed(f"{self.daemon} did not come up after `{how}`; see `journalctl -u {self.name}` or "
-                             "the log named there")
-        return how
+        return effects.start_daemon(self.name, self.daemon, self.systemd)
 
 
 @dataclass(frozen=True)
@@ -380,10 +347,10 @@ class ServiceAnswers:
     name: str  # docker | containerd
 
     def satisfied(self, root: Path) -> bool:
-        return is_live(root) and daemon_answers(self.name)
+        return is_live(root) and effects.daemon_answers(self.name)
 
     def describe(self) -> str:
-        return f"skipped when `{shlex.join(ANSWERS[self.name])}` answers"
+        return f"skipped when `{shlex.join(effects.ANSWERS[self.name])}` answers"
 
 
 Check = Union[Never, Already, FilesMatch, PathExists, DirEmpty, PackagesInstalled, RuntimeInstalled,
