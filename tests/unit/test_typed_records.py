@@ -142,11 +142,11 @@ def disc() -> Discovery:
 
 
 def test_discovery_json_is_pinned_field_by_field(disc):
-    """The cache's and `runtime discover --json`'s schema (unchanged by the typed records): every key spelled out."""
+    """The cache's and `runtime discover --json`'s schema (3 since each GPU carries its arch): every key spelled out."""
     doc = json.loads(disc.to_json())
     assert list(doc) == ["schema", "driver_root", "version", "libraries", "libraries32", "manifests",
                          "firmware_needed", "binaries", "nodes", "gpus", "ipc", "firmware"]
-    assert doc["schema"] == 2 and doc["driver_root"] == ROOT and doc["version"] == "580.159.04"
+    assert doc["schema"] == 3 and doc["driver_root"] == ROOT and doc["version"] == "580.159.04"
     assert doc["libraries"]["compute"][0] == {"name": "libcuda", "path": f"{ROOT}/lib64/libcuda.so.580.159.04",
                                               "soname": "libcuda.so.1"}
     assert doc["libraries32"] == {} and doc["firmware_needed"] is False and doc["ipc"] == {}
@@ -158,7 +158,7 @@ def test_discovery_json_is_pinned_field_by_field(disc):
                             "uvm": {"path": "/dev/nvidia-uvm", "major": 238, "minor": 0},
                             "uvm-tools": {"path": "/dev/nvidia-uvm-tools", "major": 238, "minor": 1}}
     assert doc["gpus"] == [{"bus_id": "0000:00:06.0", "uuid": UUID, "minor": 0, "model": "NVIDIA H200", "index": 0,
-                            "node": {"path": "/dev/nvidia0", "major": 195, "minor": 0}, "drm": []}]
+                            "node": {"path": "/dev/nvidia0", "major": 195, "minor": 0}, "drm": [], "arch": None}]
     assert doc["firmware"][0] == {"path": f"{ROOT}/firmware/nvidia/580.159.04/gsp_ga10x.bin",
                                   "container_path": "/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin"}
 
@@ -174,7 +174,7 @@ def test_discovery_round_trips_with_every_optional_part():
         nodes=ControlNodes(Node("/dev/nvidiactl", 195, 255), Node("/dev/nvidia-uvm", 238, 0),
                            Node("/dev/nvidia-uvm-tools", 238, 1), Node("/dev/nvidia-modeset", 195, 254)),
         gpus=(Gpu("0000:3b:00.0", UUID, 1, "NVIDIA H200", 0, Node("/dev/nvidia1", 195, 1),
-                  (Node("/dev/dri/card1", 226, 1), Node("/dev/dri/renderD128", 226, 128))),),
+                  (Node("/dev/dri/card1", 226, 1), Node("/dev/dri/renderD128", 226, 128)), "9.0"),),
         persistenced="/run/nvidia-persistenced/socket",
         firmware=(Firmware("/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin", "/lib/firmware/x.bin"),), key="NVRM v")
     again = Discovery.from_json(full.to_json())
