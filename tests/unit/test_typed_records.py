@@ -253,4 +253,10 @@ def test_runtime_discover_json_is_the_record(tmp_path):
     expect = discover.discover(ROOT, proc_root=str(H200), dev_root=str(tmp_path / "devroot")).to_dict()
     assert doc == expect and "key" not in doc
     text = run_cli("runtime", "discover", env=env).stdout
-    assert f"0:0000:00:06.0 {UUID}" in text and "/dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools" in text
+    assert f"0:0000:00:06.0 {UUID} arch unknown" in text and "/dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools" in text
+    # A driver whose nvidia-smi answers (the capture's, tests/fake_nvidia_smi.py): each GPU's compute capability.
+    from tests.inject_helpers import driver_root_with_smi
+
+    env = {"GPUPROV_RUNTIME_CONFIG": str(write_settings(tmp_path, driver_root=str(driver_root_with_smi(tmp_path))))}
+    assert [g["arch"] for g in json.loads(run_cli("runtime", "discover", "--json", env=env).stdout)["gpus"]] == ["9.0"]
+    assert f"0:0000:00:06.0 {UUID} arch 9.0" in run_cli("runtime", "discover", env=env).stdout
