@@ -28,6 +28,8 @@ from provision.share.limits import MPS_VARS, REQUEST_VARS, aliyun_visible, mps_e
 
 TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every GPU start's path
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from provision.share.state import MpsState
 
 HOOK_NAME = "nvidia-container-runtime-hook"
@@ -95,7 +97,7 @@ def warn_stderr(msg: str) -> None:
     sys.stderr.write(f"gpuprov-runtime: warning: {msg}\n")
 
 
-def _mounted_device_list(config: dict, warn=warn_stderr) -> list[str] | None:
+def _mounted_device_list(config: dict, warn: Callable[[str], None] = warn_stderr) -> list[str] | None:
     """Devices passed as volume mounts, the Kubernetes way (the device plugin's volume-mounts strategy): /dev/null
     mounted at /var/run/nvidia-container-devices/<dev>. Only a /dev/null source counts, as in NVIDIA's toolkit
     (internal/config/image/cuda_image.go, requestsFromMounts): any pod can mount its own emptyDir or tmpfs at that
@@ -206,7 +208,7 @@ def apply_sharing(config: dict, env: dict[str, str], n_gpus: int, settings: dict
     linux["namespaces"] = [n for n in linux.get("namespaces", []) if n.get("type") != "ipc"]  # MPS needs host IPC
 
 
-def modify_config(config: dict, bundle: str, settings: dict, warn=warn_stderr) -> bool:
+def modify_config(config: dict, bundle: str, settings: dict, warn: Callable[[str], None] = warn_stderr) -> bool:
     """Apply GPU edits to `config` in place. Returns True when something changed. Raises Refused. `warn` gets the
     warnings (one line each) meant for the runtime's log."""
     process = config.setdefault("process", {})
@@ -290,7 +292,7 @@ def check_shape(config: object) -> None:
             raise ValueError("config.json: a mount's destination, source and type must be strings")
 
 
-def modify_bundle(bundle: str, settings: dict, warn=warn_stderr) -> bool:
+def modify_bundle(bundle: str, settings: dict, warn: Callable[[str], None] = warn_stderr) -> bool:
     path = os.path.join(bundle, "config.json")
     with open(path) as fh:
         config = json.load(fh)
