@@ -26,6 +26,22 @@ def settings(base: Path) -> dict:
             "proc_root": str(H200), "cache": str(base / "discovery.json"), "accept_env_unprivileged": True}
 
 
+def driver_root_with_smi(base: Path) -> Path:
+    """A copy of the fake H200 driver root whose bin/nvidia-smi answers queries from the host's capture
+    (tests/fake_nvidia_smi.py): what discovery asks the driver for each GPU's compute capability."""
+    import shutil
+    import sys
+
+    root = base / "driver-root"
+    if not root.exists():
+        shutil.copytree(H200 / "usr/local/nvidia", root, symlinks=True)
+        smi = root / "bin/nvidia-smi"
+        smi.unlink()
+        smi.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S {Path(__file__).parent / "fake_nvidia_smi.py"} "$@"\n')
+        smi.chmod(0o755)
+    return root
+
+
 def write_settings(base: Path, **over) -> Path:
     p = base / "runtime.json"
     p.write_text(json.dumps({**settings(base), **over}))

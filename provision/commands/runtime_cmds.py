@@ -29,7 +29,7 @@ runtime_app = typer.Typer(help="The injection runtime (gpuprov-runtime): install
 cdi_app = typer.Typer(help="CDI specs for engines that consume CDI natively.", no_args_is_help=True)
 
 
-def _discover(driver_root: Optional[str]) -> Discovery:
+def _discover(driver_root: Optional[str], arch: bool = False) -> Discovery:
     """Discovery for this host, laid out as the runtime's settings describe it (driver/proc/dev roots)."""
     s = load_settings() if os.path.exists(settings_path()) else {"proc_root": "/", "dev_root": "/"}
     if driver_root is None:
@@ -37,7 +37,7 @@ def _discover(driver_root: Optional[str]) -> Discovery:
     if driver_root is None:
         found, _ = find_driver_root(Path("/"))
         driver_root = found or "/"
-    disc = discover(driver_root, proc_root=s["proc_root"], dev_root=s["dev_root"])
+    disc = discover(driver_root, proc_root=s["proc_root"], dev_root=s["dev_root"], arch=arch)
     if not disc.version:
         raise GpuprovError(f"no NVIDIA driver found (driver root {driver_root}, /proc/driver/nvidia/version); "
                            "install one with `gpuprov bootstrap` or pass --driver-root", exit_code=4)
@@ -76,13 +76,15 @@ def runtime_install(
 
 @runtime_app.command("discover")
 def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: bool = typer.Option(False, "--json")):
-    """What the runtime would inject: driver version, libraries per capability, binaries, nodes, GPUs."""
-    disc = _discover(driver_root)
+    """What the runtime would inject: driver version, libraries per capability, binaries, nodes, GPUs (with the
+    compute capability the driver reports, which NVIDIA_REQUIRE_ARCH is checked against)."""
+    disc = _discover(driver_root, arch=True)
     if json_out:
         emit_json(disc.to_dict())
         return
     print(kv([("driver", disc.version), ("driver root", disc.driver_root),
-              ("gpus", ", ".join(f"{g.index}:{g.bus_id} {g.uuid}" for g in disc.gpus) or "none"),
+              ("gpus", ", ".join(f"{g.index}:{g.bus_id} {g.uuid} arch {g.arch or 'unknown'}" for g in disc.gpus)
+               or "none"),
               ("nodes", " ".join(n.path for n in disc.nodes.present())),
               *((f"libs {c}", " ".join(x.soname for x in v)) for c, v in disc.libraries.items())]))
 

@@ -29,7 +29,7 @@ CACHE_FILE = paths.DISCOVERY_CACHE
 # Manifests whose library_path had to be rewritten are written here (root-owned, 0755; persistent, so that a CDI
 # spec in /etc/cdi that names them stays valid across reboots). One sub-directory per driver version.
 GENERATED_DIR = paths.GENERATED_MANIFESTS
-SCHEMA = 2  # the cache file's form; a cache of another schema is a miss (rebuilt)
+SCHEMA = 3  # the cache file's form; a cache of another schema is a miss (rebuilt). 3: each GPU's arch
 
 
 # --- the typed result: one JSON form (to_dict/from_dict), read by modify, edits, cdi, k8s and the CLI ---
@@ -64,6 +64,7 @@ class Gpu:
     index: int  # nvidia-smi's index: PCI bus order
     node: Node  # /dev/nvidiaN
     drm: tuple[Node, ...] = ()  # /dev/dri/card*, renderD* (nvidia-drm loaded)
+    arch: str | None = None  # CUDA compute capability as the driver reports it ("9.0" on an H100/H200); None: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +148,7 @@ class Discovery:
             "binaries": {c: list(v) for c, v in self.binaries.items()},
             "nodes": {k: node(getattr(self.nodes, a)) for k, a in _NODE_KEYS if getattr(self.nodes, a) is not None},
             "gpus": [{"bus_id": g.bus_id, "uuid": g.uuid, "minor": g.minor, "model": g.model, "index": g.index,
-                      "node": node(g.node), "drm": [node(n) for n in g.drm]} for g in self.gpus],
+                      "node": node(g.node), "drm": [node(n) for n in g.drm], "arch": g.arch} for g in self.gpus],
             "ipc": {"persistenced": self.persistenced} if self.persistenced else {},
             "firmware": [{"path": f.path, "container_path": f.container_path} for f in self.firmware],
         }
@@ -196,7 +197,8 @@ _FIELDS = {
             "nodes", "gpus", "ipc", "firmware", "key"},
     "nodes": {k for k, _ in _NODE_KEYS}, "node": {"path", "major", "minor"}, "library": {"name", "path", "soname"},
     "manifest": {"cap", "path", "container_path", "library", "rewrite", "generated"}, "ipc": {"persistenced"},
-    "gpu": {"bus_id", "uuid", "minor", "model", "index", "node", "drm"}, "firmware": {"path", "container_path"},
+    "gpu": {"bus_id", "uuid", "minor", "model", "index", "node", "drm", "arch"},
+    "firmware": {"path", "container_path"},
 }
 
 
@@ -223,7 +225,7 @@ def _gpu(g: dict) -> Gpu:
     _only(g, _FIELDS["gpu"])
     return Gpu(bus_id=_typed(g["bus_id"], str), uuid=_typed(g["uuid"], str, None), minor=_typed(g["minor"], int),
                model=_typed(g["model"], str, None), index=_typed(g["index"], int), node=_node(g["node"]),
-               drm=tuple(_node(n) for n in g["drm"]))
+               drm=tuple(_node(n) for n in g["drm"]), arch=_typed(g.get("arch"), str, None))
 
 
 def _node(n: dict) -> Node:
@@ -473,8 +475,9 @@ def driver_version(proc_root: str, driver_root: str) -> str | None:
     return parse_nvrm(_read(_join(proc_root, "proc/driver/nvidia/version")))[0] or userspace_version(Path(driver_root))
 
 
-def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/") -> Discovery:
-    """Everything the runtime, CDI and docker-args need from this driver root."""
+def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/", arch: bool = False) -> Discovery:
+    """Everything the runtime, CDI and docker-args need from this driver root. arch: also ask the driver for each
+    GPU's compute capability (gpu_arches; the runtime's discovery, for NVIDIA_REQUIRE_ARCH)."""
     version = driver_version(proc_root, driver_root)
     majors = char_majors(_read(_join(proc_root, "proc/devices")))
     nvidia_major = majors.get("nvidia-frontend", majors.get("nvidia", 195))
@@ -501,7 +504,7 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
     extra = _platform_libraries(driver_root, manifests, {lib.soname for v in libraries.values() for lib in v})
     if extra:
         libraries.setdefault("graphics", []).extend(extra)
-    return Discovery(
+    disc = Discovery(
         driver_root=driver_root,
         version=version,
         libraries={c: tuple(v) for c, v in libraries.items()},
@@ -514,6 +517,67 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
         persistenced=sock if os.path.exists(sock) else None,
         firmware=firmware,
     )
+    return with_arches(disc) if arch else disc
+
+
+# --- each GPU's CUDA compute capability ("arch" in NVIDIA_REQUIRE_*) ---
+# procfs and sysfs do not carry it: only the driver's NVML does (nvmlDeviceGetCudaComputeCapability, what
+# libnvidia-container reads). The runtime's editor runs as `python -I -S`, without site-packages (no pynvml), and a
+# wedged GPU can make NVML block: so the driver root's own nvidia-smi asks NVML, in a child with a deadline, once per
+# loaded driver (the discovery cache keeps the answer). Its `compute_cap` field is there since driver 510.
+ARCH_QUERY = ("--query-gpu=pci.bus_id,compute_cap", "--format=csv,noheader")
+ARCH_TIMEOUT_S = 5.0
+
+
+def _pci_key(bus_id: str) -> str:
+    """NVML's '00000000:00:06.0' and the kernel's '0000:00:06.0' to one form."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return bus_id.strip().lower()
+
+
+def _trusted_exe(path: str) -> bool:
+    """A driver binary we may run as root: a regular file (not a link) that only its owner, root, can change."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def parse_arches(text: str) -> dict[str, str]:
+    """nvidia-smi's `pci.bus_id, compute_cap` CSV -> {pci key: "9.0"}; lines that are not that are skipped."""
+    out = {}
+    for line in text.splitlines():
+        bus, sep, cap = line.partition(",")
+        major, dot, minor = cap.strip().partition(".")
+        if sep and dot and major.isdigit() and minor.isdigit():
+            out[_pci_key(bus)] = f"{int(major)}.{int(minor)}"
+    return out
+
+
+def gpu_arches(disc: Discovery) -> dict[str, str]:
+    """Each GPU's compute capability as the loaded driver reports it ({} when it cannot say within the deadline)."""
+    smi = next((b for b in disc.binaries.get("utility", ()) if b.endswith("/nvidia-smi")), None)
+    if not disc.gpus or smi is None or not _trusted_exe(smi):
+        return {}
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+    nvml = next((lib.path for lib in disc.libraries.get("utility", ()) if lib.name == "libnvidia-ml"), None)
+    if nvml:  # a driver root outside the host's ld.so.cache (/run/nvidia/driver): its nvidia-smi finds its NVML
+        env["LD_LIBRARY_PATH"] = os.path.dirname(nvml)
+    from provision import effects  # lazy: 13.4 ms (-X importtime -I -S, min of 15); only a refresh runs a process
+
+    r = effects.try_run([smi, *ARCH_QUERY], timeout=ARCH_TIMEOUT_S, env=env)
+    return parse_arches(r.stdout) if r is not None and r.returncode == 0 else {}
+
+
+def with_arches(disc: Discovery) -> Discovery:
+    arches = gpu_arches(disc)
+    if not arches:
+        return disc
+    return replace(disc, gpus=tuple(replace(g, arch=arches.get(_pci_key(g.bus_id))) for g in disc.gpus))
 
 
 def kernel_release(proc_root: str = "/") -> str:
@@ -582,7 +646,7 @@ def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery
 
 
 def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/", dev_root: str = "/") -> Discovery:
-    disc = discover(driver_root, proc_root=proc_root, dev_root=dev_root)
+    disc = discover(driver_root, proc_root=proc_root, dev_root=dev_root, arch=True)
     disc = replace(write_manifests(disc, os.path.join(os.path.dirname(cache_file), "manifests")),
                    key=version_key(proc_root))
     write_file(cache_file, disc.to_json(), backup=False)

@@ -115,32 +115,61 @@ def brand_of(model: str | None) -> str:
 
 
 OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "=": lambda a, b: a == b, "==": lambda a, b: a == b,
-       ">": lambda a, b: a > b, "<": lambda a, b: a < b}
-CONSTRAINT_PATTERN = r"^(cuda|driver|arch|brand)(>=|<=|==|=|>|<)(\S+)$"
+       "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+CONSTRAINT_PATTERN = r"^(cuda|driver|arch|brand)(>=|<=|==|!=|=|>|<)(\S+)$"
+DEVICE_KEYS = ("brand", "arch")  # a property of each selected GPU; the others are the host's (its driver)
+ARCH_UNKNOWN = "unknown (the driver did not report it when discovery ran: `gpuprov runtime install` refreshes it)"
 
 
-def _satisfied(constraint: str, facts: dict[str, str | None]) -> bool:
+def _version(v: str) -> tuple[int, ...] | None:
+    """A version as libnvidia-container compares it (src/cli/dsl.c, dsl_compare_version): digits and dots only,
+    number by number, and trailing zero parts do not count ("9" == "9.0", "9.0.1" > "9.0"). None: not a version."""
+    if not v[:1].isdigit() or v.strip("0123456789."):
+        return None
+    nums = [int(x) for x in v.split(".") if x]
+    while nums and nums[-1] == 0:
+        nums.pop()
+    return tuple(nums)
+
+
+def _satisfied(constraint: str, facts: dict[str, str | None], device: bool = True) -> bool:
     m = re.match(CONSTRAINT_PATTERN, constraint)
     if not m:
-        raise Refused(f"malformed requirement {constraint!r}: expected e.g. cuda>=12.2, driver>=535, brand=tesla")
+        raise Refused(f"malformed requirement {constraint!r}: expected e.g. cuda>=12.2, driver>=535, arch>=8.0, "
+                      "brand=tesla")
     key, op, want = m.groups()
+    if key == "brand":
+        if op not in ("=", "==", "!="):
+            raise Refused(f"malformed requirement {constraint!r}: a brand is compared with = or != only")
+    elif _version(want) is None:
+        raise Refused(f"malformed requirement {constraint!r}: {want!r} is not a version (digits and dots)")
+    if key in DEVICE_KEYS and not device:
+        return True  # no GPU selected (NVIDIA_VISIBLE_DEVICES=none): as libnvidia-container, nothing to compare
     have = facts.get(key)
     if have is None:
         return False
     if key == "brand":
-        return OPS[op](have.lower(), want.lower()) if op in ("=", "==") else False
-    return OPS[op](_vtuple(have), _vtuple(want))
+        return OPS[op](have.lower(), want.lower())
+    have_v = _version(have)
+    return have_v is not None and OPS[op](have_v, _version(want))
 
 
-def check_requirements(env: dict[str, str], facts: dict[str, str | None]) -> None:
-    """NVIDIA_REQUIRE_*: space = OR between groups, comma = AND within one, variables ANDed."""
+def check_requirements(env: dict[str, str], host: dict[str, str | None], gpus: list[Gpu] | tuple[Gpu, ...] = ()
+                       ) -> None:
+    """NVIDIA_REQUIRE_*: space = OR between groups, comma = AND within one, variables ANDed. As libnvidia-container
+    (src/cli/configure.c) does, every selected GPU must satisfy each variable with its own brand and arch (its CUDA
+    compute capability, from the driver); with no GPU selected only cuda and driver are checked."""
     if env.get("NVIDIA_DISABLE_REQUIRE", "").lower() in ("1", "true", "yes"):
         return
+    targets = [(f"GPU {g.index}", {**host, "brand": brand_of(g.model), "arch": g.arch}) for g in gpus] or [("", host)]
     for var in sorted(k for k in env if k.startswith("NVIDIA_REQUIRE_")):
         groups = env[var].split()
-        if groups and not any(all(_satisfied(c, facts) for c in g.split(",") if c) for g in groups):
-            have = ", ".join(f"{k} {v}" for k, v in facts.items() if v)
-            raise Refused(f"{var}={env[var]!r} is not satisfied by this host ({have})")
+        for name, facts in targets:
+            if groups and not any(all(_satisfied(c, facts, bool(name)) for c in g.split(",") if c) for g in groups):
+                have = ", ".join(f"{k} {v}" for k, v in host.items() if v)
+                if name:
+                    have += f"; {name}: brand {facts['brand']}, arch {facts['arch'] or ARCH_UNKNOWN}"
+                raise Refused(f"{var}={env[var]!r} is not satisfied by this host ({have})")
 
 
 def _node(n: Node) -> dict:
@@ -195,8 +224,7 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
         raise Refused("this container asks for a GPU but no NVIDIA driver is loaded on the host (see gpuprov detect)")
     caps = capabilities(env)
     gpus = select_gpus(selectors, disc.gpus) if selectors else []
-    check_requirements(env, {"cuda": cuda_version(disc.version), "driver": disc.version,
-                             "brand": brand_of(gpus[0].model) if gpus else None, "arch": None})
+    check_requirements(env, {"cuda": cuda_version(disc.version), "driver": disc.version}, gpus)
     ctl = disc.nodes
     nodes = [ctl.ctl]
     if "compute" in caps:

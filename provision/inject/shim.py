@@ -98,17 +98,27 @@ def parse_argv(argv: list[str]) -> Invocation:
 def report_error(msg: str, log: str | None, log_format: str | None) -> None:
     """Where the engine looks: runc's --log file (containerd shows its last error), and stderr."""
     sys.stderr.write(f"gpuprov-runtime: {msg}\n")
-    if not log:
-        return
+    _log(msg, log, log_format, "error")
 
-    line = json.dumps({"level": "error", "msg": f"gpuprov-runtime: {msg}",
+
+def report_warning(msg: str, log: str | None, log_format: str | None) -> None:
+    """A warning goes to the runtime's log (runc's --log file, as runc's own warnings do); stderr only without one."""
+    if not log or not _log(f"warning: {msg}", log, log_format, "warning"):
+        sys.stderr.write(f"gpuprov-runtime: warning: {msg}\n")
+
+
+def _log(msg: str, log: str | None, log_format: str | None, level: str) -> bool:
+    if not log:
+        return False
+    line = json.dumps({"level": level, "msg": f"gpuprov-runtime: {msg}",
                        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) \
         if log_format == "json" else f"gpuprov-runtime: {msg}"
     try:
         with open(log, "a") as fh:
             fh.write(line + "\n")
     except OSError:
-        pass
+        return False
+    return True
 
 
 def run_create_edits(bundle: str, log: str | None = None, log_format: str | None = None) -> int:
@@ -117,7 +127,7 @@ def run_create_edits(bundle: str, log: str | None = None, log_format: str | None
     from provision.inject.modify import modify_bundle  # lazy: 16.5 ms (-X importtime -I -S, min of 15), the same
 
     try:
-        modify_bundle(bundle, load_settings())
+        modify_bundle(bundle, load_settings(), lambda msg: report_warning(msg, log, log_format))
     except Refused as exc:
         report_error(str(exc), log, log_format)
         return 10

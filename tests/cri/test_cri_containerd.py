@@ -225,6 +225,18 @@ def test_volume_mounts_strategy(node):
         expected_mounts(node.disc, {"NVIDIA_VISIBLE_DEVICES": UUID})
 
 
+def test_volume_mounts_from_the_pods_own_volume_are_ignored(node):
+    """A pod's own volume (an emptyDir: a bind of one of kubelet's directories) at the device-list path, with the env
+    the strategy sets: not the orchestrator's /dev/null, so no GPU (it got every GPU before; issue 19 item 1, whose
+    fault test drives the front-end directly: tests/faults/test_runtime_round2.py)."""
+    own = node.base / "emptydir"
+    own.mkdir(exist_ok=True)
+    env = {"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"}
+    out = node.run("ownvol", env=env, mounts=[(str(own), "/var/run/nvidia-container-devices/all")])
+    assert nvidia_nodes(out) == set()
+    assert set(extra_mounts(out)) == {"/var/run/nvidia-container-devices/all"}  # the pod's volume, nothing else
+
+
 def test_no_request_gets_nothing(node):
     """Handler nvidia without a GPU request, and a GPU request under handler runc: nothing injected."""
     for name, handler, env in (("plain", "nvidia", {}), ("void", "nvidia", {"NVIDIA_VISIBLE_DEVICES": "void"}),

@@ -104,6 +104,41 @@ def test_requirements(disc, req, ok):
         edits.compute_edits(disc, {**env, "NVIDIA_DISABLE_REQUIRE": "true"})
 
 
+@pytest.mark.parametrize("req,ok", [
+    ("arch>=5.0", True), ("arch=9", True), ("arch=9.0.0", True), ("arch>9", False), ("arch>=9.0.1", False),
+    ("arch<9.1", True), ("arch!=9.0", False), ("arch>=10.0 arch<=9.0", True), ("arch>=8.0,cuda>=13.1", False),
+    ("brand!=tesla", True), ("brand=NVIDIA", True),
+])
+def test_arch_is_each_gpus_compute_capability(disc, req, ok):
+    """Compared as libnvidia-container's dsl_compare_version: number by number, trailing zeros insignificant."""
+    from dataclasses import replace
+
+    sm90 = replace(disc, gpus=tuple(replace(g, arch="9.0") for g in disc.gpus))
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_ARCH": req}
+    if ok:
+        edits.compute_edits(sm90, env)
+    else:
+        with pytest.raises(Refused, match="GPU 0: brand nvidia, arch 9.0"):
+            edits.compute_edits(sm90, env)
+    with pytest.raises(Refused, match="arch unknown"):  # not read from the driver: never passed blindly
+        edits.compute_edits(disc, {**env, "NVIDIA_REQUIRE_ARCH": "arch>=5.0"})
+
+
+@pytest.mark.parametrize("req", ["arch>=sm_90", "arch>=.9", "arch>=9.x", "brand>=tesla", "cuda~12"])
+def test_malformed_requirements_are_refused(disc, req):
+    with pytest.raises(Refused, match="malformed requirement"):
+        edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_X": req})
+
+
+def test_nvidia_smi_compute_cap_parsed():
+    text = (H200 / "commands/query-gpu.csv").read_text()  # the capture's columns, cut to the two that are asked
+    rows = [[c.strip() for c in line.split(",")] for line in text.splitlines()[1:]]
+    out = "\n".join(f"{r[2]}, {r[9]}" for r in rows) + "\n"
+    assert discover.parse_arches(out) == {"0000:00:06.0": "9.0"}
+    assert discover.parse_arches('Field "compute_cap" is not a valid field to query.\n') == {}
+    assert discover.parse_arches("00000000:3B:00.0, [N/A]\n00000001:18:00.0, 10.0\n") == {"0001:18:00.0": "10.0"}
+
+
 def test_requirement_refusal_is_one_line(disc):
     with pytest.raises(Refused) as e:
         edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": "cuda>=13.1"})

@@ -142,11 +142,11 @@ def disc() -> Discovery:
 
 
 def test_discovery_json_is_pinned_field_by_field(disc):
-    """The cache's and `runtime discover --json`'s schema (unchanged by the typed records): every key spelled out."""
+    """The cache's and `runtime discover --json`'s schema (3 since each GPU carries its arch): every key spelled out."""
     doc = json.loads(disc.to_json())
     assert list(doc) == ["schema", "driver_root", "version", "libraries", "libraries32", "manifests",
                          "firmware_needed", "binaries", "nodes", "gpus", "ipc", "firmware"]
-    assert doc["schema"] == 2 and doc["driver_root"] == ROOT and doc["version"] == "580.159.04"
+    assert doc["schema"] == 3 and doc["driver_root"] == ROOT and doc["version"] == "580.159.04"
     assert doc["libraries"]["compute"][0] == {"name": "libcuda", "path": f"{ROOT}/lib64/libcuda.so.580.159.04",
                                               "soname": "libcuda.so.1"}
     assert doc["libraries32"] == {} and doc["firmware_needed"] is False and doc["ipc"] == {}
@@ -158,7 +158,7 @@ def test_discovery_json_is_pinned_field_by_field(disc):
                             "uvm": {"path": "/dev/nvidia-uvm", "major": 238, "minor": 0},
                             "uvm-tools": {"path": "/dev/nvidia-uvm-tools", "major": 238, "minor": 1}}
     assert doc["gpus"] == [{"bus_id": "0000:00:06.0", "uuid": UUID, "minor": 0, "model": "NVIDIA H200", "index": 0,
-                            "node": {"path": "/dev/nvidia0", "major": 195, "minor": 0}, "drm": []}]
+                            "node": {"path": "/dev/nvidia0", "major": 195, "minor": 0}, "drm": [], "arch": None}]
     assert doc["firmware"][0] == {"path": f"{ROOT}/firmware/nvidia/580.159.04/gsp_ga10x.bin",
                                   "container_path": "/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin"}
 
@@ -174,7 +174,7 @@ def test_discovery_round_trips_with_every_optional_part():
         nodes=ControlNodes(Node("/dev/nvidiactl", 195, 255), Node("/dev/nvidia-uvm", 238, 0),
                            Node("/dev/nvidia-uvm-tools", 238, 1), Node("/dev/nvidia-modeset", 195, 254)),
         gpus=(Gpu("0000:3b:00.0", UUID, 1, "NVIDIA H200", 0, Node("/dev/nvidia1", 195, 1),
-                  (Node("/dev/dri/card1", 226, 1), Node("/dev/dri/renderD128", 226, 128))),),
+                  (Node("/dev/dri/card1", 226, 1), Node("/dev/dri/renderD128", 226, 128)), "9.0"),),
         persistenced="/run/nvidia-persistenced/socket",
         firmware=(Firmware("/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin", "/lib/firmware/x.bin"),), key="NVRM v")
     again = Discovery.from_json(full.to_json())
@@ -253,4 +253,10 @@ def test_runtime_discover_json_is_the_record(tmp_path):
     expect = discover.discover(ROOT, proc_root=str(H200), dev_root=str(tmp_path / "devroot")).to_dict()
     assert doc == expect and "key" not in doc
     text = run_cli("runtime", "discover", env=env).stdout
-    assert f"0:0000:00:06.0 {UUID}" in text and "/dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools" in text
+    assert f"0:0000:00:06.0 {UUID} arch unknown" in text and "/dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools" in text
+    # A driver whose nvidia-smi answers (the capture's, tests/fake_nvidia_smi.py): each GPU's compute capability.
+    from tests.inject_helpers import driver_root_with_smi
+
+    env = {"GPUPROV_RUNTIME_CONFIG": str(write_settings(tmp_path, driver_root=str(driver_root_with_smi(tmp_path))))}
+    assert [g["arch"] for g in json.loads(run_cli("runtime", "discover", "--json", env=env).stdout)["gpus"]] == ["9.0"]
+    assert f"0:0000:00:06.0 {UUID} arch 9.0" in run_cli("runtime", "discover", env=env).stdout
