@@ -12,8 +12,8 @@ command names and syntax are NVIDIA's (`nvidia-smi --query-gpu=... --format=csv,
 this file's choice, not a capture: the tests assert what gpuprov does with a failure, not NVIDIA's wording.
 
 `install(bindir)` writes both executables into `bindir`, with `fake.json` next to them: the GPUs and their modes (the
-fake nvidia-smi changes them), `fail` (a command prefix the fakes refuse, e.g. "set_default_device_pinned_mem_limit 1"
-or "-c EXCLUSIVE_PROCESS") and `calls` (every call, in order)."""
+fake nvidia-smi changes them), `fail` (a command prefix the fakes refuse, e.g. "set_default_device_pinned_mem_limit 1",
+"-c EXCLUSIVE_PROCESS" or "-i GPU-… -c EXCLUSIVE_PROCESS") and `calls` (every call, in order)."""
 from __future__ import annotations
 
 import json
@@ -78,7 +78,7 @@ def _smi(args: list[str]) -> int:
         if gpu is None or args[3].upper() not in MODE_OF:
             print(f"No GPU or no mode: {' '.join(args)}", file=sys.stderr)
             return 2
-        if _refused(doc, " ".join(args[2:])):
+        if _refused(doc, " ".join(args)) or _refused(doc, " ".join(args[2:])):
             print(f"Setting the compute mode of GPU {gpu['uuid']} failed (fake_mps: refused on purpose)")
             return 3
         gpu["mode"] = MODE_OF[args[3].upper()]
