@@ -158,9 +158,7 @@ def _sharing_for(gpus: list[int], env: dict[str, str], state: MpsState | None, p
                       f"{','.join(map(str, unshared))}: ask for shared GPUs only or unshared GPUs only "
                       f"(`gpuprov share enable --gpus` chose {','.join(map(str, state.gpus))})")
     if not state.daemon_running():
-        from provision.share.state import dead_daemon  # lazy, as MpsState above
-
-        raise Refused(dead_daemon(path, state))
+        raise Refused(state.gone(path))
     return state
 
 

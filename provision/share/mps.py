@@ -16,7 +16,7 @@ from provision.fsutil import write_file
 from provision.metrics import nvml, usage
 from provision.render import render
 from provision.share import compute_mode
-from provision.share.state import MpsState, ShareStateInvalid, dead_daemon, proc_identity
+from provision.share.state import MpsState, ShareStateInvalid, proc_identity
 
 PIPE_DIR = paths.MPS_PIPE_DIR
 LOG_DIR = paths.MPS_LOG_DIR
@@ -253,7 +253,7 @@ def status(state_path: str) -> dict:
         return {"enabled": False, "daemon": None, "clients": []}
     if not state.daemon_running():  # the runtime refuses GPU containers on the shared GPUs meanwhile
         return {"enabled": False, "daemon": None, "clients": [],
-                "note": dead_daemon(state_path, state)}
+                "note": state.gone(state_path)}
     servers = [s for s in control(state, "get_server_list").split() if s.isdigit()]
     clients = []
     # One code path with `gpuprov metrics`: NVML's process lists (MPS clients included) mapped to containers by cgroup.

@@ -26,12 +26,6 @@ def proc_identity(pid: int) -> tuple[str, int] | None:
     return text[text.find("(") + 1:end], int(fields[19])  # fields[0] is field 3 (state); starttime is field 22
 
 
-def dead_daemon(path: str, state: MpsState) -> str:
-    """The one line for a state whose daemon is gone (crashed, killed, or its pid now another process's)."""
-    return (f"GPU sharing is on ({path}) but its MPS control daemon (pid {state.daemon_pid}) is no longer running: "
-            "run `gpuprov share disable` then `gpuprov share enable`")
-
-
 class ShareStateInvalid(ValueError):
     """The state file is not what `gpuprov share enable` writes (garbled, a field missing or of the wrong type)."""
 
@@ -137,6 +131,11 @@ class MpsState:
         (a pid the kernel gave to another process after the daemon died does not count)."""
         ident = proc_identity(self.daemon_pid)
         return ident is not None and ident[0] == DAEMON_COMM and (not self.daemon_start or ident[1] == self.daemon_start)
+
+    def gone(self, path: str) -> str:
+        """The one line for this state (at `path`) when its daemon is gone: crashed, killed, or its pid reused."""
+        return (f"GPU sharing is on ({path}) but its MPS control daemon (pid {self.daemon_pid}) is no longer running: "
+                "run `gpuprov share disable` then `gpuprov share enable`")
 
     def shares(self, index: int) -> bool:
         """Whether `share enable` shared this GPU (nvidia-smi's index); no --gpus shared every GPU."""

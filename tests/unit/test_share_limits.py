@@ -85,9 +85,8 @@ def test_bad_compute(bad, needle):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod")
 def test_runtime_injects_mps_and_strips_container_values(tmp_path):
-    from tests.inject_helpers import settings
-
     from tests.fake_mps import named_process
+    from tests.inject_helpers import settings
 
     daemon = named_process(tmp_path)
     state = tmp_path / "share.json"
