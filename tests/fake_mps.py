@@ -93,6 +93,10 @@ def _daemon(pipe: Path) -> None:
     """Double fork, as `nvidia-cuda-mps-control -d` does: the caller returns, the daemon lives on (its stdio closed,
     so a caller capturing output is not held), under the kernel name of NVIDIA's daemon."""
     if os.fork():
+        for _ in range(100):  # a well-behaved forking daemon: its pid file exists when the caller returns (systemd's
+            if (pipe / PID_FILE).exists():  # Type=forking with PIDFile= reads it then)
+                return
+            time.sleep(0.05)
         return
     os.setsid()
     if os.fork():

@@ -74,6 +74,17 @@ def disable_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
         print("GPU sharing off" + (f"; still running: {res['left_running']}" if res.get("left_running") else ""))
 
 
+@share_app.command("follow", hidden=True)
+def follow_cmd(state: str = typer.Option(..., "--state", help="The share state file the unit names."),
+               json_out: bool = typer.Option(False, "--json")) -> None:
+    """gpuprov-mps.service's ExecStartPost: a restarted daemon gets the state's limits, and the state names it."""
+    res = mps.follow(state)
+    if json_out:
+        emit_json(res)
+    else:
+        print(f"MPS daemon pid {res['daemon_pid']} now serves {state}" if res["followed"] else res["note"])
+
+
 @share_app.command("status")
 def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     """The daemon, its clients and, per container, GPU memory in use and the limit (like cgpu-smi)."""

@@ -5,7 +5,9 @@ shared GPUs' compute mode (EXCLUSIVE_PROCESS, as NVIDIA's MPS guide says; see co
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -48,11 +50,15 @@ def control(state: MpsState, command: str, timeout: float = 10, check: bool = Fa
     return (p.stdout or "").strip()
 
 
+def _pid_file(state: MpsState) -> str:
+    return os.path.join(state.pipe_dir, "nvidia-cuda-mps-control.pid")  # the daemon writes it (NVIDIA's MPS guide)
+
+
 def daemon_pid(state: MpsState) -> int | None:
     """The control daemon's PID from its pid file in the pipe directory, while that process runs (a zombie that no
     init reaped does not)."""
     try:
-        pid = int(Path(state.pipe_dir, "nvidia-cuda-mps-control.pid").read_text().strip())
+        pid = int(Path(_pid_file(state)).read_text().strip())
     except (OSError, ValueError):
         return None
     return pid if pid > 0 and proc_identity(pid) else None
@@ -110,11 +116,8 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
     try:
         if not keep_compute_mode:
             state = replace(state, previous_compute_modes=_exclusive(smi, shared, inherited, undo))
-        state = _start_daemon(state, undo)
-        _set_defaults(state, len(shared))
-        # The server holds the GPUs' one context from now on (under EXCLUSIVE_PROCESS nothing else can take it first).
-        # The defaults above are read when a server starts, so it starts after them.
-        control(state, f"start_server -uid {state.uid}", check=True)
+        state = _start_daemon(state, state_path, undo)
+        _configure(state, len(shared))
         os.makedirs(os.path.dirname(state_path), exist_ok=True)
         write_file(state_path, state.to_json(), mode=0o644, backup=False)
     except BaseException:
@@ -138,10 +141,18 @@ def _exclusive(smi: str, shared: list, inherited: dict[str, str], undo: list) ->
     return tuple(before)
 
 
-def _start_daemon(state: MpsState, undo: list) -> MpsState:
+def unit_text(state: MpsState, state_path: str) -> str:
+    """gpuprov-mps.service: systemd restarts a daemon that died or quit (Restart=always; `systemctl stop` is no
+    failure), and each start runs `share follow`, which gives the new daemon the state's limits and server and
+    points the state at it; a follow that fails fails the start, so systemd stops that daemon (fail closed)."""
+    follow = shlex.join([sys.executable, "-m", "provision", "share", "follow", "--state", state_path])
+    return render("gpuprov-mps.service.j2", control=state.control, follow=follow, pid_file=_pid_file(state),
+                  environment={k: v for k, v in _env(state).items() if k != "PATH"})
+
+
+def _start_daemon(state: MpsState, state_path: str, undo: list) -> MpsState:
     if Path("/run/systemd/system").is_dir():
-        unit = render("gpuprov-mps.service.j2", control=state.control,
-                      environment={k: v for k, v in _env(state).items() if k != "PATH"})
+        unit = unit_text(state, state_path)
         write_file(UNIT, unit, mode=0o644, backup=False)
         effects.run(["systemctl", "daemon-reload"], check=False)
         undo.append(lambda: effects.run(["systemctl", "stop", "gpuprov-mps"], check=False, timeout=60))
@@ -151,6 +162,11 @@ def _start_daemon(state: MpsState, undo: list) -> MpsState:
         undo.append(lambda: _stop(state))
         effects.run([state.control, "-d"], env=_env(state))
         supervisor = "background process"
+    return _started(state, supervisor)
+
+
+def _started(state: MpsState, supervisor: str) -> MpsState:
+    """The state naming the daemon that just started (its pid file, bounded wait), with its start time."""
     for _ in range(50):
         if daemon_pid(state):
             break
@@ -160,6 +176,31 @@ def _start_daemon(state: MpsState, undo: list) -> MpsState:
     if not pid or not ident:
         raise StepFailed(f"the MPS control daemon did not start; see {state.log_dir}/control.log")
     return state.started(supervisor, pid, ident[1])
+
+
+def _configure(state: MpsState, n_gpus: int) -> None:
+    """The daemon's defaults, then its server: the server holds the GPUs' one context from now on (under
+    EXCLUSIVE_PROCESS nothing else can take it first), and a server reads the defaults when it starts."""
+    _set_defaults(state, n_gpus)
+    control(state, f"start_server -uid {state.uid}", check=True)
+
+
+def follow(state_path: str) -> dict:
+    """Run by gpuprov-mps.service after each start of the daemon: a daemon systemd restarted (it died, or was told to
+    quit) gets the state's limits and its server, and the state then names it, so the runtime serves containers
+    again. Takes no host lock: `share enable` holds it while systemd starts the unit, and there the state does not
+    exist yet (enable configures its daemon itself). Fails (exit 5) when the daemon does not take the limits: the
+    state keeps naming the old daemon, and the runtime keeps refusing."""
+    state = load_state(state_path)
+    if state is None:
+        return {"followed": False, "note": f"no {state_path}: `share enable` configures the daemon it starts"}
+    if state.daemon_running():
+        return {"followed": False, "daemon_pid": state.daemon_pid, "note": "the state's daemon runs"}
+    new = _started(state, state.supervisor)
+    n = len(state.gpus) or len(compute_mode.query(compute_mode.find_smi(state.control)))
+    _configure(new, n)
+    write_file(state_path, new.to_json(), mode=0o644, backup=False)
+    return {"followed": True, "daemon_pid": new.daemon_pid, "was": state.daemon_pid}
 
 
 def _set_defaults(state: MpsState, n_gpus: int) -> None:

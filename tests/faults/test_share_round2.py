@@ -318,3 +318,61 @@ def test_every_gpu_shared_when_enable_named_none(tmp_path, two_gpus, mps_daemon)
     state = _state(tmp_path, mps_daemon.pid, max_memory=2 << 30, default_memory=1 << 30)
     env = _mps_env(_create(tmp_path, two_gpus, state, "all"))
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M,1=1024M"
+
+
+# --- 6, better still: systemd restarts the daemon, and the state follows it ------------------------------------------
+
+def _systemd_restarts(host: Host) -> None:
+    """What gpuprov-mps.service's Restart= does after the daemon died: ExecStart again, in the unit's environment."""
+    env = {"PATH": os.environ["PATH"], "CUDA_MPS_PIPE_DIRECTORY": str(host.pipe),
+           "CUDA_MPS_LOG_DIRECTORY": str(host.base / "log/mps")}
+    subprocess.run([str(host.bin / "nvidia-cuda-mps-control"), "-d"], env=env, check=True, timeout=60)
+
+
+def test_the_state_follows_a_restarted_daemon_with_its_limits(host):
+    assert host.share("enable", "--max-memory", "8G", "--default-compute", "50").returncode == 0
+    old = host.daemon()
+    os.kill(old, signal.SIGKILL)
+    _systemd_restarts(host)
+    seen = len(host.calls())
+    r = host.share("follow", "--state", str(host.state), "--json")  # the unit's ExecStartPost
+    assert r.returncode == 0, r.stderr
+    new = host.daemon()
+    assert json.loads(r.stdout) == {"followed": True, "daemon_pid": new, "was": old} and new != old
+    doc = json.loads(host.state.read_text())
+    assert (doc["daemon_pid"], doc["daemon_start"]) == (new, proc_identity(new)[1])
+    assert host.calls()[seen:] == [  # the new daemon has the ceiling on every GPU, then its server
+        "nvidia-smi --query-gpu=index,uuid,compute_mode --format=csv,noheader",
+        "control: set_default_device_pinned_mem_limit 0 8192M", "control: set_default_device_pinned_mem_limit 1 8192M",
+        "control: set_default_active_thread_percentage 50", "control: start_server -uid 0"]
+
+
+def test_a_follow_that_fails_keeps_refusing(host):
+    assert host.share("enable", "--max-memory", "8G").returncode == 0
+    old = host.daemon()
+    os.kill(old, signal.SIGKILL)
+    _systemd_restarts(host)
+    host.fail("set_default_device_pinned_mem_limit 1")
+    r = host.share("follow", "--state", str(host.state))
+    assert r.returncode == STEP_FAILED and "set_default_device_pinned_mem_limit 1" in _one_line(r), r.stderr
+    assert json.loads(host.state.read_text())["daemon_pid"] == old  # still the dead one: the runtime refuses
+
+
+def test_follow_leaves_a_running_daemon_and_a_missing_state_alone(host):
+    r = host.share("follow", "--state", str(host.state), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["followed"] is False  # enable's own start: no state yet
+    assert host.share("enable").returncode == 0
+    before = host.state.read_text()
+    r = host.share("follow", "--state", str(host.state), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["followed"] is False and host.state.read_text() == before
+
+
+def test_the_unit_restarts_the_daemon_and_runs_follow(tmp_path):
+    from provision.share import mps
+    from provision.share.state import MpsState
+
+    st = MpsState(control="/usr/bin/nvidia-cuda-mps-control", pipe_dir="/run/gpuprov/mps", log_dir="/var/log/x")
+    unit = mps.unit_text(st, "/run/gpuprov/share.json").splitlines()
+    assert "Restart=always" in unit and "PIDFile=/run/gpuprov/mps/nvidia-cuda-mps-control.pid" in unit
+    [post] = [ln for ln in unit if ln.startswith("ExecStartPost=")]
+    assert post.endswith(" -m provision share follow --state /run/gpuprov/share.json"), post
