@@ -33,16 +33,24 @@ MODE_OF = {"0": "Default", "DEFAULT": "Default", "1": "Exclusive_Thread", "EXCLU
 PID_FILE = "nvidia-cuda-mps-control.pid"
 
 
-def install(bindir: Path, n_gpus: int = 2, fail: str | None = None) -> Path:
-    bindir.mkdir(parents=True, exist_ok=True)
+def files(n_gpus: int = 2, fail: str | None = None, python: str = sys.executable, repo: str = str(REPO)
+          ) -> dict[str, str]:
+    """name -> text of the two executables and fake.json, for a host whose Python and checkout are given (a host
+    container has its own)."""
     gpus = [{"index": int(m.group(1)), "uuid": m.group(2), "mode": "Default"}
             for m in re.finditer(r"GPU (\d+): .* \(UUID: (GPU-[0-9a-f-]+)\)", HOSTS[n_gpus].read_text())]
-    (bindir / "fake.json").write_text(json.dumps({"gpus": gpus, "fail": fail, "calls": []}))
+    out = {"fake.json": json.dumps({"gpus": gpus, "fail": fail, "calls": []})}
     for name, role in (("nvidia-smi", "smi"), ("nvidia-cuda-mps-control", "control")):
-        exe = bindir / name
-        exe.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(REPO)!r})\n"
-                       f"from tests.fake_mps import main\nmain({role!r})\n")
-        exe.chmod(0o755)
+        out[name] = f"#!{python}\nimport sys\nsys.path.insert(0, {repo!r})\nfrom tests.fake_mps import main\nmain({role!r})\n"
+    return out
+
+
+def install(bindir: Path, n_gpus: int = 2, fail: str | None = None) -> Path:
+    bindir.mkdir(parents=True, exist_ok=True)
+    for name, text in files(n_gpus, fail).items():
+        (bindir / name).write_text(text)
+        if name != "fake.json":
+            (bindir / name).chmod(0o755)
     return bindir
 
 
