@@ -174,13 +174,15 @@ def test_mps_share_under_systemd_restarts_and_follows(host, installed):
 
     host.exec(f"kill -9 {first['daemon_pid']}", check=True)
     state = first
-    for _ in range(120):  # systemd's RestartSec=2, then ExecStartPost; a generous never-hang bound
+    active = ""
+    for _ in range(120):  # systemd's RestartSec=2, then ExecStartPost (the unit is active once it ends); a bound
         state = json.loads(host.read("/run/gpuprov/share.json"))
-        if state["daemon_pid"] != first["daemon_pid"]:
+        active = host.exec("systemctl is-active gpuprov-mps").stdout.strip()
+        if state["daemon_pid"] != first["daemon_pid"] and active == "active":
             break
         time.sleep(0.5)
-    assert state["daemon_pid"] != first["daemon_pid"], host.exec("journalctl -u gpuprov-mps --no-pager").stdout
-    assert host.exec("systemctl is-active gpuprov-mps").stdout.strip() == "active"
+    assert state["daemon_pid"] != first["daemon_pid"] and active == "active", \
+        host.exec("journalctl -u gpuprov-mps --no-pager").stdout
     after = calls()[[i for i, c in enumerate(calls()) if c.startswith("control -d")][-1]:]
     assert "control: set_default_device_pinned_mem_limit 0 2048M" in after and "control: start_server -uid 0" in after
     r = mps_env()  # the state follows the new daemon: containers start again
