@@ -1,7 +1,9 @@
-"""Where gpuprov keeps its state on a host: every path under /var/lib/gpuprov and /run/gpuprov comes from here.
+"""Where gpuprov keeps its state on a host: every path under /var/lib/gpuprov, /run/gpuprov and /var/log/gpuprov
+comes from here.
 
-GPUPROV_STATE_DIR and GPUPROV_RUN_DIR move them (the test suite points both at private directories, so it never
-writes the host's own gpuprov state). Plain strings, no pathlib: the runtime's container-start path imports this.
+GPUPROV_STATE_DIR, GPUPROV_RUN_DIR and GPUPROV_LOG_DIR move them (the test suite points them at private directories,
+so it never writes the host's own gpuprov state). Plain strings, no pathlib: the runtime's container-start path
+imports this.
 Fixed on purpose, so not here: the host lock (every run must find the same one, provision/hostlock.py), the warm
 editor's socket (shim.c names it too, inject/server.py) and verify's check paths (a controller names them for a
 node, verify/checks.py)."""
@@ -11,6 +13,7 @@ import os
 
 STATE_DIR = os.environ.get("GPUPROV_STATE_DIR", "/var/lib/gpuprov")
 RUN_DIR = os.environ.get("GPUPROV_RUN_DIR", "/run/gpuprov")
+LOG_DIR = os.environ.get("GPUPROV_LOG_DIR", "/var/log/gpuprov")
 
 STATE_FILE = f"{STATE_DIR}/state.json"  # reboot and resume state of bootstrap (plan/apply.py)
 REBOOT_MARKER = f"{RUN_DIR}/reboot-pending"  # gone after a reboot (/run is a tmpfs)
@@ -23,5 +26,6 @@ BUNDLES = f"{STATE_DIR}/bundles"  # where .tar.gz bundles are unpacked (root-onl
 BUNDLE_APT = f"{STATE_DIR}/bundle-apt"  # the local apt source a bundle's packages are installed from
 MOK_HASH = f"{STATE_DIR}/mok-password.hash"
 MPS_PIPE_DIR = f"{RUN_DIR}/mps"  # `gpuprov share`: the MPS control daemon's pipes
+MPS_LOG_DIR = f"{LOG_DIR}/mps"  # `gpuprov share`: the MPS control daemon's and servers' logs
 SHARE_STATE = f"{RUN_DIR}/share.json"  # `gpuprov share`: what runs where (the runtime reads it)
 DRIVER_VOLUMES = f"{STATE_DIR}/driver"  # `gpuprov driver-volume`: versioned copies and `current`

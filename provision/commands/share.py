@@ -29,9 +29,13 @@ def enable_cmd(
     default_compute: Optional[int] = typer.Option(None, "--default-compute", help="Percent for those containers."),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Hard per-container ceiling the MPS daemon "
                                              "enforces even against a process that sets its own limit."),
+    keep_compute_mode: bool = typer.Option(False, "--keep-compute-mode", help="Leave the GPUs' compute mode as it "
+                                           "is (a GPU you may not reconfigure). Then a container that bypasses the "
+                                           "MPS pipe runs outside MPS, without the limits."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Start the MPS control daemon for the chosen GPUs (pipe dir /run/gpuprov/mps, logs /var/log/gpuprov/mps)."""
+    """Start the MPS control daemon for the chosen GPUs (pipe dir /run/gpuprov/mps, logs /var/log/gpuprov/mps), with
+    their compute mode set to EXCLUSIVE_PROCESS (put back by `share disable`) so that only MPS reaches them."""
     bad = [x for x in gpus.split(",") if not is_index(x.strip())] if gpus else []
     if bad:  # ASCII digits only: int() would take '１' or '٣' as 1 and 3
         raise UsageError(f"--gpus takes GPU indices such as 0,1 (got {', '.join(map(repr, bad))})")
@@ -43,13 +47,20 @@ def enable_cmd(
     except (ValueError, Refused) as exc:
         raise UsageError(str(exc)) from None
     st = mps.enable(_state_path(), gpus=ids, max_clients=max_clients, default_memory=mem, default_compute=comp,
-                    max_memory=ceiling)
+                    max_memory=ceiling, keep_compute_mode=keep_compute_mode)
     if json_out:
         emit_json(st.to_dict())
     else:
         print(kv([("MPS daemon", f"pid {st.daemon_pid} ({st.supervisor})"), ("gpus", gpus or "all"),
                   ("pipe dir", st.pipe_dir), ("default memory", default_memory), ("default compute", comp),
-                  ("ceiling", max_memory)]))
+                  ("ceiling", max_memory), ("compute mode", _modes(st.previous_compute_modes))]))
+
+
+def _modes(previous: tuple[tuple[str, str], ...]) -> str:
+    if not previous:
+        return "left as it was (--keep-compute-mode): a container that bypasses MPS is not held to the limits"
+    return "EXCLUSIVE_PROCESS (only the MPS server holds a context; `share disable` puts back " + \
+        ", ".join(sorted({m for _, m in previous})) + ")"
 
 
 @share_app.command("disable")
@@ -63,6 +74,17 @@ def disable_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
         print("GPU sharing off" + (f"; still running: {res['left_running']}" if res.get("left_running") else ""))
 
 
+@share_app.command("follow", hidden=True)
+def follow_cmd(state: str = typer.Option(..., "--state", help="The share state file the unit names."),
+               json_out: bool = typer.Option(False, "--json")) -> None:
+    """gpuprov-mps.service's ExecStartPost: a restarted daemon gets the state's limits, and the state names it."""
+    res = mps.follow(state)
+    if json_out:
+        emit_json(res)
+    else:
+        print(f"MPS daemon pid {res['daemon_pid']} now serves {state}" if res["followed"] else res["note"])
+
+
 @share_app.command("status")
 def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     """The daemon, its clients and, per container, GPU memory in use and the limit (like cgpu-smi)."""
@@ -71,7 +93,7 @@ def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
         emit_json(st)
         return
     if not st["enabled"]:
-        print("GPU sharing is off (gpuprov share enable)")
+        print(st.get("note") or "GPU sharing is off (gpuprov share enable)")
         return
     d = st["daemon"]
     print(kv([("MPS daemon", f"pid {d['pid']} ({d['supervisor']})"), ("gpus", d["gpus"]),

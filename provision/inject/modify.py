@@ -24,7 +24,7 @@ import sys
 from provision.errors import Refused
 from provision.fsutil import write_file
 from provision.inject import discover, edits
-from provision.share.limits import MPS_VARS, REQUEST_VARS, aliyun_visible, mps_env, share_request
+from provision.share.limits import MPS_VARS, aliyun_visible, limits_asked, mps_env, share_request
 
 TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every GPU start's path
 if TYPE_CHECKING:
@@ -163,8 +163,9 @@ def load_discovery(settings: dict) -> discover.Discovery:
 
 
 def load_share_state(path: str) -> MpsState | None:
-    """Sharing is on when `gpuprov share enable` left its state and the MPS control daemon still runs. A state file
-    that is not enable's refuses GPU containers (they might otherwise run without the caps the operator set)."""
+    """The state `gpuprov share enable` left (None: sharing is off). A state file that is not enable's refuses GPU
+    containers (they might otherwise run without the caps the operator set). Whether its daemon still runs is asked
+    only for containers on the shared GPUs (apply_sharing)."""
     try:
         with open(path) as fh:
             text = fh.read()
@@ -174,23 +175,44 @@ def load_share_state(path: str) -> MpsState | None:
     from provision.share.state import MpsState  # lazy: 2 ms (-X importtime) per cold GPU start, sharing off
 
     try:
-        state = MpsState.from_json(text)
+        return MpsState.from_json(text)
     except ValueError as exc:
         raise Refused(f"GPU sharing state {path} is not gpuprov's ({exc}): run `gpuprov share disable`, then "
                       "`gpuprov share enable`") from None
-    try:
-        os.kill(state.daemon_pid, 0)
-    except OSError:
+
+
+def _sharing_for(gpus: list[int], env: dict[str, str], state: MpsState | None, path: str) -> MpsState | None:
+    """The state when this container's GPUs are shared and their daemon runs; None when none of its GPUs is shared
+    (it runs as on a host without sharing). Refuses a container that spans shared and unshared GPUs (its MPS client
+    would reach only the shared ones, through a daemon that numbers them its own way), limits asked for on unshared
+    GPUs, and any start on shared GPUs whose daemon is gone (fail closed: never uncapped)."""
+    if state is None:
         return None
+    shared = [i for i in gpus if state.shares(i)]
+    if not shared:
+        if limits_asked(env):
+            raise Refused(f"GPU memory/compute limits were asked for, but GPU {','.join(map(str, gpus)) or 'none'} "
+                          f"is not shared (shared: {','.join(map(str, state.gpus))}): ask for a shared GPU, or "
+                          "`gpuprov share enable --gpus` with this one")
+        return None
+    if len(shared) != len(gpus):
+        unshared = [i for i in gpus if not state.shares(i)]
+        raise Refused(f"this container asks for shared GPU {','.join(map(str, shared))} and unshared GPU "
+                      f"{','.join(map(str, unshared))}: ask for shared GPUs only or unshared GPUs only "
+                      f"(`gpuprov share enable --gpus` chose {','.join(map(str, state.gpus))})")
+    if not state.daemon_running():
+        raise Refused(state.gone(path))
     return state
 
 
-def apply_sharing(config: dict, env: dict[str, str], n_gpus: int, settings: dict) -> None:
-    """MPS client settings for a GPU container: limits, the pipe directory, the daemon's /dev/shm and IPC."""
+def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: dict) -> None:
+    """MPS client settings for a GPU container on shared GPUs (`gpus`: the host indices it gets): limits, the pipe
+    directory, the daemon's /dev/shm and IPC. Containers on unshared GPUs get none of it."""
     for var in MPS_VARS:  # a container never sets its own MPS limits or pipes
         env.pop(var, None)
-    state = load_share_state(settings.get("share_state", ""))
-    req = share_request(env, n_gpus, state)
+    path = settings.get("share_state", "")
+    state = _sharing_for(gpus, env, load_share_state(path), path)
+    req = share_request(env, len(gpus), state)
     if req is None:
         return
     uid = int(config.get("process", {}).get("user", {}).get("uid", 0))
@@ -230,7 +252,7 @@ def modify_config(config: dict, bundle: str, settings: dict, warn: Callable[[str
         config["hooks"]["prestart"] = [h for h in hooks if h not in gpus_hook]
         changed = True
     if selectors is None:
-        if any(env.get(v, "").strip() not in ("", "0") for v in REQUEST_VARS):
+        if limits_asked(env):
             raise Refused("GPU memory/compute limits were asked for, but the container requests no GPU "
                           "(set NVIDIA_VISIBLE_DEVICES or --gpus)")
         return changed
@@ -256,8 +278,8 @@ def modify_config(config: dict, bundle: str, settings: dict, warn: Callable[[str
         config.setdefault("mounts", []).append(m)
     # Our values replace the image's: NVIDIA_VISIBLE_DEVICES becomes the resolved list.
     env.update(e["env"])
-    n_gpus = len([d for d in e["devices"] if d["path"][len("/dev/nvidia"):].isdigit()])
-    apply_sharing(config, env, n_gpus, settings)
+    passed = {d["path"] for d in e["devices"]}
+    apply_sharing(config, env, [g.index for g in disc.gpus if g.node.path in passed], settings)
     process["env"] = [f"{k}={v}" for k, v in env.items()]
     return True
 

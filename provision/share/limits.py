@@ -24,6 +24,11 @@ MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTA
 REQUEST_VARS = ("GPUPROV_GPU_MEMORY", "GPUPROV_GPU_COMPUTE", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_SCHD_WEIGHT")
 
 
+def limits_asked(env: dict[str, str]) -> bool:
+    """The container asks for a memory or compute limit (ALIYUN_COM_GPU_MEM_CONTAINER=0 means cGPU unused)."""
+    return any(env.get(v, "").strip() not in ("", "0") for v in REQUEST_VARS)
+
+
 def parse_size(text: str, var: str, default_unit: str = "g") -> int:
     """'6G', '6GiB', '512M', '1.5G', '6' (GiB unless another default unit) -> bytes."""
     t = text.strip().lower()

@@ -1,10 +1,15 @@
 """The MPS control daemon: start it for chosen GPUs (systemd unit where systemd runs, a background process
-otherwise), set its defaults, report clients per container, stop it cleanly. Never changes GPU settings."""
+otherwise), set its defaults, report clients per container, stop it cleanly. The one GPU setting it changes is the
+shared GPUs' compute mode (EXCLUSIVE_PROCESS, as NVIDIA's MPS guide says; see compute_mode.py), put back by
+`disable`; --keep-compute-mode leaves it alone."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from provision import effects, paths
@@ -12,10 +17,11 @@ from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed
 from provision.fsutil import write_file
 from provision.metrics import nvml, usage
 from provision.render import render
-from provision.share.state import MpsState, ShareStateInvalid
+from provision.share import compute_mode
+from provision.share.state import MpsState, ShareStateInvalid, proc_identity
 
 PIPE_DIR = paths.MPS_PIPE_DIR
-LOG_DIR = "/var/log/gpuprov/mps"
+LOG_DIR = paths.MPS_LOG_DIR
 UNIT = "/etc/systemd/system/gpuprov-mps.service"
 
 
@@ -35,19 +41,27 @@ def _env(state: MpsState) -> dict:
     return env
 
 
-def control(state: MpsState, command: str, timeout: float = 10) -> str:
+def control(state: MpsState, command: str, timeout: float = 10, check: bool = False) -> str:
+    """One command to the daemon. check=True: a command the daemon refused (non-zero exit, as NVIDIA's device plugin
+    reads it) is StepFailed (exit 5) naming the command and what the daemon said."""
     p = effects.run([state.control], check=False, input_text=command + "\n", env=_env(state), timeout=timeout)
+    if check and p.returncode != 0:
+        raise effects.failed(f"echo {command} | {state.control}", p.returncode, p.output)
     return (p.stdout or "").strip()
 
 
+def _pid_file(state: MpsState) -> str:
+    return os.path.join(state.pipe_dir, "nvidia-cuda-mps-control.pid")  # the daemon writes it (NVIDIA's MPS guide)
+
+
 def daemon_pid(state: MpsState) -> int | None:
-    """The control daemon's PID from its pid file in the pipe directory."""
+    """The control daemon's PID from its pid file in the pipe directory, while that process runs (a zombie that no
+    init reaped does not)."""
     try:
-        pid = int(Path(state.pipe_dir, "nvidia-cuda-mps-control.pid").read_text().strip())
-        os.kill(pid, 0)
-        return pid
+        pid = int(Path(_pid_file(state)).read_text().strip())
     except (OSError, ValueError):
         return None
+    return pid if pid > 0 and proc_identity(pid) else None
 
 
 def invalid_state(path: str, exc: ShareStateInvalid) -> str:
@@ -76,7 +90,9 @@ def load_state(path: str) -> MpsState | None:
 
 
 def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, default_memory: int | None,
-           default_compute: int | None, max_memory: int | None = None) -> MpsState:
+           default_compute: int | None, max_memory: int | None = None, keep_compute_mode: bool = False) -> MpsState:
+    """Start MPS on the chosen GPUs with their limits, or leave nothing: a step that fails (a compute mode, the
+    daemon, any control command) stops the daemon started here, puts the compute modes back and writes no state."""
     try:
         old = read_state(state_path)
     except ShareStateInvalid:  # a broken file names no daemon: it is replaced below
@@ -84,40 +100,132 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
     if old and daemon_pid(old):
         raise GpuprovError(f"GPU sharing is already on (MPS daemon pid {daemon_pid(old)}); "
                            "`gpuprov share disable` first to change its settings", exit_code=2)
-    state = MpsState(control=find_control(), pipe_dir=PIPE_DIR, log_dir=LOG_DIR, gpus=tuple(gpus or ()),
+    ctl = find_control()
+    smi = compute_mode.find_smi(ctl)
+    shared = compute_mode.chosen(compute_mode.query(smi), gpus)
+    # A state whose daemon is gone claims limits nobody enforces: it goes now, so a failure below leaves none. The
+    # compute modes it recorded are still the operator's originals (this run finds its own EXCLUSIVE_PROCESS).
+    inherited = dict(old.previous_compute_modes) if old else {}
+    Path(state_path).unlink(missing_ok=True)
+    state = MpsState(control=ctl, pipe_dir=PIPE_DIR, log_dir=LOG_DIR, gpus=tuple(g.index for g in shared) if gpus else (),
                      max_clients=max_clients, default_memory=default_memory, default_compute=default_compute,
                      max_memory=max_memory, uid=os.getuid())
     for d in (state.pipe_dir, state.log_dir):
         os.makedirs(d, mode=0o755, exist_ok=True)
+    undo: list = []  # what to take back, newest last
+    try:
+        if not keep_compute_mode:
+            state = replace(state, previous_compute_modes=_exclusive(smi, shared, inherited, undo))
+        state = _start_daemon(state, state_path, undo)
+        _configure(state, len(shared))
+        os.makedirs(os.path.dirname(state_path), exist_ok=True)
+        write_file(state_path, state.to_json(), mode=0o644, backup=False)
+    except BaseException:
+        for step in reversed(undo):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - the first failure is the one to report; undo the rest regardless
+                pass
+        raise
+    return state
+
+
+def _exclusive(smi: str, shared: list, inherited: dict[str, str], undo: list) -> tuple[tuple[str, str], ...]:
+    """EXCLUSIVE_PROCESS on every shared GPU; returns each GPU's mode before (UUID -> mode) for `disable`."""
+    before = []
+    for g in shared:
+        before.append((g.uuid, inherited.get(g.uuid, g.mode)))
+        if g.mode != compute_mode.EXCLUSIVE:
+            compute_mode.set_mode(smi, g.uuid, compute_mode.EXCLUSIVE)
+            undo.append(lambda g=g: compute_mode.set_mode(smi, g.uuid, g.mode))
+    return tuple(before)
+
+
+def unit_text(state: MpsState, state_path: str) -> str:
+    """gpuprov-mps.service: systemd restarts a daemon that died or quit (Restart=always; `systemctl stop` is no
+    failure), and each start runs `share follow`, which gives the new daemon the state's limits and server and
+    points the state at it; a follow that fails fails the start, so systemd stops that daemon (fail closed)."""
+    follow = shlex.join([sys.executable, "-m", "provision", "share", "follow", "--state", state_path])
+    return render("gpuprov-mps.service.j2", control=state.control, follow=follow, pid_file=_pid_file(state),
+                  environment={k: v for k, v in _env(state).items() if k != "PATH"})
+
+
+def _start_daemon(state: MpsState, state_path: str, undo: list) -> MpsState:
     if Path("/run/systemd/system").is_dir():
-        unit = render("gpuprov-mps.service.j2", control=state.control,
-                      environment={k: v for k, v in _env(state).items() if k != "PATH"})
+        unit = unit_text(state, state_path)
         write_file(UNIT, unit, mode=0o644, backup=False)
         effects.run(["systemctl", "daemon-reload"], check=False)
+        undo.append(lambda: effects.run(["systemctl", "stop", "gpuprov-mps"], check=False, timeout=60))
         effects.run(["systemctl", "start", "gpuprov-mps"])
         supervisor = "systemd (gpuprov-mps.service)"
     else:
+        undo.append(lambda: _stop(state))
         effects.run([state.control, "-d"], env=_env(state))
         supervisor = "background process"
+    return _started(state, supervisor)
+
+
+def _started(state: MpsState, supervisor: str) -> MpsState:
+    """The state naming the daemon that just started (its pid file, bounded wait), with its start time."""
     for _ in range(50):
         if daemon_pid(state):
             break
         time.sleep(0.1)
     pid = daemon_pid(state)
-    if not pid:
+    ident = proc_identity(pid) if pid else None
+    if not pid or not ident:
         raise StepFailed(f"the MPS control daemon did not start; see {state.log_dir}/control.log")
-    state = state.started(supervisor, pid)
-    # The daemon's default pinned-memory limit is a ceiling no client can lift, even one that sets its own
-    # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (measured on an H200: a client asking 8G under a 2G default got 2G).
-    # Per-container limits below it come from the runtime; --default-memory is what containers asking nothing get.
-    if max_memory:
-        for i in range(len(gpus) if gpus else 1):
-            control(state, f"set_default_device_pinned_mem_limit {i} {max_memory // (1 << 20)}M")
-    if default_compute:
-        control(state, f"set_default_active_thread_percentage {default_compute}")
-    os.makedirs(os.path.dirname(state_path), exist_ok=True)
-    write_file(state_path, state.to_json(), mode=0o644, backup=False)
-    return state
+    return state.started(supervisor, pid, ident[1])
+
+
+def _configure(state: MpsState, n_gpus: int) -> None:
+    """The daemon's defaults, then its server: the server holds the GPUs' one context from now on (under
+    EXCLUSIVE_PROCESS nothing else can take it first), and a server reads the defaults when it starts."""
+    _set_defaults(state, n_gpus)
+    control(state, f"start_server -uid {state.uid}", check=True)
+
+
+def follow(state_path: str) -> dict:
+    """Run by gpuprov-mps.service after each start of the daemon: a daemon systemd restarted (it died, or was told to
+    quit) gets the state's limits and its server, and the state then names it, so the runtime serves containers
+    again. Takes no host lock: `share enable` holds it while systemd starts the unit, and there the state does not
+    exist yet (enable configures its daemon itself). Fails (exit 5) when the daemon does not take the limits: the
+    state keeps naming the old daemon, and the runtime keeps refusing."""
+    state = load_state(state_path)
+    if state is None:
+        return {"followed": False, "note": f"no {state_path}: `share enable` configures the daemon it starts"}
+    if state.daemon_running():
+        return {"followed": False, "daemon_pid": state.daemon_pid, "note": "the state's daemon runs"}
+    new = _started(state, state.supervisor)
+    n = len(state.gpus) or len(compute_mode.query(compute_mode.find_smi(state.control)))
+    _configure(new, n)
+    write_file(state_path, new.to_json(), mode=0o644, backup=False)
+    return {"followed": True, "daemon_pid": new.daemon_pid, "was": state.daemon_pid}
+
+
+def _set_defaults(state: MpsState, n_gpus: int) -> None:
+    """The daemon's defaults, each checked: a limit the daemon did not take fails `enable` (exit 5).
+    The default pinned-memory limit is a ceiling no client can lift, even one that sets its own
+    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (measured on an H200: a client asking 8G under a 2G default got 2G). It is set on
+    every shared GPU: the daemon numbers the GPUs it serves 0..n-1 (CUDA_VISIBLE_DEVICES remaps them).
+    Per-container limits below it come from the runtime; --default-memory is what containers asking nothing get."""
+    if state.max_memory:
+        for i in range(n_gpus):
+            control(state, f"set_default_device_pinned_mem_limit {i} {state.max_memory // (1 << 20)}M", check=True)
+    if state.default_compute:
+        control(state, f"set_default_active_thread_percentage {state.default_compute}", check=True)
+
+
+def _stop(state: MpsState) -> None:
+    """Quit the daemon (its servers finish their clients first) and wait for it, bounded."""
+    if state.systemd:
+        effects.run(["systemctl", "stop", "gpuprov-mps"], check=False, timeout=60)
+    else:
+        control(state, "quit")
+    for _ in range(100):
+        if not daemon_pid(state) and not _mps_processes():
+            break
+        time.sleep(0.1)
 
 
 def disable(state_path: str) -> dict:
@@ -131,28 +239,43 @@ def disable(state_path: str) -> dict:
         return {"stopped": False, "note": "GPU sharing was not on"}
     pid = daemon_pid(state)
     if pid:
-        if state.systemd:
-            effects.run(["systemctl", "stop", "gpuprov-mps"], check=False)
-        else:
-            control(state, "quit")
-        for _ in range(100):
-            if not daemon_pid(state) and not _mps_processes():
-                break
-            time.sleep(0.1)
+        _stop(state)
     left = _mps_processes()
+    restored, failed = _restore_modes(state)
     Path(state_path).unlink(missing_ok=True)
-    return {"stopped": True, "daemon_pid": pid, "left_running": left}
+    if failed:
+        raise StepFailed(f"GPU sharing is off, but the compute mode of {'; '.join(failed)}")
+    return {"stopped": True, "daemon_pid": pid, "left_running": left, "compute_modes_restored": restored}
+
+
+def _restore_modes(state: MpsState) -> tuple[dict[str, str], list[str]]:
+    """Each shared GPU back to the compute mode it had before `enable` (by UUID). Returns what was restored and,
+    for each GPU that could not be, the command to run by hand."""
+    restored, failed = {}, []
+    todo = [(u, m) for u, m in state.previous_compute_modes if m != compute_mode.EXCLUSIVE]
+    if not todo:
+        return restored, failed
+    try:
+        smi = compute_mode.find_smi(state.control)
+    except GpuprovError:
+        return restored, [f"{u} could not be restored (no nvidia-smi): run `nvidia-smi -i {u} -c {m.upper()}`"
+                          for u, m in todo]
+    for uuid, mode in todo:
+        try:
+            compute_mode.set_mode(smi, uuid, mode)
+            restored[uuid] = mode
+        except StepFailed:
+            failed.append(f"{uuid} could not be restored: run `nvidia-smi -i {uuid} -c {mode.upper()}`")
+    return restored, failed
 
 
 def _mps_processes() -> list[int]:
+    """Live MPS processes (control daemon and servers; the kernel keeps 15 characters of their names)."""
     out = []
     for d in os.listdir("/proc"):
         if d.isdigit():
-            try:
-                comm = Path(f"/proc/{d}/comm").read_text().strip()
-            except OSError:
-                continue
-            if comm in ("nvidia-cuda-mps", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
+            ident = proc_identity(int(d))
+            if ident and ident[0] in ("nvidia-cuda-mps", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
                 out.append(int(d))
     return out
 
@@ -167,8 +290,11 @@ def _env_of(pid: int) -> dict[str, str]:
 
 def status(state_path: str) -> dict:
     state = load_state(state_path)
-    if not state or not daemon_pid(state):
+    if not state:
         return {"enabled": False, "daemon": None, "clients": []}
+    if not state.daemon_running():  # the runtime refuses GPU containers on the shared GPUs meanwhile
+        return {"enabled": False, "daemon": None, "clients": [],
+                "note": state.gone(state_path)}
     servers = [s for s in control(state, "get_server_list").split() if s.isdigit()]
     clients = []
     # One code path with `gpuprov metrics`: NVML's process lists (MPS clients included) mapped to containers by cgroup.
@@ -191,4 +317,5 @@ def status(state_path: str) -> dict:
                                         "gpus": list(state.gpus) or "all", "pipe_dir": state.pipe_dir,
                                         "default_memory": state.default_memory,
                                         "default_compute": state.default_compute},
+            "compute_modes_before": dict(state.previous_compute_modes),
             "servers": [int(s) for s in servers], "clients": clients}

@@ -1,11 +1,29 @@
 """The MPS share state (`gpuprov share enable` writes it, the runtime reads it on every GPU container start) and a
 container's sharing request, as typed records. One JSON form each: `MpsState.to_json`/`from_json` are the only
-code that knows the state file's keys (the file's format is unchanged since sharing landed; `max_memory` came
-later and is optional). Import-light: the runtime's editor loads this module."""
+code that knows the state file's keys (the file's format is unchanged since sharing landed; `max_memory`,
+`daemon_start` and `previous_compute_modes` came later and are optional). Import-light: the runtime's editor loads
+this module."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+
+DAEMON_COMM = "nvidia-cuda-mps"  # nvidia-cuda-mps-control's name as the kernel keeps it (15 characters)
+
+
+def proc_identity(pid: int) -> tuple[str, int] | None:
+    """(comm, start time in clock ticks after boot) of a live process, from /proc/PID/stat; None for no process or a
+    zombie. One read: the runtime asks it on every GPU start on a sharing host."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    end = text.rfind(")")  # comm may hold spaces and parentheses: it ends at the last ')'
+    fields = text[end + 2:].split()
+    if end < 0 or len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return text[text.find("(") + 1:end], int(fields[19])  # fields[0] is field 3 (state); starttime is field 22
 
 
 class ShareStateInvalid(ValueError):
@@ -32,6 +50,13 @@ def _str(doc: dict, key: str) -> str:
     return v
 
 
+def _modes(doc: dict) -> tuple[tuple[str, str], ...]:
+    v = doc.get("previous_compute_modes") or {}  # absent in files from before compute modes were set
+    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(m, str) for k, m in v.items()):
+        raise ShareStateInvalid(f"'previous_compute_modes' must map GPU UUIDs to compute modes (got {v!r})")
+    return tuple(v.items())
+
+
 def _pid(doc: dict) -> int:
     pid = _int(doc, "daemon_pid")
     if pid <= 0:  # kill(0 or -N, 0) would "find" a whole process group
@@ -54,6 +79,12 @@ class MpsState:
     uid: int = 0  # the daemon's uid: clients must run as it
     supervisor: str = ""  # "systemd (gpuprov-mps.service)" | "background process"
     daemon_pid: int = 0  # 0 while it is being started
+    # The daemon's start time (clock ticks after boot, /proc/PID/stat field 22): with the pid it names one process,
+    # so a pid reused after the daemon died is never taken for it. 0 = not recorded (files from before).
+    daemon_start: int = 0
+    # GPU UUID -> its compute mode before `share enable` set EXCLUSIVE_PROCESS (`share disable` restores it);
+    # empty when the modes were left as they were (--keep-compute-mode).
+    previous_compute_modes: tuple[tuple[str, str], ...] = ()
 
     @property
     def systemd(self) -> bool:
@@ -63,7 +94,8 @@ class MpsState:
         doc = {"control": self.control, "pipe_dir": self.pipe_dir, "log_dir": self.log_dir, "gpus": list(self.gpus),
                "max_clients": self.max_clients, "default_memory": self.default_memory,
                "default_compute": self.default_compute, "max_memory": self.max_memory, "uid": self.uid,
-               "supervisor": self.supervisor, "daemon_pid": self.daemon_pid}
+               "supervisor": self.supervisor, "daemon_pid": self.daemon_pid, "daemon_start": self.daemon_start,
+               "previous_compute_modes": dict(self.previous_compute_modes)}
         return json.dumps(doc, indent=2) + "\n"
 
     def to_dict(self) -> dict:
@@ -88,10 +120,26 @@ class MpsState:
                    default_compute=_int(doc, "default_compute", optional=True),
                    max_memory=_int(doc, "max_memory", optional=True),  # absent in files from before --max-memory
                    uid=_int(doc, "uid", optional=True) or 0, supervisor=_str(doc, "supervisor"),
-                   daemon_pid=_pid(doc))
+                   daemon_pid=_pid(doc), daemon_start=_int(doc, "daemon_start", optional=True) or 0,
+                   previous_compute_modes=_modes(doc))
 
-    def started(self, supervisor: str, daemon_pid: int) -> MpsState:
-        return replace(self, supervisor=supervisor, daemon_pid=daemon_pid)
+    def started(self, supervisor: str, daemon_pid: int, daemon_start: int = 0) -> MpsState:
+        return replace(self, supervisor=supervisor, daemon_pid=daemon_pid, daemon_start=daemon_start)
+
+    def daemon_running(self) -> bool:
+        """The daemon this state names still runs: its pid is an MPS control daemon started when the state says
+        (a pid the kernel gave to another process after the daemon died does not count)."""
+        ident = proc_identity(self.daemon_pid)
+        return ident is not None and ident[0] == DAEMON_COMM and (not self.daemon_start or ident[1] == self.daemon_start)
+
+    def gone(self, path: str) -> str:
+        """The one line for this state (at `path`) when its daemon is gone: crashed, killed, or its pid reused."""
+        return (f"GPU sharing is on ({path}) but its MPS control daemon (pid {self.daemon_pid}) is no longer running: "
+                "run `gpuprov share disable` then `gpuprov share enable`")
+
+    def shares(self, index: int) -> bool:
+        """Whether `share enable` shared this GPU (nvidia-smi's index); no --gpus shared every GPU."""
+        return not self.gpus or index in self.gpus
 
 
 @dataclass(frozen=True, slots=True)

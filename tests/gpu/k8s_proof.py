@@ -83,7 +83,7 @@ def main() -> None:
                             "sees_only_gpu1": log.count("GPU ") == 1 and uuid1 in log,
                             "attributed_to_gpu1": (m.get(cid) or {}).get("gpu_uuid") == uuid1}
         save()
-        r = k8s_cri.gpuprov("share", "enable", "--gpus", "1", "--json")
+        r = k8s_cri.gpuprov("share", "enable", "--gpus", "1", "--keep-compute-mode", "--json")  # a lent GPU
         RESULT["share_enable"] = r.returncode
         b_id, _ = pods.run("mps-b", ["gpuprov-hold", "1000", "30"], {**gpu, "GPUPROV_GPU_MEMORY": "4G"}, img)
         c_id, _ = pods.run("mps-c", ["gpuprov-hold", "2000", "30"], {**gpu, "GPUPROV_GPU_MEMORY": "6G"}, img)

@@ -1,9 +1,19 @@
 """On a real GPU (marked `gpu`): MPS through `gpuprov share`, two containers with 2 GiB and 4 GiB caps through
-gpuprov-runtime, allocations below the cap succeed and above it fail, status shows both, disable leaves nothing."""
+gpuprov-runtime, allocations below the cap succeed and above it fail, status shows both, disable leaves nothing.
+
+A lent GPU's settings are never changed: every `share enable` here passes --keep-compute-mode, so the GPU's compute
+mode stays as found (EXCLUSIVE_PROCESS, what `share enable` sets by default, is proven against a fake nvidia-smi in
+tests/faults/test_share_round2.py). Issue 19's runtime checks are cheap here and run too: a state naming a daemon
+that is gone refuses containers (item 6); with two GPUs or more, an unshared GPU gets no MPS and a container spanning
+shared and unshared GPUs is refused (item 7), and a ceiling without --gpus holds on GPU 1 too (item 8)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,12 +41,63 @@ int main(int argc, char **argv) {
 @pytest.fixture(scope="module")
 def shared(runtime, rootfs, tmp_path_factory):  # noqa: F811
     build_cuda(rootfs, ALLOC, "alloc", tmp_path_factory.mktemp("alloc"))
-    r = run_cli("share", "enable", "--gpus", "0", "--max-clients", "4", "--json")
+    r = run_cli("share", "enable", "--gpus", "0", "--max-clients", "4", "--keep-compute-mode", "--json")
     assert r.returncode == 0, r.stderr
     _record("share_enable", json.loads(r.stdout))
     yield runtime
     r = run_cli("share", "disable", "--json")
     _record("share_disable", r.stdout + r.stderr)
+
+
+def _n_gpus() -> int:
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+two_gpus = pytest.mark.skipif(_n_gpus() < 2, reason="needs a host with two GPUs or more")
+
+
+def _state_file() -> Path:
+    return Path(json.loads(Path(os.environ["GPUPROV_RUNTIME_CONFIG"]).read_text()).get("share_state")
+                or "/run/gpuprov/share.json")
+
+
+def test_a_server_runs_from_enable(shared):
+    """`share enable` starts the MPS server itself (start_server), so it holds the GPU's context before any client."""
+    st = json.loads(run_cli("share", "status", "--json").stdout)
+    _record("share_server_at_enable", st)
+    assert st["enabled"] and st["servers"], st
+
+
+def test_state_naming_a_gone_daemon_refuses(shared, rootfs, tmp_path):  # noqa: F811
+    """Item 6, without touching the real daemon: the state is made to name a process that has exited (as after a
+    crash, or a restart under a new pid); a container on the shared GPU is refused, then the state is put back."""
+    path = _state_file()
+    kept = path.read_text()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    path.write_text(json.dumps({**json.loads(kept), "daemon_pid": gone.pid}))
+    try:
+        rc, out = lifecycle(shared, write_bundle(tmp_path / "a", _cfg(rootfs, ["/alloc", "64"], "2G")))
+    finally:
+        path.write_text(kept)
+    _record("share_gone_daemon", [rc, out])
+    assert rc == 10 and "no longer running" in out, (rc, out)
+
+
+@two_gpus
+def test_unshared_gpu_runs_without_mps_and_mixed_is_refused(shared, rootfs, tmp_path):  # noqa: F811
+    """Item 7 (sharing is on for GPU 0 only): GPU 1 gets no MPS settings and allocates past GPU 0's caps; 0,1 is
+    refused."""
+    cfg = make_config(str(rootfs), ["sh", "-c", "env | grep -c ^CUDA_MPS_; /alloc 3072"], ["NVIDIA_VISIBLE_DEVICES=1"])
+    rc1, out1 = lifecycle(shared, write_bundle(tmp_path / "one", cfg))
+    cfg = make_config(str(rootfs), ["/alloc", "64"], ["NVIDIA_VISIBLE_DEVICES=0,1"])
+    rc2, out2 = lifecycle(shared, write_bundle(tmp_path / "mixed", cfg))
+    _record("share_unshared_gpu", {"gpu1": out1, "mixed": [rc2, out2]})
+    assert rc1 == 0 and out1.splitlines()[0].strip() == "0" and "ALLOC OK 3072 MiB" in out1, out1
+    assert rc2 == 10 and "unshared GPU 1" in out2, (rc2, out2)
 
 
 def _cfg(rootfs, args, limit, extra=()):  # noqa: F811
@@ -83,7 +144,7 @@ def test_daemon_ceiling_holds_against_the_container_itself(shared, rootfs, tmp_p
     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT still cannot allocate past it."""
     run_cli("share", "disable")
     r = run_cli("share", "enable", "--gpus", "0", "--max-clients", "4", "--max-memory", "2G",
-                "--default-memory", "2G", "--json")
+                "--default-memory", "2G", "--keep-compute-mode", "--json")
     assert r.returncode == 0, r.stderr
     res = {}
     for name, script in (("default_only", "/alloc 3072"),
@@ -93,6 +154,23 @@ def test_daemon_ceiling_holds_against_the_container_itself(shared, rootfs, tmp_p
         res[name] = lifecycle(shared, write_bundle(tmp_path / name, cfg))[1]
     _record("share_daemon_ceiling", res)
     assert all("ALLOC FAIL 3072 MiB" in v for v in res.values()), res
+
+
+@two_gpus
+def test_zy_ceiling_on_every_gpu_without_gpus(shared, rootfs, tmp_path):  # noqa: F811
+    """Item 8: --max-memory without --gpus is the daemon's ceiling on every GPU it serves. Each client allocates on
+    its CUDA device 0 (which card that is under MPS is recorded, not asserted, with the `nvidia-smi -L` it sees):
+    1 GiB fits, 3 GiB does not, for a container on GPU 0 and one on GPU 1 alike."""
+    run_cli("share", "disable")
+    r = run_cli("share", "enable", "--max-memory", "2G", "--keep-compute-mode", "--json")
+    assert r.returncode == 0, r.stderr
+    res = {}
+    for gpu in ("0", "1"):
+        cfg = make_config(str(rootfs), ["sh", "-c", "unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; nvidia-smi -L; "
+                                        "/alloc 1024; /alloc 3072"], [f"NVIDIA_VISIBLE_DEVICES={gpu}"])
+        res[gpu] = lifecycle(shared, write_bundle(tmp_path / f"g{gpu}", cfg))[1]
+    _record("share_ceiling_every_gpu", res)
+    assert all("ALLOC OK 1024 MiB" in v and "ALLOC FAIL 3072 MiB" in v for v in res.values()), res
 
 
 def test_zz_disable_leaves_no_daemon(shared):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import time
 
 import pytest
 
@@ -139,3 +141,59 @@ def test_docker_args_fallback(host, installed):
     r = host.exec(f"gpuprov docker-args --gpus 0 --driver-root {FIXTURE}/usr/local/nvidia")
     assert r.returncode == 0, r.stderr
     assert "--device=/dev/nvidiactl" in r.stdout and ":/usr/bin/nvidia-smi:ro" in r.stdout
+
+
+def test_mps_share_under_systemd_restarts_and_follows(host, installed):
+    """`gpuprov share` on a systemd server, with stand-ins for nvidia-smi and nvidia-cuda-mps-control (no GPU here:
+    tests/fake_mps.py, serving the H200 capture's GPU): the daemon runs under gpuprov-mps.service; killed, systemd
+    restarts it and the unit's ExecStartPost (`share follow`) gives the new daemon the ceiling and points the state
+    at it. A container on the shared GPU gets the MPS settings while a daemon runs, and is refused in one line while
+    none does (issue 19, item 6)."""
+    from tests.fake_mps import files
+
+    fake = "/opt/fake-mps/bin"
+    for name, text in files(1, python="/opt/gpuprov/bin/python", repo="/src").items():
+        host.write(f"{fake}/{name}", text)
+    host.exec(f"chmod 755 {fake}/nvidia-smi {fake}/nvidia-cuda-mps-control", check=True)
+
+    def calls() -> list[str]:
+        return json.loads(host.read(f"{fake}/fake.json"))["calls"]
+
+    def mps_env() -> subprocess.CompletedProcess:
+        return docker(host, "run", "--rm", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE, "sh",
+                      "-c", 'echo "pipe=$CUDA_MPS_PIPE_DIRECTORY limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"')  # sh builtins only
+
+    r = host.exec(f"PATH={fake}:$PATH gpuprov share enable --max-memory 2G --json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = json.loads(r.stdout)
+    assert first["supervisor"] == "systemd (gpuprov-mps.service)", first
+    assert json.loads(host.read(f"{fake}/fake.json"))["gpus"][0]["mode"] == "Exclusive_Process"
+    r = mps_env()
+    # asked for no limit: no per-container one, the daemon's 2G ceiling holds it
+    assert r.returncode == 0 and r.stdout == "pipe=/run/gpuprov/mps limit=\n", r.stdout + r.stderr
+
+    host.exec(f"kill -9 {first['daemon_pid']}", check=True)
+    state = first
+    active = ""
+    for _ in range(120):  # systemd's RestartSec=2, then ExecStartPost (the unit is active once it ends); a bound
+        state = json.loads(host.read("/run/gpuprov/share.json"))
+        active = host.exec("systemctl is-active gpuprov-mps").stdout.strip()
+        if state["daemon_pid"] != first["daemon_pid"] and active == "active":
+            break
+        time.sleep(0.5)
+    assert state["daemon_pid"] != first["daemon_pid"] and active == "active", \
+        host.exec("journalctl -u gpuprov-mps --no-pager").stdout
+    after = calls()[[i for i, c in enumerate(calls()) if c.startswith("control -d")][-1]:]
+    assert "control: set_default_device_pinned_mem_limit 0 2048M" in after and "control: start_server -uid 0" in after
+    r = mps_env()  # the state follows the new daemon: containers start again
+    assert r.returncode == 0 and r.stdout == "pipe=/run/gpuprov/mps limit=\n", r.stdout + r.stderr
+
+    host.exec("systemctl stop gpuprov-mps", check=True)  # a stop is no failure: no restart, the state stays
+    r = mps_env()
+    assert r.returncode != 0 and "no longer running: run `gpuprov share disable` then `gpuprov share enable`" \
+        in r.stderr, r.stderr
+    r = host.exec("gpuprov share disable --json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(host.read(f"{fake}/fake.json"))["gpus"][0]["mode"] == "Default"
+    r = mps_env()
+    assert r.returncode == 0 and r.stdout == "pipe= limit=\n", r.stdout + r.stderr  # sharing off: plain again

@@ -251,7 +251,7 @@ def test_share_status_and_metrics_agree(fake_proc, tmp_path, monkeypatch):
     state = tmp_path / "share.json"
     state.write_text(MpsState(control="/nonexistent/mps-control", pipe_dir="/nonexistent", log_dir="/nonexistent",
                               supervisor="background process", daemon_pid=1).to_json())
-    monkeypatch.setattr(mps, "daemon_pid", lambda st: 1)
+    monkeypatch.setattr(MpsState, "daemon_running", lambda st: True)
     monkeypatch.setattr(mps, "control", lambda st, cmd, timeout=10: {"get_server_list": "103"}.get(cmd, "101\n102"))
     st = mps.status(str(state))
     by_share = {c["container"]: c["memory_used_mib"] for c in st["clients"]}

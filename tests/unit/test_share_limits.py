@@ -85,16 +85,21 @@ def test_bad_compute(bad, needle):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod")
 def test_runtime_injects_mps_and_strips_container_values(tmp_path):
+    from tests.fake_mps import named_process
     from tests.inject_helpers import settings
 
+    daemon = named_process(tmp_path)
     state = tmp_path / "share.json"
-    state.write_text(replace(STATE, daemon_pid=os.getpid()).to_json())
+    state.write_text(replace(STATE, daemon_pid=daemon.pid).to_json())
     (tmp_path / "bundle/rootfs/etc").mkdir(parents=True)
     cfg = {"root": {"path": "rootfs"}, "mounts": [{"destination": "/dev/shm", "source": "shm", "type": "tmpfs"}],
            "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}]},
            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "GPUPROV_GPU_MEMORY=2G",
                                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=100G", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"]}}
-    modify.modify_config(cfg, str(tmp_path / "bundle"), {**settings(tmp_path), "share_state": str(state)})
+    try:
+        modify.modify_config(cfg, str(tmp_path / "bundle"), {**settings(tmp_path), "share_state": str(state)})
+    finally:
+        daemon.kill()
     env = dict(e.split("=", 1) for e in cfg["process"]["env"])
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"  # the container's 100G is gone
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env

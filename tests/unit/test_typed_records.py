@@ -42,7 +42,9 @@ def test_state_round_trips_and_keeps_the_file_format():
 def test_old_state_file_still_reads():
     st = MpsState.from_json(json.dumps(OLD_STATE))
     assert st.max_memory is None and st.gpus == (0,) and st.systemd and st.default_memory == 2 << 30
-    assert json.loads(st.to_json()) == {**OLD_STATE, "max_memory": None}
+    assert st.daemon_start == 0 and st.previous_compute_modes == ()  # not recorded then: the pid and name are checked
+    assert json.loads(st.to_json()) == {**OLD_STATE, "max_memory": None, "daemon_start": 0,
+                                        "previous_compute_modes": {}}
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -53,6 +55,8 @@ def test_old_state_file_still_reads():
     (json.dumps({**OLD_STATE, "daemon_pid": 0}), "must be a process id"),
     (json.dumps({**OLD_STATE, "default_memory": 1.5}), "'default_memory' must be an integer"),
     (json.dumps({**OLD_STATE, "gpus": ["0"]}), "'gpus' must be a list of GPU indices"),
+    (json.dumps({**OLD_STATE, "daemon_start": "123"}), "'daemon_start' must be an integer"),
+    (json.dumps({**OLD_STATE, "previous_compute_modes": ["Default"]}), "'previous_compute_modes' must map"),
 ])
 def test_broken_state_named_precisely(text, needle):
     with pytest.raises(ShareStateInvalid, match=needle):
@@ -98,14 +102,15 @@ def test_cli_broken_state_is_exit_6_and_disable_clears_it(tmp_path, text, needle
 
 def test_status_json_schema_from_typed_state(tmp_path, monkeypatch):
     (tmp_path / "share.json").write_text(STATE.to_json())
-    monkeypatch.setattr(mps, "daemon_pid", lambda st: st.daemon_pid)
+    monkeypatch.setattr(MpsState, "daemon_running", lambda st: True)
     monkeypatch.setattr(mps, "control", lambda st, cmd, timeout=10: "")
     monkeypatch.setattr("provision.metrics.nvml.snapshot", lambda: None)
     monkeypatch.setattr("provision.metrics.usage.by_pid", lambda snap: {})
     st = mps.status(str(tmp_path / "share.json"))
     assert st == {"enabled": True, "daemon": {"pid": 4242, "supervisor": "background process", "gpus": [0, 1],
                                               "pipe_dir": "/run/gpuprov/mps", "default_memory": 2 << 30,
-                                              "default_compute": 50}, "servers": [], "clients": []}
+                                              "default_compute": 50}, "compute_modes_before": {},
+                  "servers": [], "clients": []}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod")
@@ -113,15 +118,21 @@ def test_runtime_refuses_on_a_broken_state_and_runs_without_one(tmp_path):
     from tests.inject_helpers import settings
 
     (tmp_path / "bundle/rootfs/etc").mkdir(parents=True)
+    from tests.fake_mps import named_process
+
+    daemon = named_process(tmp_path)  # the daemon the state names runs: killed at the end
     state = tmp_path / "share.json"
-    state.write_text(json.dumps({**OLD_STATE, "daemon_pid": os.getpid(), "pipe_dir": None}))
+    state.write_text(json.dumps({**OLD_STATE, "daemon_pid": daemon.pid, "pipe_dir": None}))
     s = {**settings(tmp_path), "share_state": str(state)}
     cfg = {"root": {"path": "rootfs"}, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}}
     with pytest.raises(Refused, match=f"GPU sharing state {state} is not gpuprov's \\('pipe_dir' is missing\\)"):
         modify.modify_config(json.loads(json.dumps(cfg)), str(tmp_path / "bundle"), s)
-    state.write_text(json.dumps({**OLD_STATE, "daemon_pid": os.getpid()}))
+    state.write_text(json.dumps({**OLD_STATE, "daemon_pid": daemon.pid}))
     done = json.loads(json.dumps(cfg))
-    assert modify.modify_config(done, str(tmp_path / "bundle"), s)
+    try:
+        assert modify.modify_config(done, str(tmp_path / "bundle"), s)
+    finally:
+        daemon.kill()
     env = dict(e.split("=", 1) for e in done["process"]["env"])
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     state.unlink()  # sharing never enabled: a plain GPU container
