@@ -27,6 +27,18 @@ SCRIPT = Path(manifest.__file__).with_name("install-offline.sh")
 GPG_ENV = {"PATH": "/usr/bin:/bin"}
 
 
+def listing(d: Path) -> list[str]:
+    return sorted(str(p) for p in d.rglob("*")) if d.exists() else []
+
+
+def assert_refused_nothing_left(r, base: Path, *words):
+    """Exit 8 with every word in its message, and nothing unpacked left under `base`, not even an empty directory."""
+    assert r.returncode == 8, (r.returncode, r.stdout, r.stderr)
+    assert all(w in r.stderr for w in words), r.stderr
+    assert "Traceback" not in r.stderr
+    assert listing(base) == [], listing(base)
+
+
 def small_bundle(root: Path, keys: list[dict] | None = None) -> Path:
     """A bundle directory: install-offline.sh, a repo index and a wheel (contents are bytes, not packages)."""
     (root / "repo").mkdir(parents=True)
