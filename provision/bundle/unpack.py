@@ -13,7 +13,11 @@ Unpacking is bounded: a first pass reads the headers only (and manifest.json, it
 members (a 205-byte archive can declare a 1 TiB one), a member whose size is not the one the manifest lists, and a
 total beyond MAX_BYTES (64 GiB; GPUPROV_BUNDLE_MAX_BYTES) or beyond the free space where it would be unpacked; only
 then is anything written, and the second pass takes exactly the members the first one saw. Proven by
-tests/faults/test_bundle_unpack_bounds.py."""
+tests/faults/test_bundle_unpack_bounds.py.
+
+A bundle *directory* that is about to be installed is copied the same way (copy_dir): its regular files, within the
+same bounds, into a fresh 0700 directory, so that what is verified is what is installed even when other users can
+write the original (tests/faults/test_bundle_private_copy.py)."""
 from __future__ import annotations
 
 import json
@@ -25,14 +29,14 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from provision.bundle.manifest import META, path_problem
+from provision.bundle.manifest import META, path_problem, walk
 from provision.errors import BundleInvalid
 
 TOP = "gpuprov-bundle"  # the one top-level directory `gpuprov bundle create` writes
 # The most a bundle may unpack to (a driver bundle is about 300 MB): the stated limit, GPUPROV_BUNDLE_MAX_BYTES moves it.
 MAX_BYTES = 64 << 30
 META_MAX = 64 << 20  # manifest.json, SHA256SUMS, SHA256SUMS.sig: what manifest.verify reads of them at most
-SPACE_MARGIN = 64 << 20  # left free on the file system after unpacking
+SPACE_MARGIN = 1 << 20  # left free on the file system after unpacking (a bundle never fills it)
 
 
 def member_name(m: tarfile.TarInfo) -> str:
@@ -177,3 +181,53 @@ def unpack(archive: Path, base: Path) -> Path:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def copy_dir(src: Path, base: Path) -> Path:
+    """A private copy of the bundle directory `src` under `base` (as unpack(): a new 0700 directory, modes
+    normalised, owned by the user running gpuprov), for verifying and installing from a place no one else can write.
+    Only regular files are copied (a link, FIFO, device or setuid file refuses the bundle), never through a link,
+    the total within the limit and the free space. Raises BundleInvalid (exit 8), leaving nothing."""
+    files, problems = walk(src)
+    if problems:
+        raise BundleInvalid(f"{src}: {problems[0]}: refusing the bundle (nothing of it was copied)")
+    private_base(base)
+    budget = min(max_bytes(), free_bytes(base) - SPACE_MARGIN)
+    work = Path(tempfile.mkdtemp(prefix="copy-", dir=base))
+    try:
+        for rel in sorted(files):
+            budget -= _copy_file(src / rel, work / TOP / rel, budget)
+            if budget < 0:
+                raise BundleInvalid(f"{src}: more than the limit ({max_bytes()} bytes, GPUPROV_BUNDLE_MAX_BYTES) or "
+                                    f"the free space under {base}: refusing the bundle (nothing of it was kept)")
+        return work / TOP
+    except OSError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise BundleInvalid(f"{src}: cannot copy ({exc}): refusing the bundle (nothing of it was kept)") from None
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _copy_file(src: Path, dest: Path, budget: int) -> int:
+    """Copy one regular file (never a link, FIFO or device: opened O_NOFOLLOW|O_NONBLOCK, then checked), at most
+    `budget` + 1 bytes of it; returns the bytes copied."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as inp:
+        st = os.fstat(inp.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            raise BundleInvalid(f"{src}: not a plain regular file (it changed while it was copied): refusing the "
+                                "bundle")
+        dest.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        mode = 0o755 if st.st_mode & 0o111 else 0o644
+        out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        with os.fdopen(out_fd, "wb") as out:
+            os.fchmod(out.fileno(), mode)
+            copied = 0
+            while copied <= budget:
+                chunk = inp.read(min(1 << 20, budget + 1 - copied))
+                if not chunk:
+                    break
+                out.write(chunk)
+                copied += len(chunk)
+    return copied
