@@ -76,10 +76,7 @@ def _load(path: Path) -> dict:
 
 def operator_files(dropin: Path) -> list[Path]:
     """crio.conf and the other drop-ins beside ours, in the order CRI-O reads them."""
-    main = Path(MAIN) if dropin.parent == Path(DROPIN_DIR) else dropin.parent.parent / "crio.conf"
-    others = sorted(p for p in dropin.parent.glob("*") if p.is_file() and not same_file(p, dropin)) \
-        if dropin.parent.is_dir() else []
-    return [p for p in [main, *others] if p.is_file()]
+    return [p for p in read_order(dropin) if not same_file(p, dropin)]
 
 
 def read_order(dropin: Path) -> list[Path]:
