@@ -27,6 +27,18 @@ SCRIPT = Path(manifest.__file__).with_name("install-offline.sh")
 GPG_ENV = {"PATH": "/usr/bin:/bin"}
 
 
+def listing(d: Path) -> list[str]:
+    return sorted(str(p) for p in d.rglob("*")) if d.exists() else []
+
+
+def assert_refused_nothing_left(r, base: Path, *words):
+    """Exit 8 with every word in its message, and nothing unpacked left under `base`, not even an empty directory."""
+    assert r.returncode == 8, (r.returncode, r.stdout, r.stderr)
+    assert all(w in r.stderr for w in words), r.stderr
+    assert "Traceback" not in r.stderr
+    assert listing(base) == [], listing(base)
+
+
 def small_bundle(root: Path, keys: list[dict] | None = None) -> Path:
     """A bundle directory: install-offline.sh, a repo index and a wheel (contents are bytes, not packages)."""
     (root / "repo").mkdir(parents=True)
@@ -53,22 +65,43 @@ class Signer:
     keyring: Path
     fingerprint: str
 
-    def sign(self, bundle: Path) -> None:
-        """Sign as `gpuprov bundle create --sign-key` does: the manifest names the key, SHA256SUMS signed."""
+    def sign(self, bundle: Path, *, at: str | None = None, sig_expire: str | None = None) -> None:
+        """Sign as `gpuprov bundle create --sign-key` does: the manifest names the key, SHA256SUMS signed. `at` (gpg's
+        --faked-system-time, e.g. 20200101T120000) signs in the past; `sig_expire` gives the signature an expiry."""
         man = json.loads((bundle / "manifest.json").read_text())
         manifest.write_manifest(bundle, man["target"], man["components"], [{"fingerprint": self.fingerprint}])
-        manifest.sign(bundle, self.fingerprint, str(self.home))
+        if at is None and sig_expire is None:
+            manifest.sign(bundle, self.fingerprint, str(self.home))
+            return
+        subprocess.run(["gpg", "--batch", "--yes", *(["--faked-system-time", at] if at else []),
+                        *(["--default-sig-expire", sig_expire] if sig_expire else []), "--local-user",
+                        self.fingerprint, "--detach-sign", "-o", str(bundle / "SHA256SUMS.sig"),
+                        str(bundle / "SHA256SUMS")], check=True, capture_output=True,
+                       env={**GPG_ENV, "GNUPGHOME": str(self.home)})
+
+    def revoke(self) -> None:
+        """Revoke the key with the revocation certificate gpg made with it, and re-export the keyring (an operator's
+        keyring that holds the revocation, as after `gpg --import REVOCATION` and `gpg --export`)."""
+        env = {**GPG_ENV, "GNUPGHOME": str(self.home)}
+        cert = (self.home / "openpgp-revocs.d" / f"{self.fingerprint}.rev").read_text()
+        subprocess.run(["gpg", "--batch", "--import"], input=cert.replace(":-----BEGIN", "-----BEGIN"), text=True,
+                       check=True, capture_output=True, env=env)
+        subprocess.run(["gpg", "--batch", "--yes", "--export", "-o", str(self.keyring), self.fingerprint], check=True,
+                       capture_output=True, env=env)
 
 
-def make_signer(base: Path, email: str = "bundles@gpuprov.invalid") -> Signer:
+def make_signer(base: Path, email: str = "bundles@gpuprov.invalid", *, at: str | None = None,
+                expire: str = "never") -> Signer:
+    """A real gpg key (ed25519, signing) in its own home, and its exported public keyring. `at`: made at that time
+    (--faked-system-time), so that with `expire` (1d) it is an expired key today."""
     home = base / "gnupg"
     home.mkdir(mode=0o700, parents=True)
     env = {**GPG_ENV, "GNUPGHOME": str(home)}
     # gpg starts an agent per home and leaves it running: stop it when the test run ends (signing restarts it)
     atexit.register(subprocess.run, ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True,
                     env=env)
-    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", email, "ed25519", "sign", "never"],
-                   check=True, capture_output=True, env=env)
+    subprocess.run(["gpg", "--batch", "--passphrase", "", *(["--faked-system-time", at] if at else []),
+                    "--quick-gen-key", email, "ed25519", "sign", expire], check=True, capture_output=True, env=env)
     out = subprocess.run(["gpg", "--batch", "--with-colons", "--fingerprint", email], capture_output=True,
                          text=True, check=True, env=env).stdout
     fpr = next(ln.split(":")[9] for ln in out.splitlines() if ln.startswith("fpr:"))

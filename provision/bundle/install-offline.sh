@@ -5,12 +5,26 @@
 #   - SHA256SUMS: each line `<sha256>  <path>`, the path plain and inside the bundle, each path once, every file
 #     of the bundle listed, every checksum right (sha256sum);
 #   - the signature of SHA256SUMS, with the host's gpgv: required when --keyring FILE is given, when the manifest
-#     names signing keys, or when a SHA256SUMS.sig is there.
-# Any failure: exit 8, nothing run or installed (tests/faults/test_bundle_offline.py). Arguments (e.g. --keyring
-# FILE, --json) are passed on to `gpuprov bundle install`, which verifies the bundle again before installing.
+#     names signing keys, or when a SHA256SUMS.sig is there; valid only when gpgv's status lines show a VALIDSIG and
+#     no expired or revoked key, expired or bad signature (gpgv's exit status alone accepts the first two).
+# All of it on a private copy of the bundle, which is what gets installed. Any failure: exit 8, nothing run or
+# installed (tests/faults/test_bundle_offline.py). Arguments (e.g. --keyring FILE, --json) are passed on to
+# `gpuprov bundle install`, which copies and verifies the bundle again before installing.
 set -euo pipefail
 export LC_ALL=C
 fail() { echo "Error: $*; refusing the bundle (nothing from it was run or installed)" >&2; exit 8; }
+# Why the signature is not valid ("" when it is), from gpgv's machine-readable status (--status-fd), read as
+# gpuprov's manifest.status_problem reads it: a VALIDSIG, and no EXPKEYSIG/REVKEYSIG (gpgv exits 0 for those),
+# EXPSIG, BADSIG, ERRSIG or NO_PUBKEY.
+sig_problem() {
+  local st pair rc=0
+  st=$(gpgv --status-fd 1 "$@" SHA256SUMS.sig SHA256SUMS 2>/dev/null) || rc=$?
+  for pair in "EXPKEYSIG:was made by an expired key" "REVKEYSIG:was made by a revoked key" "EXPSIG:has expired" \
+              "BADSIG:does not verify" "ERRSIG:does not verify" "NO_PUBKEY:does not verify"; do
+    if grep -q "^\[GNUPG:\] ${pair%%:*}\( \|$\)" <<<"$st"; then echo "${pair#*:}"; return 0; fi
+  done
+  [ "$rc" = 0 ] && grep -q '^\[GNUPG:\] VALIDSIG ' <<<"$st" || echo "does not verify"
+}
 
 keyring=""
 args=()
@@ -26,10 +40,17 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+# Everything below reads a private copy, in root's own new 0700 directory (removed on exit): no other user who can
+# write the bundle can swap a file between these checks and the install. Links, FIFOs, devices and setuid bits are
+# copied as they are (never followed or opened), so the checks below still see and refuse them.
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpuprov-offline-XXXXXX")
+trap 'rm -rf -- "$work"' EXIT
+cp -R --preserve=mode -- "$src/." "$work/bundle" || fail "cannot copy $src into $work"
+here=$work/bundle
 cd "$here"
 for f in manifest.json SHA256SUMS; do
-  [ -f "$f" ] && [ ! -L "$f" ] || fail "$here/$f is missing or not a regular file"
+  [ -f "$f" ] && [ ! -L "$f" ] || fail "$src/$f is missing or not a regular file"
 done
 odd=$(find . \( -type l -o \( ! -type f ! -type d \) -o \( -type f -perm /6000 \) \) -print -quit)
 [ -z "$odd" ] || fail "${odd#./} is a link, a special file or setuid/setgid"
@@ -53,13 +74,11 @@ if [ -n "$keyring" ] || [ "$signed_manifest" = true ] || [ -e SHA256SUMS.sig ]; 
     fail "SHA256SUMS.sig is missing but the bundle must be signed ($([ -n "$keyring" ] && echo "--keyring was given" ||
           echo "its manifest names signing keys"))"
   command -v gpgv >/dev/null || fail "gpgv is not installed: the signature cannot be checked"
-  if [ -n "$keyring" ]; then
-    gpgv --keyring "$keyring" SHA256SUMS.sig SHA256SUMS 2>/dev/null ||
-      fail "the signature of SHA256SUMS does not verify against $keyring"
-  else
-    gpgv SHA256SUMS.sig SHA256SUMS 2>/dev/null ||
-      fail "the signature of SHA256SUMS does not verify (pass --keyring FILE with the signer's key)"
-  fi
+  kr=()
+  [ -z "$keyring" ] || kr=(--keyring "$keyring")
+  why=$(sig_problem "${kr[@]}")
+  [ -z "$why" ] || fail "the signature of SHA256SUMS $why$([ -n "$keyring" ] && echo " against $keyring" ||
+                        echo " (pass --keyring FILE with the signer's key)")"
 fi
 sha256sum --quiet --strict -c SHA256SUMS || fail "bundle files do not match SHA256SUMS"
 
@@ -79,4 +98,4 @@ if ! [ -x /opt/gpuprov/bin/gpuprov ]; then
 fi
 # GPUPROV_ONLY_INSTALL=1: stop here (the Ansible role runs the rest through its module)
 [ -n "${GPUPROV_ONLY_INSTALL:-}" ] && exit 0
-exec /usr/local/bin/gpuprov bundle install "$here" "${args[@]}"
+/usr/local/bin/gpuprov bundle install "$here" "${args[@]}"  # not exec: the trap removes the copy afterwards

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from provision import paths
 from provision.bundle import aptrepo, manifest
-from provision.bundle.unpack import unpack
+from provision.bundle.unpack import TOP, copy_dir, unpack
 from provision.errors import BundleInvalid, BundleMismatch
 from provision.facts.distro_facts import read_distro
 from provision.facts.driver_facts import kernel_release
@@ -39,16 +39,21 @@ class OpenBundle:
 
 
 def kept_path(base: Path, bundle: Path) -> Path:
-    """Where a verified .tar.gz bundle's unpacked copy is kept under `base`: one directory per bundle content."""
-    return base / manifest.sha256(bundle / "SHA256SUMS")[:16] / bundle.name
+    """Where a verified bundle's private copy (a .tar.gz unpacked, a directory copied) is kept under `base`: one
+    directory per bundle content."""
+    return base / manifest.sha256(bundle / "SHA256SUMS")[:16] / TOP
 
 
-def open_verified(path: Path, keyring: str | None = None, base: Path | None = None) -> OpenBundle:
+def open_verified(path: Path, keyring: str | None = None, base: Path | None = None, *,
+                  private: bool = False) -> OpenBundle:
     """A bundle directory, or a .tar.gz unpacked (members filtered) into a private directory under `base`
-    (extract_base() unless given), then verified (manifest.verify). Raises BundleInvalid (exit 8) when anything
-    fails, after removing what was unpacked."""
+    (extract_base() unless given), then verified (manifest.verify). `private` (what an install uses): a directory
+    too is copied there first, and the copy verified, so that no other user can change what is installed after it
+    was verified. Raises BundleInvalid (exit 8) when anything fails, after removing what was unpacked or copied."""
     base = extract_base() if base is None else base
-    if path.is_dir():
+    if path.is_dir() and private:
+        bundle, unpacked = copy_dir(path, base), True
+    elif path.is_dir():
         bundle, unpacked = path.resolve(), False
     elif path.is_file():
         bundle, unpacked = unpack(path, base), True
@@ -90,10 +95,11 @@ def preflight(target: dict, distro, kernel: str | None) -> None:
 
 
 def check_bundle(path: Path, keyring: str | None = None, root: Path = Path("/"),
-                 base: Path | None = None) -> tuple[Path, dict]:
+                 base: Path | None = None, *, private: bool = False) -> tuple[Path, dict]:
     """Verify first (nothing is read from an unverified bundle), then the preflight (against the host under
-    `root`) and the repository. `base`: where a .tar.gz is unpacked (open_verified)."""
-    opened = open_verified(path, keyring, base)
+    `root`) and the repository. `base`: where a .tar.gz is unpacked (open_verified); `private`: a directory is
+    copied there too (installs: what was verified is what is installed)."""
+    opened = open_verified(path, keyring, base, private=private)
     bundle, man = opened.path, opened.result.manifest
     try:
         target = man["target"]

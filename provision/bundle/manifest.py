@@ -144,14 +144,34 @@ def check_signature(root: Path, keyring: str | None, required: bool) -> tuple[bo
         return False, []
     if not shutil.which("gpgv"):
         return False, ["SHA256SUMS.sig cannot be checked: gpgv is not installed (apt-get install gpgv)"]
-    cmd = ["gpgv"] + (["--keyring", keyring] if keyring else []) + [str(sig), str(root / "SHA256SUMS")]
+    cmd = ["gpgv", "--status-fd", "1"] + (["--keyring", keyring] if keyring else []) + [str(sig),
+                                                                                          str(root / "SHA256SUMS")]
     p = effects.try_run(cmd, env={**os.environ, "LC_ALL": "C"}, timeout=60)
     if p is None:
         return False, ["SHA256SUMS.sig cannot be checked: gpgv did not run or did not finish within 60 s"]
-    if p.returncode != 0:
-        return False, ["signature of SHA256SUMS does not verify" + (f" against {keyring}" if keyring else
-                                                                    " (pass --keyring with the signer's key)")]
+    why = status_problem(p.stdout) or (None if p.returncode == 0 else "does not verify")
+    if why:
+        return False, [f"signature of SHA256SUMS {why}" + (f" against {keyring}" if keyring else
+                                                             " (pass --keyring with the signer's key)")]
     return True, []
+
+
+# gpg's machine-readable status lines that refuse a signature whatever gpgv's exit status (0 for the first two):
+# a good signature by a key that has expired or been revoked is no longer the signer's word (REFERENCE.md §10).
+REFUSED_STATUS = {"EXPKEYSIG": "was made by an expired key", "REVKEYSIG": "was made by a revoked key",
+                  "EXPSIG": "has expired", "BADSIG": "does not verify", "ERRSIG": "does not verify",
+                  "NO_PUBKEY": "does not verify"}
+
+
+def status_problem(status: str) -> str | None:
+    """Why gpgv's `--status-fd` output does not show a valid signature (None: it does). Valid = a VALIDSIG and none
+    of REFUSED_STATUS; install-offline.sh reads the same lines the same way."""
+    words = [ln.split()[1:] for ln in status.splitlines() if ln.startswith("[GNUPG:] ")]
+    for w in words:
+        if w and w[0] in REFUSED_STATUS:
+            why = REFUSED_STATUS[w[0]]
+            return why if why == "does not verify" or len(w) < 2 else f"{why} (key {w[1]})"
+    return None if any(w[:1] == ["VALIDSIG"] for w in words) else "does not verify"
 
 
 def verify(root: Path, keyring: str | None = None) -> VerifyResult:

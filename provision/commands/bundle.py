@@ -91,7 +91,7 @@ def install_cmd(
     no_validate: bool = typer.Option(False, "--no-validate"),
 ) -> None:
     """Preflight, verify, then install from the bundle alone (never from the network) and configure the node."""
-    bundle, man = check_bundle(path, keyring)
+    bundle, man = check_bundle(path, keyring, private=True)  # installed from a verified private copy
     comps = man["components"]
     opt = Options(driver="auto" if "driver" in comps else "skip", engine="docker" if "engine" in comps else "none",
                   validate=not no_validate, bundle=str(bundle / "repo"))

@@ -221,15 +221,16 @@ def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Pa
 
 @contextmanager
 def _bundle_repo(bundle: Optional[Path], keyring: Optional[str], root: Path) -> Iterator[Optional[str]]:
-    """The verified bundle's repository for a plan that only reports. A directory is read where it is. A .tar.gz
-    is unpacked (members checked first) into a private temporary directory and verified there, as a real run does
-    in /var/lib/gpuprov/bundles; the copy is removed afterwards, and the plan names the directory a real run keeps
-    it in, so that what is printed is what runs."""
+    """The verified bundle's repository for a plan that only reports. A directory is verified where it is (a real
+    run verifies and installs from a private copy of it). A .tar.gz is unpacked (members checked first) into a
+    private temporary directory and verified there, as a real run does in /var/lib/gpuprov/bundles; the copy is
+    removed afterwards. Either way the plan names the directory a real run keeps its copy in, so that what is
+    printed is what runs."""
     if bundle is None:
         yield None
-    elif not bundle.is_file():
+    elif not bundle.is_file():  # verified in place (read-only); a real run installs from its private copy
         checked, _ = check_bundle(bundle, keyring, root)
-        yield str(checked / "repo")
+        yield str(kept_path(extract_base(), checked) / "repo")
     else:
         with tempfile.TemporaryDirectory(prefix="gpuprov-bundle-check-") as scratch:
             checked, _ = check_bundle(bundle, keyring, root, base=Path(scratch))
@@ -239,7 +240,7 @@ def _bundle_repo(bundle: Optional[Path], keyring: Optional[str], root: Path) -> 
 def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional[Path],
                bundle_keyring: Optional[str] = None) -> None:
     if bundle is not None:
-        checked, _ = check_bundle(bundle, bundle_keyring)
+        checked, _ = check_bundle(bundle, bundle_keyring, private=True)  # installed from a verified private copy
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
     _resume_after_reboot()
     report, steps = _plan(Path("/"), None, opt)

@@ -50,8 +50,8 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
         res.changed = plan.changed or bool(pending)
         return res
     res.changed = True
-    if plan.changed:
-        _write(eng, plan, path, req, res, check=restart)
+    if plan.changed:  # the engine's own check reads files only: it runs with --no-restart too
+        _write(eng, plan, path, req, res)
     if not restart:
         return res
     if daemon is None:
@@ -66,7 +66,7 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
     return res
 
 
-def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult, *, check: bool) -> None:
+def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult) -> None:
     """Write every edit (backups kept); when one write fails, or the engine's own check rejects the result, put the
     old files back (a drop-in written before its `imports` line is removed again)."""
     done: list[tuple] = []
@@ -84,8 +84,6 @@ def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: Configur
     except BaseException:
         _roll_back(done, made)
         raise
-    if not check:
-        return
     ok = eng.check(path, req)
     if ok is False:
         _roll_back(done, made)

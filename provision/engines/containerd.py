@@ -276,6 +276,11 @@ def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = Fa
         raise ConfigInvalid(f"{main} is a version-1 containerd config, which containerd "
                             f"{'.'.join(map(str, binary.version))} no longer reads: run `containerd config migrate`, "
                             "then run again (nothing was changed)")
+    if version == 3 and binary.version is not None and not binary.deep_merge:
+        # 1.x reads a version-3 file without a word and ignores its plugin sections (CRI is not where it looks).
+        raise ConfigInvalid(f"{main} is a version-3 containerd config, which only containerd 2.0 and later read; "
+                            f"this containerd is {'.'.join(map(str, binary.version))}, which reads versions 1 and 2: "
+                            "write it as `version = 2` (or upgrade containerd), then run again (nothing was changed)")
     sources = load_chain(main, main_doc, dropin, root) if main_old is not None else []
     cri = effective_cri(sources, binary, version)
     _refuse_operators_runtime(cri, runtime_name, runtime_path, default, replace)

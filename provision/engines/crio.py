@@ -1,10 +1,15 @@
 """CRI-O: gpuprov's runtime as a drop-in, `/etc/crio/crio.conf.d/99-gpuprov.conf`, never an edit of crio.conf.
 
 CRI-O reads crio.conf, then every file of crio.conf.d in name order, later files overriding earlier ones key by
-key; `99-` puts gpuprov's last. The drop-in is written with tomlkit (every string escaped as TOML wants it) from a
-validated handler name and runtime path; its name is fixed, so no name can move it out of crio.conf.d. A runtime of
-the same name pointing elsewhere, or another default runtime, in the operator's files is theirs: exit 14 unless
---replace-runtime.
+key; `99-` puts gpuprov's late, but not necessarily last (`zz-local.conf` sorts after it). The drop-in is written
+with tomlkit (every string escaped as TOML wants it) from a validated handler name and runtime path; its name is
+fixed, so no name can move it out of crio.conf.d. A runtime of the same name pointing elsewhere, or another default
+runtime, in the operator's files is theirs: exit 14 unless --replace-runtime.
+
+The proof is the merged configuration: `effective` folds every file in CRI-O's order, remembering which file set
+each key last. A file read after gpuprov's that sets any of gpuprov's keys (its handler, `default_runtime` with
+--default, `cdi_spec_dirs` with --cdi) would win over it: that is a conflict (exit 14 naming the file, at plan time),
+and the written result is checked the same way (tests/faults/test_crio_merged_config.py).
 """
 from __future__ import annotations
 
@@ -71,10 +76,57 @@ def _load(path: Path) -> dict:
 
 def operator_files(dropin: Path) -> list[Path]:
     """crio.conf and the other drop-ins beside ours, in the order CRI-O reads them."""
+    return [p for p in read_order(dropin) if not same_file(p, dropin)]
+
+
+def read_order(dropin: Path) -> list[Path]:
+    """Every file CRI-O reads, gpuprov's drop-in included at its place (whether it exists yet or not)."""
     main = Path(MAIN) if dropin.parent == Path(DROPIN_DIR) else dropin.parent.parent / "crio.conf"
-    others = sorted(p for p in dropin.parent.glob("*") if p.is_file() and not same_file(p, dropin)) \
-        if dropin.parent.is_dir() else []
-    return [p for p in [main, *others] if p.is_file()]
+    inside = {p.name: p for p in dropin.parent.glob("*") if p.is_file()} if dropin.parent.is_dir() else {}
+    inside = {n: p for n, p in inside.items() if not same_file(p, dropin)} | {dropin.name: dropin}
+    return [p for p in [main] if p.is_file()] + [inside[n] for n in sorted(inside)]
+
+
+def _fold(into: dict, origin: dict, doc: dict, path: Path, prefix: tuple = ()) -> None:
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            node = into.setdefault(k, {})
+            if not isinstance(node, dict):
+                node = into[k] = {}
+            _fold(node, origin, v, path, (*prefix, k))
+        else:
+            into[k] = v
+            origin[(*prefix, k)] = path
+
+
+def effective(files: list[tuple[Path, dict]]) -> tuple[dict, dict[tuple, Path]]:
+    """The configuration CRI-O builds from `files` (in its order), and for each key the file that set it last."""
+    merged: dict = {}
+    origin: dict[tuple, Path] = {}
+    for path, doc in files:
+        _fold(merged, origin, doc, path)
+    return merged, origin
+
+
+def owned_keys(req: RuntimeRequest) -> list[tuple]:
+    """gpuprov's keys (prefixes): anything under them that a later file sets changes what gpuprov configured."""
+    keys = [("crio", "runtime", "runtimes", req.name)]
+    if req.default:
+        keys.append(("crio", "runtime", "default_runtime"))
+    if req.cdi:
+        keys.append(("crio", "runtime", "cdi_spec_dirs"))
+    return keys
+
+
+def overridden(dropin: Path, ours: dict, req: RuntimeRequest) -> tuple[Path, str] | None:
+    """(the file, the key) when a file CRI-O reads after gpuprov's drop-in sets one of gpuprov's keys."""
+    order = read_order(dropin)
+    later = set(order[[same_file(p, dropin) for p in order].index(True) + 1:])
+    _, origin = effective([(p, ours if same_file(p, dropin) else _load(p)) for p in order])
+    for key, path in origin.items():
+        if path in later and any(key[:len(k)] == k for k in owned_keys(req)):
+            return path, ".".join(key)
+    return None
 
 
 def conflicts(dropin: Path, req: RuntimeRequest) -> None:
@@ -105,8 +157,13 @@ class CrioEngine(Engine):
         old = read_config(path)
         if old is not None:
             _load(path)  # ours, but edited by hand into something CRI-O cannot read: refuse, untouched
-        conflicts(path, req)
         text = render(runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi)
+        late = overridden(path, tomlkit.parse(text).unwrap(), req)
+        if late:
+            raise RuntimeConflict(f"{late[0]} is read after {path.name} and sets {late[1]}, so CRI-O would use its "
+                                  "value, not gpuprov's: remove that setting from it or rename it to sort before "
+                                  f"{path.name}, then run again (nothing was changed)")
+        conflicts(path, req)
         if text == old:
             return EnginePlan([], [])
         changes = [Change(f"crio.runtime.runtimes.{req.name}", req.path, reload=False)]
@@ -115,11 +172,18 @@ class CrioEngine(Engine):
         return EnginePlan([FileEdit(path, old, text)], changes)
 
     def check(self, path: Path, req: RuntimeRequest) -> bool | None:
-        """The written file reads back as TOML with the runtime (CRI-O itself is not needed for that)."""
-        rt = _load(path).get("crio", {}).get("runtime", {}).get("runtimes", {}).get(req.name, {})
-        ok = rt.get("runtime_path") == req.path
-        self.check_error = None if ok else f"{path} does not read back with runtime {req.name!r}"
-        return ok
+        """CRI-O's merged configuration over every file as written (CRI-O itself is not needed for that) has the
+        runtime, and the default when asked, as gpuprov wrote them."""
+        merged, _ = effective([(p, _load(p)) for p in read_order(path)])
+        runtime = merged.get("crio", {}).get("runtime", {})
+        late = overridden(path, _load(path), req)
+        if runtime.get("runtimes", {}).get(req.name, {}).get("runtime_path") != req.path:
+            self.check_error = f"CRI-O's merged configuration does not have runtime {req.name!r} -> {req.path}"
+        elif req.default and runtime.get("default_runtime") != req.name:
+            self.check_error = f"CRI-O's merged configuration does not have default_runtime = {req.name!r}"
+        else:
+            self.check_error = f"{late[0]} overrides {late[1]}" if late else None
+        return self.check_error is None
 
     def daemon_config(self, argv: list[str]) -> str:
         return flag_value(argv, ("--config-dir", "-d")) or DROPIN_DIR

@@ -11,7 +11,7 @@ import json
 import os
 
 from provision.errors import ConfigInvalid, Unsupported
-from provision.facts.rootfs import is_live
+from provision.facts.rootfs import MAX_READ, NotRegular, is_live, read_bytes_bounded
 from provision.fsutil import write_file
 from provision.inject import discover, edits
 from provision.inject.capabilities import CAPABILITIES
@@ -87,24 +87,37 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
     if not disc.version:
         raise Unsupported("no NVIDIA driver is loaded (/proc/driver/nvidia/version): no CDI spec to write; "
                           "install one with `gpuprov bootstrap`")
+    # Every spec there now is read (bounded, non-blocking) and judged before anything is written, manifests included:
+    # a FIFO, a directory or a foreign spec in either place refuses the whole refresh, with nothing touched.
+    olds = {os.path.join(d, SPEC_NAME): _current_spec(os.path.join(d, SPEC_NAME)) for d in dirs}
     text = render(generate_spec(discover.write_manifests(disc, gen_dir or discover.GENERATED_DIR)))
     changed = []
     for d in dirs:
         path = os.path.join(d, SPEC_NAME)
-        try:
-            with open(path) as fh:
-                old = fh.read()
-        except FileNotFoundError:
-            old = None
-        if old == text:
+        if olds[path] == text:
             continue
-        if old is not None and MARKER not in old:
-            raise ConfigInvalid(f"{path} was not written by gpuprov (NVIDIA's nvidia-ctk?); remove it or keep using "
-                                    "it (nothing was changed)")
         os.makedirs(d, mode=0o755, exist_ok=True)
         write_file(path, text, mode=0o644, keep_mode=False, backup=False)
         changed.append(path)
     return changed
+
+
+def _current_spec(path: str) -> str | None:
+    """The spec at `path` (None: there is none), refused (ConfigInvalid, exit 6) when it is not a regular file (a FIFO
+    would block the read forever, under the host lock and before the engine at boot), too large, or not gpuprov's."""
+    try:
+        old = read_bytes_bounded(path, MAX_READ + 1).decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    except NotRegular:
+        raise ConfigInvalid(f"{path} is not a regular file (a FIFO, directory or device); move it aside, then run "
+                            "`gpuprov cdi refresh` again (nothing was changed)") from None
+    except OSError as exc:
+        raise ConfigInvalid(f"cannot read {path}: {exc.strerror}; nothing was changed") from None
+    if len(old) > MAX_READ or MARKER not in old:
+        raise ConfigInvalid(f"{path} was not written by gpuprov (NVIDIA's nvidia-ctk?); remove it or keep using it "
+                            "(nothing was changed)")
+    return old
 
 
 def refresh_units(gpuprov: str, engine_unit: str | None = None) -> dict[str, str]:

@@ -63,3 +63,17 @@ def user_daemon_json(pad: int = 0) -> bytes:
     if pad:
         doc["labels"] = ["x" * pad]
     return (json.dumps(doc, indent=4) + "\n").encode()
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch):
+    """Where gpuprov unpacks or copies bundles (GPUPROV_BUNDLE_DIR); the default place is checked to stay untouched
+    as well."""
+    from provision import paths
+    from tests.bundles import listing
+
+    d = tmp_path / "unpack-base"
+    monkeypatch.setenv("GPUPROV_BUNDLE_DIR", str(d))
+    before = listing(Path(paths.BUNDLES))
+    yield d
+    assert listing(Path(paths.BUNDLES)) == before, "something was left under /var/lib/gpuprov/bundles"

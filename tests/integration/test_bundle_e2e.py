@@ -124,9 +124,10 @@ def test_offline_install_in_network_none_host(bundle, tmp_path, signer):
         assert again["changed"] == 0, again
         r = h.exec("gpuprov bundle install /tars/bundle.tar.gz --keyring /keys/signer.gpg --json")
         assert r.returncode == 0 and json.loads(r.stdout)["changed"] == 0, r.stdout + r.stderr
-        # what was unpacked is root's alone: the base and the bundle's directory are 0700
+        # what was installed from is root's alone: the base and each private copy's directory are 0700, one copy per
+        # bundle content (the signed directory and its .tar.gz share one; the unsigned directory has its own)
         assert h.exec("stat -c %a /var/lib/gpuprov/bundles /var/lib/gpuprov/bundles/*").stdout.split() == [
-            "700", "700"]
+            "700", "700", "700"]
         after = h.exec("cat /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null | sha256sum").stdout
         assert before == after  # the host's own repository configuration is as it was
     finally:
