@@ -20,6 +20,7 @@ from pathlib import Path
 
 from provision.bundle.manifest import path_problem
 from provision.errors import BundleInvalid
+from provision.fsutil import make_dirs
 
 TOP = "gpuprov-bundle"  # the one top-level directory `gpuprov bundle create` writes
 
@@ -48,7 +49,7 @@ def member_problem(m: tarfile.TarInfo) -> str | None:
 
 def private_base(base: Path) -> Path:
     """`base` as a real directory (not a link) with mode 0700, created if need be."""
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_dirs(base, 0o700)  # explicit modes, whatever the umask (the directories above it 0755)
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise BundleInvalid(f"{base}: not a directory owned by this user; remove it (bundles are unpacked there)")

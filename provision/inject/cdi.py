@@ -101,8 +101,7 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
         if old is not None and MARKER not in old:
             raise ConfigInvalid(f"{path} was not written by gpuprov (NVIDIA's nvidia-ctk?); remove it or keep using "
                                     "it (nothing was changed)")
-        os.makedirs(d, mode=0o755, exist_ok=True)
-        write_file(path, text, mode=0o644, keep_mode=False, backup=False)
+        write_file(path, text, mode=0o644, keep_mode=False, backup=False)  # `d` made 0755 if need be
         changed.append(path)
     return changed
 

@@ -16,8 +16,8 @@ import os
 import posixpath
 import stat
 
-from provision.errors import Refused
-from provision.fsutil import write_file
+from provision.errors import Refused, UntrustedPath
+from provision.fsutil import open_trusted, write_file
 from provision.inject import discover, edits
 from provision.share.limits import MPS_VARS, REQUEST_VARS, aliyun_visible, mps_env, share_request
 
@@ -122,9 +122,12 @@ def load_discovery(settings: dict) -> discover.Discovery:
 def load_share_state(path: str) -> MpsState | None:
     """Sharing is on when `gpuprov share enable` left its state and the MPS control daemon still runs. A state file
     that is not enable's refuses GPU containers (they might otherwise run without the caps the operator set)."""
-    try:
-        with open(path) as fh:
-            text = fh.read()
+    try:  # only a state nobody but root could have written: its daemon and limits decide every GPU container's caps
+        with open_trusted(path) as fh:
+            text = fh.read().decode("utf-8", errors="replace")
+    except UntrustedPath as exc:
+        raise Refused(f"GPU sharing state {path} refused ({exc}): run `gpuprov share disable`, then `gpuprov share "
+                      "enable`") from None
     except OSError:
         return None
     # Without a state file (sharing off) the share records' classes are never built.

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from provision import effects, paths
-from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed
-from provision.fsutil import write_file
+from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed, UntrustedPath
+from provision.fsutil import make_dirs, read_trusted, write_file
 from provision.metrics import nvml, usage
 from provision.render import render
 from provision.share.state import MpsState, ShareStateInvalid
@@ -58,13 +58,18 @@ def invalid_state(path: str, exc: ShareStateInvalid) -> str:
 
 def read_state(path: str) -> MpsState | None:
     """None when sharing was never enabled (no file); raises ShareStateInvalid for a file that is not `enable`'s."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return None
+    try:  # only a state nobody but root could have written (fsutil.open_trusted): the runtime acts on it
+        data = read_trusted(path)
+    except UntrustedPath as exc:
+        raise ShareStateInvalid(str(exc)) from None
     except OSError as exc:
         raise ShareStateInvalid(f"unreadable: {exc.strerror}") from None
-    return MpsState.from_json(text)
+    if data is None:
+        return None
+    try:
+        return MpsState.from_json(data.decode())
+    except UnicodeDecodeError:
+        raise ShareStateInvalid("not UTF-8 text") from None
 
 
 def load_state(path: str) -> MpsState | None:
@@ -88,7 +93,7 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
                      max_clients=max_clients, default_memory=default_memory, default_compute=default_compute,
                      max_memory=max_memory, uid=os.getuid())
     for d in (state.pipe_dir, state.log_dir):
-        os.makedirs(d, mode=0o755, exist_ok=True)
+        make_dirs(d, 0o755)
     if Path("/run/systemd/system").is_dir():
         unit = render("gpuprov-mps.service.j2", control=state.control,
                       environment={k: v for k, v in _env(state).items() if k != "PATH"})
@@ -115,8 +120,7 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
             control(state, f"set_default_device_pinned_mem_limit {i} {max_memory // (1 << 20)}M")
     if default_compute:
         control(state, f"set_default_active_thread_percentage {default_compute}")
-    os.makedirs(os.path.dirname(state_path), exist_ok=True)
-    write_file(state_path, state.to_json(), mode=0o644, backup=False)
+    write_file(state_path, state.to_json(), mode=0o644, keep_mode=False, backup=False)  # its directories: 0755
     return state
 
 
