@@ -29,13 +29,13 @@ and writable by no one else; otherwise a cache is a miss and state is refused.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from provision.errors import ConcurrentEdit, ConfigInvalid, UntrustedPath, WriteFailed
 
@@ -84,7 +84,8 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
     private (private_dir). Any other link is UntrustedPath (exit 6). `private_dirs`: every directory on the way must
     be private, links or not (state and caches read back). A tail that does not exist yet is kept as given."""
     given = os.fspath(path)
-    todo = [p for p in reversed(os.path.join(os.getcwd(), given).split("/")) if p]
+    todo = [p for p in reversed((given if given.startswith("/") else os.path.join(os.getcwd(), given)).split("/"))
+            if p]
     cur, links = "/", 0
     weak = None if private_dir(os.lstat("/")) else "/"  # the first directory on the way that is not private
     while todo:
@@ -169,12 +170,14 @@ def make_dirs(path: str | os.PathLike, mode: int = DIR_MODE) -> None:
     os.close(_open_dir(resolve(path), DIR_MODE, mode))
 
 
-def open_trusted(path: str | os.PathLike) -> BinaryIO:
+def open_trusted(path: str | os.PathLike) -> io.BufferedReader:
     """A state or cache file gpuprov wrote, opened for reading only when nobody but root could have written it or
     anything above it: the file and every directory on its way are root's and not group- or other-writable (root's
     sticky directories such as /tmp count: others cannot replace root's names there); links only as resolve()
     allows. FileNotFoundError when it is absent; UntrustedPath otherwise (a cache treats it as a miss, state as a
     refusal). Costs one lstat per path component and one fstat: cheap enough for the container-start path."""
+    if not os.fspath(path):  # as open("") says: no such file (a setting left empty)
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "")
     real = resolve(path, private_dirs=True)
     fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:

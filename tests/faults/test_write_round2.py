@@ -123,8 +123,9 @@ def test_root_link_in_a_directory_others_can_write_is_refused(scratch, victim, t
     d.mkdir()
     os.symlink(victim, d / "gpuprov.prom")
     os.chown(d, NOBODY, NOBODY)
-    r = metrics_cli("--textfile", str(d), "--allow-shared-dir")
-    assert r.returncode == CONFIG_INVALID and "which others can write" in one_line(r), r.stderr
+    for extra in ((), ("--allow-shared-dir",)):
+        r = metrics_cli("--textfile", str(d), *extra)
+        assert r.returncode == CONFIG_INVALID and "which others can write" in one_line(r), r.stderr
     assert untouched(victim)
 
 
