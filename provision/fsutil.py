@@ -103,7 +103,8 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
         if stat.S_ISLNK(st.st_mode):
             if weak is not None or not _ours(st.st_uid):
                 why = f"owned by uid {st.st_uid}" if not _ours(st.st_uid) else f"in {weak}, which others can write"
-                raise UntrustedPath(f"{given}: {nxt} is a symlink another user could have planted ({why}); gpuprov "
+                where = "" if not todo else f"{given}: "  # the link is on the way, not the file itself
+                raise UntrustedPath(f"{where}{nxt} is a symlink another user could have planted ({why}); gpuprov "
                                     "does not follow it: remove it, or keep links root's in directories only root "
                                     "can write, then run again (nothing was changed)")
             links += 1
@@ -312,7 +313,10 @@ class _How:
     shared_dir_ok: bool
 
 
-def write_file(path: str | os.PathLike, data: str | bytes, *, mode: int = 0o644, backup: bool = True,
+Writer = Callable[[io.BufferedWriter], None]  # writes the new content into the staged file (large outputs: a tar)
+
+
+def write_file(path: str | os.PathLike, data: str | bytes | Writer, *, mode: int = 0o644, backup: bool = True,
                keep_mode: bool = True, durable: bool = True, expect: Seen | None = None,
                shared_dir_ok: bool = False) -> Path | None:
     """Replace `path`'s content with `data` (see the module docstring). A new file gets `mode`; an existing one keeps
@@ -321,9 +325,10 @@ def write_file(path: str | os.PathLike, data: str | bytes, *, mode: int = 0o644,
     `durable=False` skips the fsyncs, for files that do not outlive the host's uptime anyway (a container's
     config.json on every create). `expect`: the Seen of the read `data` was merged from; the rename happens only if
     the file is still that (ConcurrentEdit otherwise). `shared_dir_ok`: the operator allowed a directory other users
-    can write (--allow-shared-dir). Returns the backup's path when one was made (`backup` and the file existed)."""
+    can write (--allow-shared-dir). `data` may be a Writer, called with the staged file (a bundle's tar, streamed).
+    Returns the backup's path when one was made (`backup` and the file existed)."""
     link = Path(path)
-    blob = data.encode() if isinstance(data, str) else bytes(data)
+    blob = data.encode() if isinstance(data, str) else data if callable(data) else bytes(data)
     how = _How(mode, backup, keep_mode, durable, expect, shared_dir_ok)
     target = link
     try:
@@ -381,7 +386,7 @@ def _check_dir(dfd: int, target: Path, how: _How) -> bool:
     return True
 
 
-def _write_at(dfd: int, target: Path, blob: bytes, how: _How) -> Path | None:
+def _write_at(dfd: int, target: Path, blob: bytes | Writer, how: _How) -> Path | None:
     shared = _check_dir(dfd, target, how)
     name = target.name
     st, old = _read_at(dfd, name, target, content=how.expect is not None or how.backup)
@@ -437,7 +442,7 @@ class _Staged:
     fsync'd, with the given mode and owner. Where O_TMPFILE is unsupported, a hidden file under a private random
     name, created with O_EXCL|O_NOFOLLOW (nothing another user planted is opened)."""
 
-    def __init__(self, dfd: int, name: str, blob: bytes, owner: _Owner, durable: bool = True):
+    def __init__(self, dfd: int, name: str, blob: bytes | Writer, owner: _Owner, durable: bool = True):
         self.dfd, self.name, self.tmp = dfd, name, None
         try:
             self.fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=dfd)
@@ -448,9 +453,13 @@ class _Staged:
             self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600,
                               dir_fd=dfd)
         try:
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(self.fd, view):]
+            if callable(blob):
+                with os.fdopen(self.fd, "wb", closefd=False) as fh:
+                    blob(fh)
+            else:
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(self.fd, view):]
             if owner.uid is not None:
                 try:
                     os.fchown(self.fd, owner.uid, owner.gid)  # before chmod: chown clears setuid/setgid bits

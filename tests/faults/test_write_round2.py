@@ -164,6 +164,31 @@ def test_a_directory_where_the_file_is_expected(scratch):
     assert (d / "gpuprov.prom").is_dir()
 
 
+def test_streamed_output_refuses_a_planted_link(scratch, victim):
+    """`bundle create --output X.tar.gz` streams its tar through the same path (write_file with a writer): a link
+    nobody planted at X is refused and the root-only file keeps its bytes; a fresh name gets a whole tar."""
+    import tarfile
+
+    from provision.errors import UntrustedPath
+    from provision.fsutil import write_file
+
+    d = scratch / "out"
+    d.mkdir(mode=0o1777)
+    d.chmod(0o1777)
+    (scratch / "payload").write_text("x")
+
+    def pack(fh):
+        with tarfile.open(fileobj=fh, mode="w:gz") as tar:
+            tar.add(scratch / "payload", arcname="payload")
+
+    as_nobody("ln", "-s", str(victim), str(d / "bundle.tar.gz"))
+    with pytest.raises(UntrustedPath):
+        write_file(d / "bundle.tar.gz", pack, backup=False)
+    assert untouched(victim)
+    write_file(d / "fresh.tar.gz", pack, backup=False)
+    assert tarfile.open(d / "fresh.tar.gz").getnames() == ["payload"]
+
+
 def test_operators_own_link_is_still_followed(tmp_path):
     """Round one's rule holds with trust: root's link in root's directories is edited through, the link stays."""
     from provision.fsutil import write_file
