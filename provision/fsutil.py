@@ -88,6 +88,8 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
             if p]
     cur, links = "/", 0
     weak = None if private_dir(os.lstat("/")) else "/"  # the first directory on the way that is not private
+    if weak and private_dirs:
+        raise UntrustedPath(f"{given}: / can be written by others, so gpuprov does not trust what is under it")
     while todo:
         name = todo.pop()
         if name == ".":
