@@ -97,12 +97,13 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
         if name == "..":
             cur = os.path.dirname(cur)
             continue
-        nxt = os.path.join(cur, name)
+        nxt = cur + name if cur == "/" else f"{cur}/{name}"  # not os.path.join: this loop runs on every GPU start
         try:
             st = os.lstat(nxt)
         except FileNotFoundError:
             return os.path.normpath(os.path.join(nxt, *reversed(todo)))
-        if stat.S_ISLNK(st.st_mode):
+        kind = st.st_mode & 0o170000
+        if kind == stat.S_IFLNK:
             if weak is not None or not _ours(st.st_uid):
                 why = f"owned by uid {st.st_uid}" if not _ours(st.st_uid) else f"in {weak}, which others can write"
                 where = "" if not todo else f"{given}: "  # the link is on the way, not the file itself
@@ -117,7 +118,7 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
             if target.startswith("/"):  # what led here was trusted: the lookup starts afresh at /
                 cur = "/"
             continue
-        if stat.S_ISDIR(st.st_mode) and weak is None and not private_dir(st):
+        if kind == stat.S_IFDIR and weak is None and not private_dir(st):
             weak = nxt
             if private_dirs:
                 raise UntrustedPath(f"{given}: {nxt} can be written by {_who_writes(st)} (mode "
