@@ -7,7 +7,9 @@ Exit codes (documented in README.md):
   3  host unreadable (os-release missing or unreadable, --root not a host tree)
   4  unsupported host or target (distro/release gpuprov has no rules for)
   5  a step failed (command or package install failed; nothing after it ran)
-  6  refused to edit a config that is not valid (file left byte-for-byte untouched)
+  6  refused to edit a config that is not valid (file left byte-for-byte untouched), or to write through a link
+     or into a directory another user could have planted or can write (--allow-shared-dir), or to trust state
+     another user can write
   7  reboot required to finish (state recorded; run bootstrap again after the reboot)
   8  bundle verification failed (checksum, signature, manifest)
   9  bundle does not match this host (distro release, kernel, arch)
@@ -16,7 +18,7 @@ Exit codes (documented in README.md):
  12  declined at the confirmation prompt (nothing was changed)
  13  disk full or read-only: a write could not complete; the file is untouched
  14  conflicts with the operator's own setting (a runtime of that name pointing elsewhere, another
-     default-runtime); --replace-runtime overrides
+     default-runtime); --replace-runtime overrides; or a file that kept changing while gpuprov edited it
  15  driver installed, but no NVIDIA device to verify it on (image baking, a VM without its GPU)
  16  the driver's kernel module failed to build (DKMS); the module package was rolled back, dpkg is consistent
 """
@@ -123,3 +125,16 @@ class DkmsBuildFailed(GpuprovError):
     """DKMS could not build the kernel module: named with the compiler's first error; rolled back."""
 
     exit_code = DKMS_FAILED
+
+
+class UntrustedPath(ConfigInvalid, OSError):
+    """A path root would write through, or read state from, that another user could have planted or can change: a
+    link not root's or in a directory others can write, a shared directory without the sticky bit, a state file
+    others can write (provision/fsutil.py). Also an OSError, so best-effort writers (caches) treat it as a miss."""
+
+
+class ConcurrentEdit(GpuprovError):
+    """The file changed between gpuprov's read and its rename (an operator saved it meanwhile) and kept changing
+    over every retry: refused, with the operator's file as they saved it."""
+
+    exit_code = CONFLICT

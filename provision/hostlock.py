@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from provision.errors import HostBusy, WriteFailed
+from provision.fsutil import make_dirs
 
 LOCK_DIRS = ("/run/gpuprov", "/var/lib/gpuprov")
 LOCK_NAME = "host.lock"
@@ -48,7 +49,7 @@ def _open() -> tuple[int, str]:
     for d in lock_dirs():
         path = os.path.join(d, LOCK_NAME)
         try:
-            os.makedirs(d, mode=0o755, exist_ok=True)
+            make_dirs(d, 0o755)
             return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600), path
         except OSError as exc:
             errors.append(f"{path}: {exc.strerror}")

@@ -6,7 +6,12 @@ so it never writes the host's own gpuprov state). Plain strings, no pathlib: the
 imports this.
 Fixed on purpose, so not here: the host lock (every run must find the same one, provision/hostlock.py), the warm
 editor's socket (shim.c names it too, inject/server.py) and verify's check paths (a controller names them for a
-node, verify/checks.py)."""
+node, verify/checks.py).
+
+Root's alone, whatever the umask: the directories are made by fsutil (write_file, make_dirs) with explicit modes
+(0755; bundles 0700), and what is read back from them (the discovery cache, share.json, state.json, the install
+stamp) goes through fsutil.open_trusted: used only when it and every directory above it are root's and writable by
+no one else, otherwise a miss (a cache) or a refusal (state)."""
 from __future__ import annotations
 
 import os

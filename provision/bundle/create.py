@@ -17,6 +17,7 @@ from provision.bundle import aptrepo, manifest
 from provision.bundle.images import ensure_image
 from provision.decide.targets import Target
 from provision.errors import StepFailed, Unsupported, UsageError
+from provision.fsutil import make_dirs, write_file
 from provision.output import progress
 from provision.plan import repos
 
@@ -119,7 +120,7 @@ def create(opt: CreateOptions) -> dict:
     if not tar_out:
         if work.exists() and any(work.iterdir()):
             raise UsageError(f"{work} exists and is not empty: choose a new directory or a .tar.gz name")
-        work.mkdir(parents=True, exist_ok=True)
+        make_dirs(work, 0o755)
     repo = work / "repo"
     repo.mkdir(parents=True, exist_ok=True)
     all_pkgs = [p for pkgs in comps.values() for p in pkgs]
@@ -146,8 +147,12 @@ def create(opt: CreateOptions) -> dict:
         manifest.write_manifest(work, target, components, keys)
         manifest.sign(work, opt.sign_key, opt.gnupghome)
     if tar_out:
-        with tarfile.open(opt.output, "w:gz") as tar:
-            tar.add(work, arcname="gpuprov-bundle")
+        def pack(fh) -> None:
+            with tarfile.open(fileobj=fh, mode="w:gz") as tar:
+                tar.add(work, arcname="gpuprov-bundle")
+
+        # Through the one write path: never through a link planted at --output, old or new file, never half.
+        write_file(opt.output, pack, mode=0o644, keep_mode=False, backup=False)
         shutil.rmtree(work)
     size = opt.output.stat().st_size if tar_out else sum(p.stat().st_size for p in work.rglob("*") if p.is_file())
     return {"output": str(opt.output), "target": target, "packages": len(index), "bytes": size,

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from provision.bundle.manifest import META, path_problem, walk
 from provision.errors import BundleInvalid
+from provision.fsutil import make_dirs
 
 TOP = "gpuprov-bundle"  # the one top-level directory `gpuprov bundle create` writes
 # The most a bundle may unpack to (a driver bundle is about 300 MB): the stated limit, GPUPROV_BUNDLE_MAX_BYTES moves it.
@@ -133,7 +134,7 @@ def _check_sizes(archive: Path, seen: list[Seen], man: bytes | None) -> None:
 
 def private_base(base: Path) -> Path:
     """`base` as a real directory (not a link) with mode 0700, created if need be."""
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_dirs(base, 0o700)  # explicit modes, whatever the umask (the directories above it 0755)
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise BundleInvalid(f"{base}: not a directory owned by this user; remove it (bundles are unpacked there)")

@@ -13,7 +13,7 @@ from provision.commands import summary
 from provision.commands.engine import default_runtime_path
 from provision.commands.runtime_cmds import _discover
 from provision.errors import GpuprovError, UsageError
-from provision.fsutil import write_file
+from provision.fsutil import SHARED_DIR_HELP, SHARED_DIR_OPTION, write_file
 from provision.hostlock import host_lock
 from provision.inject.settings import load_settings, settings_path
 from provision.k8s import node
@@ -80,6 +80,7 @@ def manifests_cmd(
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
     strategy: str = typer.Option("auto", "--device-list-strategy", help=STRATEGY_HELP),
     namespace: str = typer.Option("nvidia-device-plugin", "--namespace", help="The device plugin's namespace."),
+    allow_shared_dir: bool = typer.Option(False, SHARED_DIR_OPTION, help=SHARED_DIR_HELP),
 ) -> None:
     """RuntimeClass `nvidia`, and the NVIDIA device plugin's config (file, ConfigMap, Helm values) from gpuprov's
     sharing and runtime settings."""
@@ -91,7 +92,7 @@ def manifests_cmd(
         return
 
     for name, text in files.items():
-        write_file(Path(output) / name, text, mode=0o644, backup=False)
+        write_file(Path(output) / name, text, mode=0o644, backup=False, shared_dir_ok=allow_shared_dir)
     print(kv([("wrote", " ".join(files)), ("into", output)]))
 
 
@@ -134,7 +135,7 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
                      dry_run=dry_run, disc=disc, labels=labels, config=config)
     if manifests and not dry_run:
         manifests_cmd(output=manifests, sharing=sharing, replicas=replicas, strategy="auto",
-                      namespace="nvidia-device-plugin")
+                      namespace="nvidia-device-plugin", allow_shared_dir=False)
     if json_out:
         emit_json(res.to_dict())
         return

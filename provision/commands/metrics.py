@@ -13,7 +13,7 @@ import typer
 
 from provision.commands import summary
 from provision.errors import UsageError
-from provision.fsutil import write_file
+from provision.fsutil import SHARED_DIR_HELP, SHARED_DIR_OPTION, write_file
 from provision.metrics import nvml, prom, usage
 from provision.output import emit_json, progress
 
@@ -64,11 +64,12 @@ def serve(host: str, port: int, collect=_collect) -> None:
         srv.server_close()
 
 
-def write_textfile(directory: str, text: str) -> str:
+def write_textfile(directory: str, text: str, shared_dir_ok: bool = False) -> str:
     """Atomically replace DIR/gpuprov.prom (node-exporter's textfile collector reads only *.prom, so the temporary
-    dot-file beside it is never read half-written)."""
+    dot-file beside it is never read half-written). Collector directories are often not root's: a link planted
+    there is refused, and a directory others can write only with --allow-shared-dir (fsutil)."""
     path = Path(directory) / TEXTFILE_NAME
-    write_file(path, text, mode=0o644, backup=False, keep_mode=False)
+    write_file(path, text, mode=0o644, backup=False, keep_mode=False, shared_dir_ok=shared_dir_ok)
     return str(path)
 
 
@@ -79,6 +80,7 @@ def metrics_cmd(
                                          help="Serve /metrics over HTTP, e.g. 127.0.0.1:9400."),
     interval: float = typer.Option(0, "--interval", help="With --textfile: rewrite every N seconds until stopped."),
     json_out: bool = typer.Option(False, "--json", help="The readings as JSON instead of Prometheus text."),
+    allow_shared_dir: bool = typer.Option(False, SHARED_DIR_OPTION, help=SHARED_DIR_HELP),
 ) -> None:
     """Per-GPU utilisation, memory, temperature, power, ECC and Xid errors, and GPU memory and utilisation per
     container (DCGM-exporter and cAdvisor metric names)."""
@@ -93,7 +95,7 @@ def metrics_cmd(
         return
     if textfile:
         while True:
-            write_textfile(textfile, _collect())
+            write_textfile(textfile, _collect(), shared_dir_ok=allow_shared_dir)
             if interval <= 0:
                 return
             time.sleep(interval)

@@ -13,7 +13,7 @@ from provision import effects, paths
 from provision.commands import summary
 from provision.errors import GpuprovError, UsageError
 from provision.facts.driver_facts import find_driver_root
-from provision.fsutil import write_file
+from provision.fsutil import make_dirs, write_file
 from provision.hostlock import changes_host, host_lock
 from provision.inject.cdi import generate_spec, refresh_specs, refresh_units, render
 from provision.inject.discover import discover, write_manifests
@@ -190,8 +190,8 @@ def driver_volume(
     if not vdir.exists():
         tmp = base / f".{version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "bin").mkdir(parents=True)
-        (tmp / "lib64").mkdir()
+        make_dirs(tmp / "bin", 0o755)  # explicit modes, whatever the umask
+        make_dirs(tmp / "lib64", 0o755)
         for libs in disc.libraries.values():
             for lib in libs:
                 _link_or_copy(lib.path, tmp / "lib64" / lib.soname)
@@ -218,7 +218,7 @@ def driver_volume(
 def _link_or_copy(src: str, dst: Path) -> None:
     if dst.exists():  # a library that serves two capabilities (libnvidia-gpucomp)
         return
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(dst.parent, 0o755)
     try:
         os.link(src, dst)
     except OSError:

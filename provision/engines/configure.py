@@ -11,8 +11,8 @@ from pathlib import Path
 
 from provision import engines
 from provision.engines.base import EnginePlan, RuntimeRequest
-from provision.errors import StepFailed
-from provision.fsutil import write_file
+from provision.errors import ConcurrentEdit, StepFailed
+from provision.fsutil import EDIT_TRIES, changed_line, seen_as, write_file
 
 
 @dataclass
@@ -37,21 +37,30 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
     eng = engines.get(engine)
     req = RuntimeRequest(runtime_name, runtime_path, default=default, cdi=cdi, replace=replace)
     path = eng.config_path(config, req)
-    plan = eng.plan(path, req, unit_root=unit_root)
-    res = ConfigureResult(engine, str(path), plan.changed, [str(c) for c in plan.changes], plan.diff(),
-                          warnings=list(plan.warnings))
     daemon = eng.live_daemon(path)
     pending = eng.pending_restart(daemon) if daemon else None
-    if pending:
-        res.changes.append(pending)
-    if dry_run or (not plan.changed and not (pending and restart)):
-        if not dry_run and restart and daemon:
-            res.verified = eng.verify(daemon, req, wait=False)
-        res.changed = plan.changed or bool(pending)
-        return res
-    res.changed = True
-    if plan.changed:  # the engine's own check reads files only: it runs with --no-restart too
-        _write(eng, plan, path, req, res)
+    # The adapter's plan is the merge function: when the operator saves a file between its read and our rename
+    # (fsutil compares before renaming), the files are read and merged again; after EDIT_TRIES, exit 14.
+    for _ in range(EDIT_TRIES):
+        plan = eng.plan(path, req, unit_root=unit_root)
+        res = ConfigureResult(engine, str(path), plan.changed, [str(c) for c in plan.changes], plan.diff(),
+                              warnings=list(plan.warnings))
+        if pending:
+            res.changes.append(pending)
+        if dry_run or (not plan.changed and not (pending and restart)):
+            if not dry_run and restart and daemon:
+                res.verified = eng.verify(daemon, req, wait=False)
+            res.changed = plan.changed or bool(pending)
+            return res
+        res.changed = True
+        try:
+            if plan.changed:  # the engine's own check reads files only: it runs with --no-restart too
+                _write(eng, plan, path, req, res)
+            break
+        except ConcurrentEdit:
+            continue
+    else:
+        raise ConcurrentEdit(changed_line(path, EDIT_TRIES))
     if not restart:
         return res
     if daemon is None:
@@ -78,7 +87,10 @@ def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: Configur
                 while not parent.exists():
                     made.append(parent)
                     parent = parent.parent
-                bak = write_file(edit.path, edit.new, mode=0o644, backup=bool(edit.old))
+                # The file as the adapter read it (its text) with its identity now: the rename happens only if it
+                # is still that (ConcurrentEdit otherwise, and the caller merges again).
+                seen = seen_as(edit.path, edit.old)
+                bak = write_file(edit.path, edit.new, mode=0o644, backup=bool(edit.old), expect=seen)
                 done.append((edit, bak))
                 res.backup = res.backup or (str(bak) if bak else None)
     except BaseException:
@@ -94,6 +106,10 @@ def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: Configur
 
 def _roll_back(done: list[tuple], made: list[Path]) -> None:
     for edit, bak in reversed(done):
+        try:  # only what is still ours goes back: a file the operator saved since is theirs
+            seen_as(edit.path, edit.new)
+        except ConcurrentEdit:
+            continue
         if edit.old is None:
             edit.path.unlink(missing_ok=True)
         else:

@@ -96,8 +96,7 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
         path = os.path.join(d, SPEC_NAME)
         if olds[path] == text:
             continue
-        os.makedirs(d, mode=0o755, exist_ok=True)
-        write_file(path, text, mode=0o644, keep_mode=False, backup=False)
+        write_file(path, text, mode=0o644, keep_mode=False, backup=False)  # `d` made 0755 if need be
         changed.append(path)
     return changed
 

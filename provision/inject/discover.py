@@ -13,7 +13,7 @@ from types import MappingProxyType
 from provision import paths
 from provision.facts.driver_facts import DRIVER_LIB_DIRS as LIB_DIRS
 from provision.facts.driver_facts import parse_nvrm, userspace_version
-from provision.fsutil import write_file
+from provision.fsutil import make_dirs, open_trusted, write_file
 from provision.inject.capabilities import (
     BINARIES,
     DRIVER_LIB32_DIRS,
@@ -599,7 +599,7 @@ def write_manifests(disc: Discovery, gen_dir: str = GENERATED_DIR) -> Discovery:
     if not any(m.rewrite for m in disc.manifests):
         return disc
     d = os.path.join(gen_dir, disc.version or "unknown")
-    os.makedirs(d, mode=0o755, exist_ok=True)
+    make_dirs(d, 0o755)
     for p in (gen_dir, d):
         st = os.lstat(p)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
@@ -631,8 +631,8 @@ def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery
     """The cached discovery when it is current (same schema, same loaded driver); None is a miss: a missing,
     older, truncated or garbled cache is rebuilt by the caller (refresh)."""
     global _parsed
-    try:
-        with open(cache_file, "rb") as fh:
+    try:  # only a cache nobody but root could have written (a user's rewrite would choose what gets mounted)
+        with open_trusted(cache_file) as fh:
             st = os.fstat(fh.fileno())
             ident = (cache_file, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             if _parsed is not None and _parsed[0] == ident:
@@ -640,7 +640,7 @@ def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery
             else:
                 disc = Discovery.from_json(fh.read())
                 _parsed = (ident, disc)
-    except (OSError, ValueError):  # ValueError: not JSON, or not this schema's form (from_dict)
+    except (OSError, ValueError):  # absent, unreadable or untrusted; or not JSON, or not this schema's form
         return None
     return disc if disc.key == version_key(proc_root) else None
 
@@ -649,5 +649,5 @@ def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/"
     disc = discover(driver_root, proc_root=proc_root, dev_root=dev_root, arch=True)
     disc = replace(write_manifests(disc, os.path.join(os.path.dirname(cache_file), "manifests")),
                    key=version_key(proc_root))
-    write_file(cache_file, disc.to_json(), backup=False)
+    write_file(cache_file, disc.to_json(), mode=0o644, keep_mode=False, backup=False)
     return disc

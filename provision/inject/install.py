@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision import __version__, effects, paths
-from provision.fsutil import write_file
+from provision.fsutil import read_trusted, write_file
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
@@ -33,8 +33,8 @@ def _stamp(prefix: str, driver_root: str) -> str:
 
 def is_installed(driver_root: str = "/", prefix: str = "/usr/local") -> bool:
     """Fast check for re-runs: same sources, paths and settings as the last install, and the files still there."""
-    try:
-        same = Path(STAMP).read_text() == _stamp(prefix, driver_root)
+    try:  # a stamp nobody but root could have written (fsutil.open_trusted); any other is a miss
+        same = read_trusted(STAMP) == _stamp(prefix, driver_root).encode()
     except OSError:
         return False
     return same and (Path(prefix) / "bin" / "gpuprov-runtime").exists() and Path(settings_path()).exists()
@@ -151,8 +151,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
     except OSError as exc:
         notes.append(f"discovery cache not written: {exc}")
     try:
-        Path(STAMP).parent.mkdir(parents=True, exist_ok=True)
-        write_file(STAMP, _stamp(prefix, driver_root), backup=False)
+        write_file(STAMP, _stamp(prefix, driver_root), mode=0o644, keep_mode=False, backup=False)  # dirs: 0755
     except OSError:
         pass
     return InstallResult(str(target), shim is not None, origin, changed, notes)

@@ -21,8 +21,8 @@ import posixpath
 import stat
 import sys
 
-from provision.errors import Refused
-from provision.fsutil import write_file
+from provision.errors import Refused, UntrustedPath
+from provision.fsutil import open_trusted, write_file
 from provision.inject import discover, edits
 from provision.share.limits import MPS_VARS, aliyun_visible, limits_asked, mps_env, share_request
 
@@ -166,9 +166,12 @@ def load_share_state(path: str) -> MpsState | None:
     """The state `gpuprov share enable` left (None: sharing is off). A state file that is not enable's refuses GPU
     containers (they might otherwise run without the caps the operator set). Whether its daemon still runs is asked
     only for containers on the shared GPUs (apply_sharing)."""
-    try:
-        with open(path) as fh:
-            text = fh.read()
+    try:  # only a state nobody but root could have written: its daemon and limits decide every GPU container's caps
+        with open_trusted(path) as fh:
+            text = fh.read().decode("utf-8", errors="replace")
+    except UntrustedPath as exc:
+        raise Refused(f"GPU sharing state {path} refused ({exc}): run `gpuprov share disable`, then `gpuprov share "
+                      "enable`") from None
     except OSError:
         return None
     # Without a state file (sharing off) the share records' classes are never built.

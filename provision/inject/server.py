@@ -18,6 +18,7 @@ import socket
 import stat
 import sys
 
+from provision.fsutil import make_dirs
 from provision.inject.shim import run_create_edits
 
 IDLE_SECONDS = 600
@@ -50,7 +51,7 @@ def _private_dir(path: str) -> bool:
     MPS pipe directory, which a non-root MPS daemon must be able to reach)."""
     d = os.path.dirname(path) or "."
     try:
-        os.makedirs(d, mode=0o755, exist_ok=True)
+        make_dirs(d, 0o755)
         st = os.stat(d)
     except OSError:
         return False

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision import paths
-from provision.errors import GpuprovError, StepFailed
+from provision.errors import GpuprovError, StepFailed, UntrustedPath
 from provision.facts.rootfs import read_text, under
-from provision.fsutil import write_file
+from provision.fsutil import make_dirs, read_trusted, write_file
 from provision.output import progress
 from provision.plan.steps import Step
 
@@ -52,9 +52,8 @@ BOOT_MARKER = Path(paths.REBOOT_MARKER)
 def pending_reboot(reason: str) -> dict:
     """The state that says a reboot is pending, and a marker in /run (a tmpfs every boot starts empty): a container
     host's restart keeps the kernel's boot_id, so the marker is what tells that one rebooted."""
-    try:
-        BOOT_MARKER.parent.mkdir(parents=True, exist_ok=True)
-        write_file(BOOT_MARKER, reason + "\n", backup=False, durable=False)  # /run: gone at boot anyway
+    try:  # its directory is made 0755 by write_file, whatever the umask
+        write_file(BOOT_MARKER, reason + "\n", keep_mode=False, backup=False, durable=False)  # /run: gone at boot
     except OSError:
         pass
     return {"reboot_required": True, "boot_id": boot_id(), "reason": reason}
@@ -66,25 +65,41 @@ def rebooted_since(state: dict, root: Path = LIVE) -> bool:
 
 
 def read_state(root: Path = LIVE) -> dict:
-    """The reboot state of the host under `root` ({} when there is none, or it is unreadable)."""
+    """The reboot state of the host under `root` ({} when there is none, or it is unreadable). On this host, only a
+    state nobody but root could have written is used (fsutil.open_trusted): another is refused, exit 6."""
     try:
-        state = json.loads(read_text(root, str(STATE_FILE)) or "{}")
-    except ValueError:
+        if root == LIVE:
+            text = (read_trusted(STATE_FILE) or b"{}").decode()
+        else:
+            text = read_text(root, str(STATE_FILE)) or "{}"
+        state = json.loads(text)
+    except UntrustedPath as exc:
+        raise UntrustedPath(f"bootstrap's state: {exc}; remove it (bootstrap then starts from the beginning)") \
+            from None
+    except (OSError, ValueError):
         return {}
     return state if isinstance(state, dict) else {}
 
 
 def write_state(state: dict) -> None:
-    write_file(STATE_FILE, json.dumps(state, indent=2) + "\n", mode=0o644, backup=False)
+    write_file(STATE_FILE, json.dumps(state, indent=2) + "\n", mode=0o644, keep_mode=False, backup=False)
 
 
 def log(line: str) -> None:
     try:
-        LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
-        with open(LOG_FILE, "a") as fh:
+        make_dirs(LOG_FILE.parent, 0o755)
+        with open(LOG_FILE, "a", opener=_root_only) as fh:
             fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
     except OSError:
         pass
+
+
+def _root_only(path: str, flags: int) -> int:
+    """open()'s opener for the log: never through a link, created 0600 whatever the umask."""
+    fd = os.open(path, flags | os.O_NOFOLLOW, 0o600)
+    if os.fstat(fd).st_mode & 0o022:
+        os.fchmod(fd, 0o600)
+    return fd
 
 
 def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:

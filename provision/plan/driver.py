@@ -340,8 +340,7 @@ def first_build_error(kernel: str) -> tuple[str | None, str | None]:
     text = log.read_text(errors="replace")
     kept = Path(LOG_DIR) / f"dkms-{log.parts[-4]}-{log.parts[-3]}-{kernel}.log"
     try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        write_file(kept, text, backup=False)
+        write_file(kept, text, backup=False)  # its directory made 0755, whatever the umask
     except OSError:
         kept = log
     for line in text.splitlines():

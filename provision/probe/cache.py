@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.fsutil import write_file
+from provision.fsutil import read_trusted, write_file
 
 DEFAULT_DIR = "/var/cache/gpuprov"
 
@@ -38,14 +38,16 @@ class FileKey:
 
 
 def load(name: str) -> dict:
+    """The cache's content, or {} (a miss) when it is absent, garbled, or not root's alone (fsutil.open_trusted)."""
     try:
-        return json.loads((cache_dir() / name).read_text())
+        return json.loads(read_trusted(cache_dir() / name) or b"{}")
     except (OSError, ValueError):
         return {}
 
 
 def store(name: str, data: dict) -> None:
     try:
-        write_file(cache_dir() / name, json.dumps(data, sort_keys=True), mode=0o644, backup=False, durable=False)
+        write_file(cache_dir() / name, json.dumps(data, sort_keys=True), mode=0o644, keep_mode=False, backup=False,
+                   durable=False)
     except OSError:
         pass

@@ -13,8 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from provision import effects, paths
-from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed
-from provision.fsutil import write_file
+from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed, UntrustedPath
+from provision.fsutil import make_dirs, read_trusted, write_file
 from provision.metrics import nvml, usage
 from provision.render import render
 from provision.share import compute_mode
@@ -72,13 +72,18 @@ def invalid_state(path: str, exc: ShareStateInvalid) -> str:
 
 def read_state(path: str) -> MpsState | None:
     """None when sharing was never enabled (no file); raises ShareStateInvalid for a file that is not `enable`'s."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return None
+    try:  # only a state nobody but root could have written (fsutil.open_trusted): the runtime acts on it
+        data = read_trusted(path)
+    except UntrustedPath as exc:
+        raise ShareStateInvalid(str(exc)) from None
     except OSError as exc:
         raise ShareStateInvalid(f"unreadable: {exc.strerror}") from None
-    return MpsState.from_json(text)
+    if data is None:
+        return None
+    try:
+        return MpsState.from_json(data.decode())
+    except UnicodeDecodeError:
+        raise ShareStateInvalid("not UTF-8 text") from None
 
 
 def load_state(path: str) -> MpsState | None:
@@ -111,15 +116,14 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
                      max_clients=max_clients, default_memory=default_memory, default_compute=default_compute,
                      max_memory=max_memory, uid=os.getuid())
     for d in (state.pipe_dir, state.log_dir):
-        os.makedirs(d, mode=0o755, exist_ok=True)
+        make_dirs(d, 0o755)
     undo: list = []  # what to take back, newest last
     try:
         if not keep_compute_mode:
             state = replace(state, previous_compute_modes=_exclusive(smi, shared, inherited, undo))
         state = _start_daemon(state, state_path, undo)
         _configure(state, len(shared))
-        os.makedirs(os.path.dirname(state_path), exist_ok=True)
-        write_file(state_path, state.to_json(), mode=0o644, backup=False)
+        write_file(state_path, state.to_json(), mode=0o644, keep_mode=False, backup=False)  # its directories: 0755
     except BaseException:
         for step in reversed(undo):
             try:
