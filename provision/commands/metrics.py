@@ -15,6 +15,7 @@ from provision.commands import summary
 from provision.errors import UsageError
 from provision.fsutil import write_file
 from provision.metrics import nvml, prom, usage
+from provision.options import rule
 from provision.output import emit_json, progress
 
 TEXTFILE_NAME = "gpuprov.prom"
@@ -73,7 +74,7 @@ def write_textfile(directory: str, text: str) -> str:
 
 
 def metrics_cmd(
-    textfile: Optional[str] = typer.Option(None, "--textfile", metavar="DIR",
+    textfile: Optional[str] = typer.Option(None, "--textfile", metavar="DIR", callback=rule("path"),
                                            help="Write DIR/gpuprov.prom atomically (node-exporter textfile collector)."),
     listen: Optional[str] = typer.Option(None, "--listen", metavar="HOST:PORT",
                                          help="Serve /metrics over HTTP, e.g. 127.0.0.1:9400."),

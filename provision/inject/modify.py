@@ -23,6 +23,7 @@ from provision.share.limits import MPS_VARS, REQUEST_VARS, aliyun_visible, mps_e
 
 TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every GPU start's path
 if TYPE_CHECKING:
+    from provision.inject.settings import Settings
     from provision.share.state import MpsState
 
 HOOK_NAME = "nvidia-container-runtime-hook"
@@ -107,15 +108,13 @@ def _safe_source(src: str, rootfs_real: str) -> bool:
     return (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and not inside
 
 
-def load_discovery(settings: dict) -> discover.Discovery:
-    disc = discover.load_cached(settings["cache"], settings["proc_root"])
-    if disc is None or disc.driver_root != settings["driver_root"]:
+def load_discovery(settings: Settings) -> discover.Discovery:
+    disc = discover.load_cached(settings.cache, settings.proc_root)
+    if disc is None or disc.driver_root != settings.driver_root:
         try:
-            disc = discover.refresh(settings["driver_root"], settings["cache"], settings["proc_root"],
-                                    settings["dev_root"])
+            disc = discover.refresh(settings.driver_root, settings.cache, settings.proc_root, settings.dev_root)
         except OSError:  # read-only cache location: discover without caching
-            disc = discover.discover(settings["driver_root"], proc_root=settings["proc_root"],
-                                     dev_root=settings["dev_root"])
+            disc = discover.discover(settings.driver_root, proc_root=settings.proc_root, dev_root=settings.dev_root)
     return disc
 
 
@@ -142,11 +141,11 @@ def load_share_state(path: str) -> MpsState | None:
     return state
 
 
-def apply_sharing(config: dict, env: dict[str, str], n_gpus: int, settings: dict) -> None:
+def apply_sharing(config: dict, env: dict[str, str], n_gpus: int, settings: Settings) -> None:
     """MPS client settings for a GPU container: limits, the pipe directory, the daemon's /dev/shm and IPC."""
     for var in MPS_VARS:  # a container never sets its own MPS limits or pipes
         env.pop(var, None)
-    state = load_share_state(settings.get("share_state", ""))
+    state = load_share_state(settings.share_state)
     req = share_request(env, n_gpus, state)
     if req is None:
         return
@@ -165,7 +164,7 @@ def apply_sharing(config: dict, env: dict[str, str], n_gpus: int, settings: dict
     linux["namespaces"] = [n for n in linux.get("namespaces", []) if n.get("type") != "ipc"]  # MPS needs host IPC
 
 
-def modify_config(config: dict, bundle: str, settings: dict) -> bool:
+def modify_config(config: dict, bundle: str, settings: Settings) -> bool:
     """Apply GPU edits to `config` in place. Returns True when something changed. Raises Refused."""
     process = config.setdefault("process", {})
     env = edits.env_dict(process.get("env"))
@@ -179,7 +178,7 @@ def modify_config(config: dict, bundle: str, settings: dict) -> bool:
     mounted = _mounted_device_list(config)
     if selectors == [DEVICE_LIST_DIR]:  # the device plugin's volume-mounts strategy: the list is in the mounts
         selectors = mounted
-    if selectors is None or (not settings["accept_env_unprivileged"] and not is_privileged(config)):
+    if selectors is None or (not settings.accept_env_unprivileged and not is_privileged(config)):
         selectors = mounted  # multi-tenant policy: only the device lists the orchestrator mounted count
     changed = False
     if gpus_hook:
@@ -195,7 +194,7 @@ def modify_config(config: dict, bundle: str, settings: dict) -> bool:
     rootfs = rootfs if os.path.isabs(rootfs) else os.path.join(bundle, rootfs)
     e = edits.compute_edits(disc, env, libdir=image_libdir(rootfs), selectors=selectors)
     for node in e["devices"]:
-        _check_node(settings["dev_root"], node)
+        _check_node(settings.dev_root, node)
     linux = config.setdefault("linux", {})
     have = {d.get("path") for d in linux.get("devices", [])}
     linux.setdefault("devices", []).extend(d for d in e["devices"] if d["path"] not in have)
@@ -248,7 +247,7 @@ def check_shape(config: object) -> None:
             raise ValueError("config.json: a mount's destination, source and type must be strings")
 
 
-def modify_bundle(bundle: str, settings: dict) -> bool:
+def modify_bundle(bundle: str, settings: Settings) -> bool:
     path = os.path.join(bundle, "config.json")
     with open(path) as fh:
         config = json.load(fh)

@@ -94,7 +94,7 @@ def test_runtime_injects_mps_and_strips_container_values(tmp_path):
            "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}]},
            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "GPUPROV_GPU_MEMORY=2G",
                                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=100G", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"]}}
-    modify.modify_config(cfg, str(tmp_path / "bundle"), {**settings(tmp_path), "share_state": str(state)})
+    modify.modify_config(cfg, str(tmp_path / "bundle"), settings(tmp_path, share_state=str(state)))
     env = dict(e.split("=", 1) for e in cfg["process"]["env"])
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"  # the container's 100G is gone
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
@@ -113,4 +113,4 @@ def test_runtime_refuses_limits_without_sharing(tmp_path):
     cfg = {"root": {"path": "rootfs"}, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "GPUPROV_GPU_MEMORY=2G"]}}
     with pytest.raises(Refused, match="sharing is off"):
         modify.modify_config(cfg, str(tmp_path / "bundle"),
-                             {**settings(tmp_path), "share_state": str(tmp_path / "none.json")})
+                             settings(tmp_path, share_state=str(tmp_path / "none.json")))
