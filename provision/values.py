@@ -24,7 +24,12 @@ class BadValue(ValueError):
 
 def _controls(text: str) -> bool:
     """Control characters (C0, DEL, C1) or NUL: what would split a line in a file or hide text in a terminal."""
-    return any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in text)
+    return re.search("[\x00-\x1f\x7f-\x9f]", text) is not None
+
+
+def _too_long(text: str) -> bool:
+    # at most 4 bytes a character in UTF-8: only a long text needs encoding to be measured
+    return len(text) > MAX_PATH // 4 and len(text.encode(errors="surrogateescape")) > MAX_PATH
 
 
 def _text(value, rule: str) -> str:
@@ -96,7 +101,7 @@ PATH_TEXT = f"a path without control characters, at most {MAX_PATH} bytes"
 
 def path(value) -> str:
     text = _text(value, PATH_TEXT)
-    if _controls(text) or len(text.encode(errors="surrogateescape")) > MAX_PATH:
+    if _controls(text) or _too_long(text):
         raise BadValue(value, PATH_TEXT)
     return text
 
@@ -108,8 +113,7 @@ def abs_path(value) -> str:
     """A path written into a file that root reads back (runtime.json, an engine's config): absolute, so that it
     does not depend on the reader's working directory, and without `..`, so that it says where it leads."""
     text = _text(value, ABS_PATH_TEXT)
-    if not text.startswith("/") or ".." in text.split("/") or _controls(text) or \
-            len(text.encode(errors="surrogateescape")) > MAX_PATH:
+    if not text.startswith("/") or ".." in text.split("/") or _controls(text) or _too_long(text):
         raise BadValue(value, ABS_PATH_TEXT)
     return text
 

@@ -6,6 +6,7 @@ holds the keys, their rules and the reading; GPUPROV_RUNTIME_CONFIG overrides th
     Settings.from_dict({...}, source)   # the same strict checks on a dict; s.to_dict() is the file's form"""
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 from provision.inject.settings_file import (  # noqa: F401 - DEFAULT_PATH, settings_path: this module's API too
@@ -41,7 +42,25 @@ class Settings:
         return asdict(self)
 
 
+# The last file read, by identity (path, device, inode, size, mtime, ctime), and its Settings: the warm editor loads
+# the settings for every GPU container, and a stat costs ~1 us where reading and checking the file costs ~60.
+_last: tuple[tuple, Settings] | None = None
+
+
 def load_settings(path: str | None = None) -> Settings:
-    """The settings file, checked; the defaults when there is none. Raises SettingsInvalid."""
+    """The settings file, checked; the defaults when there is none. Raises SettingsInvalid (never cached: every
+    GPU container is refused until the file is fixed)."""
+    global _last
+    path = path or settings_path()
+    try:
+        st = os.stat(path)
+        ident = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except OSError:
+        ident = None
+    if ident is not None and _last is not None and _last[0] == ident:
+        return _last[1]
     fields = read_fields(path)
-    return Settings(**{**fields, "runc": runc_program(fields)})
+    settings = Settings(**{**fields, "runc": runc_program(fields)})
+    if ident is not None:
+        _last = (ident, settings)
+    return settings
