@@ -106,15 +106,29 @@ def path(value) -> str:
     return text
 
 
-ABS_PATH_TEXT = f"an absolute path without control characters and without '..', at most {MAX_PATH} bytes"
+ABS_PATH_TEXT = (f"an absolute path without '..', quotes, backslashes or control characters, at most {MAX_PATH} "
+                 "bytes")
 
 
 def abs_path(value) -> str:
-    """A path written into a file that root reads back (runtime.json, an engine's config): absolute, so that it
-    does not depend on the reader's working directory, and without `..`, so that it says where it leads."""
+    """A path written into a file that root reads back and may execute (runtime.json, an engine's config): absolute,
+    so that it does not depend on the reader's working directory, without `..`, so that it says where it leads, and
+    without quotes or backslashes, so that it reads the same in JSON, TOML and a shell line."""
     text = _text(value, ABS_PATH_TEXT)
-    if not text.startswith("/") or ".." in text.split("/") or _controls(text) or _too_long(text):
+    if not text.startswith("/") or ".." in text.split("/") or _controls(text) or _too_long(text) or \
+            re.search("[\"'\\\\]", text):
         raise BadValue(value, ABS_PATH_TEXT)
+    return text
+
+
+HANDLER_TEXT = "a CRI handler name (lowercase letters, digits and '-', at most 63, like Kubernetes' RuntimeClass.handler)"
+
+
+def cri_handler(value) -> str:
+    """The runtime's name under containerd and CRI-O: a TOML key there, and the RuntimeClass handler pods name."""
+    text = _text(value, HANDLER_TEXT)
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
+        raise BadValue(value, HANDLER_TEXT)
     return text
 
 
@@ -130,11 +144,12 @@ def namespace(value) -> str:
 
 
 PCI_ID_TEXT = "a PCI id VENDOR:DEVICE[:SUBVENDOR:SUBDEVICE] in hex (e.g. 10de:2330)"
+PCI_ID = r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})(?::([0-9a-fA-F]{4}):([0-9a-fA-F]{4}))?"  # decide/gputable.py parses it
 
 
 def pci_id(value) -> str:
     text = _text(value, PCI_ID_TEXT)
-    if not re.fullmatch(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}(:[0-9a-fA-F]{4}:[0-9a-fA-F]{4})?", text):
+    if not re.fullmatch(PCI_ID, text):
         raise BadValue(value, PCI_ID_TEXT)
     return text
 
@@ -180,8 +195,8 @@ def boolean(value) -> bool:
 
 
 # rule name -> check; the names are what the tables below, options.py and inject/settings.py refer to
-RULES = {f.__name__: f for f in (url, kernel_release, runtime_name, driver, path, abs_path, namespace, pci_id, gpg_key,
-                                 listen, boolean)}
+RULES = {f.__name__: f for f in (url, kernel_release, runtime_name, cri_handler, driver, path, abs_path, namespace,
+                                 pci_id, gpg_key, listen, boolean)}
 
 # The fleet role's module parameters (the bootstrap options they pass, options.MODULE_PARAMS) -> the rule of each
 # value, for lists each element and for `mirrors` each URL. bootstrap's options take the same rules from this table
