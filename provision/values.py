@@ -121,6 +121,21 @@ def abs_path(value) -> str:
     return text
 
 
+ABS_PATHS_TEXT = "a colon-separated list of absolute paths, each without '..', quotes, backslashes or control characters"
+
+
+def abs_paths(value) -> str:
+    """PATH:PATH… (e.g. CDI spec directories), each an abs_path; empty items are skipped, as the callers do."""
+    text = _text(value, ABS_PATHS_TEXT)
+    for item in text.split(":"):
+        try:
+            if item:
+                abs_path(item)
+        except BadValue:
+            raise BadValue(value, ABS_PATHS_TEXT) from None
+    return text
+
+
 HANDLER_TEXT = "a CRI handler name (lowercase letters, digits and '-', at most 63, like Kubernetes' RuntimeClass.handler)"
 
 
@@ -195,8 +210,8 @@ def boolean(value) -> bool:
 
 
 # rule name -> check; the names are what the tables below, options.py and inject/settings.py refer to
-RULES = {f.__name__: f for f in (url, kernel_release, runtime_name, cri_handler, driver, path, abs_path, namespace,
-                                 pci_id, gpg_key, listen, boolean)}
+RULES = {f.__name__: f for f in (url, kernel_release, runtime_name, cri_handler, driver, path, abs_path, abs_paths,
+                                 namespace, pci_id, gpg_key, listen, boolean)}
 
 # The fleet role's module parameters (the bootstrap options they pass, options.MODULE_PARAMS) -> the rule of each
 # value, for lists each element and for `mirrors` each URL. bootstrap's options take the same rules from this table

@@ -66,7 +66,7 @@ def create_cmd(
 
 @bundle_app.command("verify")
 def verify_cmd(path: Path = typer.Argument(..., callback=rule("path")),
-               keyring: Optional[str] = typer.Option(None, "--keyring", help=KEYRING_HELP),
+               keyring: Optional[str] = typer.Option(None, "--keyring", callback=rule("path"), help=KEYRING_HELP),
                json_out: bool = typer.Option(False, "--json")) -> None:
     """Checksums, signature (required with --keyring), SHA256SUMS naming every file exactly once, manifest.
     Exit 8 when anything fails; a .tar.gz is unpacked into a private directory that is removed afterwards."""
@@ -89,7 +89,7 @@ def verify_cmd(path: Path = typer.Argument(..., callback=rule("path")),
 @changes_host("bundle install")
 def install_cmd(
     path: Path = typer.Argument(..., callback=rule("path"), help="Bundle directory or .tar.gz."),
-    keyring: Optional[str] = typer.Option(None, "--keyring", help=KEYRING_HELP),
+    keyring: Optional[str] = typer.Option(None, "--keyring", callback=rule("path"), help=KEYRING_HELP),
     json_out: bool = typer.Option(False, "--json"),
     no_validate: bool = typer.Option(False, "--no-validate"),
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from provision.commands import summary
+from provision.errors import UsageError
 from provision.fsutil import write_file
 from provision.metrics import nvml, prom, usage
 from provision.options import rule
@@ -59,6 +60,8 @@ def metrics_cmd(
 ) -> None:
     """Per-GPU utilisation, memory, temperature, power, ECC and Xid errors, and GPU memory and utilisation per
     container (DCGM-exporter and cAdvisor metric names)."""
+    if not 0 <= interval < float("inf"):  # nan, inf, a negative wait: never a sleep that fails or never ends
+        raise UsageError(f"--interval {interval!r}: a number of seconds, 0 or more")
     if listen:
         serve(*listen_address(listen))
         return

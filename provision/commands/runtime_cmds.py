@@ -93,7 +93,7 @@ def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: 
 
 @cdi_app.command("generate")
 def cdi_generate(
-    driver_root: Optional[str] = typer.Option(None, help="Driver root (default: detected)."),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
     output: Optional[Path] = typer.Option(None, callback=rule("path"),
                                           help="Write here (default: stdout), e.g. /etc/cdi/nvidia.yaml."),
     fmt: str = typer.Option("yaml", "--format", help="yaml|json"),
@@ -118,8 +118,9 @@ def cdi_generate(
 
 @cdi_app.command("refresh")
 def cdi_refresh(
-    driver_root: Optional[str] = typer.Option(None, help="Driver root (default: detected)."),
-    spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-separated directories to write nvidia.yaml in."),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
+    spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", callback=rule("abs_paths"),
+                                  help="Colon-separated directories to write nvidia.yaml in."),
     install_units: bool = typer.Option(False, "--install-units",
                                        help="Also install and enable gpuprov-cdi-refresh.{service,path} (systemd)."),
 ) -> None:
@@ -148,7 +149,8 @@ def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
 
 
 @cdi_app.command("list")
-def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-separated CDI spec directories.")):
+def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", callback=rule("abs_paths"),
+                                           help="Colon-separated CDI spec directories.")):
     """List the qualified CDI device names found in the spec directories."""
     import yaml  # lazy: 11 ms at start-up (-X importtime, min of 15); bootstrap loads this module, only `cdi list` reads YAML
 
@@ -164,7 +166,7 @@ def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-
 def docker_args(
     gpus: str = typer.Option("all", "--gpus", help="all, or a comma list of indices/UUIDs."),
     capabilities: str = typer.Option("utility,compute", help="NVIDIA_DRIVER_CAPABILITIES to serve."),
-    driver_root: Optional[str] = typer.Option(None),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path")),
 ) -> None:
     """Print --device/--volume flags for a plain `docker run` (nvidia-docker 1.0 style, no runtime needed)."""
     try:
@@ -180,8 +182,9 @@ def docker_args(
 
 @changes_host("driver-volume")
 def driver_volume(
-    base: Path = typer.Option(Path(paths.DRIVER_VOLUMES), help="Where versioned copies and `current` live."),
-    driver_root: Optional[str] = typer.Option(None),
+    base: Path = typer.Option(Path(paths.DRIVER_VOLUMES), callback=rule("abs_path"),
+                              help="Where versioned copies and `current` live."),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path")),
 ) -> None:
     """Keep BASE/current -> BASE/<version> (bin/, lib64/ at SONAMEs): mount BASE/current, survive upgrades."""
     disc = _discover(driver_root)
