@@ -108,7 +108,8 @@ def install_cmd(
 
 
 @bundle_app.command("plan")
-def plan_cmd(target: str = typer.Option(..., "--target"), packages: str = typer.Option("docker-ce,containerd.io"),
+def plan_cmd(target: str = typer.Option(..., "--target"),
+             packages: str = typer.Option("docker-ce,containerd.io", callback=rule("packages")),
              json_out: bool = typer.Option(False, "--json")) -> None:
     """The commands a bundle for TARGET is built and installed with (the EL path: dnf download + createrepo_c)."""
     t = parse_target(target)

@@ -29,6 +29,8 @@ CASES = {
     "gpg_key": (["0xABCDEF", "ops <ops@example.com>"], ["--homedir=/tmp", "k\n", ""]),
     "listen": (["127.0.0.1:9400", "[::1]:9400", "localhost:1", "[fe80::1%eth0]:9400"],
                ["::1:9400", "host:0", "host:65536", "host", ":9400", "ho st:1", "[::1]"]),
+    "packages": (["docker-ce,containerd.io", "nvidia-driver-535", "libnvidia-gl-535:i386", "g++"],
+                 ["docker-ce,--allow-unauthenticated", "a b", "-y", "x\n"]),
     "boolean": ([True, False], ["false", 0, 1, None]),
 }
 
