@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import IN_CI, REPO, run_cli
 from tests.inject_helpers import (
     compiled_front_end,
     edited,
@@ -180,6 +182,24 @@ def test_the_role_refuses_what_the_cli_refuses():
         argv = mod.bootstrap_argv({**defaults, "gpuprov": "gpuprov", param: bad}, check_mode=True)
         r = run_cli(*argv[1:-1], "--dry-run", "--root", str(H200), timeout=120)
         assert r.returncode == USAGE, (param, r.stderr)
+
+
+@pytest.mark.skipif(not (Path(sys.executable).with_name("ansible")).exists() and not IN_CI,
+                    reason="needs ansible (the [fleet] extra)")
+def test_the_module_refuses_on_the_node_through_ansible(tmp_path):
+    """Through Ansible itself (its module packaging follows the module_utils link): the bad value is refused before
+    any gpuprov runs on the node (`gpuprov` here would record its calls)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "gpuprov"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "ANSIBLE_LIBRARY": str(REPO / "roles/gpuprov/library"),
+           "ANSIBLE_MODULE_UTILS": str(REPO / "roles/gpuprov/module_utils"), "ANSIBLE_LOCAL_TEMP": str(tmp_path)}
+    args = json.dumps({"kernels": ["../../etc"], "gpuprov": str(fake)})
+    r = subprocess.run([str(Path(sys.executable).with_name("ansible")), "localhost", "-c", "local", "-m",
+                        "gpuprov_node", "-a", args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert "FAILED" in r.stdout and "kernels '../../etc': a kernel release" in r.stdout, r.stdout + r.stderr
+    assert '"rc": 2' in r.stdout and not calls.exists()
 
 
 def test_cli_options_take_the_rules_of_the_table():
