@@ -26,11 +26,13 @@ sys.path.insert(0, str(REPO))
 from tests.inject_helpers import gpu_bundle, write_settings  # noqa: E402
 
 WARM = r'''
-import json, sys, time
+import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 import provision.inject.modify as m
+import provision.inject.settings as st
 assert m.__file__.startswith(sys.argv[1]), m.__file__
-settings, bundle = json.load(open(sys.argv[2])), sys.argv[3]
+os.environ["GPUPROV_RUNTIME_CONFIG"] = sys.argv[2]
+settings, bundle = st.load_settings(), sys.argv[3]  # each side's own form: a dict before 'values', Settings after
 cfg = open(bundle + "/config.json").read()
 out = []
 for i in range(int(sys.argv[4]) + 20):  # 20 warm-ups: the first one reads (and caches) discovery

@@ -1,9 +1,14 @@
 """The choices of bootstrap's options, declared once. The CLI checks values against them, and
 tests/unit/test_option_choices.py holds the Ansible module's argument spec, the role's argument_specs.yml and
-defaults/main.yml to them (those cannot import gpuprov: the module runs with the node's own Python)."""
+defaults/main.yml to them (those cannot import gpuprov: the module runs with the node's own Python).
+Free-form values (URLs, kernel releases, names, paths…) follow provision/values.py's rules: `rule(NAME)` is the
+callback an option checks its value with, and bootstrap's options take the rule of their module parameter."""
 from __future__ import annotations
 
 from enum import Enum
+
+from provision.errors import UsageError
+from provision.values import PARAMS, BadValue, check
 
 
 class KernelModules(str, Enum):
@@ -90,3 +95,23 @@ MODULE_PARAMS: dict[str, str | None] = {
     "reboot": None,
     "root": None,
 }
+
+
+def rule(name: str):
+    """A click callback for an option whose value must pass provision.values' rule `name` (each element of a repeated
+    option): one `--OPTION 'VALUE': RULE` line and exit 2 otherwise, before the value reaches a file or an argv.
+    Untyped (ctx, param, value), click's own callback form, which typer passes through."""
+    def callback(ctx, param, value):
+        try:
+            return check(name, value)
+        except BadValue as exc:
+            raise UsageError(f"{param.opts[0]} {exc}") from None
+
+    callback.rule = name  # read by tests/unit/test_option_choices.py
+    return callback
+
+
+def param_rule(option: str):
+    """A bootstrap option's callback: the rule of the module parameter that passes it (values.PARAMS), so the role
+    and the CLI accept the same values."""
+    return rule(PARAMS[MODULE_PARAMS[option]])

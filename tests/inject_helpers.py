@@ -21,8 +21,9 @@ def fake_dev(base: Path) -> Path:
     return dev
 
 
-def settings(base: Path) -> dict:
-    return {"runc": "runc", "driver_root": str(H200 / "usr/local/nvidia"), "dev_root": str(fake_dev(base)),
+def settings_dict(base: Path) -> dict:
+    """runtime.json's keys for the fake H200 host under `base` (the file's form)."""
+    return {"runc": "/usr/sbin/runc", "driver_root": str(H200 / "usr/local/nvidia"), "dev_root": str(fake_dev(base)),
             "proc_root": str(H200), "cache": str(base / "discovery.json"), "accept_env_unprivileged": True}
 
 
@@ -42,9 +43,16 @@ def driver_root_with_smi(base: Path) -> Path:
     return root
 
 
+def settings(base: Path, **over):
+    """The typed Settings the runtime reads from that file (checked as the file is)."""
+    from provision.inject.settings import Settings
+
+    return Settings.from_dict({**settings_dict(base), **over}, str(base / "runtime.json"))
+
+
 def write_settings(base: Path, **over) -> Path:
     p = base / "runtime.json"
-    p.write_text(json.dumps({**settings(base), **over}))
+    p.write_text(json.dumps({**settings_dict(base), **over}))
     return p
 
 

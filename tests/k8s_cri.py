@@ -14,7 +14,7 @@ from provision.plan.validate import glibc_companions
 from tests.cri import image
 from tests.cri.client import CRI
 from tests.cri.harness import Containerd
-from tests.inject_helpers import settings
+from tests.inject_helpers import settings_dict
 
 NAMESPACE = "gpuprov-test"
 
@@ -39,7 +39,7 @@ def private_runtime(base: Path, driver_root: Path | None = None) -> dict:
     """gpuprov's runtime installed under `base` (its own settings, prefix and discovery cache; the host's are never
     touched) for the fake driver root of tests/inject_helpers.py (or `driver_root`, a copy of it). Returns the env
     that points gpuprov at it."""
-    s = {**settings(base), **({"driver_root": str(driver_root)} if driver_root else {})}
+    s = {**settings_dict(base), **({"driver_root": str(driver_root)} if driver_root else {})}
     env = {"GPUPROV_RUNTIME_CONFIG": str(base / "runtime.json")}
     r = gpuprov("runtime", "install", "--prefix", str(base / "rt"), "--driver-root", s["driver_root"],
                 "--dev-root", s["dev_root"], "--proc-root", s["proc_root"], "--json", env=env)

@@ -14,6 +14,7 @@ from provision.decide.gputable import parse_pci_id
 from provision.decide.targets import parse_target
 from provision.errors import BundleInvalid, UsageError
 from provision.hostlock import changes_host
+from provision.options import rule
 from provision.output import emit_json, kv
 from provision.plan import apply as ap
 from provision.plan.build import Options, build_plan
@@ -30,12 +31,14 @@ bundle_app = typer.Typer(help="Offline bundles: create (connected machine), veri
 def create_cmd(
     target: str = typer.Option(..., "--target", help="Release to build for, e.g. debian-12."),
     components: str = typer.Option("engine,runtime", "--components", help="Comma list of driver,engine,runtime."),
-    output: Path = typer.Option(..., "--output", help="A new directory, or FILE.tar.gz."),
-    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", "--for-gpu",
+    output: Path = typer.Option(..., "--output", callback=rule("path"), help="A new directory, or FILE.tar.gz."),
+    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", "--for-gpu", callback=rule("pci_id"),
                                                help="GPUs the target has (for the driver); as bootstrap --for-gpu."),
-    kernel: Optional[str] = typer.Option(None, "--kernel", help="The target's `uname -r` (driver: headers)."),
-    driver: str = typer.Option("auto", "--driver", help="auto or a driver branch (535): as bootstrap --driver."),
-    sign_key: Optional[str] = typer.Option(None, "--sign-key", help="gpg key to sign SHA256SUMS with."),
+    kernel: Optional[str] = typer.Option(None, "--kernel", callback=rule("kernel_release"),
+                                         help="The target's `uname -r` (driver: headers)."),
+    driver: str = typer.Option("auto", "--driver", callback=rule("driver"),
+                               help="auto or a driver branch (535): as bootstrap --driver."),
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", callback=rule("gpg_key"), help="gpg key to sign SHA256SUMS with."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Resolve the full closure in a clean root of TARGET, download it, build a local repo, write the manifest."""
@@ -62,8 +65,8 @@ def create_cmd(
 
 
 @bundle_app.command("verify")
-def verify_cmd(path: Path = typer.Argument(...),
-               keyring: Optional[str] = typer.Option(None, "--keyring", help=KEYRING_HELP),
+def verify_cmd(path: Path = typer.Argument(..., callback=rule("path")),
+               keyring: Optional[str] = typer.Option(None, "--keyring", callback=rule("path"), help=KEYRING_HELP),
                json_out: bool = typer.Option(False, "--json")) -> None:
     """Checksums, signature (required with --keyring), SHA256SUMS naming every file exactly once, manifest.
     Exit 8 when anything fails; a .tar.gz is unpacked into a private directory that is removed afterwards."""
@@ -85,8 +88,8 @@ def verify_cmd(path: Path = typer.Argument(...),
 @bundle_app.command("install")
 @changes_host("bundle install")
 def install_cmd(
-    path: Path = typer.Argument(..., help="Bundle directory or .tar.gz."),
-    keyring: Optional[str] = typer.Option(None, "--keyring", help=KEYRING_HELP),
+    path: Path = typer.Argument(..., callback=rule("path"), help="Bundle directory or .tar.gz."),
+    keyring: Optional[str] = typer.Option(None, "--keyring", callback=rule("path"), help=KEYRING_HELP),
     json_out: bool = typer.Option(False, "--json"),
     no_validate: bool = typer.Option(False, "--no-validate"),
 ) -> None:
@@ -105,7 +108,8 @@ def install_cmd(
 
 
 @bundle_app.command("plan")
-def plan_cmd(target: str = typer.Option(..., "--target"), packages: str = typer.Option("docker-ce,containerd.io"),
+def plan_cmd(target: str = typer.Option(..., "--target"),
+             packages: str = typer.Option("docker-ce,containerd.io", callback=rule("packages")),
              json_out: bool = typer.Option(False, "--json")) -> None:
     """The commands a bundle for TARGET is built and installed with (the EL path: dnf download + createrepo_c)."""
     t = parse_target(target)

@@ -11,7 +11,7 @@ from provision.decide.gputable import parse_pci_id
 from provision.decide.targets import parse_target
 from provision.errors import HostUnreadable, UsageError
 from provision.facts.rootfs import is_live
-from provision.options import CHOICES
+from provision.options import CHOICES, rule
 from provision.output import emit_json, kv, table
 from provision.probe.engines import with_versions
 from provision.report import detect_host, detect_ids
@@ -71,9 +71,11 @@ def render_human(report) -> str:
 
 
 def detect(
-    root: Path = typer.Option(Path("/"), "--root", help="Read the host through this root (a fixture tree works)."),
+    root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
+                              help="Read the host through this root (a fixture tree works)."),
     json_out: bool = typer.Option(False, "--json", help="Print the documented JSON schema (gpuprov.detect/v1)."),
-    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", help="Decide for VENDOR:DEVICE[:SUBVENDOR:SUBDEVICE] "
+    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", callback=rule("pci_id"),
+                                               help="Decide for VENDOR:DEVICE[:SUBVENDOR:SUBDEVICE] "
                                                "without scanning the host (repeatable), like nvidia-detect's argument."),
     target: Optional[str] = typer.Option(None, "--target", help="Release to decide packages for, e.g. debian-12, "
                                          "ubuntu-24.04, rocky-9 (default: the host's own)."),

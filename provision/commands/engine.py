@@ -11,6 +11,7 @@ import typer
 from provision.commands import summary
 from provision.engines.configure import configure
 from provision.hostlock import host_lock
+from provision.options import rule
 from provision.output import emit_json, kv
 
 engine_app = typer.Typer(help="Container engine configuration (merge, never overwrite).", no_args_is_help=True)
@@ -26,9 +27,12 @@ def default_runtime_path() -> str:
 @engine_app.command("configure")
 def configure_cmd(
     engine: str = typer.Argument(..., help="docker | containerd | crio"),
-    config: Optional[str] = typer.Option(None, "--config", help="Config file (default: the engine's own)."),
-    runtime_name: str = typer.Option("nvidia", "--runtime-name", help="Name to register (keeps --runtime=nvidia)."),
-    runtime_path: Optional[str] = typer.Option(None, "--runtime-path", help="Default: the installed gpuprov-runtime."),
+    config: Optional[str] = typer.Option(None, "--config", callback=rule("path"),
+                                         help="Config file (default: the engine's own)."),
+    runtime_name: str = typer.Option("nvidia", "--runtime-name", callback=rule("runtime_name"),
+                                     help="Name to register (keeps --runtime=nvidia)."),
+    runtime_path: Optional[str] = typer.Option(None, "--runtime-path", callback=rule("abs_path"),
+                                               help="Default: the installed gpuprov-runtime."),
     default: bool = typer.Option(False, "--default", help="Make it the default runtime (needed for --gpus)."),
     cdi: bool = typer.Option(False, "--cdi", help="Enable CDI in the engine."),
     replace: bool = typer.Option(False, "--replace-runtime", help="Replace your own runtime of that name (its "

@@ -15,12 +15,13 @@ from provision.commands.runtime_cmds import _discover
 from provision.errors import GpuprovError, UsageError
 from provision.fsutil import SHARED_DIR_HELP, SHARED_DIR_OPTION, write_file
 from provision.hostlock import host_lock
-from provision.inject.settings import load_settings, settings_path
+from provision.inject.settings import load_settings
 from provision.k8s import node
 from provision.k8s.labels import NFD_FILE, gfd_labels, kubelet_flag, nfd_file
 from provision.k8s.manifests import NodeSettings, decide_sharing, decide_strategy, render_all
 from provision.k8s.node import CDI_SPEC, ENGINE_UNITS, engine_has_cdi, write_if_changed
 from provision.metrics import nvml
+from provision.options import rule
 from provision.output import emit_json, kv
 from provision.share import mps
 
@@ -33,14 +34,13 @@ STRATEGY_HELP = "auto | envvar | volume-mounts | cdi-annotations (how the device
 
 def _settings(engine_cdi: bool | None = None):
     s = load_settings()
-    st = mps.load_state(s["share_state"])
+    st = mps.load_state(s.share_state)
     share_on = bool(st and mps.daemon_pid(st))
     if engine_cdi is None:  # what the engine has now: the CDI spec gpuprov writes, and an engine that applies it
         engine_cdi = os.path.exists(CDI_SPEC) and any(shutil.which(e) and engine_has_cdi(e) for e in ENGINE_UNITS)
     return NodeSettings(share_state=st if share_on else None,
-                        accept_env_unprivileged=bool(s.get("accept_env_unprivileged", True)),
-                        engine_cdi=engine_cdi, driver_root=s.get("driver_root", "/") if os.path.exists(settings_path())
-                        else "/")
+                        accept_env_unprivileged=s.accept_env_unprivileged, engine_cdi=engine_cdi,
+                        driver_root=s.driver_root)
 
 
 def _labels(sharing: str, replicas: Optional[int]) -> dict[str, str]:
@@ -74,12 +74,13 @@ def labels_cmd(
 
 @k8s_app.command("manifests")
 def manifests_cmd(
-    output: Optional[str] = typer.Option(None, "--output", metavar="DIR", help="Write the files into DIR "
+    output: Optional[str] = typer.Option(None, "--output", metavar="DIR", callback=rule("path"), help="Write the files into DIR "
                                          "(default: print them)."),
     sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
     strategy: str = typer.Option("auto", "--device-list-strategy", help=STRATEGY_HELP),
-    namespace: str = typer.Option("nvidia-device-plugin", "--namespace", help="The device plugin's namespace."),
+    namespace: str = typer.Option("nvidia-device-plugin", "--namespace", callback=rule("namespace"),
+                                  help="The device plugin's namespace."),
     allow_shared_dir: bool = typer.Option(False, SHARED_DIR_OPTION, help=SHARED_DIR_HELP),
 ) -> None:
     """RuntimeClass `nvidia`, and the NVIDIA device plugin's config (file, ConfigMap, Helm values) from gpuprov's
@@ -99,14 +100,17 @@ def manifests_cmd(
 @k8s_app.command("node")
 def node_cmd(
     engine: str = typer.Option("auto", "--engine", help="containerd | crio | auto"),
-    config: Optional[str] = typer.Option(None, "--config", help="The engine's main config (default: its own)."),
+    config: Optional[str] = typer.Option(None, "--config", callback=rule("path"),
+                                         help="The engine's main config (default: its own)."),
     default: bool = typer.Option(False, "--default", help="Make `nvidia` the default CRI handler (pods then need "
                                  "no runtimeClassName)."),
     cdi: bool = typer.Option(True, "--cdi/--no-cdi", help="Enable CDI in the engine and write the spec."),
     sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
-    runtime_path: Optional[str] = typer.Option(None, "--runtime-path", help="Default: the installed gpuprov-runtime."),
-    manifests: Optional[str] = typer.Option(None, "--manifests", metavar="DIR", help="Also write the manifests here."),
+    runtime_path: Optional[str] = typer.Option(None, "--runtime-path", callback=rule("abs_path"),
+                                               help="Default: the installed gpuprov-runtime."),
+    manifests: Optional[str] = typer.Option(None, "--manifests", metavar="DIR", callback=rule("path"),
+                                            help="Also write the manifests here."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; change nothing."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Iterator, Optional
 import typer
 
 from provision import effects, errors
+from provision import values as rules
 from provision.bundle.install import check_bundle, extract_base, kept_path
 from provision.commands import summary
 from provision.commands.detect import check_choice
@@ -21,7 +22,7 @@ from provision.errors import NoDeviceToVerify, StepFailed, UsageError
 from provision.facts.pci import scan_display_devices
 from provision.facts.rootfs import is_live
 from provision.hostlock import host_lock
-from provision.options import CHOICES, Mirror, Stage, values
+from provision.options import CHOICES, MODULE_PARAMS, Mirror, Stage, param_rule, rule, values
 from provision.output import emit_json
 from provision.plan import apply as ap
 from provision.plan.build import Options, build_plan
@@ -33,10 +34,13 @@ def _parse_mirrors(mirror: list[str]) -> dict[str, str]:
     out = {}
     for item in mirror:
         name, sep, url = item.partition("=")
-        if not sep or name not in values(Mirror) or "://" not in url:
+        if not sep or name not in values(Mirror):
             raise UsageError(f"--mirror {item!r}: use NAME=URL with NAME one of {', '.join(values(Mirror))} "
                              "(e.g. docker-ce=https://mirror.example/docker-ce/linux)")
-        out[name] = url
+        try:
+            out[name] = rules.check(rules.PARAMS[MODULE_PARAMS["mirror"]], url)
+        except rules.BadValue as exc:
+            raise UsageError(f"--mirror {item!r}: the URL must be {exc.rule}") from None
     return out
 
 
@@ -57,9 +61,6 @@ def _options(driver, kernel_modules, driver_source, engine, engine_source, runti
     check_choice(driver_source, CHOICES["driver_source"], "--driver-source")
     check_choice(engine, CHOICES["engine"], "--engine")
     check_choice(engine_source, CHOICES["engine_source"], "--engine-source")
-    if driver not in ("auto", "skip") and not driver.isdigit():
-        raise UsageError(f"--driver {driver!r}: use auto, skip or a driver branch such as 535")
-
     for p in for_gpus or ():
         parse_pci_id(p)  # a malformed id is a usage error before anything is planned
     return Options(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
@@ -125,18 +126,21 @@ def _print_plan(report, steps, json_out: bool, resume: Resume | None = None) -> 
 
 
 OPTS = dict(
-    driver=typer.Option("auto", "--driver", help="auto | skip | a driver branch (535, 470, ...): refused where "
+    driver=typer.Option("auto", "--driver", callback=param_rule("driver"),
+                        help="auto | skip | a driver branch (535, 470, ...): refused where "
                         "that branch does not drive the GPU or the target does not package it"),
-    for_gpus=typer.Option(None, "--for-gpu", help="Image baking: decide as if this GPU (VENDOR:DEVICE[:SUB:SUB]) "
+    for_gpus=typer.Option(None, "--for-gpu", callback=param_rule("for_gpus"),
+                          help="Image baking: decide as if this GPU (VENDOR:DEVICE[:SUB:SUB]) "
                           "were present; repeat for several. The module is built for every installed kernel."),
-    kernels=typer.Option(None, "--kernel", help="Build the driver for this installed kernel (repeatable); "
+    kernels=typer.Option(None, "--kernel", callback=param_rule("kernels"),
+                         help="Build the driver for this installed kernel (repeatable); "
                          "default: the kernel that boots next (every installed kernel with --for-gpu)."),
     kernel_modules=typer.Option("auto", "--kernel-modules", help=" | ".join(CHOICES["kernel_modules"])),
     driver_source=typer.Option("distro", "--driver-source", help=" | ".join(CHOICES["driver_source"])),
     engine=typer.Option("docker", "--engine", help=" | ".join(CHOICES["engine"])),
     engine_source=typer.Option("auto", "--engine-source", help=" | ".join(CHOICES["engine_source"]) + " (auto: the distro's "
                                "docker.io on Debian/Ubuntu, docker-ce on EL)"),
-    runtime_name=typer.Option("nvidia", "--runtime-name"),
+    runtime_name=typer.Option("nvidia", "--runtime-name", callback=param_rule("runtime_name")),
     no_default=typer.Option(False, "--no-default-runtime", help="Register the runtime without making it default "
                             "(then --gpus needs --runtime nvidia)."),
     cdi=typer.Option(False, "--cdi", help="Enable CDI in the engine."),
@@ -151,7 +155,7 @@ OPTS = dict(
 
 
 def plan_cmd(
-    root: Path = typer.Option(Path("/"), "--root", help="Plan for the host tree under ROOT (fixtures)."),
+    root: Path = typer.Option(Path("/"), "--root", callback=rule("path"), help="Plan for the host tree under ROOT (fixtures)."),
     target: Optional[str] = typer.Option(None, "--target"),
     json_out: bool = typer.Option(False, "--json"),
     driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
@@ -176,9 +180,11 @@ def bootstrap_cmd(
     reboot: bool = typer.Option(False, "--reboot", help="Reboot by itself when the driver needs it."),
     json_out: bool = typer.Option(False, "--json"),
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip the validation container."),
-    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Install packages from this offline bundle only "
+    bundle: Optional[Path] = typer.Option(None, "--bundle", callback=param_rule("bundle"),
+                                          help="Install packages from this offline bundle only "
                                           "(verified first; never falls back to the network)."),
-    bundle_keyring: Optional[str] = typer.Option(None, "--bundle-keyring", help="The --bundle's signer key: the "
+    bundle_keyring: Optional[str] = typer.Option(None, "--bundle-keyring", callback=param_rule("bundle_keyring"),
+                                                 help="The --bundle's signer key: the "
                                                  "bundle must then be signed by it (exit 8 otherwise)."),
     driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
@@ -186,7 +192,8 @@ def bootstrap_cmd(
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
-    root: Path = typer.Option(Path("/"), "--root", help="With --dry-run or --check: plan or check the host tree "
+    root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
+                              help="With --dry-run or --check: plan or check the host tree "
                               "under ROOT (every read, diff and check through it); applying is for this host only."),
 ) -> None:
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""

@@ -20,6 +20,7 @@ from provision.inject.discover import discover, write_manifests
 from provision.inject.edits import Refused, compute_edits
 from provision.inject.install import install_runtime
 from provision.inject.settings import load_settings, settings_path
+from provision.options import rule
 from provision.output import emit_json, kv
 
 if TYPE_CHECKING:
@@ -31,13 +32,13 @@ cdi_app = typer.Typer(help="CDI specs for engines that consume CDI natively.", n
 
 def _discover(driver_root: Optional[str], arch: bool = False) -> Discovery:
     """Discovery for this host, laid out as the runtime's settings describe it (driver/proc/dev roots)."""
-    s = load_settings() if os.path.exists(settings_path()) else {"proc_root": "/", "dev_root": "/"}
-    if driver_root is None:
-        driver_root = s.get("driver_root") if os.path.exists(settings_path()) else None
+    s = load_settings()  # the defaults (/proc and /dev under /) without a settings file
+    if driver_root is None and os.path.exists(settings_path()):
+        driver_root = s.driver_root
     if driver_root is None:
         found, _ = find_driver_root(Path("/"))
         driver_root = found or "/"
-    disc = discover(driver_root, proc_root=s["proc_root"], dev_root=s["dev_root"], arch=arch)
+    disc = discover(driver_root, proc_root=s.proc_root, dev_root=s.dev_root, arch=arch)
     if not disc.version:
         raise GpuprovError(f"no NVIDIA driver found (driver root {driver_root}, /proc/driver/nvidia/version); "
                            "install one with `gpuprov bootstrap` or pass --driver-root", exit_code=4)
@@ -47,11 +48,14 @@ def _discover(driver_root: Optional[str], arch: bool = False) -> Discovery:
 @runtime_app.command("install")
 @changes_host("runtime install")
 def runtime_install(
-    prefix: str = typer.Option("/usr/local", help="Install gpuprov-runtime and the --gpus hook under PREFIX/bin."),
-    runc: Optional[str] = typer.Option(None, help="Low-level runtime to hand over to (default: runc on PATH)."),
-    driver_root: Optional[str] = typer.Option(None, help="Driver root (default: detected: /, /usr/local/nvidia…)."),
-    dev_root: str = typer.Option("/", help="Where the host's /dev lives (tests)."),
-    proc_root: str = typer.Option("/", help="Where the host's /proc lives (tests)."),
+    prefix: str = typer.Option("/usr/local", callback=rule("abs_path"),
+                               help="Install gpuprov-runtime and the --gpus hook under PREFIX/bin."),
+    runc: Optional[str] = typer.Option(None, callback=rule("abs_path"),
+                                       help="Low-level runtime to hand over to (default: runc on PATH)."),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"),
+                                         help="Driver root (default: detected: /, /usr/local/nvidia…)."),
+    dev_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /dev lives (tests)."),
+    proc_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /proc lives (tests)."),
     no_env_unprivileged: bool = typer.Option(False, "--no-env-unprivileged", help="Multi-tenant: ignore "
                                              "NVIDIA_VISIBLE_DEVICES from unprivileged containers."),
     json_out: bool = typer.Option(False, "--json"),
@@ -91,8 +95,9 @@ def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: 
 
 @cdi_app.command("generate")
 def cdi_generate(
-    driver_root: Optional[str] = typer.Option(None, help="Driver root (default: detected)."),
-    output: Optional[Path] = typer.Option(None, help="Write here (default: stdout), e.g. /etc/cdi/nvidia.yaml."),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
+    output: Optional[Path] = typer.Option(None, callback=rule("path"),
+                                          help="Write here (default: stdout), e.g. /etc/cdi/nvidia.yaml."),
     fmt: str = typer.Option("yaml", "--format", help="yaml|json"),
 ) -> None:
     """Write a CDI spec (kind nvidia.com/gpu; devices by index, UUID and `all`; every capability's files)."""
@@ -115,25 +120,23 @@ def cdi_generate(
 
 @cdi_app.command("refresh")
 def cdi_refresh(
-    driver_root: Optional[str] = typer.Option(None, help="Driver root (default: detected)."),
-    spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-separated directories to write nvidia.yaml in."),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
+    spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", callback=rule("abs_paths"),
+                                  help="Colon-separated directories to write nvidia.yaml in."),
     install_units: bool = typer.Option(False, "--install-units",
                                        help="Also install and enable gpuprov-cdi-refresh.{service,path} (systemd)."),
 ) -> None:
     """Write the CDI spec where engines read it; rewrites only when the driver changed. Run at boot and on driver
     changes by the gpuprov-cdi-refresh systemd units (--install-units)."""
     disc = _discover(driver_root)  # same driver-root resolution (and error) as generate
-    s = _settings_roots()
+    s = load_settings()
     with host_lock("cdi refresh"):
         changed = refresh_specs(disc.driver_root, dirs=tuple(d for d in spec_dirs.split(":") if d),
-                                proc_root=s["proc_root"], dev_root=s["dev_root"])
+                                proc_root=s.proc_root, dev_root=s.dev_root)
     print("\n".join(f"wrote {p}" for p in changed) or "CDI spec up to date", file=sys.stderr)
     if install_units:
         _install_cdi_units()
 
-
-def _settings_roots() -> dict:
-    return load_settings() if os.path.exists(settings_path()) else {"proc_root": "/", "dev_root": "/"}
 
 
 def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
@@ -148,7 +151,8 @@ def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
 
 
 @cdi_app.command("list")
-def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-separated CDI spec directories.")):
+def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", callback=rule("abs_paths"),
+                                           help="Colon-separated CDI spec directories.")):
     """List the qualified CDI device names found in the spec directories."""
     import yaml  # lazy: 11 ms at start-up (-X importtime, min of 15); bootstrap loads this module, only `cdi list` reads YAML
 
@@ -164,7 +168,7 @@ def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", help="Colon-
 def docker_args(
     gpus: str = typer.Option("all", "--gpus", help="all, or a comma list of indices/UUIDs."),
     capabilities: str = typer.Option("utility,compute", help="NVIDIA_DRIVER_CAPABILITIES to serve."),
-    driver_root: Optional[str] = typer.Option(None),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path")),
 ) -> None:
     """Print --device/--volume flags for a plain `docker run` (nvidia-docker 1.0 style, no runtime needed)."""
     try:
@@ -180,8 +184,9 @@ def docker_args(
 
 @changes_host("driver-volume")
 def driver_volume(
-    base: Path = typer.Option(Path(paths.DRIVER_VOLUMES), help="Where versioned copies and `current` live."),
-    driver_root: Optional[str] = typer.Option(None),
+    base: Path = typer.Option(Path(paths.DRIVER_VOLUMES), callback=rule("abs_path"),
+                              help="Where versioned copies and `current` live."),
+    driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path")),
 ) -> None:
     """Keep BASE/current -> BASE/<version> (bin/, lib64/ at SONAMEs): mount BASE/current, survive upgrades."""
     disc = _discover(driver_root)

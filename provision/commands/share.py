@@ -17,7 +17,7 @@ share_app = typer.Typer(help="GPU sharing with limits (NVIDIA MPS): enable, disa
 
 
 def _state_path() -> str:
-    return load_settings()["share_state"]
+    return load_settings().share_state
 
 
 @share_app.command("enable")

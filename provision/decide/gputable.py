@@ -8,9 +8,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from provision.errors import UsageError
+from provision.values import PCI_ID
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "gpu_table.json"
-PCI_ID_RE = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{4})(?::([0-9a-fA-F]{4}):([0-9a-fA-F]{4}))?$")
+PCI_ID_RE = re.compile(f"^{PCI_ID}$")  # the CLI's options check the same rule (provision/values.py)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from provision.fsutil import read_trusted, write_file
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
-from provision.inject.settings import DEFAULTS, settings_path
+from provision.inject.settings import Settings, settings_path
 from provision.inject.sources import source_files
 
 HERE = Path(__file__).resolve().parent
@@ -131,9 +131,12 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
     notes: list[str] = []
     runc = runc or shutil.which("runc") or "/usr/sbin/runc"
     python = sys.executable
-    settings = {**DEFAULTS, "runc": runc, "driver_root": driver_root, "dev_root": dev_root, "proc_root": proc_root,
-                "accept_env_unprivileged": accept_env_unprivileged}
-    _write_if_changed(Path(settings_path()), (json.dumps(settings, indent=2) + "\n").encode(), 0o644, changed)
+    # checked as the runtime will read it back: a value it would refuse is never written
+    settings = Settings.from_dict({"runc": runc, "driver_root": driver_root, "dev_root": dev_root,
+                                   "proc_root": proc_root, "accept_env_unprivileged": accept_env_unprivileged},
+                                  settings_path())
+    _write_if_changed(Path(settings_path()), (json.dumps(settings.to_dict(), indent=2) + "\n").encode(), 0o644,
+                      changed)
     bindir = Path(prefix) / "bin"
     shim, origin, notes = front_end(runc, python, compile_shim)
     target = bindir / "gpuprov-runtime"
@@ -147,7 +150,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
     else:
         _write_if_changed(bindir / HOOK_NAME, (HERE / "hook.sh").read_bytes(), 0o755, changed)
     try:
-        discover.refresh(driver_root, settings["cache"], proc_root, dev_root)
+        discover.refresh(driver_root, settings.cache, proc_root, dev_root)
     except OSError as exc:
         notes.append(f"discovery cache not written: {exc}")
     try:

@@ -30,6 +30,7 @@ TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from provision.inject.settings import Settings
     from provision.share.state import MpsState
 
 HOOK_NAME = "nvidia-container-runtime-hook"
@@ -150,15 +151,14 @@ def _safe_source(src: str, rootfs_real: str) -> bool:
     return (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and not inside
 
 
-def load_discovery(settings: dict) -> discover.Discovery:
-    disc = discover.load_cached(settings["cache"], settings["proc_root"])
-    if disc is None or disc.driver_root != settings["driver_root"]:
+def load_discovery(settings: Settings) -> discover.Discovery:
+    disc = discover.load_cached(settings.cache, settings.proc_root)
+    if disc is None or disc.driver_root != settings.driver_root:
         try:
-            disc = discover.refresh(settings["driver_root"], settings["cache"], settings["proc_root"],
-                                    settings["dev_root"])
+            disc = discover.refresh(settings.driver_root, settings.cache, settings.proc_root, settings.dev_root)
         except OSError:  # read-only cache location: discover without caching
-            disc = discover.discover(settings["driver_root"], proc_root=settings["proc_root"],
-                                     dev_root=settings["dev_root"], arch=True)
+            disc = discover.discover(settings.driver_root, proc_root=settings.proc_root, dev_root=settings.dev_root,
+                                     arch=True)
     return disc
 
 
@@ -208,12 +208,12 @@ def _sharing_for(gpus: list[int], env: dict[str, str], state: MpsState | None, p
     return state
 
 
-def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: dict) -> None:
+def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: Settings) -> None:
     """MPS client settings for a GPU container on shared GPUs (`gpus`: the host indices it gets): limits, the pipe
     directory, the daemon's /dev/shm and IPC. Containers on unshared GPUs get none of it."""
     for var in MPS_VARS:  # a container never sets its own MPS limits or pipes
         env.pop(var, None)
-    path = settings.get("share_state", "")
+    path = settings.share_state
     state = _sharing_for(gpus, env, load_share_state(path), path)
     req = share_request(env, len(gpus), state)
     if req is None:
@@ -233,7 +233,7 @@ def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: 
     linux["namespaces"] = [n for n in linux.get("namespaces", []) if n.get("type") != "ipc"]  # MPS needs host IPC
 
 
-def modify_config(config: dict, bundle: str, settings: dict, warn: Callable[[str], None] = warn_stderr) -> bool:
+def modify_config(config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr) -> bool:
     """Apply GPU edits to `config` in place. Returns True when something changed. Raises Refused. `warn` gets the
     warnings (one line each) meant for the runtime's log."""
     process = config.setdefault("process", {})
@@ -248,7 +248,7 @@ def modify_config(config: dict, bundle: str, settings: dict, warn: Callable[[str
     mounted = _mounted_device_list(config, warn)
     if selectors == [DEVICE_LIST_DIR]:  # the device plugin's volume-mounts strategy: the list is in the mounts
         selectors = mounted
-    if selectors is None or (not settings["accept_env_unprivileged"] and not is_privileged(config)):
+    if selectors is None or (not settings.accept_env_unprivileged and not is_privileged(config)):
         selectors = mounted  # multi-tenant policy: only the device lists the orchestrator mounted count
     changed = False
     if gpus_hook:
@@ -264,7 +264,7 @@ def modify_config(config: dict, bundle: str, settings: dict, warn: Callable[[str
     rootfs = rootfs if os.path.isabs(rootfs) else os.path.join(bundle, rootfs)
     e = edits.compute_edits(disc, env, libdir=image_libdir(rootfs), selectors=selectors)
     for node in e["devices"]:
-        _check_node(settings["dev_root"], node)
+        _check_node(settings.dev_root, node)
     linux = config.setdefault("linux", {})
     have = {d.get("path") for d in linux.get("devices", [])}
     linux.setdefault("devices", []).extend(d for d in e["devices"] if d["path"] not in have)
@@ -317,7 +317,7 @@ def check_shape(config: object) -> None:
             raise ValueError("config.json: a mount's destination, source and type must be strings")
 
 
-def modify_bundle(bundle: str, settings: dict, warn: Callable[[str], None] = warn_stderr) -> bool:
+def modify_bundle(bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr) -> bool:
     path = os.path.join(bundle, "config.json")
     with open(path) as fh:
         config = json.load(fh)

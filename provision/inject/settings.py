@@ -1,39 +1,66 @@
-"""Runtime settings: /etc/gpuprov/runtime.json (GPUPROV_RUNTIME_CONFIG overrides the path, for tests)."""
+"""The runtime's settings, typed: `Settings`, read strictly from /etc/gpuprov/runtime.json (inject/settings_file.py
+holds the keys, their rules and the reading; GPUPROV_RUNTIME_CONFIG overrides the path, for tests).
+
+    s = load_settings()        # the file (defaults without one); SettingsInvalid (exit 6) names the file and the key
+    s.driver_root, s.accept_env_unprivileged, s.share_state …   # attribute access, frozen
+    Settings.from_dict({...}, source)   # the same strict checks on a dict; s.to_dict() is the file's form"""
 from __future__ import annotations
 
-import json
 import os
+from dataclasses import asdict, dataclass
 
-from provision import paths
-
-DEFAULT_PATH = "/etc/gpuprov/runtime.json"
-DEFAULTS = {
-    "runc": None,  # the low-level runtime to hand over to; None = runc found on PATH
-    "driver_root": "/",  # where the driver's userspace lives: "/", "/usr/local/nvidia", "/run/nvidia/driver"
-    "dev_root": "/",  # where the host's /dev is (tests point this at a tree of real mknod nodes)
-    "proc_root": "/",
-    "cache": paths.DISCOVERY_CACHE,
-    # Multi-tenant hosts turn this off: unprivileged containers then get GPUs only through device-list mounts
-    # under /var/run/nvidia-container-devices/ (what Kubernetes device plugins pass), never from their own env.
-    "accept_env_unprivileged": True,
-    # Written by `gpuprov share enable`: where MPS runs, its defaults; absent = sharing off.
-    "share_state": paths.SHARE_STATE,
-}
+from provision.inject.settings_file import (  # noqa: F401 - DEFAULT_PATH, settings_path: this module's API too
+    DEFAULT_PATH,
+    DEFAULTS,
+    SettingsInvalid,
+    check_fields,
+    read_fields,
+    runc_program,
+    settings_path,
+)
 
 
-def settings_path() -> str:
-    return os.environ.get("GPUPROV_RUNTIME_CONFIG", DEFAULT_PATH)
+@dataclass(frozen=True)
+class Settings:
+    """runtime.json, checked: each field as settings_file.FIELDS says (rule, default); the same keys, in the same
+    order (tests/faults/test_values_round2.py)."""
+    runc: str  # the low-level runtime the front-end execs (load_settings resolves null to runc on PATH)
+    driver_root: str = DEFAULTS["driver_root"]
+    dev_root: str = DEFAULTS["dev_root"]
+    proc_root: str = DEFAULTS["proc_root"]
+    cache: str = DEFAULTS["cache"]
+    accept_env_unprivileged: bool = DEFAULTS["accept_env_unprivileged"]
+    share_state: str = DEFAULTS["share_state"]
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "runtime settings") -> Settings:
+        """Strictly, as the file is read: an unknown key or a value that breaks its rule is SettingsInvalid."""
+        fields = check_fields(raw, source)
+        return cls(**{**fields, "runc": runc_program(fields)})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def load_settings() -> dict:
-    s = dict(DEFAULTS)
+# The last file read, by identity (path, device, inode, size, mtime, ctime), and its Settings: the warm editor loads
+# the settings for every GPU container, and a stat costs ~1 us where reading and checking the file costs ~60.
+_last: tuple[tuple, Settings] | None = None
+
+
+def load_settings(path: str | None = None) -> Settings:
+    """The settings file, checked; the defaults when there is none. Raises SettingsInvalid (never cached: every
+    GPU container is refused until the file is fixed)."""
+    global _last
+    path = path or settings_path()
     try:
-        with open(settings_path()) as fh:
-            s.update(json.load(fh))
-    except FileNotFoundError:
-        pass
-    if not s["runc"]:
-        import shutil  # lazy: 2.2 ms (-X importtime -I -S, min of 15) on each runtime start; only without a runc setting
-
-        s["runc"] = shutil.which("runc") or "/usr/sbin/runc"
-    return s
+        st = os.stat(path)
+        ident = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except OSError:
+        ident = None
+    if ident is not None and _last is not None and _last[0] == ident:
+        return _last[1]
+    fields = read_fields(path)
+    settings = Settings(**{**fields, "runc": runc_program(fields)})
+    if ident is not None:
+        _last = (ident, settings)
+    return settings

@@ -11,7 +11,8 @@ import os
 import sys
 import time
 
-from provision.inject.settings import load_settings
+from provision.errors import Refused
+from provision.inject.settings_file import SettingsInvalid, runc_program
 
 # runc parses options with Go's flag package: `-x` and `--x` are the same option, a value comes as `--x=v` or as the
 # next word. Global options that take a value, and those of create/run (shim.c has the same tables).
@@ -123,11 +124,14 @@ def _log(msg: str, log: str | None, log_format: str | None, level: str) -> bool:
 
 def run_create_edits(bundle: str, log: str | None = None, log_format: str | None = None) -> int:
     # The Python front-end loads this module for every container start; only GPU creates edit (main's no-GPU path)
-    from provision.errors import Refused  # lazy: 0.2 ms (-X importtime -I -S, min of 15) per no-GPU start here
-    from provision.inject.modify import modify_bundle  # lazy: 16.5 ms (-X importtime -I -S, min of 15), the same
+    from provision.inject.modify import modify_bundle  # lazy: 16.5 ms (-X importtime -I -S, min of 15) per no-GPU start
+    from provision.inject.settings import load_settings  # lazy: 13.5 ms (its dataclasses, -X importtime), the same
 
     try:
         modify_bundle(bundle, load_settings(), lambda msg: report_warning(msg, log, log_format))
+    except SettingsInvalid as exc:  # fail closed: no GPU container under a policy the file does not say
+        report_error(str(exc), log, log_format)
+        return exc.exit_code
     except Refused as exc:
         report_error(str(exc), log, log_format)
         return 10
@@ -148,7 +152,11 @@ def main() -> int:
         if rc:
             return rc
 
-    runc = load_settings()["runc"]
+    try:
+        runc = runc_program()  # only `runc` is checked here; a GPU create above checked every key
+    except SettingsInvalid as exc:
+        report_error(str(exc), inv.log, inv.log_format)
+        return exc.exit_code
     # Not through provision.effects, on purpose: runc must *become* this process (the engine waits on this pid, signals
     # it, reads its exit status), so a child would not do; and the cold create path must not import subprocess, which
     # costs 12-13 ms per GPU container start in the editor's `python -I -S` (median of 21 `-X importtime` runs).

@@ -209,10 +209,10 @@ def test_a_refused_control_command_fails_enable_and_leaves_nothing(host, args, r
 def two_gpus(tmp_path, monkeypatch):
     """The H200 capture's driver root, with a second GPU (the h200x2 host's UUID, /dev/nvidia1 195:1, real node)."""
     s = settings(tmp_path)
-    disc = discover.discover(s["driver_root"], proc_root=s["proc_root"], dev_root=s["dev_root"])
+    disc = discover.discover(s.driver_root, proc_root=s.proc_root, dev_root=s.dev_root)
     g0 = disc.gpus[0]
     g1 = replace(g0, index=1, minor=1, uuid=GPU1, bus_id="00000000:00:07.0", node=Node("/dev/nvidia1", 195, 1))
-    os.mknod(Path(s["dev_root"]) / "dev/nvidia1", 0o666 | 0o020000, os.makedev(195, 1))
+    os.mknod(Path(s.dev_root) / "dev/nvidia1", 0o666 | 0o020000, os.makedev(195, 1))
     monkeypatch.setattr(modify, "load_discovery", lambda settings: replace(disc, gpus=(g0, g1)))
     return s
 
@@ -235,7 +235,7 @@ def _create(tmp_path, s: dict, state: Path, visible: str, *extra: str) -> dict:
     (tmp_path / "bundle/rootfs/etc").mkdir(parents=True, exist_ok=True)
     cfg = {"root": {"path": "rootfs"}, "linux": {"namespaces": [{"type": "ipc"}]},
            "process": {"env": [f"NVIDIA_VISIBLE_DEVICES={visible}", *extra]}}
-    modify.modify_config(cfg, str(tmp_path / "bundle"), {**s, "share_state": str(state)})
+    modify.modify_config(cfg, str(tmp_path / "bundle"), replace(s, share_state=str(state)))
     return cfg
 
 

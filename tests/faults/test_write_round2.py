@@ -211,7 +211,8 @@ def test_directories_get_explicit_modes_under_umask_000(tmp_path):
     out = tmp_path / "m/n/o"
     code = ("import os, sys\nos.umask(0)\nfrom provision.cli import main\nrc = main(['k8s', 'manifests', '--output', "
             f"{str(out)!r}])\nfrom provision.hostlock import host_lock\nwith host_lock('umask test'):\n    pass\n"
-            "from provision.inject import discover\nfrom tests.inject_helpers import settings\nfrom pathlib import Path\n"
+            "from provision.inject import discover\nfrom tests.inject_helpers import settings_dict as settings\n"
+            "from pathlib import Path\n"
             f"s = settings(Path({str(tmp_path)!r}))\n"
             f"discover.refresh(s['driver_root'], {str(tmp_path / 'state/runtime/discovery.json')!r}, s['proc_root'], "
             "s['dev_root'])\nsys.exit(rc)")
@@ -229,7 +230,7 @@ def _tampered_cache(scratch: Path, victim: Path) -> tuple[dict, str]:
     """The runtime's discovery cache, written by the runtime, then rewritten by another user so that libcuda.so.1's
     source is a root-only file (the issue's attack); returns the settings and the cache path."""
     from provision.inject import discover
-    from tests.inject_helpers import settings
+    from tests.inject_helpers import settings_dict as settings
 
     s = settings(scratch)
     state = scratch / "state"

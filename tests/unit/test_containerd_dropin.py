@@ -190,11 +190,13 @@ def test_hostile_names_refused(tmp_path, name, path):
     assert files(tmp_path) == {"config.toml": b"version = 2\n"}
 
 
-def test_cli_hostile_name(tmp_path):
+@pytest.mark.parametrize("name,said", [("../x", "'../x': a name of letters"),  # no engine takes it (the option's rule)
+                                       ("Nvidia_GPU", "not a CRI handler name")])  # Docker would, CRI engines not
+def test_cli_hostile_name(tmp_path, name, said):
     main = tmp_path / "config.toml"
     main.write_text("version = 2\n")
-    r = cli("--config", str(main), "--runtime-name", "../x")
-    assert r.returncode == 2 and "not a CRI handler name" in r.stderr
+    r = cli("--config", str(main), "--runtime-name", name)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
     assert files(tmp_path) == {"config.toml": b"version = 2\n"}
 
 

@@ -106,7 +106,7 @@ def test_cli_offline_lookup_json():
 
 
 @pytest.mark.parametrize("args,code,needle", [
-    (["--pci-id", "10de:xyz"], 2, "malformed PCI id"),
+    (["--pci-id", "10de:xyz"], 2, "'10de:xyz': a PCI id VENDOR:DEVICE"),
     (["--pci-id", "10de:2330", "--target", "slackware-15"], 4, "unknown target"),
     (["--root", "/nonexistent-root"], 3, "not a directory"),
     (["--kernel-modules", "closed"], 2, "--kernel-modules must be one of"),

@@ -138,7 +138,7 @@ def test_bake_for_gpu_on_a_host_without_one(tmp_path):
     r = run_cli("plan", "--root", str(root), "--for-gpu", "10de:2330", "--kernel", "9.9.9", "--engine", "none")
     assert r.returncode == 4 and "no such kernel is installed" in r.stderr
     r = run_cli("plan", "--root", str(root), "--for-gpu", "10de:zz")
-    assert r.returncode == 2 and "malformed PCI id" in r.stderr
+    assert r.returncode == 2 and "a PCI id VENDOR:DEVICE" in r.stderr
 
 
 @pytest.mark.parametrize("family,distro,sysfs", [("ubuntu", "ubuntu-24.04", "datacenter"),

@@ -12,7 +12,7 @@ import pytest
 
 from provision.inject import discover, modify
 from provision.inject.edits import Refused
-from tests.inject_helpers import fake_dev, settings
+from tests.inject_helpers import fake_dev, settings, settings_dict
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod")
 
@@ -32,7 +32,7 @@ def config(env: list[str], **extra) -> dict:
 
 
 def run_modify(tmp_path, cfg, **over):
-    s = {**settings(tmp_path), **over}
+    s = settings(tmp_path, **over)
     modify.modify_config(cfg, str(tmp_path / "bundle"), s)
     return cfg
 
@@ -67,7 +67,7 @@ def test_sources_never_from_the_image(tmp_path):
     os.symlink(lib.path, link)
     evil = (discover.Library("libcuda", str(inside), "libcuda-evil.so.1"), discover.Library("x", str(link), "libx.so.1"))
     libs = {**disc.libraries, "compute": disc.libraries["compute"] + evil}
-    with open(s["cache"], "w") as fh:  # the cache the runtime reads
+    with open(s.cache, "w") as fh:  # the cache the runtime reads
         fh.write(replace(disc, libraries=libs, key="").to_json())
     cfg = run_modify(tmp_path, config(["NVIDIA_VISIBLE_DEVICES=all"]), proc_root=str(tmp_path / "noproc"))
     srcs = [m["source"] for m in cfg["mounts"]]
@@ -135,7 +135,7 @@ def test_ld_preload_from_image_reaches_no_privileged_step(tmp_path):
     (bundle / "config.json").write_text(json.dumps(config(["NVIDIA_VISIBLE_DEVICES=all", f"LD_PRELOAD={evil}",
                                                            f"LD_LIBRARY_PATH={tmp_path}"])))
     sp = tmp_path / "runtime.json"
-    sp.write_text(json.dumps(settings(tmp_path)))
+    sp.write_text(json.dumps(settings_dict(tmp_path)))
     r = subprocess.run([str(shim), "create", "--bundle", str(bundle), "x"], capture_output=True, text=True,
                        env={"PATH": os.environ["PATH"], "GPUPROV_RUNTIME_CONFIG": str(sp)})
     stop_editors(sp)
@@ -159,7 +159,7 @@ def test_graphics_manifests_stay_inside_the_image_and_come_from_the_driver_root(
     assert f"{host_target}/icd.d/nvidia_icd.json" in by_dest  # reinterpreted under rootfs, not the host's dir
     assert "/etc/egl_vendor.d/10_nvidia.json" in by_dest
     assert list(host_target.iterdir()) == []
-    root = settings(tmp_path)["driver_root"]
+    root = settings(tmp_path).driver_root
     assert all(src.startswith(root + "/") for src in by_dest.values()), by_dest
 
 

@@ -33,11 +33,12 @@ SAMPLES = dict(driver="535", kernel_modules="open", driver_source="nvidia", engi
 
 
 def _module():
-    """The module as Ansible ships it to a node: with module_utils/gpuprov_errors.py (a link to errors.py)."""
-    utils = importlib.util.spec_from_file_location("ansible.module_utils.gpuprov_errors",
-                                                   ROLE / "module_utils/gpuprov_errors.py")
-    sys.modules[utils.name] = importlib.util.module_from_spec(utils)
-    utils.loader.exec_module(sys.modules[utils.name])
+    """The module as Ansible ships it to a node: with module_utils/gpuprov_errors.py and gpuprov_values.py (links to
+    errors.py and values.py)."""
+    for name in ("gpuprov_errors", "gpuprov_values"):
+        utils = importlib.util.spec_from_file_location(f"ansible.module_utils.{name}", ROLE / f"module_utils/{name}.py")
+        sys.modules[utils.name] = importlib.util.module_from_spec(utils)
+        utils.loader.exec_module(sys.modules[utils.name])
     spec = importlib.util.spec_from_file_location("gpuprov_node", ROLE / "library/gpuprov_node.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -97,7 +97,7 @@ def test_runtime_injects_mps_and_strips_container_values(tmp_path):
            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "GPUPROV_GPU_MEMORY=2G",
                                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=100G", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"]}}
     try:
-        modify.modify_config(cfg, str(tmp_path / "bundle"), {**settings(tmp_path), "share_state": str(state)})
+        modify.modify_config(cfg, str(tmp_path / "bundle"), settings(tmp_path, share_state=str(state)))
     finally:
         daemon.kill()
     env = dict(e.split("=", 1) for e in cfg["process"]["env"])
@@ -118,4 +118,4 @@ def test_runtime_refuses_limits_without_sharing(tmp_path):
     cfg = {"root": {"path": "rootfs"}, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "GPUPROV_GPU_MEMORY=2G"]}}
     with pytest.raises(Refused, match="sharing is off"):
         modify.modify_config(cfg, str(tmp_path / "bundle"),
-                             {**settings(tmp_path), "share_state": str(tmp_path / "none.json")})
+                             settings(tmp_path, share_state=str(tmp_path / "none.json")))

@@ -123,7 +123,7 @@ def test_runtime_refuses_on_a_broken_state_and_runs_without_one(tmp_path):
     daemon = named_process(tmp_path)  # the daemon the state names runs: killed at the end
     state = tmp_path / "share.json"
     state.write_text(json.dumps({**OLD_STATE, "daemon_pid": daemon.pid, "pipe_dir": None}))
-    s = {**settings(tmp_path), "share_state": str(state)}
+    s = settings(tmp_path, share_state=str(state))
     cfg = {"root": {"path": "rootfs"}, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}}
     with pytest.raises(Refused, match=f"GPU sharing state {state} is not gpuprov's \\('pipe_dir' is missing\\)"):
         modify.modify_config(json.loads(json.dumps(cfg)), str(tmp_path / "bundle"), s)
@@ -225,12 +225,12 @@ def test_garbled_cache_is_a_miss_and_rebuilt(tmp_path, how):
 
     s = settings(tmp_path)
     good = modify.load_discovery(s)  # writes the cache
-    text = _garble(json.loads(open(s["cache"]).read()), how)
-    with open(s["cache"], "w") as fh:
+    text = _garble(json.loads(open(s.cache).read()), how)
+    with open(s.cache, "w") as fh:
         fh.write(text)
-    assert discover.load_cached(s["cache"], s["proc_root"]) is None
+    assert discover.load_cached(s.cache, s.proc_root) is None
     assert modify.load_discovery(s) == good  # rebuilt from the driver root ...
-    assert discover.load_cached(s["cache"], s["proc_root"]) == good  # ... and the cache rewritten
+    assert discover.load_cached(s.cache, s.proc_root) == good  # ... and the cache rewritten
 
 
 def test_cache_of_another_driver_is_a_miss(tmp_path, disc):

@@ -11,6 +11,10 @@ import json
 # below are gpuprov's own, on a node where gpuprov itself cannot be imported (the module runs with the node's
 # system Python).
 from ansible.module_utils import gpuprov_errors as codes
+
+# module_utils/gpuprov_values.py is a link to provision/values.py (it imports nothing of gpuprov's): the rules each
+# free-form value must pass are gpuprov's own, checked here before any reaches the node's argv (values.PARAMS).
+from ansible.module_utils import gpuprov_values as rules
 from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
@@ -143,6 +147,9 @@ def failure(rc: int, err: str, what: str) -> str:
 def main() -> None:
     m = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = m.params
+    bad = rules.check_params(p)
+    if bad:  # gpuprov's own rules, as its CLI would say them (exit 2), before anything runs on the node
+        m.fail_json(msg=f"{'; '.join(bad)} (exit {codes.USAGE}). Fix: {FIXES[codes.USAGE]}", rc=codes.USAGE)
     if not p["stages"]:
         m.exit_json(changed=False, steps=[], reboot_required=False, msg="no stage selected by the tags")
     argv = bootstrap_argv(p, m.check_mode)
