@@ -45,18 +45,21 @@ class Options:
     validate: bool = True
     bundle: str | None = None  # an offline bundle's repository: packages come from it alone
     replace_runtime: bool = False  # --replace-runtime: the operator's runtime of that name / default may be replaced
+    allow_remove: bool = False  # --allow-remove: a package install may remove installed packages (plan/packages.py)
     mirrors: dict[str, str] = field(default_factory=dict)  # repository name -> base URL (repos.BASES)
     stages: tuple[str, ...] = values(Stage)  # bootstrap --only: the stages whose steps are planned
     for_gpus: tuple[str, ...] = ()  # image baking: decide as if these PCI ids were present
     kernels: tuple[str, ...] = ()  # build the driver for these kernels (default: see plan/driver.py)
 
 
-def dpkg_recover_step(stage: Stage) -> Step:
+def dpkg_recover_step(stage: Stage, allow_remove: bool = False) -> Step:
     """A run killed in the middle of dpkg leaves its journal and packages half-installed: replay the journal (it
-    fails for a package whose dependency was cut off mid-unpack), then let apt repair exactly those."""
+    fails for a package whose dependency was cut off mid-unpack), then let apt repair exactly those (removing
+    nothing: a repair that needs a removal fails and names it)."""
     return Step("packages.recover", stage, "Finish an interrupted dpkg run (packages left half-configured)",
                 actions=(Command(("dpkg", "--configure", "-a"), APT_ENV, may_fail=True),
-                         Command(("apt-get", "install", "-f", "-y", "--no-install-recommends"), APT_ENV)),
+                         Command(("apt-get", "install", "-f", "-y", "--no-install-recommends",
+                                  *(() if allow_remove else ("--no-remove",))), APT_ENV)),
                 check=DirEmpty("/var/lib/dpkg/updates"))
 
 
@@ -162,7 +165,7 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
     target = report.target
     on = set(opt.stages)
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages
-    return ([dpkg_recover_step(installs[0])] if target.package_manager == "apt" and installs else []) \
+    return ([dpkg_recover_step(installs[0], opt.allow_remove)] if target.package_manager == "apt" and installs else []) \
         + (driver_steps(report, target, opt) if Stage.DRIVER in on else []) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \

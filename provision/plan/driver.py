@@ -25,7 +25,7 @@ from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.packages import APT_ENV, package_step
+from provision.plan.packages import APT_ENV, PackageInstall, package_step
 from provision.plan.sources import enable_components
 from provision.plan.steps import (
     Action,
@@ -254,9 +254,10 @@ class DriverInstall(Action):
     dkms_package: str | None  # the kernel-module package DKMS builds (None: precompiled kmods)
     headers: tuple[str, ...]
     ways_out: str
+    allow_remove: bool = False
 
-    def _install(self) -> Command:
-        return Command(("apt-get", "install", "-y", "--no-install-recommends", *self.packages), APT_ENV)
+    def _install(self) -> PackageInstall:
+        return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV)
 
     def _header_checks(self) -> list[Command]:
         return [Command(("apt-cache", "show", "--no-all-versions", h)) for h in self.headers]
@@ -266,7 +267,8 @@ class DriverInstall(Action):
 
     def commands(self) -> list[Command]:
         """In order: refresh, ask apt for every kernel's headers, install, ask DKMS for every kernel."""
-        return [Command(("apt-get", "update"), APT_ENV), *self._header_checks(), self._install(), *self._dkms_status()]
+        return [Command(("apt-get", "update"), APT_ENV), *self._header_checks(), *self._install().commands(),
+                *self._dkms_status()]
 
     def on_failure(self) -> list[Command]:
         """The rollback of a failed DKMS build: purge the module package together with the packages that need a
@@ -301,6 +303,8 @@ class DriverInstall(Action):
                     "kernel and its headers (apt-get install linux-image-amd64 linux-headers-amd64), reboot into it "
                     "and run bootstrap again; or build for another installed kernel with --kernel")
         install = self._install()
+        install.check_removals()  # exit 14 before anything is installed when apt would remove a package
+        install = install.install()
         res = install.run()
         for status in self._dkms_status():
             k = status.argv[-1]
@@ -497,11 +501,13 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], headers: tuple
             "another kernel (install it, then --kernel VERSION)",
             "NVIDIA's repository (--driver-source nvidia)") if w]
         install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
-                                tuple(h for h in headers if h.startswith("linux-headers-")), "; ".join(ways))
+                                tuple(h for h in headers if h.startswith("linux-headers-")), "; ".join(ways),
+                                allow_remove=opt.allow_remove)
         return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg)), reboot=True,
                     notes=(reboot_note,))
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
+                        allow_remove=opt.allow_remove,
                         check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
                         notes=(reboot_note,))
 
@@ -526,7 +532,7 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         pm = target.package_manager
         plugin = "python3-dnf-plugin-versionlock" if pm == "dnf" else "yum-plugin-versionlock"
         names = tuple(p.split(":")[0] for p in packages)
-        acts = (Command((pm, "install", "-y", plugin)), Command((pm, "versionlock", "add", *names)))
+        acts = (PackageInstall(pm, (plugin,)), Command((pm, "versionlock", "add", *names)))
         packages = names
         how = f"{pm} versionlock delete"
     return Step("driver.hold", Stage.DRIVER, f"Hold the driver packages against upgrades: {' '.join(packages)}",
@@ -541,13 +547,13 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
         return []  # the bundle's repository already holds the kmod / module packages
     if opt.driver_source in ("distro", "elrepo") and el:
         pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
-               Command((target.package_manager, "install", "-y", repos.elrepo_release(el, opt.mirrors))))
+               PackageInstall(target.package_manager, (repos.elrepo_release(el, opt.mirrors),)))
         return [package_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (), pre=pre,
                              check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
                              notes=("ELRepo kmods are kABI-tracking and signed",))]
     pm = target.package_manager
     add = ("dnf", "config-manager") if pm == "dnf" else ("yum-config-manager",)
-    pre = ((Command((pm, "install", "-y", repos.epel_release(el, opt.mirrors))),) if el else ()) + \
+    pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)),) if el else ()) + \
         (Command((*add, "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
     return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)", actions=pre,
                  check=PathExists("/etc/yum.repos.d/" + repos.cuda_repo(target, opt.mirrors).rsplit("/", 1)[1]))]
