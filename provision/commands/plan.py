@@ -73,7 +73,7 @@ def _plan(root: Path, target: Optional[str], opt):
     src = None if opt.driver_source == "distro" else opt.driver_source
     pin = opt.driver if opt.driver.isdigit() else None
     report = detect_host(root, target=parse_target(target) if target else None, kernel_modules=opt.kernel_modules,
-                         source=src, engines=False, pin=pin, for_gpus=opt.for_gpus)
+                         source=src, pin=pin, for_gpus=opt.for_gpus)  # engines: one found is kept
     return report, build_plan(report, opt)
 
 

@@ -44,7 +44,7 @@ from provision.engines.base import (
     read_config,
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
-from provision.facts.engines import CRI_PLUGIN
+from provision.facts.engines import CRI_PLUGIN, spec
 from provision.facts.rootfs import under
 
 try:
@@ -506,7 +506,7 @@ class ContainerdEngine(Engine):
                           [Change(k, v, reload=False) for k, v in p.changes] if p.edits else [], p.warnings)
 
     def daemon_config(self, argv: list[str]) -> str:
-        return flag_value(argv, ("--config", "-c")) or CONFIG
+        return flag_value(argv, spec("containerd").config_flags) or CONFIG
 
     def check(self, path: Path, req: RuntimeRequest) -> bool | None:
         if not (self.binary and self.binary.path):

@@ -282,7 +282,9 @@ class DriverInstall(Action):
                 Command(("dpkg", "--audit"))]
 
     def lines(self) -> list[str]:
-        out = [ln for c in self.commands() for ln in c.lines()]
+        update, *checks = [Command(("apt-get", "update"), APT_ENV), *self._header_checks()]
+        out = [ln for c in (update, *checks) for ln in c.lines()] + self._install().lines() + \
+            [ln for c in self._dkms_status() for ln in c.lines()]
         if self.dkms_package:
             out.append("  (a kernel whose headers apt does not offer stops the step there: exit 4)")
             out.append("  on a failed DKMS build (a status other than installed), roll back, then stop with exit 16:")

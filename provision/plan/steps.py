@@ -313,6 +313,7 @@ class EngineConfigured:
     default: bool
     cdi: bool
     replace: bool = False
+    config: str | None = None  # the config the engine really reads, where it is not the engine's default
 
     def _plan(self, root: Path) -> EnginePlan:
         """The adapter's plan against the config under `root`. Its edits name host paths, and what they would
@@ -320,7 +321,7 @@ class EngineConfigured:
         eng = engines.get(self.engine)
         req = RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
                              replace=self.replace)
-        host = eng.config_path(None, req)
+        host = eng.config_path(self.config, req)
         if is_live(root):
             return eng.plan(host, req, unit_root=root)
         if self.engine == "containerd":
