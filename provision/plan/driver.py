@@ -21,6 +21,7 @@ from provision import effects, paths
 from provision.decide.driver import ubuntu_dkms_package
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
+from provision.facts.driver_facts import DRIVER_PACKAGE_RE
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
@@ -402,6 +403,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         return [early]
     drv = report.driver
     packages = _driver_packages(gpus, target)
+    kept = _keep_installed(drv, packages, opt, baking)
+    if kept:
+        return [kept]
     modules = gpus[0].modules
     dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
     root = Path(report.root or "/")
@@ -447,6 +451,32 @@ def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | 
                     f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
                     verify_only=True)
     return None
+
+
+def _keep_installed(drv, packages: list[str], opt, baking: bool) -> Step | None:
+    """A driver on disk but not loaded (the loaded one is driver.present) that gpuprov did not install is kept, with
+    no driver step: NVIDIA's CUDA-repository packages and the .run installer always (installing the distro's over
+    them breaks both), the distribution's driver of another branch unless --driver names one. None: plan the
+    install (nothing there, or the packages this plan installs: their own checks say done)."""
+    inst = drv.installed if drv else None
+    if inst is None or baking:
+        return None
+    if inst.source == "distro":
+        mine = {p for p in packages if DRIVER_PACKAGE_RE.match(p)}
+        if mine <= set(inst.packages) or opt.driver != "auto":
+            return None
+    replace = {"cuda-repo": "to have gpuprov install the distribution's driver instead, purge NVIDIA's packages "
+                            f"first (apt-get purge {' '.join(inst.packages)})",
+               "run-installer": "to have gpuprov install the distribution's driver instead, remove it first "
+                                "(nvidia-installer --uninstall)",
+               "distro": "`--driver <branch>` replaces it"}[inst.source]
+    boot = [f"reboot to load it: the module is on disk for {', '.join(inst.modules)}" if inst.modules else
+            "no nvidia module on disk for any kernel: its package's build may have failed"]
+    if inst.reboot_pending:
+        boot.append("a reboot is pending (/run/reboot-required)")
+    return Step("driver.installed", Stage.DRIVER, f"{inst.describe()}: installed, not loaded: kept (no driver step)",
+                check=Already("a driver gpuprov did not install"), verify_only=True,
+                notes=(*boot, f"gpuprov never replaces a driver it did not install: {replace}"))
 
 
 def _driver_packages(gpus: list, target: Target) -> list[str]:
