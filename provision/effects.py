@@ -254,6 +254,24 @@ def restart_dockerd(pid: int | None = None) -> str:
     return "restarted dockerd: " + start_daemon("docker", "dockerd")
 
 
+def respawn(pid: int, argv: tuple[str, ...], daemon: str, ready) -> str:
+    """Restart a daemon that no unit or init script runs (static binaries started with the operator's own flags,
+    e.g. `dockerd --config-file /srv/docker.json`): stop it, start the same executable with the same arguments in
+    the background (its output in daemon_log), wait until `ready()`."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+    except OSError:
+        exe = argv[0]
+    os.kill(pid, signal.SIGTERM)
+    if not wait_for(lambda: not _alive(pid), 60):
+        raise StepFailed(f"{daemon} (pid {pid}) did not stop within 60 s; restart it by hand")
+    shown = shlex.join([exe, *argv[1:]])
+    spawn([exe, *argv[1:]], daemon_log(daemon))
+    if not wait_for(ready, 60):
+        raise StepFailed(f"{daemon} did not come up after `{shown}`; see {daemon_log(daemon)}")
+    return f"restarted {daemon} as it ran: {shown} (background; log {daemon_log(daemon)})"
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:

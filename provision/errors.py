@@ -18,7 +18,8 @@ Exit codes (documented in README.md):
  12  declined at the confirmation prompt (nothing was changed)
  13  disk full or read-only: a write could not complete; the file is untouched
  14  conflicts with the operator's own setting (a runtime of that name pointing elsewhere, another
-     default-runtime); --replace-runtime overrides; or a file that kept changing while gpuprov edited it
+     default-runtime; --replace-runtime overrides), a package install that would remove installed packages
+     (named; --allow-remove overrides), or a file that kept changing while gpuprov edited it
  15  driver installed, but no NVIDIA device to verify it on (image baking, a VM without its GPU)
  16  the driver's kernel module failed to build (DKMS); the module package was rolled back, dpkg is consistent
 """
@@ -111,6 +112,13 @@ class WriteFailed(GpuprovError, OSError):
 
 class RuntimeConflict(GpuprovError):
     """The operator's own runtime / default-runtime would be replaced: theirs unless --replace-runtime."""
+
+    exit_code = CONFLICT
+
+
+class RemovalRefused(GpuprovError):
+    """A package install would remove installed packages (apt's simulation says `Remv`, dnf/yum's transaction says
+    Removing/replacing): refused before anything changed, unless --allow-remove."""
 
     exit_code = CONFLICT
 

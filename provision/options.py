@@ -82,6 +82,7 @@ MODULE_PARAMS: dict[str, str | None] = {
     "cdi": "cdi",
     "no_validate": "validate",
     "replace_runtime": "replace_runtime",
+    "allow_remove": "allow_remove",
     "bundle": "bundle",
     "bundle_keyring": "bundle_keyring",
     "only": "stages",

@@ -56,8 +56,8 @@ def render_human(report) -> str:
     if report.other_display:
         out.append("other display: " + ", ".join(f"{d.address} {d.pci_id}" for d in report.other_display))
     if report.engines:
-        out.append(table(["ENGINE", "BINARY", "VERSION", "CONFIG", "RUNTIMES"], [
-            [e.name, e.binary, e.version,
+        out.append(table(["ENGINE", "BINARY", "VERSION", "FROM", "CONFIG", "RUNTIMES"], [
+            [e.name, e.binary, e.version, e.origin.describe() if e.origin else "config only",
              f"{e.config_path} ({'ok' if e.config_valid else 'INVALID' if e.config_valid is False else 'absent'})",
              ",".join(e.runtimes)] for e in report.engines]))
     if report.fleet:

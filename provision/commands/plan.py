@@ -56,7 +56,7 @@ def _parse_stages(only: Optional[str]) -> tuple[str, ...]:
 
 
 def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate,
-             replace_runtime=False, only=None, mirror=(), for_gpus=None, kernels=None):
+             replace_runtime=False, only=None, mirror=(), for_gpus=None, kernels=None, allow_remove=False):
     check_choice(kernel_modules, CHOICES["kernel_modules"], "--kernel-modules")
     check_choice(driver_source, CHOICES["driver_source"], "--driver-source")
     check_choice(engine, CHOICES["engine"], "--engine")
@@ -67,14 +67,14 @@ def _options(driver, kernel_modules, driver_source, engine, engine_source, runti
                    engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
                    validate=validate, replace_runtime=replace_runtime, stages=_parse_stages(only),
                    mirrors=_parse_mirrors(list(mirror or ())), for_gpus=tuple(for_gpus or ()),
-                   kernels=tuple(kernels or ()))
+                   kernels=tuple(kernels or ()), allow_remove=allow_remove)
 
 
 def _plan(root: Path, target: Optional[str], opt):
     src = None if opt.driver_source == "distro" else opt.driver_source
     pin = opt.driver if opt.driver.isdigit() else None
     report = detect_host(root, target=parse_target(target) if target else None, kernel_modules=opt.kernel_modules,
-                         source=src, engines=False, pin=pin, for_gpus=opt.for_gpus)
+                         source=src, pin=pin, for_gpus=opt.for_gpus)  # engines: one found is kept
     return report, build_plan(report, opt)
 
 
@@ -147,6 +147,9 @@ OPTS = dict(
     replace_runtime=typer.Option(False, "--replace-runtime", help="Replace your own runtime of that name (its "
                                  "runtimeArgs are dropped) or your default-runtime (without it: exit 14, nothing "
                                  "changed)."),
+    allow_remove=typer.Option(False, "--allow-remove", help="Let a package install remove installed packages "
+                              "(apt's or dnf's conflict resolution). Without it, an install that would remove any "
+                              "stops before it runs: exit 14, the packages named."),
     only=typer.Option(None, "--only", help="Only these stages, a comma list of driver, engine, runtime, validate "
                       "(the fleet role's tags)."),
     mirror=typer.Option([], "--mirror", help="NAME=URL: fetch repository NAME (elrepo, epel, cuda, docker-ce) from "
@@ -162,12 +165,12 @@ def plan_cmd(
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
-    only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
+    allow_remove: bool = OPTS["allow_remove"], only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, True,
-                   replace_runtime, only, mirror, for_gpus, kernels)
+                   replace_runtime, only, mirror, for_gpus, kernels, allow_remove)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -190,7 +193,7 @@ def bootstrap_cmd(
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
-    only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
+    allow_remove: bool = OPTS["allow_remove"], only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
     root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
                               help="With --dry-run or --check: plan or check the host tree "
@@ -198,7 +201,7 @@ def bootstrap_cmd(
 ) -> None:
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
     opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
-                   not no_validate, replace_runtime, only, mirror, for_gpus, kernels)
+                   not no_validate, replace_runtime, only, mirror, for_gpus, kernels, allow_remove)
     if dry_run or check:  # they only report: no lock, no resume, no write
         _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
         return

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 from provision import effects
 from provision.errors import ConfigInvalid
+from provision.facts.engines import find_processes, flag_value  # noqa: F401  (the adapters' helpers, one copy)
 from provision.facts.rootfs import MAX_READ, NotRegular, read_bytes_bounded
 
 
@@ -245,25 +246,6 @@ def dump_json(doc: object, path: str | Path) -> str:
         raise ConfigInvalid(f"{path}: cannot write it back as JSON ({exc}); the file was not changed") from None
 
 
-def find_processes(names: tuple[str, ...]) -> list[tuple[int, list[str]]]:
-    """(pid, argv) of every process whose name is one of `names`, oldest first (the /proc scan every adapter uses
-    to find its live daemon; pid files can be stale or belong to another daemon)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/comm") as fh:
-                if fh.read().strip() not in names:
-                    continue
-            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
-        except OSError:
-            continue  # exited meanwhile
-        found.append((int(entry.name), argv))
-    return sorted(found)
-
-
 def processes_in_pid_files(pid_files: tuple[str, ...], names: tuple[str, ...]) -> list[tuple[int, list[str]]]:
     """(pid, argv) of the processes named in these pid files, when they are still running under one of `names`."""
     found = []
@@ -278,18 +260,6 @@ def processes_in_pid_files(pid_files: tuple[str, ...], names: tuple[str, ...]) -
         except (OSError, ValueError):
             continue
     return found
-
-
-def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
-    """The value of `--flag VALUE` or `--flag=VALUE` (the last one wins, as in Go's flag parsing)."""
-    value = None
-    for i, a in enumerate(argv):
-        for n in names:
-            if a == n and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif a.startswith(n + "="):
-                value = a[len(n) + 1:]
-    return value
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -44,7 +44,7 @@ from provision.engines.base import (
     read_config,
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
-from provision.facts.engines import CRI_PLUGIN
+from provision.facts.engines import CRI_PLUGIN, spec
 from provision.facts.rootfs import under
 
 try:
@@ -464,6 +464,24 @@ def check_dump(binary: str, main: Path, *, runtime_name: str, runtime_path: str,
     return None
 
 
+# The CRI plugin's ids in `disabled_plugins` (containerd 1.x/2.x; version 3 configs split it, the runtime part holds
+# the handlers).
+CRI_IDS = {"cri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"}
+
+
+def _refuse_cri_disabled(path: Path, dump: dict | None) -> None:
+    """Docker's containerd.io ships a config.toml with `disabled_plugins = ["cri"]`: runtime handlers live in the CRI
+    plugin, so with it off a registered runtime exists for no one. That is the operator's setting (Docker needs no
+    CRI): refused (exit 14) with the way to turn it on, nothing changed."""
+    off = [p for p in (dump or {}).get("disabled_plugins") or () if p in CRI_IDS]
+    if off:
+        raise RuntimeConflict(
+            f"{path}: disabled_plugins lists {off[0]!r} (the default of Docker's containerd.io): containerd's CRI "
+            "plugin, where runtime handlers live, is off, so gpuprov's runtime would be registered for no one. "
+            f"Remove {off[0]!r} from disabled_plugins (Docker keeps working) and restart containerd, then run "
+            "again; nothing was changed")
+
+
 # --- the adapter ---------------------------------------------------------------------------------------------------
 
 class ContainerdEngine(Engine):
@@ -503,6 +521,7 @@ class ContainerdEngine(Engine):
             except StepFailed as exc:
                 raise ConfigInvalid(f"containerd itself rejects {path} as it is ({exc}); fix it, then run again "
                                     "(nothing was changed)") from None
+        _refuse_cri_disabled(path, self.before)
         p = plan(path, runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi,
                  replace=req.replace, binary=self.binary,
                  runc_from_dump=dump_runtime(self.before, "runc") if self.before else None)
@@ -511,7 +530,7 @@ class ContainerdEngine(Engine):
                           [Change(k, v, reload=False) for k, v in p.changes] if p.edits else [], p.warnings)
 
     def daemon_config(self, argv: list[str]) -> str:
-        return flag_value(argv, ("--config", "-c")) or CONFIG
+        return flag_value(argv, spec("containerd").config_flags) or CONFIG
 
     def check(self, path: Path, req: RuntimeRequest) -> bool | None:
         if not (self.binary and self.binary.path):

@@ -22,9 +22,11 @@ from provision.engines.base import (
     load_json_strict,
     read_config,
 )
-from provision.errors import ConfigInvalid, RuntimeConflict
+from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
+from provision.facts.engines import spec
 
-DAEMON_JSON = "/etc/docker/daemon.json"
+SPEC = spec("docker")  # binary, default config, its flag, packages, units: facts/engines.py's one table
+DAEMON_JSON = SPEC.config
 UNIT_FILES = ("/lib/systemd/system/docker.service", "/usr/lib/systemd/system/docker.service",
               "/etc/systemd/system/docker.service")
 DROPIN_DIR = "/etc/systemd/system/docker.service.d"
@@ -199,7 +201,7 @@ class DockerEngine(Engine):
         return EnginePlan([FileEdit(path, old, m.text)] if m.changed else [], m.changes, warnings)
 
     def daemon_config(self, argv: list[str]) -> str:
-        return flag_value(argv, ("--config-file",)) or DAEMON_JSON
+        return flag_value(argv, SPEC.config_flags) or DAEMON_JSON
 
     def pending_restart(self, daemon: Daemon) -> str | None:
         """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart."""
@@ -217,9 +219,24 @@ class DockerEngine(Engine):
         """runtimes/default-runtime are live-reloadable (SIGHUP, running containers untouched); the rest needs a
         restart."""
         if restart or plan.needs_restart:
-            return effects.restart_dockerd(daemon.pid)
+            return self.restart(daemon)
         os.kill(daemon.pid, signal.SIGHUP)
         return f"reloaded dockerd (SIGHUP to pid {daemon.pid})"
+
+    def restart(self, daemon: Daemon) -> str:
+        """Through the unit that runs it (the packages' docker.service, the snap's), else the same way as before
+        for the default config (the init script, or the daemon in the background); a dockerd started by hand with
+        its own config (static binaries, --config-file) is started again exactly as it ran."""
+        for unit in (SPEC.unit, SPEC.snap_unit):
+            if unit and daemon.is_unit(unit):
+                effects.run(["systemctl", "restart", unit])
+                if not effects.wait_for(lambda: effects.daemon_answers("docker"), 60):
+                    raise StepFailed(f"dockerd did not come up after `systemctl restart {unit}`; see "
+                                     f"`journalctl -u {unit}`")
+                return f"systemctl restart {unit}"
+        if daemon.config != DAEMON_JSON and daemon.in_our_mount_namespace():
+            return effects.respawn(daemon.pid, daemon.argv, "dockerd", lambda: effects.daemon_answers("docker"))
+        return effects.restart_dockerd(daemon.pid)
 
     def verify(self, daemon: Daemon, req: RuntimeRequest, *, wait: bool = True) -> bool | None:
         if not daemon.in_our_mount_namespace():

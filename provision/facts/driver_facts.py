@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from provision.facts.packages import dpkg_installed
 from provision.facts.rootfs import is_live, read_bytes_bounded, read_first_line, read_text, under
 
 # Where a driver root keeps its libraries (a root of its own like /usr/local/nvidia, or a distro's /). The runtime's
@@ -18,6 +19,59 @@ SECURE_BOOT_VAR = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-0
 DRIVER_ROOT_CANDIDATES = ("/", "/usr/local/nvidia", "/run/nvidia/driver")
 # "NVIDIA UNIX Open Kernel Module for x86_64  580.159.04" (open) / "NVIDIA UNIX x86_64 Kernel Module  535.161.08"
 NVRM_RE = re.compile(r"NVRM version:\s+NVIDIA UNIX (Open )?(?:\S+ )?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+
+
+# The packages that are an NVIDIA kernel driver (not its libraries): Debian's, Ubuntu's and NVIDIA's CUDA repository's.
+DRIVER_PACKAGE_RE = re.compile(r"^(cuda-drivers(-\d+)?|nvidia-driver(-\d+)?(-server)?(-open)?|nvidia-tesla-\d+-driver|"
+                               r"nvidia-headless-\d+(-server)?(-open)?|nvidia(-open)?-kernel-dkms|"
+                               r"nvidia-tesla-\d+-kernel-dkms|nvidia-open(-\d+)?)$")
+RUN_INSTALLER = "usr/bin/nvidia-installer"  # NVIDIA's .run installer leaves itself here (for --uninstall)
+REBOOT_FLAGS = ("run/reboot-required", "var/run/reboot-required")
+
+
+@dataclass(frozen=True)
+class InstalledDriver:
+    """An NVIDIA driver on disk, loaded or not, and where it came from: gpuprov keeps one it did not install."""
+    source: str  # cuda-repo (NVIDIA's CUDA repository packages) | distro (the distribution's) | run-installer
+    packages: tuple[str, ...]  # the driver packages installed (none for the .run installer)
+    version: str | None  # the main package's version, or the .run installer's userspace version
+    modules: tuple[str, ...]  # kernels that have an nvidia module on disk
+    reboot_pending: bool  # the system asks for a reboot (/run/reboot-required)
+
+    def describe(self) -> str:
+        where = {"cuda-repo": "NVIDIA's CUDA repository", "distro": "the distribution's packages",
+                 "run-installer": f"NVIDIA's .run installer (/{RUN_INSTALLER})"}[self.source]
+        return f"NVIDIA driver {self.version or '(version unknown)'} from {where}" + \
+            (f" ({' '.join(self.packages)})" if self.packages else "")
+
+
+def nvidia_modules(root: Path) -> tuple[str, ...]:
+    """Kernels with an nvidia module on disk: DKMS's (updates/dkms), precompiled packages' and kmods' (extra,
+    kernel/drivers/video, where the .run installer puts its own)."""
+    found = []
+    for k in sorted(p.name for p in under(root, "lib/modules").glob("*")):
+        for sub in ("updates/dkms", "extra", "kernel/drivers/video", "updates"):
+            if any(under(root, f"lib/modules/{k}/{sub}").glob("nvidia*.ko*")):
+                found.append(k)
+                break
+    return tuple(found)
+
+
+def read_installed_driver(root: Path) -> InstalledDriver | None:
+    """The driver packages dpkg lists (the CUDA repository's by their maintainer, NVIDIA), else the .run installer
+    with its modules. None: no driver on disk that gpuprov can see (rpm hosts: their kmod packages are the
+    distro's or ELRepo's, which gpuprov's own steps check)."""
+    pkgs = dpkg_installed(root, DRIVER_PACKAGE_RE.match)
+    modules = nvidia_modules(root)
+    reboot = any(under(root, f).exists() for f in REBOOT_FLAGS)
+    if pkgs:
+        main = next((p for p in pkgs.values() if p.name.startswith(("cuda-drivers", "nvidia-driver"))),
+                    next(iter(pkgs.values())))
+        source = "cuda-repo" if any("nvidia.com" in p.maintainer.lower() for p in pkgs.values()) else "distro"
+        return InstalledDriver(source, tuple(sorted(pkgs)), main.upstream, modules, reboot)
+    if under(root, RUN_INSTALLER).is_file() and modules:
+        return InstalledDriver("run-installer", (), find_driver_root(root)[1], modules, reboot)
+    return None
 
 
 @dataclass(frozen=True)
@@ -32,10 +86,14 @@ class DriverFacts:
     secure_boot: bool | None  # None: no EFI variables (BIOS boot or a VM without EFI)
     driver_root: str | None  # where nvidia-smi / libnvidia-ml live, if found
     userspace_version: str | None  # from the driver root's libnvidia-ml.so.<version>
+    installed: InstalledDriver | None = None  # a driver on disk (packages or the .run installer), loaded or not
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["modules"] = list(self.modules)
+        if self.installed:
+            d["installed"] = {**asdict(self.installed), "packages": list(self.installed.packages),
+                              "modules": list(self.installed.modules), "description": self.installed.describe()}
         return d
 
 
@@ -108,4 +166,5 @@ def read_driver(root: Path) -> DriverFacts:
         secure_boot=secure_boot(root),
         driver_root=droot,
         userspace_version=uver,
+        installed=read_installed_driver(root),
     )

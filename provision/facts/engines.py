@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from provision.facts.packages import InstalledPackage, dpkg_installed, dpkg_owns
 from provision.facts.rootfs import read_bytes_bounded, under
 
 try:
@@ -20,19 +22,74 @@ BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sb
 
 
 @dataclass(frozen=True)
+class Origin:
+    """A package an engine comes in: its name, where that package comes from, and what people call it."""
+    package: str
+    source: str  # docker-ce (Docker's own packages) | distro (the distribution's)
+    label: str
+
+
+@dataclass(frozen=True)
 class EngineSpec:
+    """What tells an engine on a host: its daemon binary, the config file it reads by default and the flags that
+    name another one, the packages it comes in (most specific first), its systemd unit, and Ubuntu's snap."""
     name: str
     binary: str
     config: str
     version_args: tuple[str, ...]
+    config_flags: tuple[str, ...] = ()
+    packages: tuple[Origin, ...] = ()
+    unit: str | None = None
+    snap_config: str | None = None  # the snap's config file (the snap's dockerd reads it, not /etc/docker)
+    snap_unit: str | None = None
 
 
 ENGINES = (
-    EngineSpec("docker", "dockerd", "/etc/docker/daemon.json", ("--version",)),
-    EngineSpec("containerd", "containerd", "/etc/containerd/config.toml", ("--version",)),
+    EngineSpec("docker", "dockerd", "/etc/docker/daemon.json", ("--version",), ("--config-file",),
+               (Origin("docker-ce", "docker-ce", "Docker CE"), Origin("docker.io", "distro", "docker.io"),
+                Origin("moby-engine", "distro", "Moby"), Origin("docker", "distro", "Docker")),
+               "docker", "/var/snap/docker/current/config/daemon.json", "snap.docker.dockerd"),
+    EngineSpec("containerd", "containerd", "/etc/containerd/config.toml", ("--version",), ("--config", "-c"),
+               (Origin("containerd.io", "docker-ce", "containerd.io (Docker CE)"),
+                Origin("containerd", "distro", "containerd")), "containerd"),
     EngineSpec("podman", "podman", "/etc/containers/containers.conf", ("--version",)),
-    EngineSpec("cri-o", "crio", "/etc/crio/crio.conf", ("--version",)),
+    EngineSpec("cri-o", "crio", "/etc/crio/crio.conf", ("--version",), ("--config", "-c"),
+               (Origin("cri-o", "distro", "CRI-O"),), "crio"),
 )
+
+
+def spec(name: str) -> EngineSpec:
+    return next(s for s in ENGINES if s.name == name)
+
+
+@dataclass(frozen=True)
+class EngineOrigin:
+    """Where an engine on the host came from and what its daemon really reads: gpuprov keeps an engine it found
+    (the plan says "Docker CE 28.0.1 (docker-ce): kept" and configures that config, unit and daemon), and an
+    uninstall removes only an engine gpuprov installed itself, never one recorded here as found."""
+    source: str  # docker-ce | distro | snap | static | rpm (an rpm package: which one, `rpm -qf` on the live host)
+    label: str  # for people: "Docker CE", "docker.io", "static binaries", "snap"
+    package: str | None  # the package that owns the daemon binary (None: snap, static binaries)
+    version: str | None  # that package's version, e.g. "5:28.0.1-1~debian.12~bookworm"
+    binary: str | None  # the daemon binary: the running daemon's executable, else the one found on PATH
+    config: str  # the config file it reads: its --config-file/--config, the snap's, or the engine's default
+    unit: str | None  # the systemd unit that runs it (None: static binaries, started by hand or by other means)
+    pid: int | None = None  # the running daemon (in this mount namespace), if any
+    argv: tuple[str, ...] = ()  # its command line
+
+    def describe(self) -> str:
+        if self.package:
+            upstream = InstalledPackage(self.package, self.version or "").upstream
+            return f"{self.label} {upstream} ({self.package})"
+        if self.source == "static":
+            return f"{Path(self.binary or '?').name} from static binaries ({self.binary}, no package owns it)"
+        return f"{self.label} ({self.binary})"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["argv"] = list(self.argv)
+        d["description"] = self.describe()
+        return d
 
 
 @dataclass(frozen=True)
@@ -47,10 +104,12 @@ class EngineFacts:
     runtimes: tuple[str, ...]
     default_runtime: str | None
     extra: dict = field(default_factory=dict)
+    origin: EngineOrigin | None = None  # None: no daemon binary, package, snap or running daemon (a config alone)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["runtimes"] = list(self.runtimes)
+        d["origin"] = self.origin.to_dict() if self.origin else None
         return d
 
 
@@ -60,6 +119,97 @@ def find_binary(root: Path, name: str) -> str | None:
         if p.is_file():
             return "/" + f"{d}/{name}"
     return None
+
+
+def flag_value(argv: list[str] | tuple[str, ...], names: tuple[str, ...]) -> str | None:
+    """The value of `--flag VALUE` or `--flag=VALUE` (the last one wins, as in Go's flag parsing)."""
+    value = None
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif a.startswith(n + "="):
+                value = a[len(n) + 1:]
+    return value
+
+
+def _link(path: Path) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def find_processes(names: tuple[str, ...], root: Path = Path("/")) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every process whose name (`comm`) is one of `names`, oldest first, from `proc` under `root`
+    (the one /proc scan: the adapters find their live daemon with it; pid files can be stale or another's)."""
+    found = []
+    try:
+        entries = list(os.scandir(under(root, "proc")))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{entry.path}/comm") as fh:
+                if fh.read().strip() not in names:
+                    continue
+            with open(f"{entry.path}/cmdline", "rb") as fh:
+                argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+        except OSError:
+            continue  # exited meanwhile
+        found.append((int(entry.name), argv))
+    return sorted(found)
+
+
+def _parent_name(root: Path, pid: int) -> str | None:
+    try:
+        stat = read_bytes_bounded(under(root, f"proc/{pid}/stat")).decode(errors="replace")
+        ppid = stat.rsplit(")", 1)[1].split()[1]
+        return read_bytes_bounded(under(root, f"proc/{ppid}/comm")).decode(errors="replace").strip()
+    except (OSError, IndexError):
+        return None
+
+
+def _our_daemon(root: Path, sp: EngineSpec) -> tuple[int, list[str], str | None] | None:
+    """The engine's running daemon in this PID namespace (a nested engine in a container is another host's; a
+    private mount namespace, as a read-only `plan` may run in, still sees this host's daemons), and not one another
+    engine runs for itself (dockerd starts a private containerd, with its own --config, when no system containerd
+    runs): (pid, argv, its executable)."""
+    ours = _link(under(root, "proc/self/ns/pid"))
+    engines = {e.binary for e in ENGINES}
+    for pid, argv in find_processes((sp.binary,), root):
+        if _link(under(root, f"proc/{pid}/ns/pid")) != ours or _parent_name(root, pid) in engines:
+            continue
+        exe = _link(under(root, f"proc/{pid}/exe"))
+        return pid, argv, exe.removesuffix(" (deleted)") if exe else None
+    return None
+
+
+def read_origin(root: Path, sp: EngineSpec, binary: str | None) -> EngineOrigin | None:
+    """Where the engine came from: the package that owns its daemon binary (dpkg's file lists), Ubuntu's snap, or
+    static binaries no package owns; the config its running daemon reads (its --config-file/--config). None when
+    there is no binary, no package, no snap and no daemon."""
+    running = _our_daemon(root, sp)
+    pid, argv, exe = running if running else (None, [], None)
+    binary = exe or binary
+    flagged = flag_value(argv, sp.config_flags) if sp.config_flags else None
+    config = flagged if flagged and flagged.startswith("/") else sp.config
+    snap = bool(sp.snap_config) and (under(root, str(sp.snap_config)).is_file() or "/snap/" in (binary or ""))
+    if snap:
+        return EngineOrigin("snap", "Ubuntu's snap", "docker", None, binary or "/snap/bin/docker",
+                            flagged or str(sp.snap_config), sp.snap_unit, pid, tuple(argv))
+    installed = dpkg_installed(root, {o.package for o in sp.packages}.__contains__)
+    for o in sp.packages:
+        pkg = installed.get(o.package)
+        if pkg and (binary is None or dpkg_owns(root, o.package, binary)):
+            return EngineOrigin(o.source, o.label, o.package, pkg.version, binary, config, sp.unit, pid, tuple(argv))
+    if binary is None:
+        return None
+    if under(root, "var/lib/dpkg/status").is_file():
+        return EngineOrigin("static", "static binaries", None, None, binary, config, None, pid, tuple(argv))
+    return EngineOrigin("rpm", "an rpm package", None, None, binary, config, sp.unit, pid, tuple(argv))
 
 
 def _toml_load(text: str) -> dict:
@@ -116,18 +266,20 @@ def _containerd_imports(root: Path, main: str, text: str, runtimes: tuple[str, .
 
 
 def read_engines(root: Path) -> list[EngineFacts]:
-    """Engines found under `root`, by their binaries and config files (read only; `version` is left None: it
-    takes running the binary, which `provision.probe.engines.with_versions` does on the live host)."""
+    """Engines found under `root`, by their binaries, packages, running daemons and config files (read only;
+    `version` is left None: it takes running the binary, which `provision.probe.engines.with_versions` does on the
+    live host). The config read is the one the engine really reads (EngineOrigin.config)."""
     found = []
-    binaries = {spec.name: find_binary(root, spec.binary) for spec in ENGINES}
-    for spec in ENGINES:
-        cfg = under(root, spec.config)
+    for sp in ENGINES:
+        binary = find_binary(root, sp.binary)
+        origin = read_origin(root, sp, binary)
+        config = origin.config if origin else sp.config
         text = None
         try:
-            text = read_bytes_bounded(cfg).decode()  # a FIFO or huge file here must not hang detect
+            text = read_bytes_bounded(under(root, config)).decode()  # a FIFO or huge file must not hang detect
         except OSError:
             pass
-        if binaries[spec.name] is None and text is None:
+        if binary is None and text is None and origin is None:
             continue
         runtimes: tuple[str, ...] = ()
         default = None
@@ -136,19 +288,19 @@ def read_engines(root: Path) -> list[EngineFacts]:
         error = None
         if text is not None:
             try:
-                runtimes, default, extra = parse_config(spec.name, text)
-                if spec.name == "containerd":
-                    runtimes, default = _containerd_imports(root, spec.config, text, runtimes, default)
+                runtimes, default, extra = parse_config(sp.name, text)
+                if sp.name == "containerd":
+                    runtimes, default = _containerd_imports(root, config, text, runtimes, default)
                 valid = True
             except (ValueError, TypeError) as exc:  # json/toml decode errors are ValueErrors
                 valid, error = False, str(exc).splitlines()[0]
-        elif spec.name == "docker":
+        elif sp.name == "docker":
             runtimes, default = ("runc",), "runc"
         found.append(
             EngineFacts(
-                name=spec.name, binary=binaries[spec.name], version=None,
-                config_path=spec.config, config_exists=text is not None, config_valid=valid, config_error=error,
-                runtimes=runtimes, default_runtime=default, extra=extra,
+                name=sp.name, binary=(origin.binary if origin else None) or binary, version=None,
+                config_path=config, config_exists=text is not None, config_valid=valid, config_error=error,
+                runtimes=runtimes, default_runtime=default, extra=extra, origin=origin,
             )
         )
     return found

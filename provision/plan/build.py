@@ -7,6 +7,7 @@ from pathlib import Path
 
 from provision.decide.targets import Target
 from provision.errors import Unsupported
+from provision.facts.engines import EngineOrigin, spec
 from provision.facts.rootfs import under
 from provision.inject.cdi import SpecCurrent
 from provision.options import Stage, values
@@ -14,6 +15,7 @@ from provision.plan import repos, validate
 from provision.plan.driver import driver_steps
 from provision.plan.packages import APT_ENV, package_step
 from provision.plan.steps import (
+    Already,
     Command,
     DirEmpty,
     EngineConfigured,
@@ -45,25 +47,46 @@ class Options:
     validate: bool = True
     bundle: str | None = None  # an offline bundle's repository: packages come from it alone
     replace_runtime: bool = False  # --replace-runtime: the operator's runtime of that name / default may be replaced
+    allow_remove: bool = False  # --allow-remove: a package install may remove installed packages (plan/packages.py)
     mirrors: dict[str, str] = field(default_factory=dict)  # repository name -> base URL (repos.BASES)
     stages: tuple[str, ...] = values(Stage)  # bootstrap --only: the stages whose steps are planned
     for_gpus: tuple[str, ...] = ()  # image baking: decide as if these PCI ids were present
     kernels: tuple[str, ...] = ()  # build the driver for these kernels (default: see plan/driver.py)
 
 
-def dpkg_recover_step(stage: Stage) -> Step:
+def dpkg_recover_step(stage: Stage, allow_remove: bool = False) -> Step:
     """A run killed in the middle of dpkg leaves its journal and packages half-installed: replay the journal (it
-    fails for a package whose dependency was cut off mid-unpack), then let apt repair exactly those."""
+    fails for a package whose dependency was cut off mid-unpack), then let apt repair exactly those (removing
+    nothing: a repair that needs a removal fails and names it)."""
     return Step("packages.recover", stage, "Finish an interrupted dpkg run (packages left half-configured)",
                 actions=(Command(("dpkg", "--configure", "-a"), APT_ENV, may_fail=True),
-                         Command(("apt-get", "install", "-f", "-y", "--no-install-recommends"), APT_ENV)),
+                         Command(("apt-get", "install", "-f", "-y", "--no-install-recommends",
+                                  *(() if allow_remove else ("--no-remove",))), APT_ENV)),
                 check=DirEmpty("/var/lib/dpkg/updates"))
 
 
+def found_engine(report: HostReport, engine: str) -> EngineOrigin | None:
+    """The engine already on the host (its package, snap, static binaries or running daemon), as detected."""
+    return next((e.origin for e in report.engines if e.name == engine and e.origin), None)
+
+
+def adopted(report: HostReport, opt: Options) -> EngineOrigin | None:
+    """The engine gpuprov keeps and configures where it is: one found on the host, unless --engine-source asks for
+    an install (which then stops with exit 14 before it would remove the one there; --allow-remove lets it)."""
+    return found_engine(report, opt.engine) if opt.engine_source == "auto" else None
+
+
 def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
-    """The engine's repository (docker-ce) and packages. Its service starts after the runtime is configured."""
+    """The engine's repository (docker-ce) and packages, or the engine found on the host, kept. Its service starts
+    after the runtime is configured."""
     if opt.engine == "none":
         return []
+    found = adopted(report, opt)
+    if found:
+        where = f"its config {found.config}" + (f", unit {found.unit}" if found.unit else "") + \
+            (f", running as pid {found.pid}" if found.pid else ", not running")
+        return [Step("engine.present", Stage.ENGINE, f"{found.describe()}: kept", check=Already("found on the host"),
+                     verify_only=True, notes=(f"no engine installed: gpuprov configures the one found ({where})",))]
     steps = []
     source = opt.engine_source
     if opt.bundle:
@@ -99,6 +122,12 @@ def service_steps(report: HostReport, target: Target, opt: Options) -> list[Step
     daemon = DAEMONS.get(opt.engine)
     if daemon is None:
         return []
+    found = adopted(report, opt)
+    if found and not found.unit:  # static binaries: no unit to start them with, and their flags are the operator's
+        if found.pid is None:
+            raise Unsupported(f"{found.describe()} is not running, and there is no unit to start it with: start "
+                              f"{daemon} as you run it, then run bootstrap again")
+        return []
     systemd = under(Path(report.root or "/"), "/run/systemd/system").is_dir()
     return [Step("engine.service", Stage.ENGINE, f"Start {daemon} (and enable it at boot)",
                  actions=(StartService(opt.engine, daemon, systemd),), check=ServiceAnswers(opt.engine))]
@@ -112,16 +141,19 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                   actions=(Command(("gpuprov", "runtime", "install", "--driver-root", droot)),),
                   check=RuntimeInstalled(droot))]
     if opt.engine in ("docker", "containerd"):
-        argv = ["gpuprov", "engine", "configure", opt.engine, "--runtime-name", opt.runtime_name,
-                "--runtime-path", RUNTIME_PATH]
+        found = adopted(report, opt)
+        config = found.config if found and found.config != spec(opt.engine).config else None
+        argv = ["gpuprov", "engine", "configure", opt.engine, *(("--config", config) if config else ()),
+                "--runtime-name", opt.runtime_name, "--runtime-path", RUNTIME_PATH]
         argv += ["--default"] if opt.default_runtime else []
         argv += ["--cdi"] if opt.cdi else []
         argv += ["--replace-runtime"] if opt.replace_runtime else []
         steps.append(Step("engine.config", Stage.RUNTIME,
-                          f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)",
+                          f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
+                          + (f": {config}, the file the running {opt.engine} reads" if config else ""),
                           actions=(Command(tuple(argv)),),
                           check=EngineConfigured(opt.engine, opt.runtime_name, RUNTIME_PATH, opt.default_runtime,
-                                                 opt.cdi, opt.replace_runtime)))
+                                                 opt.cdi, opt.replace_runtime, config)))
     if opt.cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
                           actions=(Command(("gpuprov", "cdi", "refresh", "--install-units")),),
@@ -162,7 +194,7 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
     target = report.target
     on = set(opt.stages)
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages
-    return ([dpkg_recover_step(installs[0])] if target.package_manager == "apt" and installs else []) \
+    return ([dpkg_recover_step(installs[0], opt.allow_remove)] if target.package_manager == "apt" and installs else []) \
         + (driver_steps(report, target, opt) if Stage.DRIVER in on else []) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \

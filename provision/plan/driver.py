@@ -21,11 +21,12 @@ from provision import effects, paths
 from provision.decide.driver import ubuntu_dkms_package
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
+from provision.facts.driver_facts import DRIVER_PACKAGE_RE
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.packages import APT_ENV, package_step
+from provision.plan.packages import APT_ENV, PackageInstall, package_step
 from provision.plan.sources import enable_components
 from provision.plan.steps import (
     Action,
@@ -254,9 +255,10 @@ class DriverInstall(Action):
     dkms_package: str | None  # the kernel-module package DKMS builds (None: precompiled kmods)
     headers: tuple[str, ...]
     ways_out: str
+    allow_remove: bool = False
 
-    def _install(self) -> Command:
-        return Command(("apt-get", "install", "-y", "--no-install-recommends", *self.packages), APT_ENV)
+    def _install(self) -> PackageInstall:
+        return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV)
 
     def _header_checks(self) -> list[Command]:
         return [Command(("apt-cache", "show", "--no-all-versions", h)) for h in self.headers]
@@ -266,7 +268,8 @@ class DriverInstall(Action):
 
     def commands(self) -> list[Command]:
         """In order: refresh, ask apt for every kernel's headers, install, ask DKMS for every kernel."""
-        return [Command(("apt-get", "update"), APT_ENV), *self._header_checks(), self._install(), *self._dkms_status()]
+        return [Command(("apt-get", "update"), APT_ENV), *self._header_checks(), *self._install().commands(),
+                *self._dkms_status()]
 
     def on_failure(self) -> list[Command]:
         """The rollback of a failed DKMS build: purge the module package together with the packages that need a
@@ -280,7 +283,9 @@ class DriverInstall(Action):
                 Command(("dpkg", "--audit"))]
 
     def lines(self) -> list[str]:
-        out = [ln for c in self.commands() for ln in c.lines()]
+        update, *checks = [Command(("apt-get", "update"), APT_ENV), *self._header_checks()]
+        out = [ln for c in (update, *checks) for ln in c.lines()] + self._install().lines() + \
+            [ln for c in self._dkms_status() for ln in c.lines()]
         if self.dkms_package:
             out.append("  (a kernel whose headers apt does not offer stops the step there: exit 4)")
             out.append("  on a failed DKMS build (a status other than installed), roll back, then stop with exit 16:")
@@ -301,6 +306,8 @@ class DriverInstall(Action):
                     "kernel and its headers (apt-get install linux-image-amd64 linux-headers-amd64), reboot into it "
                     "and run bootstrap again; or build for another installed kernel with --kernel")
         install = self._install()
+        install.check_removals()  # exit 14 before anything is installed when apt would remove a package
+        install = install.install()
         res = install.run()
         for status in self._dkms_status():
             k = status.argv[-1]
@@ -395,6 +402,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         return [early]
     drv = report.driver
     packages = _driver_packages(gpus, target)
+    kept = _keep_installed(drv, packages, opt, baking)
+    if kept:
+        return [kept]
     modules = gpus[0].modules
     dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
     root = Path(report.root or "/")
@@ -440,6 +450,32 @@ def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | 
                     f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
                     verify_only=True)
     return None
+
+
+def _keep_installed(drv, packages: list[str], opt, baking: bool) -> Step | None:
+    """A driver on disk but not loaded (the loaded one is driver.present) that gpuprov did not install is kept, with
+    no driver step: NVIDIA's CUDA-repository packages and the .run installer always (installing the distro's over
+    them breaks both), the distribution's driver of another branch unless --driver names one. None: plan the
+    install (nothing there, or the packages this plan installs: their own checks say done)."""
+    inst = drv.installed if drv else None
+    if inst is None or baking:
+        return None
+    if inst.source == "distro":
+        mine = {p for p in packages if DRIVER_PACKAGE_RE.match(p)}
+        if mine <= set(inst.packages) or opt.driver != "auto":
+            return None
+    replace = {"cuda-repo": "to have gpuprov install the distribution's driver instead, purge NVIDIA's packages "
+                            f"first (apt-get purge {' '.join(inst.packages)})",
+               "run-installer": "to have gpuprov install the distribution's driver instead, remove it first "
+                                "(nvidia-installer --uninstall)",
+               "distro": "`--driver <branch>` replaces it"}[inst.source]
+    boot = [f"reboot to load it: the module is on disk for {', '.join(inst.modules)}" if inst.modules else
+            "no nvidia module on disk for any kernel: its package's build may have failed"]
+    if inst.reboot_pending:
+        boot.append("a reboot is pending (/run/reboot-required)")
+    return Step("driver.installed", Stage.DRIVER, f"{inst.describe()}: installed, not loaded: kept (no driver step)",
+                check=Already("a driver gpuprov did not install"), verify_only=True,
+                notes=(*boot, f"gpuprov never replaces a driver it did not install: {replace}"))
 
 
 def _driver_packages(gpus: list, target: Target) -> list[str]:
@@ -496,11 +532,13 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], headers: tuple
             "another kernel (install it, then --kernel VERSION)",
             "NVIDIA's repository (--driver-source nvidia)") if w]
         install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
-                                tuple(h for h in headers if h.startswith("linux-headers-")), "; ".join(ways))
+                                tuple(h for h in headers if h.startswith("linux-headers-")), "; ".join(ways),
+                                allow_remove=opt.allow_remove)
         return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg)), reboot=True,
                     notes=(reboot_note,))
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
+                        allow_remove=opt.allow_remove,
                         check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
                         notes=(reboot_note,))
 
@@ -525,7 +563,7 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         pm = target.package_manager
         plugin = "python3-dnf-plugin-versionlock" if pm == "dnf" else "yum-plugin-versionlock"
         names = tuple(p.split(":")[0] for p in packages)
-        acts = (Command((pm, "install", "-y", plugin)), Command((pm, "versionlock", "add", *names)))
+        acts = (PackageInstall(pm, (plugin,)), Command((pm, "versionlock", "add", *names)))
         packages = names
         how = f"{pm} versionlock delete"
     return Step("driver.hold", Stage.DRIVER, f"Hold the driver packages against upgrades: {' '.join(packages)}",
@@ -540,13 +578,13 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
         return []  # the bundle's repository already holds the kmod / module packages
     if opt.driver_source in ("distro", "elrepo") and el:
         pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
-               Command((target.package_manager, "install", "-y", repos.elrepo_release(el, opt.mirrors))))
+               PackageInstall(target.package_manager, (repos.elrepo_release(el, opt.mirrors),)))
         return [package_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (), pre=pre,
                              check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
                              notes=("ELRepo kmods are kABI-tracking and signed",))]
     pm = target.package_manager
     add = ("dnf", "config-manager") if pm == "dnf" else ("yum-config-manager",)
-    pre = ((Command((pm, "install", "-y", repos.epel_release(el, opt.mirrors))),) if el else ()) + \
+    pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)),) if el else ()) + \
         (Command((*add, "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
     return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)", actions=pre,
                  check=PathExists("/etc/yum.repos.d/" + repos.cuda_repo(target, opt.mirrors).rsplit("/", 1)[1]))]

@@ -1,46 +1,141 @@
 """Package installs as steps: the commands that install packages (apt, dnf/yum, or an offline bundle's repository
-alone) and the step that runs them with its check. Shared by the engine's and the driver's steps."""
+alone) and the step that runs them with its check. Shared by the engine's and the driver's steps.
+
+No install removes a package by accident (a Docker CE host asked for Debian's docker.io would lose docker-ce and
+containerd.io to apt's conflict resolution): every install is a `PackageInstall`, which first asks the package
+manager what the transaction would do (`apt-get -s install`, `dnf/yum install --assumeno`) and stops with exit 14,
+naming the packages, when it would remove any; the install itself then runs in a form that cannot remove either
+(apt-get's `--no-remove`; dnf erases nothing without `--allowerasing`). `--allow-remove` lifts both."""
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from provision import paths
 from provision.decide.targets import Target
+from provision.errors import RemovalRefused
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.steps import Command, PackagesInstalled, Step, WriteFile
+from provision.plan.steps import Action, Command, PackagesInstalled, Step, WriteFile
 
 APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
 BUNDLE_APT = paths.BUNDLE_APT
+ALLOW_REMOVE = "--allow-remove"  # the bootstrap option that lets an install remove packages
 
 
-def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None) -> list:
+@dataclass(frozen=True)
+class PackageInstall(Action):
+    """One install transaction: its dry run (the package manager's own answer: what it would remove), then the
+    install in a form that cannot remove. Printed from the same two Commands it runs."""
+    reports = True
+    manager: str  # apt | dnf | yum
+    packages: tuple[str, ...]
+    opts: tuple[str, ...] = ()  # options before the verb: apt's `-o …` for a bundle, dnf's repository options
+    verb: tuple[str, ...] = ("install",)  # ("module", "install") for a dnf module stream
+    allow_remove: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+
+    def _simulate(self) -> Command:
+        if self.manager == "apt":
+            return Command(("apt-get", *self.opts, "-s", *self.verb, "-y", "--no-install-recommends", *self.packages),
+                           self.env)
+        return Command((self.manager, *self.opts, *self.verb, "--assumeno", *self.packages), self.env)
+
+    def install(self) -> Command:
+        if self.manager == "apt":
+            return Command(("apt-get", *self.opts, *self.verb, "-y", "--no-install-recommends",
+                            *(() if self.allow_remove else ("--no-remove",)), *self.packages), self.env)
+        erase = ("--allowerasing",) if self.allow_remove and self.manager == "dnf" else ()
+        return Command((self.manager, *self.opts, *self.verb, "-y", *erase, *self.packages), self.env)
+
+    def commands(self) -> list[Command]:
+        return [self._simulate(), self.install()]
+
+    def lines(self) -> list[str]:
+        sim, inst = self.commands()
+        return [f"$ {sim.shell()}",
+                "  (" + ("lists what the install would remove: with --allow-remove it goes ahead" if self.allow_remove
+                         else "stops here with exit 14 when the install would remove any package") + ")",
+                *inst.lines()]
+
+    def check_removals(self) -> None:
+        """The dry run; RemovalRefused (14) when it would remove anything and removal was not allowed. A dry run that
+        fails says nothing about removals: the install then fails with the package manager's own message."""
+        sim = self._simulate()
+        res = sim.run()
+        gone = removals(self.manager, res.output)
+        if gone and not self.allow_remove:
+            raise RemovalRefused(
+                f"installing {' '.join(self.packages)} would remove installed packages: {', '.join(gone)} "
+                f"(`{sim.shell()}` says so); gpuprov removes nothing it did not install. Keep them (an engine found "
+                f"on the host is kept when --engine-source is auto), or pass {ALLOW_REMOVE} to let "
+                f"{'apt' if self.manager == 'apt' else self.manager} remove them; nothing was changed by this step")
+
+    def execute(self) -> str:
+        self.check_removals()
+        self.install().execute()
+        return f"installed {' '.join(self.packages)}; nothing removed" if not self.allow_remove else \
+            f"installed {' '.join(self.packages)}"
+
+
+APT_REMV = re.compile(r"^Remv (\S+)", re.M)
+# dnf 4 / yum: "Removing:", "Removing dependent packages:", "Removing for dependencies:", "Erasing:"; dnf 5:
+# "Removing:", "Removing dependent packages:". Obsoleted packages show as "replacing  NAME.ARCH VERSION" lines.
+DNF_REMOVE_SECTION = re.compile(r"^(Removing|Erasing)\b[^:]*:\s*$")
+
+
+def removals(manager: str, output: str) -> list[str]:
+    """The installed packages a dry run says the transaction removes (apt's `Remv NAME [VERSION]` lines; dnf/yum's
+    Removing sections and `replacing` lines), in order, once each."""
+    if manager == "apt":
+        found = APT_REMV.findall(output)
+    else:
+        found, in_section = [], False
+        for line in output.splitlines():
+            words = line.split()
+            if DNF_REMOVE_SECTION.match(line):
+                in_section = True
+            elif not line.startswith(" ") or not words:
+                in_section = False  # another section header, the summary, or the blank line after a table
+            elif words[0] == "replacing" and len(words) > 1:
+                found.append(words[1].rsplit(".", 1)[0])
+            elif in_section:
+                found.append(words[0])
+    return list(dict.fromkeys(found))
+
+
+def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,
+                    allow_remove: bool = False) -> list:
     """The commands that install `packages`: apt refreshes its lists first (each package step, so a step that runs
     alone after an earlier run never installs from stale lists); with a bundle, apt sees the bundle alone."""
-    if target.package_manager == "apt":
-        opts: list[str] = []
+    pm = target.package_manager
+    if pm == "apt":
+        opts: tuple[str, ...] = ()
         pre: list = []
         if bundle:
-            opts = repos.apt_options(Path(bundle), Path(BUNDLE_APT))
+            opts = tuple(repos.apt_options(Path(bundle), Path(BUNDLE_APT)))
             pre = [Command(("install", "-d", "-m", "0755", f"{BUNDLE_APT}/lists/partial")),
                    WriteFile(f"{BUNDLE_APT}/bundle.list", repos.source_list(Path(bundle)))]
         if not packages:
             return pre
         return pre + [Command(("apt-get", *opts, "update"), APT_ENV),
-                      Command(("apt-get", *opts, "install", "-y", "--no-install-recommends", *packages), APT_ENV)]
+                      PackageInstall("apt", packages, opts, allow_remove=allow_remove, env=APT_ENV)]
     if bundle:
-        return [Command(tuple(repos.dnf_install_cmd(bundle, list(packages))))]
-    pm = target.package_manager
+        return [PackageInstall("dnf", packages, tuple(repos.dnf_bundle_options(bundle)), allow_remove=allow_remove)]
     mods = [p for p in packages if ":" in p]
-    plain = [p for p in packages if ":" not in p]
-    cmds = [Command((pm, "install", "-y", *plain))] if plain else []
-    cmds += [Command((pm, "module", "install", "-y", m)) for m in mods]
-    return cmds
+    plain = tuple(p for p in packages if ":" not in p)
+    acts: list = [PackageInstall(pm, plain, allow_remove=allow_remove)] if plain else []
+    acts += [PackageInstall(pm, (m,), verb=("module", "install"), allow_remove=allow_remove) for m in mods]
+    return acts
 
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
-                 pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, **kw) -> Step:
+                 pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
+                 **kw) -> Step:
     hint = (f"a package may be missing from bundle {bundle}: rebuild it with `gpuprov bundle create`; nothing was "
             "fetched from the network") if bundle else None
-    return Step(sid, stage, title, actions=(*([] if bundle else pre), *install_actions(target, packages, bundle)),
+    return Step(sid, stage, title, actions=(*([] if bundle else pre),
+                                            *install_actions(target, packages, bundle, allow_remove)),
                 check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
+

@@ -82,6 +82,11 @@ def apt_options(repo: Path, state: Path) -> list[str]:
             "-o", "APT::Get::List-Cleanup=false"]
 
 
+def dnf_bundle_options(repo: str) -> list[str]:
+    """dnf pointed at the bundle's repository alone."""
+    return ["--disablerepo=*", f"--repofrompath=gpuprov,file://{repo}", "--enablerepo=gpuprov",
+            "--setopt=gpuprov.gpgcheck=0", "--setopt=gpuprov.module_hotfixes=true"]
+
+
 def dnf_install_cmd(repo: str, packages: list[str]) -> list[str]:
-    return ["dnf", "--disablerepo=*", f"--repofrompath=gpuprov,file://{repo}", "--enablerepo=gpuprov",
-            "--setopt=gpuprov.gpgcheck=0", "--setopt=gpuprov.module_hotfixes=true", "install", "-y", *packages]
+    return ["dnf", *dnf_bundle_options(repo), "install", "-y", *packages]

@@ -22,7 +22,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import ClassVar, Union
 
 from provision import dispatch, effects, engines
 from provision.engines import containerd
@@ -42,7 +42,10 @@ LIVE = Path("/")
 class Action:
     """What every action offers: the commands it runs, in order (`commands`; plan --json, --check and the
     printed-vs-executed test read them), and those it runs only to undo a failure (`on_failure`). Both are the
-    very Command objects `execute` runs, so what is listed is what runs."""
+    very Command objects `execute` runs, so what is listed is what runs. `reports`: the last line of what it
+    returns is the step's result (a command's last output line, an install's summary)."""
+
+    reports: ClassVar[bool] = False
 
     def commands(self) -> list[Command]:
         return []
@@ -53,6 +56,7 @@ class Action:
 
 @dataclass(frozen=True)
 class Command(Action):
+    reports = True
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()  # extra environment, printed as `K=V` before the command
     may_fail: bool = False  # its failure is not the step's (printed `|| true`): the next command repairs it
@@ -122,6 +126,7 @@ class StartService(Action):
     """Start an engine's daemon and enable it at boot, then wait until its client answers (effects.start_daemon:
     `systemctl enable --now`, or without systemd the SysV script, then the daemon itself in the background). Printed
     from the same argvs it runs."""
+    reports = True
     name: str  # the unit / init script, and the engine whose client answers: docker | containerd
     daemon: str  # the binary for the last resort: dockerd | containerd
     systemd: bool  # decided from the plan's root (/run/systemd/system)
@@ -183,6 +188,7 @@ class RunContainer(Action):
     deletes the task, so a starved ctr can print nothing for a container that did print (seen on containerd 1.6 on
     a loaded 2-core machine, about 3 runs in 1000), while the shim finishes writing the file before the task is
     deleted. The file is removed before the run (the shim appends to it) and after."""
+    reports = True
     argv: tuple[str, ...]  # `ctr … run --rm --log-uri file://<log> …`
     log: str
     expect: str | None = None  # the run passes only when its output holds this
@@ -307,6 +313,7 @@ class EngineConfigured:
     default: bool
     cdi: bool
     replace: bool = False
+    config: str | None = None  # the config the engine really reads, where it is not the engine's default
 
     def _plan(self, root: Path) -> EnginePlan:
         """The adapter's plan against the config under `root`. Its edits name host paths, and what they would
@@ -314,7 +321,7 @@ class EngineConfigured:
         eng = engines.get(self.engine)
         req = RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
                              replace=self.replace)
-        host = eng.config_path(None, req)
+        host = eng.config_path(self.config, req)
         if is_live(root):
             return eng.plan(host, req, unit_root=root)
         if self.engine == "containerd":
@@ -409,7 +416,7 @@ class Step:
                 raise
             last = [ln for ln in (out or "").strip().splitlines() if ln.strip()]
             # a command that may fail is not the step's result (e.g. "not found" from removing a leftover)
-            if last and isinstance(a, (Command, StartService, RunContainer)) and not getattr(a, "may_fail", False):
+            if last and a.reports and not getattr(a, "may_fail", False):
                 outs.append(last[-1].strip())
         detail = "; ".join(outs + list(self.notes))
         return detail or None

@@ -33,6 +33,8 @@ options:
   validate: {type: bool, default: true, description: Start a validation container.}
   replace_runtime: {type: bool, default: false, description: "Replace the operator's own runtime of that name or
     default-runtime (otherwise gpuprov refuses, exit 14)."}
+  allow_remove: {type: bool, default: false, description: "Let a package install remove installed packages
+    (otherwise an install that would remove any stops before it runs, exit 14)."}
   bundle: {type: path, description: Offline bundle directory on the node (the only package source).}
   bundle_keyring: {type: path, description: "Keyring on the node with the bundle's signer key: the bundle must be
     signed by it."}
@@ -71,6 +73,7 @@ ARGUMENT_SPEC = dict(
     cdi=dict(type="bool", default=False),
     validate=dict(type="bool", default=True),
     replace_runtime=dict(type="bool", default=False),
+    allow_remove=dict(type="bool", default=False),
     bundle=dict(type="path"),
     bundle_keyring=dict(type="path"),
     for_gpus=dict(type="list", elements="str", default=[]),
@@ -108,7 +111,8 @@ FIXES = {
                         "read-write, then run the play again",
     codes.CONFLICT: "the node has its own runtime of that name or another default-runtime: set "
                     "gpuprov_replace_runtime: true to replace it, or choose another gpuprov_runtime_name or "
-                    "gpuprov_default_runtime: false",
+                    "gpuprov_default_runtime: false; or a package install would remove installed packages (named): "
+                    "keep them, or set gpuprov_allow_remove: true",
     codes.NO_DEVICE: "the driver is installed but the node has no NVIDIA GPU to verify it on: boot it with its GPU "
                      "and run the play again, or set gpuprov_driver: skip for nodes without a GPU",
     codes.DKMS_FAILED: "the NVIDIA kernel module did not build for the node's kernel (rolled back; the log is "
@@ -127,6 +131,7 @@ def bootstrap_argv(p: dict, check_mode: bool) -> list[str]:
     argv += ["--cdi"] if p["cdi"] else []
     argv += [] if p["validate"] else ["--no-validate"]
     argv += ["--replace-runtime"] if p["replace_runtime"] else []
+    argv += ["--allow-remove"] if p["allow_remove"] else []
     argv += ["--bundle", p["bundle"]] if p["bundle"] else []
     argv += ["--bundle-keyring", p["bundle_keyring"]] if p["bundle_keyring"] else []
     argv += [a for gpu in p["for_gpus"] or () for a in ("--for-gpu", gpu)]
