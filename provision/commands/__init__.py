@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "share": ("share", "GPU sharing with limits (NVIDIA MPS)."),
     "bundle": ("bundle", "Offline bundles: create, verify, install (network off)."),
     "k8s": ("k8s", "Kubernetes GPU nodes: CRI handler, labels, manifests."),
+    "uninstall": ("uninstall", "Take gpuprov off this host: bootstrap's inverse."),
 }
 
 

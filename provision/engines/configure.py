@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import engines
+from provision import engines, record
 from provision.engines.base import EnginePlan, RuntimeRequest
 from provision.errors import StepFailed
 from provision.fsutil import write_file
@@ -51,7 +51,10 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
         return res
     res.changed = True
     if plan.changed:
-        _write(eng, plan, path, req, res, check=restart)
+        made = _write(eng, plan, path, req, res, check=restart)
+        # for `gpuprov uninstall`: the files as they were and as written, the directories created
+        record.note_config(str(path), eng.name, req.name, req.path,
+                           [(str(e.path), e.old, e.new) for e in plan.edits if e.changed], [str(d) for d in made])
     if not restart:
         return res
     if daemon is None:
@@ -66,9 +69,10 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
     return res
 
 
-def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult, *, check: bool) -> None:
+def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult, *,
+           check: bool) -> list[Path]:
     """Write every edit (backups kept); when one write fails, or the engine's own check rejects the result, put the
-    old files back (a drop-in written before its `imports` line is removed again)."""
+    old files back (a drop-in written before its `imports` line is removed again). Returns the directories made."""
     done: list[tuple] = []
     made: list[Path] = []  # directories this write creates (a drop-in's conf.d): removed again on a roll-back
     try:
@@ -85,13 +89,14 @@ def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: Configur
         _roll_back(done, made)
         raise
     if not check:
-        return
+        return made
     ok = eng.check(path, req)
     if ok is False:
         _roll_back(done, made)
         why = eng.check_error or f"its own check does not show runtime {req.name!r}"
         raise StepFailed(f"{eng.name} rejects the edited {path} ({why}); the change was rolled back")
     res.verified = ok
+    return made
 
 
 def _roll_back(done: list[tuple], made: list[Path]) -> None:

@@ -1,6 +1,7 @@
 """Docker's daemon.json: a structural merge that keeps every existing key, value and order."""
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shlex
@@ -21,8 +22,10 @@ from provision.engines.base import (
     flag_value,
     load_json_strict,
     read_config,
+    undo_text,
 )
 from provision.errors import ConfigInvalid, RuntimeConflict
+from provision.facts.rootfs import under
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 UNIT_FILES = ("/lib/systemd/system/docker.service", "/usr/lib/systemd/system/docker.service",
@@ -127,6 +130,46 @@ def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default
     return MergeResult(dump_json(doc, path), changes)
 
 
+def unmerge(doc: dict, *, runtime_path: str, old: dict | None = None, written: dict | None = None) -> list[Change]:
+    """Take gpuprov's keys out of `doc` (in place); the changes made. gpuprov's runtimes are those whose path is
+    gpuprov's runtime; a default-runtime naming one of them is gpuprov's too. `old` (the file before gpuprov's first
+    write, from the record; None: unknown) gives back what --replace-runtime replaced, tells whether the `runtimes`
+    and `features` objects were the operator's, and, with `written` (gpuprov's last write), whether features.cdi
+    was gpuprov's. Every other key, value and position stays as the operator has it now."""
+    changes: list[Change] = []
+    before = old or {}
+    runtimes = doc.get("runtimes") if isinstance(doc.get("runtimes"), dict) else {}
+    theirs = before.get("runtimes") or {}
+    ours = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") == runtime_path]
+    for name in ours:
+        if isinstance(theirs.get(name), dict) and theirs[name].get("path") != runtime_path:
+            runtimes[name] = copy.deepcopy(theirs[name])  # --replace-runtime took it: the operator's entry again
+            changes.append(Change(f"runtimes.{name}", f"{theirs[name].get('path')} (yours again)"))
+        else:
+            del runtimes[name]
+            changes.append(Change(f"runtimes.{name}", "removed"))
+    if ours and not runtimes and "runtimes" not in before:
+        del doc["runtimes"]
+    default = doc.get("default-runtime")
+    if default in ours and before.get("default-runtime") != default:
+        if "default-runtime" in before:
+            doc["default-runtime"] = before["default-runtime"]
+        else:
+            del doc["default-runtime"]
+        changes.append(Change("default-runtime", before.get("default-runtime", "removed")))
+    feats = doc.get("features")
+    if old is not None and isinstance(feats, dict) and feats.get("cdi") is True \
+            and ((written or {}).get("features") or {}).get("cdi") is True and (before.get("features") or {}).get("cdi") is not True:
+        if "cdi" in (before.get("features") or {}):
+            feats["cdi"] = before["features"]["cdi"]
+        else:
+            del feats["cdi"]
+        if not feats and "features" not in before:
+            del doc["features"]
+        changes.append(Change("features.cdi", "yours again", reload=False))  # features are read at start only
+    return changes
+
+
 def unit_flags(root: Path = Path("/")) -> dict[str, str]:
     """daemon.json keys that the docker.service unit (or its drop-ins) also sets as dockerd flags -> the file."""
     files = [root / p.lstrip("/") for p in UNIT_FILES]
@@ -200,6 +243,31 @@ class DockerEngine(Engine):
 
     def daemon_config(self, argv: list[str]) -> str:
         return flag_value(argv, ("--config-file",)) or DAEMON_JSON
+
+    def unplan(self, path: Path, entry: dict | None, *, root: Path = Path("/")) -> EnginePlan:
+        """gpuprov's keys out of daemon.json (docker.unmerge). The operator's exact bytes where gpuprov's own line
+        changes come out cleanly (base.undo_text) and give the same JSON; else the JSON written back (2-space)."""
+        current = read_config(under(root, str(path)))
+        if current is None:
+            return EnginePlan([], [])
+        doc = parse(current, str(path))
+        rec = (entry or {}).get("files", {}).get(str(path))
+        runtime_path = (entry or {}).get("runtime_path") or "/usr/local/bin/gpuprov-runtime"
+        old = parse(rec["old"], str(path)) if rec and rec.get("old") else ({} if rec else None)
+        changes = unmerge(doc, runtime_path=runtime_path, old=old,
+                          written=parse(rec["written"], str(path)) if rec else None)
+        if not changes:
+            return EnginePlan([], [])
+        if rec and rec.get("old") is None and not doc:  # gpuprov created the file and nothing else is in it
+            return EnginePlan([], changes, removals=[path])
+        text = undo_text(rec.get("old"), rec["written"], current) if rec else None
+        if text is None or parse(text, str(path)) != doc:
+            text = dump_json(doc, path)
+        return EnginePlan([FileEdit(path, current, text)], changes)
+
+    def apply_how(self, restart: bool) -> str:
+        return "restart dockerd (features are read at start only)" if restart else \
+            "SIGHUP to dockerd (runtimes and default-runtime reload live; containers keep running)"
 
     def pending_restart(self, daemon: Daemon) -> str | None:
         """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart."""
