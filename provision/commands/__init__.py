@@ -13,13 +13,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "driver-volume": ("runtime_cmds", "Keep BASE/current linked to the running driver's files."),
     "verify": ("verify", "Check this node layer by layer, containers included."),
     "metrics": ("metrics", "Per-GPU and per-container metrics in Prometheus' text format."),
+    "uninstall": ("uninstall", "Take gpuprov off this host: bootstrap's inverse."),
     "runtime": ("runtime_cmds", "The injection runtime (gpuprov-runtime): install, discover."),
     "cdi": ("runtime_cmds", "CDI specs for engines that consume CDI natively."),
     "engine": ("engine", "Container engine configuration (merge, never overwrite)."),
     "share": ("share", "GPU sharing with limits (NVIDIA MPS)."),
     "bundle": ("bundle", "Offline bundles: create, verify, install (network off)."),
     "k8s": ("k8s", "Kubernetes GPU nodes: CRI handler, labels, manifests."),
-    "uninstall": ("uninstall", "Take gpuprov off this host: bootstrap's inverse."),
 }
 
 

@@ -157,11 +157,11 @@ def unmerge(doc: dict, *, runtime_path: str, old: dict | None = None, written: d
         else:
             del doc["default-runtime"]
         changes.append(Change("default-runtime", before.get("default-runtime", "removed")))
-    feats = doc.get("features")
-    if old is not None and isinstance(feats, dict) and feats.get("cdi") is True \
-            and ((written or {}).get("features") or {}).get("cdi") is True and (before.get("features") or {}).get("cdi") is not True:
-        if "cdi" in (before.get("features") or {}):
-            feats["cdi"] = before["features"]["cdi"]
+    feats, theirs_feats = doc.get("features"), before.get("features") or {}
+    ours_cdi = ((written or {}).get("features") or {}).get("cdi") is True and theirs_feats.get("cdi") is not True
+    if old is not None and isinstance(feats, dict) and feats.get("cdi") is True and ours_cdi:
+        if "cdi" in theirs_feats:
+            feats["cdi"] = theirs_feats["cdi"]
         else:
             del feats["cdi"]
         if not feats and "features" not in before:

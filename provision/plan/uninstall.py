@@ -29,8 +29,7 @@ from provision.plan import validate
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import NOUVEAU_CONF
 from provision.plan.packages import APT_ENV
-from provision.plan.steps import Command, Never, ReloadEngine, Step, Undone, WriteFile, packages_installed, \
-    read_or_empty
+from provision.plan.steps import Command, Never, ReloadEngine, Step, Undone, WriteFile, packages_installed, read_or_empty
 from provision.probe.cache import cache_dir
 
 ENGINES = ("docker", "containerd", "crio")  # every adapter whose default config uninstall looks at
