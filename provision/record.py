@@ -3,10 +3,11 @@ engine configs). Written through the one write path; read leniently (a missing o
 one: uninstall then finds gpuprov's keys by what they are, see the engine adapters' `unplan`).
 
 - `configs`: per engine config that `engine configure` (and so bootstrap) wrote, keyed by the config's path: the
-  engine, the runtime's name and path, every file written with its text before gpuprov's first write (`old`, null
-  when gpuprov created it) and after its last (`written`), and the directories it created. `old` is never restored
-  blindly: the adapters use it only to give back the operator's exact bytes where the file is still what gpuprov
-  wrote, or where their own edits since then apply cleanly to it (engines/base.py: undo_text).
+  engine, the runtime's name and every runtime path registered there, every file written with its text before
+  gpuprov's first write (`old`, null when gpuprov created it) and after its last (`written`), and the directories
+  it created. `old` is never restored blindly: the adapters use it only to give back the operator's exact bytes
+  where the file is still what gpuprov wrote, or where their own edits since then apply cleanly to it
+  (engines/base.py: undo_text).
 - `packages`: per stage (driver, engine), the packages a bootstrap installed that were not installed before it ran;
   `holds`: the packages it held. `uninstall --driver/--engine` remove these and nothing else.
 """
@@ -52,8 +53,9 @@ def note_config(config: str, engine: str, runtime_name: str, runtime_path: str,
     """An engine config written: `files` as (path, text before, text written). The first `old` of a file is kept
     (the operator's, before any gpuprov write); `written` is the latest."""
     rec = read()
-    entry = rec.configs.setdefault(config, {"engine": engine, "files": {}, "made_dirs": []})
-    entry.update(engine=engine, runtime_name=runtime_name, runtime_path=runtime_path)
+    entry = rec.configs.setdefault(config, {"engine": engine, "files": {}, "made_dirs": [], "runtime_paths": []})
+    entry.update(engine=engine, runtime_name=runtime_name)
+    entry["runtime_paths"] = list(dict.fromkeys([*entry.get("runtime_paths", []), runtime_path]))
     for path, old, new in files:
         f = entry["files"].setdefault(path, {"old": old})
         f["written"] = new

@@ -24,6 +24,8 @@ from provision import effects
 from provision.errors import ConfigInvalid
 from provision.facts.rootfs import MAX_READ, NotRegular, read_bytes_bounded
 
+RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"  # where bootstrap installs gpuprov's runtime
+
 
 @dataclass(frozen=True)
 class RuntimeRequest:

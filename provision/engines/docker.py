@@ -12,6 +12,7 @@ from pathlib import Path
 
 from provision import effects
 from provision.engines.base import (
+    RUNTIME_PATH,
     Change,
     Daemon,
     Engine,
@@ -130,9 +131,10 @@ def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default
     return MergeResult(dump_json(doc, path), changes)
 
 
-def unmerge(doc: dict, *, runtime_path: str, old: dict | None = None, written: dict | None = None) -> list[Change]:
-    """Take gpuprov's keys out of `doc` (in place); the changes made. gpuprov's runtimes are those whose path is
-    gpuprov's runtime; a default-runtime naming one of them is gpuprov's too. `old` (the file before gpuprov's first
+def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = None,
+            written: dict | None = None) -> list[Change]:
+    """Take gpuprov's keys out of `doc` (in place); the changes made. gpuprov's runtimes are those whose path is one
+    of gpuprov's runtimes; a default-runtime naming one of them is gpuprov's too. `old` (the file before gpuprov's first
     write, from the record; None: unknown) gives back what --replace-runtime replaced, tells whether the `runtimes`
     and `features` objects were the operator's, and, with `written` (gpuprov's last write), whether features.cdi
     was gpuprov's. Every other key, value and position stays as the operator has it now."""
@@ -140,9 +142,9 @@ def unmerge(doc: dict, *, runtime_path: str, old: dict | None = None, written: d
     before = old or {}
     runtimes = doc.get("runtimes") if isinstance(doc.get("runtimes"), dict) else {}
     theirs = before.get("runtimes") or {}
-    ours = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") == runtime_path]
+    ours = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") in runtime_paths]
     for name in ours:
-        if isinstance(theirs.get(name), dict) and theirs[name].get("path") != runtime_path:
+        if isinstance(theirs.get(name), dict) and theirs[name].get("path") not in runtime_paths:
             runtimes[name] = copy.deepcopy(theirs[name])  # --replace-runtime took it: the operator's entry again
             changes.append(Change(f"runtimes.{name}", f"{theirs[name].get('path')} (yours again)"))
         else:
@@ -252,9 +254,9 @@ class DockerEngine(Engine):
             return EnginePlan([], [])
         doc = parse(current, str(path))
         rec = (entry or {}).get("files", {}).get(str(path))
-        runtime_path = (entry or {}).get("runtime_path") or "/usr/local/bin/gpuprov-runtime"
+        runtime_paths = (RUNTIME_PATH, *(entry or {}).get("runtime_paths", []))
         old = parse(rec["old"], str(path)) if rec and rec.get("old") else ({} if rec else None)
-        changes = unmerge(doc, runtime_path=runtime_path, old=old,
+        changes = unmerge(doc, runtime_paths=runtime_paths, old=old,
                           written=parse(rec["written"], str(path)) if rec else None)
         if not changes:
             return EnginePlan([], [])
