@@ -4,10 +4,10 @@ one: uninstall then finds gpuprov's keys by what they are, see the engine adapte
 
 - `configs`: per engine config that `engine configure` (and so bootstrap) wrote, keyed by the config's path: the
   engine, the runtime's name and every runtime path registered there, every file written with its text before
-  gpuprov's first write (`old`, null when gpuprov created it) and after its last (`written`), and the directories
-  it created. `old` is never restored blindly: the adapters use it only to give back the operator's exact bytes
-  where the file is still what gpuprov wrote, or where their own edits since then apply cleanly to it
-  (engines/base.py: undo_text).
+  gpuprov's first write (`old`, null when gpuprov created it) and after its last (`written`), the operator's texts
+  before later writes (`later`: what a later --replace-runtime replaced), and the directories it created. `old`
+  is never restored blindly: the adapters use it only to give back the operator's exact bytes where the file is
+  still what gpuprov wrote, or where their own edits since then apply cleanly to it (engines/base.py: undo_text).
 - `packages`: per stage (driver, engine), the packages a bootstrap installed that were not installed before it ran;
   `holds`: the packages it held. `uninstall --driver/--engine` remove these and nothing else.
 """
@@ -58,6 +58,8 @@ def note_config(config: str, engine: str, runtime_name: str, runtime_path: str,
     entry["runtime_paths"] = list(dict.fromkeys([*entry.get("runtime_paths", []), runtime_path]))
     for path, old, new in files:
         f = entry["files"].setdefault(path, {"old": old})
+        if old is not None and old != f.get("written") and old != f["old"]:
+            f.setdefault("later", []).append(old)  # the operator's text before a later write (--replace-runtime)
         f["written"] = new
     entry["made_dirs"] = list(dict.fromkeys([*entry.get("made_dirs", []), *made_dirs]))
     _save(rec)

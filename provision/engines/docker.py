@@ -131,20 +131,24 @@ def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default
     return MergeResult(dump_json(doc, path), changes)
 
 
-def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = None,
-            written: dict | None = None) -> list[Change]:
+def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = None, written: dict | None = None,
+            later: tuple[dict, ...] = ()) -> list[Change]:
     """Take gpuprov's keys out of `doc` (in place); the changes made. gpuprov's runtimes are those whose path is one
     of gpuprov's runtimes; a default-runtime naming one of them is gpuprov's too. `old` (the file before gpuprov's first
-    write, from the record; None: unknown) gives back what --replace-runtime replaced, tells whether the `runtimes`
+    write, from the record; None: unknown) and `later` (the operator's files before gpuprov's later writes) give
+    back what --replace-runtime replaced (the latest such entry); `old` tells whether the `runtimes`
     and `features` objects were the operator's, and, with `written` (gpuprov's last write), whether features.cdi
     was gpuprov's. Every other key, value and position stays as the operator has it now."""
     changes: list[Change] = []
     before = old or {}
     runtimes = doc.get("runtimes") if isinstance(doc.get("runtimes"), dict) else {}
-    theirs = before.get("runtimes") or {}
+    theirs: dict = {}
+    for doc_then in (before, *later):  # the latest operator's entry of each name wins
+        theirs.update({n: e for n, e in (doc_then.get("runtimes") or {}).items()
+                       if isinstance(e, dict) and e.get("path") not in runtime_paths})
     ours = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") in runtime_paths]
     for name in ours:
-        if isinstance(theirs.get(name), dict) and theirs[name].get("path") not in runtime_paths:
+        if name in theirs:
             runtimes[name] = copy.deepcopy(theirs[name])  # --replace-runtime took it: the operator's entry again
             changes.append(Change(f"runtimes.{name}", f"{theirs[name].get('path')} (yours again)"))
         else:
@@ -257,7 +261,8 @@ class DockerEngine(Engine):
         runtime_paths = (RUNTIME_PATH, *(entry or {}).get("runtime_paths", []))
         old = parse(rec["old"], str(path)) if rec and rec.get("old") else ({} if rec else None)
         changes = unmerge(doc, runtime_paths=runtime_paths, old=old,
-                          written=parse(rec["written"], str(path)) if rec else None)
+                          written=parse(rec["written"], str(path)) if rec else None,
+                          later=tuple(parse(t, str(path)) for t in (rec or {}).get("later", []) if t.strip()))
         if not changes:
             return EnginePlan([], [])
         if rec and rec.get("old") is None and not doc:  # gpuprov created the file and nothing else is in it

@@ -96,6 +96,18 @@ def test_docker_replace_runtime_gives_the_operators_runtime_back(tmp_path):
     assert json.loads(undo(DockerEngine(), cfg)) == {**mine, "debug": True}
 
 
+def test_docker_runtime_replaced_by_a_later_run_is_given_back(tmp_path):
+    """bootstrap, then the operator registers their own `nvidia`, then a run with --replace-runtime: uninstall gives
+    the operator's entry back (the latest one gpuprov replaced)."""
+    cfg = tmp_path / "daemon.json"
+    configure("docker", config=str(cfg), runtime_path=RT, default=False, restart=False)
+    theirs = {"path": "/usr/bin/runc", "runtimeArgs": ["--debug"]}
+    edit_json(cfg, runtimes={"nvidia": theirs})
+    configure("docker", config=str(cfg), runtime_path=RT, default=False, replace=True, restart=False)
+    assert json.loads(cfg.read_text())["runtimes"]["nvidia"]["path"] == RT
+    assert json.loads(undo(DockerEngine(), cfg)) == {"runtimes": {"nvidia": theirs}}
+
+
 def test_docker_file_gpuprov_created_is_removed_unless_the_operator_added_to_it(tmp_path):
     cfg = tmp_path / "daemon.json"
     configure("docker", config=str(cfg), runtime_path=RT, default=True, restart=False)

@@ -1,0 +1,163 @@
+"""Day two on one fresh Debian 12 systemd host (a container; Debian's docker.io and containerd really installed and
+running, with the operator's own daemon.json and containerd config.toml), shared by the checks below to keep CI
+short:
+
+- the uninstall round trip: bootstrap for docker and for containerd, an operator edit in both configs, then
+  `gpuprov uninstall`: every path gpuprov touched is byte-identical to before (content, mode, owner, links) but for
+  the operator's edit, which is kept; both engines run with the operator's settings; `uninstall --dry-run` printed
+  what ran; a second uninstall changes nothing.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from provision.effects import unified_diff
+from tests.conftest import needs
+from tests.integration.hosts import Host
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
+
+DAEMON = "/etc/docker/daemon.json"
+CONTAINERD = "/etc/containerd/config.toml"
+OPERATOR_DAEMON = {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-file": "3"},
+                   "registry-mirrors": ["https://mirror.lab.invalid"], "live-restore": False}
+OPERATOR_CONTAINERD = """# containerd, as this site runs it
+version = 2
+oom_score = -999
+
+[grpc]
+  max_recv_message_size = 16777216
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.lab.invalid/pause:3.9"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+"""
+CONTAINERD_EDIT = '\n[debug]\n  level = "info"\n'
+# Every tree gpuprov writes in (and /etc whole): what the round trip compares, path by path.
+ROOTS = ("/etc", "/usr/local", "/var/lib/gpuprov", "/run/gpuprov", "/var/log/gpuprov", "/var/cache/gpuprov",
+         "/run/cdi", "/var/run/cdi")
+SNAPSHOT = r"""
+import hashlib, json, os, stat, sys
+def entry(p):
+    st = os.lstat(p)
+    d = [oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid]
+    if stat.S_ISLNK(st.st_mode):
+        return d + ["link", os.readlink(p)]
+    if stat.S_ISREG(st.st_mode):
+        with open(p, "rb") as fh:
+            return d + ["file", hashlib.sha256(fh.read()).hexdigest()]
+    return d + ["dir" if stat.S_ISDIR(st.st_mode) else "other"]
+out = {}
+for r in sys.argv[1:]:
+    if os.path.lexists(r):
+        out[r] = entry(r)
+    if os.path.isdir(r) and not os.path.islink(r):
+        for dp, dns, fns in os.walk(r):
+            for x in dns + fns:
+                out[os.path.join(dp, x)] = entry(os.path.join(dp, x))
+print(json.dumps(out))
+"""
+
+
+def snapshot(h: Host) -> dict[str, list]:
+    r = h.exec("python3 - " + " ".join(ROOTS), input_text=SNAPSHOT)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def changed(a: dict, b: dict) -> set[str]:
+    return {p for p in a.keys() | b.keys() if a.get(p) != b.get(p)}
+
+
+def run_json(h: Host, cmd: str) -> dict:
+    r = h.exec(cmd, timeout=900)
+    assert r.returncode == 0, cmd + "\n" + r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def host():
+    """The operator's server: docker.io from Debian's archive, their daemon.json and config.toml, both engines
+    restarted on them; then gpuprov installed from the wheelhouse (install.sh stops at a dry run)."""
+    h = Host(systemd=True, tmpfs=("/var/lib/containerd",))
+    try:
+        r = h.exec("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                   "--no-install-recommends docker.io >/dev/null", timeout=900)
+        assert r.returncode == 0, r.stdout + r.stderr
+        h.write(DAEMON, json.dumps(OPERATOR_DAEMON, indent=2) + "\n")
+        h.write(CONTAINERD, OPERATOR_CONTAINERD)
+        h.exec("chmod 600 /etc/containerd/config.toml && systemctl restart containerd docker", check=True)
+        r = h.install_gpuprov()
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield h
+    finally:
+        h.remove()
+
+
+def test_uninstall_round_trip(host):
+    h = host
+    before = snapshot(h)
+    run_json(h, "gpuprov bootstrap --yes --driver skip --json")
+    run_json(h, "gpuprov bootstrap --yes --driver skip --engine containerd --json")
+    assert "nvidia" in json.loads(h.exec("docker info --format '{{json .Runtimes}}'").stdout)
+    assert "/usr/local/bin/gpuprov-runtime" in h.exec("containerd config dump").stdout
+    assert changed(before, snapshot(h))  # gpuprov did touch the host
+
+    # the operator's edits after bootstrap: a daemon.json key (their usual tool), a containerd table
+    h.exec("python3 - <<'EOF'\nimport json\np = '/etc/docker/daemon.json'\nd = json.load(open(p))\n"
+           "d['labels'] = ['site=lab']\nopen(p, 'w').write(json.dumps(d, indent=2) + '\\n')\nEOF", check=True)
+    h.exec(f"printf '{CONTAINERD_EDIT}' >> {CONTAINERD}", check=True)
+    edited = {DAEMON: h.read(DAEMON).decode(), CONTAINERD: h.read(CONTAINERD).decode()}
+    containerd_pid = h.exec("systemctl show -p MainPID --value containerd").stdout.strip()
+
+    mid = snapshot(h)
+    plan = run_json(h, "gpuprov uninstall --dry-run --json")
+    assert not changed(mid, snapshot(h))  # a dry run changes nothing
+    res = run_json(h, "gpuprov uninstall --yes --json")
+    after = snapshot(h)
+
+    # byte-identical (content, mode, owner, links) but for the operator's edits, which are kept
+    expected_daemon = json.dumps({**OPERATOR_DAEMON, "labels": ["site=lab"]}, indent=2) + "\n"
+    assert changed(before, after) == {DAEMON, CONTAINERD}, sorted(changed(before, after))[:20]
+    assert h.read(DAEMON).decode() == expected_daemon
+    assert h.read(CONTAINERD).decode() == OPERATOR_CONTAINERD + CONTAINERD_EDIT
+    for p in (DAEMON, CONTAINERD):
+        assert after[p][:3] == before[p][:3], p  # mode and owner
+
+    # both engines run with the operator's settings: dockerd reloaded (SIGHUP), containerd restarted
+    info = json.loads(h.exec("docker info --format '{{json .}}'").stdout)
+    assert info["DefaultRuntime"] == "runc" and "nvidia" not in info["Runtimes"]
+    assert info["Labels"] == ["site=lab"] and info["RegistryConfig"]["Mirrors"] == ["https://mirror.lab.invalid/"]
+    assert h.exec("systemctl is-active docker containerd").stdout.split() == ["active", "active"]
+    assert h.exec("systemctl show -p MainPID --value containerd").stdout.strip() != containerd_pid
+    dump = h.exec("containerd config dump").stdout
+    assert 'sandbox_image = "registry.lab.invalid/pause:3.9"' in dump and "oom_score = -999" in dump
+    assert 'level = "info"' in dump and "gpuprov" not in dump
+    assert h.exec("ctr plugins ls | grep -E 'io.containerd.grpc.v1 +cri .* ok'").returncode == 0
+    assert h.exec("docker run --rm gpuprov-validate true").returncode != 0  # its image went too
+    assert "gpuprov" not in h.exec("ctr namespaces ls -q").stdout
+
+    # `uninstall --dry-run` printed what ran: the same steps, the same file changes, every path it changed named
+    planned = {s["id"]: s for s in plan["steps"]}
+    ran = {s["id"]: s["status"] for s in res["steps"]}
+    assert set(planned) == set(ran) and all(v == "changed" for k, v in ran.items() if k != "uninstall.lock"), ran
+    diffs = {p: d for s in plan["steps"] for p, d in s["diffs"].items()}
+    assert set(diffs) == {DAEMON, CONTAINERD}
+    for p in diffs:
+        assert diffs[p] == unified_diff(edited[p], h.read(p).decode(), p)
+    removed = [a for s in plan["steps"] for c in s["commands"] if c.startswith("rm ")
+               for a in c.split()[2:] if a != "--"]
+    for p in changed(mid, after):
+        assert p in diffs or any(p == r or p.startswith(r + "/") for r in removed), p
+    for r in removed:
+        assert r not in after, r
+
+    # a second uninstall changes nothing
+    again = run_json(h, "gpuprov uninstall --yes --json")
+    assert again["changed"] == 0 and [s["id"] for s in again["steps"]] == ["uninstall.lock"], again
+    assert not changed(after, snapshot(h))
