@@ -147,6 +147,8 @@ def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = Non
         theirs.update({n: e for n, e in (doc_then.get("runtimes") or {}).items()
                        if isinstance(e, dict) and e.get("path") not in runtime_paths})
     ours = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") in runtime_paths]
+    # dockerd's reload (SIGHUP) applies `runtimes` and `default-runtime` only when the file sets them: a key taken
+    # out of the file keeps its old value in the running daemon (seen with docker.io 20.10), so that needs a restart.
     for name in ours:
         if name in theirs:
             runtimes[name] = copy.deepcopy(theirs[name])  # --replace-runtime took it: the operator's entry again
@@ -156,13 +158,15 @@ def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = Non
             changes.append(Change(f"runtimes.{name}", "removed"))
     if ours and not runtimes and "runtimes" not in before:
         del doc["runtimes"]
+        changes.append(Change("runtimes", "removed", reload=False))
     default = doc.get("default-runtime")
     if default in ours and before.get("default-runtime") != default:
         if "default-runtime" in before:
             doc["default-runtime"] = before["default-runtime"]
         else:
             del doc["default-runtime"]
-        changes.append(Change("default-runtime", before.get("default-runtime", "removed")))
+        changes.append(Change("default-runtime", before.get("default-runtime", "removed"),
+                              reload="default-runtime" in doc))
     feats, theirs_feats = doc.get("features"), before.get("features") or {}
     ours_cdi = ((written or {}).get("features") or {}).get("cdi") is True and theirs_feats.get("cdi") is not True
     if old is not None and isinstance(feats, dict) and feats.get("cdi") is True and ours_cdi:
@@ -273,8 +277,8 @@ class DockerEngine(Engine):
         return EnginePlan([FileEdit(path, current, text)], changes)
 
     def apply_how(self, restart: bool) -> str:
-        return "restart dockerd (features are read at start only)" if restart else \
-            "SIGHUP to dockerd (runtimes and default-runtime reload live; containers keep running)"
+        return "restart dockerd (a key taken out of daemon.json, or features: read at start only)" if restart else \
+            "SIGHUP to dockerd (runtimes and default-runtime it sets reload live; containers keep running)"
 
     def pending_restart(self, daemon: Daemon) -> str | None:
         """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart."""

@@ -21,6 +21,7 @@ from provision.engines.base import RuntimeRequest
 from provision.facts.rootfs import is_live, under
 from provision.hostlock import LOCK_NAME, lock_dirs
 from provision.inject import cdi, server
+from provision.inject.install import EDITOR_LIB
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import settings_path
 from provision.k8s.labels import NFD_FILE
@@ -177,19 +178,22 @@ def runtime_steps(root: Path) -> list[Step]:
     bindir = f"{_prefix(root)}/bin"
     hook = f"{bindir}/{HOOK_NAME}"
     files = [p for p in (f"{bindir}/gpuprov-runtime", settings_path()) if _exists(root, p)]
+    lib = f"{_prefix(root)}/{EDITOR_LIB}"  # the editor's copies (inject/install.py)
+    trees = [lib] if _exists(root, lib) else []
     if HOOK_MARKER.decode() in read_or_empty(under(root, hook), 4096):  # NVIDIA's own hook is never gpuprov's
         files.append(hook)
     etc = os.path.dirname(settings_path())
     dirs = [etc] if _exists(root, etc) and _empty_after(root, etc, files) else []
     pid = _editor_pid(root)
-    if not files and not dirs and pid is None:
+    if not files and not dirs and not trees and pid is None:
         return []
     acts: list = [Command(("kill", "-TERM", str(pid)), may_fail=True)] if pid else []
     acts += [_rm(*files)] if files else []
+    acts += [_rm(*trees, tree=True)] if trees else []
     acts += [Command(("rmdir", "--", *dirs))] if dirs else []
-    return [Step("uninstall.runtime", Stage.RUNTIME, "Remove gpuprov-runtime, its --gpus hook stand-in and its "
-                 "settings" + (f" (the warm editor, pid {pid}, stopped first)" if pid else ""),
-                 actions=tuple(acts), check=Undone(gone=tuple(files + dirs)))]
+    return [Step("uninstall.runtime", Stage.RUNTIME, "Remove gpuprov-runtime, its editor's code, its --gpus hook "
+                 "stand-in and its settings" + (f" (the warm editor, pid {pid}, stopped first)" if pid else ""),
+                 actions=tuple(acts), check=Undone(gone=tuple(files + trees + dirs)))]
 
 
 def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list[Step]:

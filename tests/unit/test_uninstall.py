@@ -124,7 +124,10 @@ def test_docker_without_a_record_finds_gpuprovs_keys_by_what_they_are(tmp_path):
     plan = DockerEngine().unplan(cfg, None)
     assert json.loads(plan.edits[0].new) == {"debug": True, "runtimes": {"runc2": {"path": "/usr/bin/runc"}},
                                              "features": {"cdi": True}}  # cdi: nobody can tell it was gpuprov's
-    assert not plan.needs_restart  # runtimes and default-runtime: a reload (SIGHUP)
+    assert plan.needs_restart  # default-runtime taken out: dockerd's reload would keep it
+    still = tmp_path / "still.json"
+    still.write_text(json.dumps({"runtimes": {"runc2": {"path": "/usr/bin/runc"}, "nvidia": {"path": RT}}}))
+    assert not DockerEngine().unplan(still, None).needs_restart  # `runtimes` stays in the file: a reload
     theirs = tmp_path / "theirs.json"
     theirs.write_text(json.dumps({"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}},
                                   "default-runtime": "nvidia"}))
