@@ -6,6 +6,8 @@ short:
   `gpuprov uninstall`: every path gpuprov touched is byte-identical to before (content, mode, owner, links) but for
   the operator's edit, which is kept; both engines run with the operator's settings; `uninstall --dry-run` printed
   what ran; a second uninstall changes nothing.
+- then, on the same host made a GPU host (the H200 capture), the upgrade of gpuprov itself under running GPU
+  containers and concurrent GPU container starts.
 """
 from __future__ import annotations
 
@@ -161,3 +163,102 @@ def test_uninstall_round_trip(host):
     again = run_json(h, "gpuprov uninstall --yes --json")
     assert again["changed"] == 0 and [s["id"] for s in again["steps"]] == ["uninstall.lock"], again
     assert not changed(after, snapshot(h))
+
+
+# ---------------------------------------------------------------- upgrading gpuprov under running containers
+
+FIXTURE = "/src/tests/fixtures/hosts/h200-vm"
+NODES = {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (238, 0), "nvidia-uvm-tools": (238, 1)}
+GPU_RUN = "docker run --rm --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all {image} ls /dev"
+# Three workers start GPU containers back to back until /tmp/stop-starts exists; one line per start.
+STARTS = ("rm -f /tmp/stop-starts; for w in 1 2 3; do (while [ ! -e /tmp/stop-starts ]; do "
+          "if {run} 2>>/tmp/starts-$w.err | grep -qx nvidia0; then echo ok; else echo FAIL; fi; done "
+          "> /tmp/starts-$w.log; echo done >> /tmp/starts-$w.log) & done; wait")
+
+
+def bumped_wheel(out) -> tuple[str, str]:
+    """A newer gpuprov: this checkout with its version's last number raised, built into `out`."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from provision import __version__
+    from tests.integration.hosts import REPO, checkout_ignore
+
+    new = re.sub(r"(\d+)$", lambda m: str(int(m.group(1)) + 1), __version__)
+    src = out / "src"
+    shutil.copytree(REPO, src, symlinks=True, ignore=checkout_ignore())
+    for f in ("provision/__init__.py", "pyproject.toml"):
+        p = src / f
+        p.write_text(p.read_text().replace(f'"{__version__}"', f'"{new}"', 1))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(out / "wheel")],
+                   check=True, capture_output=True, timeout=900)
+    (whl,) = (out / "wheel").glob(f"gpuprov-{new}-*.whl")
+    return str(whl), new
+
+
+def lines(h: Host) -> list[str]:
+    return h.exec("cat /tmp/starts-*.log").stdout.split()
+
+
+def wait_for(cond, what: str, seconds: float = 600) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(1)
+
+
+def test_upgrade_under_running_containers_and_concurrent_starts(host, tmp_path_factory):
+    """A GPU host (the H200 capture's driver files and /proc/driver, real device nodes) with GPU containers running
+    through gpuprov's runtime: a newer gpuprov installed and bootstrap re-run while three workers keep starting GPU
+    containers. Every start succeeds; the front-end and the editor's copy are replaced; the old editor exits; the
+    containers the old runtime created are exec'd into, stopped, killed and removed."""
+    h = host
+    from provision.plan.validate import IMAGE
+
+    whl, version = bumped_wheel(tmp_path_factory.mktemp("v2"))
+    mk = " && ".join(f"mknod -m 666 /dev/{n} c {a} {b}" for n, (a, b) in NODES.items())
+    h.exec(f"mount --bind {FIXTURE}/proc/driver /proc/driver && {mk} && "
+           f"cp -a {FIXTURE}/usr/local/nvidia /usr/local/nvidia", check=True)
+    boot = run_json(h, "gpuprov bootstrap --yes --driver skip --json")
+    assert {s["id"]: s["status"] for s in boot["steps"]}["runtime.install"] == "changed"
+    assert "nvidia0" in h.exec(GPU_RUN.format(image=IMAGE)).stdout.split()
+    for i in (1, 2, 3):
+        r = h.exec(f"docker run -d -i --name uninstall-upg-{i} --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all "
+                   f"{IMAGE} sh -c 'read x'")
+        assert r.returncode == 0, r.stderr
+    copy_before = h.exec("readlink /usr/local/lib/gpuprov-runtime/current").stdout.strip()
+    editor_before = h.exec("cut -d' ' -f1 /run/gpuprov/runtime-editor.sock.lock").stdout.strip()
+    assert editor_before and h.exec(f"test -d /proc/{editor_before}").returncode == 0, "a warm editor serves"
+
+    h.exec("mkdir -p /tmp/v2", check=True)
+    import subprocess
+    subprocess.run(["docker", "cp", whl, f"{h.name}:/tmp/v2/"], check=True)
+    h.spawn(STARTS.format(run=GPU_RUN.format(image=IMAGE)))
+    wait_for(lambda: len(lines(h)) >= 6, "three workers starting containers")
+    during = len(lines(h))
+    up = h.exec("/opt/gpuprov/bin/pip install -q --no-index --no-deps --force-reinstall /tmp/v2/*.whl && "
+                "gpuprov bootstrap --yes --driver skip --json", timeout=900)
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    steps = {s["id"]: s["status"] for s in json.loads(up.stdout)["steps"]}
+    assert steps["runtime.install"] == "changed" and steps["engine.config"] == "ok", steps
+    after = len(lines(h))
+    wait_for(lambda: len(lines(h)) >= after + 6, "starts after the upgrade")
+    h.exec("touch /tmp/stop-starts", check=True)
+    wait_for(lambda: lines(h).count("done") == 3, "the workers to stop")
+    results = [x for x in lines(h) if x != "done"]
+    print(f"\nGPU container starts: {len(results)} in all, {after - during} while the upgrade ran")
+    assert results.count("ok") == len(results) and after - during >= 3, (results, h.exec("cat /tmp/starts-*.err").stdout)
+
+    assert h.exec("gpuprov --version").stdout.split()[-1] == version
+    assert h.exec("readlink /usr/local/lib/gpuprov-runtime/current").stdout.strip() not in ("", copy_before)
+    wait_for(lambda: h.exec(f"test -d /proc/{editor_before}").returncode != 0, "the old editor to exit", 30)
+    for i in (1, 2, 3):  # what the old runtime created, handled by the new one
+        assert "nvidia0" in h.exec(f"docker exec uninstall-upg-{i} ls /dev").stdout.split()
+    assert h.exec("docker stop -t 1 uninstall-upg-1").returncode == 0
+    assert h.exec("docker kill uninstall-upg-2").returncode == 0
+    assert h.exec("docker rm uninstall-upg-1 uninstall-upg-2 && docker rm -f uninstall-upg-3").returncode == 0
+    assert h.exec("docker ps -aq --filter name=uninstall-upg").stdout.strip() == ""
