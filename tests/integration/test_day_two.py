@@ -12,6 +12,7 @@ short:
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -152,8 +153,8 @@ def test_uninstall_round_trip(host):
     assert set(diffs) == {DAEMON, CONTAINERD}
     for p in diffs:
         assert diffs[p] == unified_diff(edited[p], h.read(p).decode(), p)
-    removed = [a for s in plan["steps"] for c in s["commands"] if c.startswith("rm ")
-               for a in c.split()[2:] if a != "--"]
+    argvs = [shlex.split(c) for s in plan["steps"] for c in s["commands"]]
+    removed = [a for argv in argvs if argv[0] in ("rm", "rmdir") for a in argv[argv.index("--") + 1:]]
     for p in changed(mid, after):
         assert p in diffs or any(p == r or p.startswith(r + "/") for r in removed), p
     for r in removed:
