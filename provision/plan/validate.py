@@ -58,8 +58,8 @@ def leftover_image_argvs() -> list[tuple[tuple[str, ...], bool]]:
     if r and r.returncode == 0 and CTR_NAMESPACE in r.stdout.split():
         r = effects.try_run([*CTR, "images", "ls", "-q"], timeout=20)
         refs = sorted(set(r.stdout.split())) if r and r.returncode == 0 else []
-        if refs:
-            out.append(((*CTR, "images", "rm", *refs), False))
+        if refs:  # --sync: their content is collected before the namespace is removed (it must be empty)
+            out.append(((*CTR, "images", "rm", "--sync", *refs), False))
         out.append((("ctr", "namespaces", "rm", CTR_NAMESPACE), True))  # fails while it holds anything else
     return out
 
