@@ -21,6 +21,7 @@ RUN_DIR = os.environ.get("GPUPROV_RUN_DIR", "/run/gpuprov")
 LOG_DIR = os.environ.get("GPUPROV_LOG_DIR", "/var/log/gpuprov")
 
 STATE_FILE = f"{STATE_DIR}/state.json"  # reboot and resume state of bootstrap (plan/apply.py)
+INSTALL_RECORD = f"{STATE_DIR}/installed.json"  # what gpuprov changed, for `gpuprov uninstall` (provision/record.py)
 REBOOT_MARKER = f"{RUN_DIR}/reboot-pending"  # gone after a reboot (/run is a tmpfs)
 RUNTIME_DIR = f"{STATE_DIR}/runtime"
 DISCOVERY_CACHE = f"{RUNTIME_DIR}/discovery.json"

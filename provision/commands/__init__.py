@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "driver-volume": ("runtime_cmds", "Keep BASE/current linked to the running driver's files."),
     "verify": ("verify", "Check this node layer by layer, containers included."),
     "metrics": ("metrics", "Per-GPU and per-container metrics in Prometheus' text format."),
+    "uninstall": ("uninstall", "Take gpuprov off this host: bootstrap's inverse."),
     "runtime": ("runtime_cmds", "The injection runtime (gpuprov-runtime): install, discover."),
     "cdi": ("runtime_cmds", "CDI specs for engines that consume CDI natively."),
     "engine": ("engine", "Container engine configuration (merge, never overwrite)."),

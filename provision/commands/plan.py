@@ -260,7 +260,11 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
         _print_plan(report, steps, False)
         if not typer.confirm("Apply this plan?"):
             raise errors.Declined("declined at the prompt; nothing was changed")
-    res = ap.apply_plan(steps, quiet=json_out)
+    missing, res = ap.missing_packages(steps), ap.ApplyResult()
+    try:
+        res = ap.apply_plan(steps, quiet=json_out)
+    finally:  # what got installed is kept even when a later step fails (uninstall --driver/--engine read it)
+        ap.record_installed(steps, missing, res)
     if res.reboot_required:
         changed = {o.id for o in res.outcomes if o.status == "changed"}
         reasons = [n.removeprefix("reboot: ") for s in steps if s.reboot and s.id in changed for n in s.notes

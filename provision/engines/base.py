@@ -16,6 +16,7 @@ import math
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,6 +24,8 @@ from provision import effects
 from provision.errors import ConfigInvalid
 from provision.facts.engines import find_processes, flag_value  # noqa: F401  (the adapters' helpers, one copy)
 from provision.facts.rootfs import MAX_READ, NotRegular, read_bytes_bounded
+
+RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"  # where bootstrap installs gpuprov's runtime
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,11 @@ class EnginePlan:
     edits: list[FileEdit]
     changes: list[Change]
     warnings: list[str] = field(default_factory=list)
+    removals: list[Path] = field(default_factory=list)  # files to remove (an undo: gpuprov's own drop-ins), in order
 
     @property
     def changed(self) -> bool:
-        return any(e.changed for e in self.edits)
+        return any(e.changed for e in self.edits) or bool(self.removals)
 
     @property
     def needs_restart(self) -> bool:
@@ -166,8 +170,49 @@ class Engine(ABC):
         """Does the live daemon list the runtime now? None: cannot tell."""
         return None
 
+    @abstractmethod
+    def unplan(self, path: Path, entry: dict | None, *, root: Path = Path("/")) -> EnginePlan:
+        """The undo of `plan` for the config at host path `path` (read under `root`): gpuprov's keys, drop-ins and
+        `imports` entry taken out, every other byte of the operator's kept, their changes since bootstrap included.
+        `entry`: what provision/record.py kept of gpuprov's writes to this config (None: no record; gpuprov's keys
+        are then found by what they are, e.g. a runtime whose path is gpuprov's runtime). Reads only."""
+
+    def apply_how(self, restart: bool) -> str:
+        """How `apply` makes the live daemon read its config, for people (the uninstall plan prints it)."""
+        return f"restart {self.daemon_names[0]}"
+
 
 # --- helpers shared by the adapters ------------------------------------------------------------------------------
+
+def undo_text(old: str | None, written: str, current: str) -> str | None:
+    """`current` with gpuprov's own line changes (`old` -> `written`) taken back, keeping the operator's changes
+    since (`written` -> `current`): a three-way merge by lines. None where the operator's changes touch one of
+    gpuprov's changes or the lines around it (the adapter then edits the parsed config instead). A file gpuprov
+    created (`old` None) gives None unless it is still exactly what gpuprov wrote."""
+    if current == written:
+        return old
+    if old is None:
+        return None
+    o, w, c = (t.splitlines(keepends=True) for t in (old, written, current))
+    w_to_c = {}  # lines of what gpuprov wrote that the operator left alone -> their index in the current file
+    for tag, i1, i2, j1, _ in SequenceMatcher(None, w, c, autojunk=False).get_opcodes():
+        if tag == "equal":
+            w_to_c.update({i1 + k: j1 + k for k in range(i2 - i1)})
+    out: list[str] = []
+    at = 0
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, o, w, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        # gpuprov turned o[i1:i2] into w[j1:j2]: those lines and the ones around them must be in `current` as written
+        start = w_to_c[j1 - 1] + 1 if j1 > 0 and j1 - 1 in w_to_c else (0 if j1 == 0 else None)
+        end = w_to_c[j2] if j2 < len(w) and j2 in w_to_c else (len(c) if j2 == len(w) else None)
+        if start is None or end is None or start < at or end - start != j2 - j1 \
+                or any(w_to_c.get(j1 + k) != start + k for k in range(j2 - j1)):
+            return None
+        out += c[at:start] + o[i1:i2]
+        at = end
+    return "".join(out + c[at:])
+
 
 def read_config(path: Path) -> str | None:
     """The config's text (None when it does not exist); not UTF-8, unreadable, not a regular file (a FIFO would

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import engines
+from provision import engines, record
 from provision.engines.base import EnginePlan, RuntimeRequest
 from provision.errors import ConcurrentEdit, StepFailed
 from provision.fsutil import EDIT_TRIES, changed_line, seen_as, write_file
@@ -55,7 +55,10 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
         res.changed = True
         try:
             if plan.changed:  # the engine's own check reads files only: it runs with --no-restart too
-                _write(eng, plan, path, req, res)
+                made = _write(eng, plan, path, req, res)
+                # for `gpuprov uninstall`: the files as they were and as written, the directories created
+                record.note_config(str(path), eng.name, req.name, req.path,
+                                   [(str(e.path), e.old, e.new) for e in plan.edits if e.changed], [str(d) for d in made])
             break
         except ConcurrentEdit:
             continue
@@ -75,9 +78,9 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
     return res
 
 
-def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult) -> None:
+def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult) -> list[Path]:
     """Write every edit (backups kept); when one write fails, or the engine's own check rejects the result, put the
-    old files back (a drop-in written before its `imports` line is removed again)."""
+    old files back (a drop-in written before its `imports` line is removed again). Returns the directories made."""
     done: list[tuple] = []
     made: list[Path] = []  # directories this write creates (a drop-in's conf.d): removed again on a roll-back
     try:
@@ -102,6 +105,7 @@ def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: Configur
         why = eng.check_error or f"its own check does not show runtime {req.name!r}"
         raise StepFailed(f"{eng.name} rejects the edited {path} ({why}); the change was rolled back")
     res.verified = ok
+    return made
 
 
 def _roll_back(done: list[tuple], made: list[Path]) -> None:

@@ -42,6 +42,7 @@ from provision.engines.base import (
     RuntimeRequest,
     flag_value,
     read_config,
+    undo_text,
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import CRI_PLUGIN, spec
@@ -260,6 +261,31 @@ class DropinPlan:
 
 def dropin_path(main: Path) -> Path:
     return main.parent / DROPIN
+
+
+def unimport(main: Path, text: str, dropin: Path, rec: dict | None, root: Path = LIVE) -> str | None:
+    """The main config without the `imports` entry naming gpuprov's drop-in (None: it has none; "": gpuprov
+    created the file and nothing else is in it). An operator's glob that covers the drop-in stays. The `imports`
+    key goes too where gpuprov added it. The operator's exact bytes where gpuprov's line changes come out cleanly
+    (base.undo_text) and read the same; else tomlkit's edit of the parsed file (comments and layout kept)."""
+    doc = parse(text, main)
+    imports = doc.unwrap().get("imports", [])
+    ours = [i for i, e in enumerate(imports) if not any(ch in e for ch in "*?[") and _same(
+        Path(e if os.path.isabs(e) else os.path.join(os.path.dirname(main), e)), dropin, root)]
+    if not ours:
+        return None
+    old = rec.get("old") if rec else None
+    had_imports = old is not None and "imports" in parse(old, main).unwrap()
+    for i in reversed(ours):
+        del doc["imports"][i]
+    if not doc["imports"] and not had_imports:
+        del doc["imports"]
+    if rec and old is None and set(doc.unwrap()) <= {"version"}:
+        return ""  # gpuprov wrote the file (version + imports) and the operator added nothing
+    undone = undo_text(old, rec["written"], text) if rec else None
+    if undone is not None and parse(undone, main).unwrap() == doc.unwrap():
+        return undone
+    return tomlkit.dumps(doc)
 
 
 def plan(main: Path, *, runtime_name: str, runtime_path: str, default: bool = False, cdi: bool = False,
@@ -531,6 +557,29 @@ class ContainerdEngine(Engine):
 
     def daemon_config(self, argv: list[str]) -> str:
         return flag_value(argv, spec("containerd").config_flags) or CONFIG
+
+    def unplan(self, path: Path, entry: dict | None, *, root: Path = Path("/")) -> EnginePlan:
+        """The `imports` entry out of the main config (unimport: first, so that it never names a missing file),
+        then gpuprov's drop-in removed; the conf.d directory gpuprov created goes with the step (uninstall)."""
+        dropin = dropin_path(path)
+        edits, removals, changes = [], [], []
+        current = read_config(_at(root, path))
+        if current is not None:
+            files = (entry or {}).get("files", {})
+            new = unimport(path, current, dropin, files.get(str(path)), root)
+            if new is not None:
+                if new == "":
+                    removals.append(path)
+                else:
+                    edits.append(FileEdit(path, current, new))
+                changes.append(Change("imports", f"- {dropin}", reload=False))
+        if (read_config(_at(root, dropin)) or "").startswith(HEADER):
+            removals.append(dropin)
+            changes.append(Change(str(dropin), "removed", reload=False))  # containerd reads it only at start
+        return EnginePlan(edits, changes, removals=removals)
+
+    def apply_how(self, restart: bool) -> str:
+        return "systemctl restart containerd (it reads its config only at start)"
 
     def check(self, path: Path, req: RuntimeRequest) -> bool | None:
         if not (self.binary and self.binary.path):

@@ -31,6 +31,7 @@ from provision.engines.base import (
     same_file,
 )
 from provision.errors import ConfigInvalid, RuntimeConflict
+from provision.facts.rootfs import under
 
 MAIN = "/etc/crio/crio.conf"
 DROPIN_DIR = "/etc/crio/crio.conf.d"
@@ -187,6 +188,16 @@ class CrioEngine(Engine):
 
     def daemon_config(self, argv: list[str]) -> str:
         return flag_value(argv, ("--config-dir", "-d")) or DROPIN_DIR
+
+    def unplan(self, path: Path, entry: dict | None, *, root: Path = Path("/")) -> EnginePlan:
+        """gpuprov's drop-in removed, when it is gpuprov's (its header); the operator's files are never edited."""
+        text = read_config(under(root, str(path)))
+        if text is None or not text.startswith("# " + HEADER.splitlines()[0]):
+            return EnginePlan([], [])
+        return EnginePlan([], [Change(str(path), "removed", reload=False)], removals=[path])
+
+    def apply_how(self, restart: bool) -> str:
+        return "systemctl restart crio (it reads its drop-ins only at start)"
 
     def live_daemon(self, path: Path) -> Daemon | None:
         # CRI-O reads every file of its drop-in directory: the daemon that reads PATH is the one whose directory

@@ -1,6 +1,7 @@
 """Docker's daemon.json: a structural merge that keeps every existing key, value and order."""
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shlex
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from provision import effects
 from provision.engines.base import (
+    RUNTIME_PATH,
     Change,
     Daemon,
     Engine,
@@ -21,9 +23,11 @@ from provision.engines.base import (
     flag_value,
     load_json_strict,
     read_config,
+    undo_text,
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import spec
+from provision.facts.rootfs import under
 
 SPEC = spec("docker")  # binary, default config, its flag, packages, units: facts/engines.py's one table
 DAEMON_JSON = SPEC.config
@@ -129,6 +133,55 @@ def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default
     return MergeResult(dump_json(doc, path), changes)
 
 
+def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = None, written: dict | None = None,
+            later: tuple[dict, ...] = ()) -> list[Change]:
+    """Take gpuprov's keys out of `doc` (in place); the changes made. gpuprov's runtimes are those whose path is one
+    of gpuprov's runtimes; a default-runtime naming one of them is gpuprov's too. `old` (the file before gpuprov's first
+    write, from the record; None: unknown) and `later` (the operator's files before gpuprov's later writes) give
+    back what --replace-runtime replaced (the latest such entry); `old` tells whether the `runtimes`
+    and `features` objects were the operator's, and, with `written` (gpuprov's last write), whether features.cdi
+    was gpuprov's. Every other key, value and position stays as the operator has it now."""
+    changes: list[Change] = []
+    before = old or {}
+    runtimes = doc.get("runtimes") if isinstance(doc.get("runtimes"), dict) else {}
+    theirs: dict = {}
+    for doc_then in (before, *later):  # the latest operator's entry of each name wins
+        theirs.update({n: e for n, e in (doc_then.get("runtimes") or {}).items()
+                       if isinstance(e, dict) and e.get("path") not in runtime_paths})
+    ours = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") in runtime_paths]
+    # dockerd's reload (SIGHUP) applies `runtimes` and `default-runtime` only when the file sets them: a key taken
+    # out of the file keeps its old value in the running daemon (seen with docker.io 20.10), so that needs a restart.
+    for name in ours:
+        if name in theirs:
+            runtimes[name] = copy.deepcopy(theirs[name])  # --replace-runtime took it: the operator's entry again
+            changes.append(Change(f"runtimes.{name}", f"{theirs[name].get('path')} (yours again)"))
+        else:
+            del runtimes[name]
+            changes.append(Change(f"runtimes.{name}", "removed"))
+    if ours and not runtimes and "runtimes" not in before:
+        del doc["runtimes"]
+        changes.append(Change("runtimes", "removed", reload=False))
+    default = doc.get("default-runtime")
+    if default in ours and before.get("default-runtime") != default:
+        if "default-runtime" in before:
+            doc["default-runtime"] = before["default-runtime"]
+        else:
+            del doc["default-runtime"]
+        changes.append(Change("default-runtime", before.get("default-runtime", "removed"),
+                              reload="default-runtime" in doc))
+    feats, theirs_feats = doc.get("features"), before.get("features") or {}
+    ours_cdi = ((written or {}).get("features") or {}).get("cdi") is True and theirs_feats.get("cdi") is not True
+    if old is not None and isinstance(feats, dict) and feats.get("cdi") is True and ours_cdi:
+        if "cdi" in theirs_feats:
+            feats["cdi"] = theirs_feats["cdi"]
+        else:
+            del feats["cdi"]
+        if not feats and "features" not in before:
+            del doc["features"]
+        changes.append(Change("features.cdi", "yours again", reload=False))  # features are read at start only
+    return changes
+
+
 def unit_flags(root: Path = Path("/")) -> dict[str, str]:
     """daemon.json keys that the docker.service unit (or its drop-ins) also sets as dockerd flags -> the file."""
     files = [root / p.lstrip("/") for p in UNIT_FILES]
@@ -202,6 +255,32 @@ class DockerEngine(Engine):
 
     def daemon_config(self, argv: list[str]) -> str:
         return flag_value(argv, SPEC.config_flags) or DAEMON_JSON
+
+    def unplan(self, path: Path, entry: dict | None, *, root: Path = Path("/")) -> EnginePlan:
+        """gpuprov's keys out of daemon.json (docker.unmerge). The operator's exact bytes where gpuprov's own line
+        changes come out cleanly (base.undo_text) and give the same JSON; else the JSON written back (2-space)."""
+        current = read_config(under(root, str(path)))
+        if current is None:
+            return EnginePlan([], [])
+        doc = parse(current, str(path))
+        rec = (entry or {}).get("files", {}).get(str(path))
+        runtime_paths = (RUNTIME_PATH, *(entry or {}).get("runtime_paths", []))
+        old = parse(rec["old"], str(path)) if rec and rec.get("old") else ({} if rec else None)
+        changes = unmerge(doc, runtime_paths=runtime_paths, old=old,
+                          written=parse(rec["written"], str(path)) if rec else None,
+                          later=tuple(parse(t, str(path)) for t in (rec or {}).get("later", []) if t.strip()))
+        if not changes:
+            return EnginePlan([], [])
+        if rec and rec.get("old") is None and not doc:  # gpuprov created the file and nothing else is in it
+            return EnginePlan([], changes, removals=[path])
+        text = undo_text(rec.get("old"), rec["written"], current) if rec else None
+        if text is None or parse(text, str(path)) != doc:
+            text = dump_json(doc, path)
+        return EnginePlan([FileEdit(path, current, text)], changes)
+
+    def apply_how(self, restart: bool) -> str:
+        return "restart dockerd (a key taken out of daemon.json, or features: read at start only)" if restart else \
+            "SIGHUP to dockerd (runtimes and default-runtime it sets reload live; containers keep running)"
 
     def pending_restart(self, daemon: Daemon) -> str | None:
         """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart."""

@@ -1,10 +1,20 @@
-"""Install the runtime on a host: settings, the compiled front-end (the wheel's, else built here, else a Python
-fallback), the --gpus hook stand-in, and a fresh discovery cache. Idempotent: files are only written when their
-content differs."""
+"""Install the runtime on a host: settings, the editor's code, the compiled front-end (the wheel's, else built here,
+else a Python fallback), the --gpus hook stand-in, and a fresh discovery cache. Idempotent: files are only written
+when their content differs.
+
+Upgrades never disturb container starts. The editor runs from its own copy of its files (inject/sources.py), in
+PREFIX/lib/gpuprov-runtime/<hash of their content>/, not from the installed package: installing a newer gpuprov
+(pip replacing the package's files one by one) never changes the code a starting container runs. A copy is made
+whole in a hidden directory and renamed into place; the front-end that names it is then renamed over the old one
+(fsutil), so every start runs either the old front-end and editor or the new ones, never a mix. `current` (a symlink
+swapped atomically) names the copy in use: a warm editor serving an older copy stops taking requests and exits
+(inject/server.py), and containers created by the old runtime are stopped, exec'd into and removed by the new
+front-end, which hands every command but `create` to runc unchanged."""
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -17,10 +27,12 @@ from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import Settings, settings_path
-from provision.inject.sources import source_files
+from provision.inject.sources import PKG, source_files
 
 HERE = Path(__file__).resolve().parent
 STAMP = paths.INSTALL_STAMP
+EDITOR_LIB = "lib/gpuprov-runtime"  # under the prefix: the editor's copies and `current`
+KEEP_COPIES = 2  # the copy in use and the one before it (a start that began just before an upgrade may still run it)
 
 
 def _stamp(prefix: str, driver_root: str) -> str:
@@ -37,7 +49,40 @@ def is_installed(driver_root: str = "/", prefix: str = "/usr/local") -> bool:
         same = read_trusted(STAMP) == _stamp(prefix, driver_root).encode()
     except OSError:
         return False
-    return same and (Path(prefix) / "bin" / "gpuprov-runtime").exists() and Path(settings_path()).exists()
+    return same and (Path(prefix) / "bin" / "gpuprov-runtime").exists() and Path(settings_path()).exists() \
+        and (Path(prefix) / EDITOR_LIB / "current" / "provision/inject/modify_main.py").exists()
+
+
+def install_editor(prefix: str, changed: list[str]) -> Path:
+    """The editor's files copied to PREFIX/lib/gpuprov-runtime/<content hash>/ (complete before it has that name)
+    and `current` pointed at it (a symlink renamed into place); older copies but the previous one removed. Returns
+    the copy's root (what goes on the editor's sys.path)."""
+    files = [(p.relative_to(PKG.parent), p.read_bytes()) for p in source_files()]
+    digest = hashlib.sha256(b"".join(str(r).encode() + b"\0" + d for r, d in files)).hexdigest()[:16]
+    base = Path(prefix) / EDITOR_LIB
+    dest = base / digest
+    if not dest.is_dir():
+        tmp = base / f".{digest}.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for rel, data in files:
+            write_file(tmp / rel, data, mode=0o644, keep_mode=False, backup=False)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another install made the same copy meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+        changed.append(str(dest))
+    current = base / "current"
+    before = os.readlink(current) if current.is_symlink() else None
+    if before != digest:
+        link = base / f".current.{os.getpid()}.tmp"
+        link.unlink(missing_ok=True)
+        os.symlink(digest, link)
+        os.replace(link, current)
+        changed.append(str(current))
+    for old in base.iterdir():
+        if old.is_dir() and not old.is_symlink() and old.name not in (digest, before) and not old.name.startswith("."):
+            shutil.rmtree(old, ignore_errors=True)
+    return dest
 
 
 @dataclass
@@ -87,11 +132,13 @@ def _compile(argv: list[str]) -> int:
     return 127 if r is None else r.returncode
 
 
-def front_end(runc: str, python: str, compile_shim: bool = True) -> tuple[bytes | None, str | None, list[str]]:
+def front_end(runc: str, python: str, compile_shim: bool = True,
+              editor: Path = HERE.parent.parent) -> tuple[bytes | None, str | None, list[str]]:
     """(binary, origin, notes): the wheel's binary when it runs on this host, else one compiled here, else None.
-    Each candidate is run once (`--gpuprov-front-end`) before it is trusted with every container start."""
+    Each candidate is run once (`--gpuprov-front-end`) before it is trusted with every container start. `editor`:
+    the root of the editor's code (install_editor's copy; by default the package itself)."""
     notes: list[str] = []
-    paths = {"runc": runc, "python": python, "modify": str(HERE / "modify_main.py")}
+    paths = {"runc": runc, "python": python, "modify": str(editor / "provision/inject/modify_main.py")}
     with tempfile.TemporaryDirectory() as td:
         built = Path(td) / "built"
         candidates = [("wheel", lambda: SHIPPED.read_bytes() if SHIPPED.exists() else None)]
@@ -116,8 +163,7 @@ def front_end(runc: str, python: str, compile_shim: bool = True) -> tuple[bytes 
     return None, None, notes
 
 
-def python_fallback(python: str) -> bytes:
-    root = HERE.parent.parent
+def python_fallback(python: str, root: Path = HERE.parent.parent) -> bytes:
     # one shebang argument only (Linux passes the rest as a single word): -IS = isolated, no site
     return (f"#!{python} -IS\n# gpuprov-runtime (Python fallback: no compiled front-end runs on this host)\n"
             f"import sys\nsys.path.insert(0, {str(root)!r})\nfrom provision.inject.shim import main\n"
@@ -138,9 +184,10 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
     _write_if_changed(Path(settings_path()), (json.dumps(settings.to_dict(), indent=2) + "\n").encode(), 0o644,
                       changed)
     bindir = Path(prefix) / "bin"
-    shim, origin, notes = front_end(runc, python, compile_shim)
+    editor = install_editor(prefix, changed)  # first: the front-end written next names this copy
+    shim, origin, notes = front_end(runc, python, compile_shim, editor)
     target = bindir / "gpuprov-runtime"
-    _write_if_changed(target, shim or python_fallback(python), 0o755, changed)
+    _write_if_changed(target, shim or python_fallback(python, editor), 0o755, changed)
     if shim is None:
         notes.append("no usable compiled front-end (none in the wheel, no C compiler): installed the Python fallback "
                      "runtime (a Python start-up on every container start)")

@@ -8,7 +8,9 @@ directly, which then leaves this server behind (detached, minimal environment) f
   whose config.json has wrong types, a hostile env value, a client that hangs up) gets a one-line refusal and the
   server goes on serving. A client that sends nothing is dropped after CLIENT_TIMEOUT_S.
 - Serves only from a directory that is root's alone (the front-end checks the same before it trusts the socket).
-- Exits after IDLE_SECONDS without requests, or as soon as gpuprov's runtime code on disk changes (an upgrade)."""
+- Exits after IDLE_SECONDS without requests, or as soon as gpuprov's runtime code on disk changes (an upgrade).
+- Run from an editor copy (inject/install.py: install_editor) that is no longer `current`, it answers no request
+  (the front-end then edits directly, with its own copy) and exits within POLL_S, idle or not."""
 from __future__ import annotations
 
 import fcntl
@@ -22,6 +24,7 @@ from provision.fsutil import make_dirs
 from provision.inject.shim import run_create_edits
 
 IDLE_SECONDS = 600
+POLL_S = 2.0  # how often an idle editor looks whether an upgrade replaced its copy
 CLIENT_TIMEOUT_S = 1.0  # the front-end sends its request at once; a silent client must not hold up the others
 MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
 BACKLOG = 1024  # many concurrent starts queue here instead of falling back to a Python start-up each
@@ -44,6 +47,16 @@ def _code_stamp() -> float:
     from provision.inject.sources import source_files  # lazy: 0.4 ms (-X importtime -I -S, min of 15)
 
     return max(p.stat().st_mtime for p in source_files())
+
+
+def _copy_replaced() -> bool:
+    """Whether this editor runs from an editor copy that `current` no longer names (gpuprov was upgraded). The copy
+    is PREFIX/lib/gpuprov-runtime/<digest>/provision/inject/server.py; run from the package itself: never."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        return os.readlink(os.path.join(os.path.dirname(root), "current")) != os.path.basename(root)
+    except OSError:
+        return False
 
 
 def _private_dir(path: str) -> bool:
@@ -144,15 +157,22 @@ def serve(path: str, lock_fd: int | None = None) -> int:
         os.umask(old)
     srv.listen(BACKLOG)
     os.replace(tmp, path)  # atomic: clients never see a half-made socket; a stale or foreign one is replaced
-    srv.settimeout(IDLE_SECONDS)
+    srv.settimeout(POLL_S)
+    idle = 0.0
     while True:
         try:
             conn, _ = srv.accept()
         except socket.timeout:
-            break
+            idle += POLL_S
+            if idle >= IDLE_SECONDS or _copy_replaced():
+                break
+            continue
         except OSError:
             continue
+        idle = 0.0
         with conn:
+            if _copy_replaced():
+                break  # unanswered: the front-end edits directly, with the new copy
             _serve_one(conn)
         if _code_stamp() != stamp:
             break  # upgraded on disk: let the next container start a fresh server

@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import paths
+from provision import paths, record
 from provision.errors import GpuprovError, StepFailed, UntrustedPath
 from provision.facts.rootfs import read_text, under
 from provision.fsutil import make_dirs, read_trusted, write_file
 from provision.output import progress
-from provision.plan.steps import Step
+from provision.plan.steps import PackagesInstalled, Step, packages_installed
 
 LIVE = Path("/")
 STATE_FILE = Path(paths.STATE_FILE)
@@ -128,11 +128,35 @@ def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
     return {"would_change": sum(i["would_change"] for i in out), "steps": out}
 
 
-def apply_plan(steps: list[Step], *, quiet: bool = False) -> ApplyResult:
-    """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order."""
+def missing_packages(steps: list[Step]) -> dict[str, list[str]]:
+    """Per step id, the packages its install would add that are not installed now (read before applying): what
+    `record_installed` keeps for `uninstall --driver/--engine`, which never remove a package gpuprov found."""
+    out = {}
+    for s in steps:
+        if isinstance(s.check, PackagesInstalled) and s.check.manager == "apt" and not s.satisfied():
+            out[s.id] = [p for p in s.check.packages if not packages_installed("apt", (p,))]
+    return out
+
+
+def record_installed(steps: list[Step], missing: dict[str, list[str]], res: ApplyResult) -> None:
+    """Keep in the install record the packages gpuprov's steps installed (those missing before that are installed
+    now) by stage, and the packages the hold step held."""
+    changed = {o.id for o in res.outcomes if o.status == "changed"}
+    for s in steps:
+        if s.id in missing:
+            record.note_packages(getattr(s.stage, "value", s.stage),
+                                 [p for p in missing[s.id] if packages_installed("apt", (p,))])
+        elif s.id == "driver.hold" and s.id in changed and getattr(s.check, "manager", None) == "apt":
+            record.note_packages(getattr(s.stage, "value", s.stage), [], held=list(s.check.packages))
+
+
+def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True) -> ApplyResult:
+    """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order.
+    `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory)."""
     res = ApplyResult()
     n = len(steps)
     say = (lambda m: None) if quiet else progress
+    note = log if logged else (lambda line: None)
     for i, step in enumerate(steps, 1):
         t = time.monotonic()
         say(f"[{i}/{n}] {step.title} …")
@@ -148,11 +172,11 @@ def apply_plan(steps: list[Step], *, quiet: bool = False) -> ApplyResult:
                 res.reboot_required |= step.reboot
         except GpuprovError as exc:
             res.outcomes.append(StepOutcome(step.id, step.title, "failed", str(exc), time.monotonic() - t))
-            log(f"FAILED {step.id}: {exc}")
+            note(f"FAILED {step.id}: {exc}")
             say(f"[{i}/{n}] FAILED: {step.title}")
             raise StepFailed(f"step {step.id} ({step.title}) failed: {exc}", exit_code=exc.exit_code) from None
         dt = time.monotonic() - t
         res.outcomes.append(StepOutcome(step.id, step.title, status, detail, dt))
-        log(f"{status.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")
+        note(f"{status.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")
         say(f"[{i}/{n}] {status}{': ' + detail if detail else ''} ({dt:.1f}s)")
     return res

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision.decide.targets import Target
+from provision.engines import base
 from provision.errors import Unsupported
 from provision.facts.engines import EngineOrigin, spec
 from provision.facts.rootfs import under
@@ -31,7 +32,7 @@ from provision.plan.steps import (
 )
 from provision.report import HostReport
 
-RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
+RUNTIME_PATH = base.RUNTIME_PATH
 
 
 @dataclass(frozen=True)

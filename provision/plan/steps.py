@@ -26,7 +26,7 @@ from typing import ClassVar, Union
 
 from provision import dispatch, effects, engines
 from provision.engines import containerd
-from provision.engines.base import EnginePlan, FileEdit, RuntimeRequest
+from provision.engines.base import Change, EnginePlan, FileEdit, RuntimeRequest
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import MAX_READ, is_live, read_text_file, under
 from provision.fsutil import write_file
@@ -109,16 +109,40 @@ class WriteFile(Action):
     path: str
     content: str
     mode: int = 0o644
+    backup: bool = True  # False: an undo that only takes gpuprov's own keys out (uninstall)
 
     def lines(self) -> list[str]:
-        return [f"write {self.path} (atomic; an existing file keeps its mode and owner and gets a backup)"]
+        return [f"write {self.path} (atomic; an existing file keeps its mode and owner"
+                + (" and gets a backup)" if self.backup else ")")]
 
     def diff(self, root: Path) -> str:
         return effects.unified_diff(read_or_empty(under(root, self.path)), self.content, self.path)
 
     def execute(self) -> str:
-        write_file(self.path, self.content, mode=self.mode)
+        write_file(self.path, self.content, mode=self.mode, backup=self.backup)
         return f"wrote {self.path}"
+
+
+@dataclass(frozen=True)
+class ReloadEngine(Action):
+    """Make the running daemon that reads `config` read it again, the adapter's way (`Engine.apply`: dockerd gets
+    SIGHUP, or a restart for `features`; containerd and CRI-O are restarted by their unit); nothing when no running
+    daemon reads that file."""
+    engine: str
+    config: str
+    restart: bool
+    reports = True
+
+    def lines(self) -> list[str]:
+        eng = engines.get(self.engine)
+        return [f"{eng.apply_how(self.restart)}: the running {eng.daemon_names[0]} that reads {self.config}, if any"]
+
+    def execute(self) -> str:
+        eng = engines.get(self.engine)
+        daemon = eng.live_daemon(Path(self.config))
+        if daemon is None:
+            return f"no running {eng.daemon_names[0]} reads {self.config}"
+        return eng.apply(daemon, EnginePlan([], [Change("undo", "", reload=not self.restart)]), restart=self.restart)
 
 
 @dataclass(frozen=True)
@@ -279,6 +303,21 @@ class DirEmpty:
 
 
 @dataclass(frozen=True)
+class Undone:
+    """An undo already done: these files hold this content and these paths are gone (links not followed)."""
+    files: tuple[tuple[str, str], ...] = ()  # (path, content)
+    gone: tuple[str, ...] = ()
+
+    def satisfied(self, root: Path) -> bool:
+        return FilesMatch(self.files).satisfied(root) and not any(os.path.lexists(under(root, p)) for p in self.gone)
+
+    def describe(self) -> str:
+        parts = ([f"{', '.join(p for p, _ in self.files)} hold this content"] if self.files else []) \
+            + ([f"{', '.join(self.gone)} {'are' if len(self.gone) > 1 else 'is'} gone"] if self.gone else [])
+        return "skipped when " + " and ".join(parts)
+
+
+@dataclass(frozen=True)
 class PackagesInstalled:
     manager: str  # apt | dnf | yum
     packages: tuple[str, ...]
@@ -361,7 +400,7 @@ class ServiceAnswers:
 
 
 Check = Union[Never, Already, FilesMatch, PathExists, DirEmpty, PackagesInstalled, RuntimeInstalled,
-              EngineConfigured, ServiceAnswers]
+              EngineConfigured, ServiceAnswers, Undone]
 
 
 # ---------------------------------------------------------------- the step

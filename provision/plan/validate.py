@@ -44,6 +44,26 @@ def run_argvs(runtime: str, gpu: bool) -> list[tuple[str, ...]]:
     return cmds
 
 
+def leftover_image_argvs() -> list[tuple[tuple[str, ...], bool]]:
+    """(argv, may fail) removing every gpuprov validation image (any gpuprov version's tag) from each engine that
+    answers now: docker's, then containerd's in gpuprov's namespace with the namespace itself (the operator's
+    namespaces are never touched). For `gpuprov uninstall`; reads only."""
+    out: list[tuple[tuple[str, ...], bool]] = []
+    r = effects.try_run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", IMAGE.split(":")[0]],
+                        timeout=20)
+    tags = sorted(set(r.stdout.split())) if r and r.returncode == 0 else []
+    if tags:
+        out.append((("docker", "image", "rm", *tags), False))
+    r = effects.try_run(["ctr", "namespaces", "ls", "-q"], timeout=20)
+    if r and r.returncode == 0 and CTR_NAMESPACE in r.stdout.split():
+        r = effects.try_run([*CTR, "images", "ls", "-q"], timeout=20)
+        refs = sorted(set(r.stdout.split())) if r and r.returncode == 0 else []
+        if refs:  # --sync: their content is collected before the namespace is removed (it must be empty)
+            out.append(((*CTR, "images", "rm", "--sync", *refs), False))
+        out.append((("ctr", "namespaces", "rm", CTR_NAMESPACE), True))  # fails while it holds anything else
+    return out
+
+
 def ctr_remove_argv() -> tuple[str, ...]:
     """Removes the validation container a killed run left behind (with its stopped task and its snapshot); it fails
     when there is none, which is the usual case."""

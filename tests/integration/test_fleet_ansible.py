@@ -182,3 +182,37 @@ def test_5_invalid_daemon_json_fails_alone(fleet):
     for h in hosts[:2]:
         assert recap[h.name]["failed"] == 0 and recap[h.name]["changed"] >= 1
     assert bad.read("/etc/docker/daemon.json") == b'{"log-driver": "json-file",,}\n'
+
+
+def test_6_state_absent_takes_gpuprov_off_every_node_then_changes_nothing(fleet):
+    """`gpuprov_state: absent` across the inventory: gpuprov's keys out of daemon.json (the operator's kept, and the
+    runtime gpuprov_replace_runtime replaced given back), its runtime, state and the role's own install gone,
+    dockerd still running; with gpuprov_uninstall_engine the docker.io gpuprov installed is purged too; a re-run
+    changes nothing."""
+    hosts, inv = fleet
+    hosts[2].write("/etc/docker/daemon.json", json.dumps({"log-driver": "json-file", "runtimes": {"nvidia": {
+        "path": "/usr/local/bin/gpuprov-runtime", "runtimeArgs": []}}, "default-runtime": "nvidia"}, indent=2) + "\n")
+    before = {h.name: json.loads(h.read("/etc/docker/daemon.json")) for h in hosts}
+    rc, out, recap = playbook(inv, "--limit", hosts[2].name, "-e", "gpuprov_state=absent",
+                              "-e", "gpuprov_uninstall_engine=true")
+    assert rc == 0 and recap[hosts[2].name]["changed"] > 0, out[-3000:]
+    assert hosts[2].exec("dpkg-query -W -f '${Status}' docker.io").stdout != "install ok installed"  # gpuprov's
+    rc, out, recap = playbook(inv, "-e", "gpuprov_state=absent")
+    assert rc == 0, out[-3000:]
+    assert recap[hosts[2].name]["changed"] == 0 and recap[hosts[2].name]["failed"] == 0, recap
+    for h in hosts[:2]:
+        assert recap[h.name]["changed"] > 0 and recap[h.name]["failed"] == 0, recap
+        doc = json.loads(h.read("/etc/docker/daemon.json"))
+        kept = {k: v for k, v in before[h.name].items() if k not in ("runtimes", "default-runtime")}
+        if h is hosts[0]:  # its own `nvidia` that test_4c replaced (gpuprov_replace_runtime) is given back
+            kept["runtimes"] = {"nvidia": {"path": "/usr/bin/runc", "runtimeArgs": ["--debug"]}}
+        assert doc == kept, (h.name, doc)
+        runtimes = json.loads(h.exec("docker info --format '{{json .Runtimes}}'").stdout)  # dockerd runs, without ours
+        assert not any(r.get("path") == "/usr/local/bin/gpuprov-runtime" for r in runtimes.values()), runtimes
+    for h in hosts:
+        gone = h.exec("ls -d /usr/local/bin/gpuprov-runtime /usr/local/bin/nvidia-container-runtime-hook "
+                      "/usr/local/lib/gpuprov-runtime /etc/gpuprov /var/lib/gpuprov /run/gpuprov /var/log/gpuprov "
+                      "/opt/gpuprov /usr/local/bin/gpuprov 2>/dev/null")
+        assert gone.stdout == "", (h.name, gone.stdout)
+    rc, out, recap = playbook(inv, "-e", "gpuprov_state=absent")
+    assert rc == 0 and all(r["changed"] == 0 for r in recap.values()), (recap, out[-2000:])

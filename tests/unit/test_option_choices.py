@@ -23,7 +23,8 @@ app = load_commands(["plan"])  # gpuprov imports only the invoked command's modu
 ROLE = REPO / "roles/gpuprov"
 # Module parameters that are not bootstrap options: `kubernetes` runs `gpuprov k8s node` after bootstrap, `gpuprov`
 # is the command's path on the node.
-NOT_BOOTSTRAP = {"kubernetes", "gpuprov"}
+NOT_BOOTSTRAP = {"kubernetes", "gpuprov", "state", "uninstall_driver", "uninstall_engine"}  # (the last three:
+# `gpuprov uninstall`'s, test_absent_runs_uninstall_with_its_options)
 # A value other than the default for each parameter (a parameter missing here fails the round trip below).
 SAMPLES = dict(driver="535", kernel_modules="open", driver_source="nvidia", engine="containerd",
                engine_source="docker-ce", runtime_name="gpu", default_runtime=False, cdi=True, validate=False,
@@ -119,6 +120,20 @@ def test_role_variables_match_the_module():
     calls = [h for h in handlers if "gpuprov_node" in h]
     verify = [h["ansible.builtin.include_tasks"] for h in handlers if "ansible.builtin.include_tasks" in h]
     assert not calls and [v["file"] for v in verify] == ["bootstrap.yml"], handlers
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_absent_runs_uninstall_with_its_options(check_mode):
+    """`state: absent` is `gpuprov uninstall`, its two flags the module's two parameters, as the CLI parses them."""
+    mod = _module()
+    uninstall = typer.main.get_command(load_commands(["uninstall"])).commands["uninstall"]
+    for driver, engine in ((False, False), (True, False), (False, True)):
+        argv = mod.uninstall_argv({**_module_defaults(mod), "state": "absent", "uninstall_driver": driver,
+                                   "uninstall_engine": engine}, check_mode)
+        assert argv[1:3] == ["--no-wait", "uninstall"]
+        params = uninstall.make_context("uninstall", argv[3:]).params
+        assert (params["driver"], params["engine"], params["json_out"]) == (driver, engine, True)
+        assert (params["dry_run"], params["yes"]) == (check_mode, not check_mode)
 
 
 def test_mirror_names_are_the_repository_table():

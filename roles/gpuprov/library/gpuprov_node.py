@@ -1,8 +1,9 @@
 #!/usr/bin/python
-"""Ansible module: run `gpuprov bootstrap` on the node (its decision code, not a copy of it in YAML).
-Check mode runs `gpuprov bootstrap --check --json` (what would change, with the daemon.json diff); otherwise
-`--yes --json`. `changed` is true only when a step changed something. A failure names gpuprov's own error line and
-what to change in the play (FIXES)."""
+"""Ansible module: run `gpuprov bootstrap` on the node (its decision code, not a copy of it in YAML), or with
+`state: absent` `gpuprov uninstall` (bootstrap's inverse). Check mode runs `gpuprov bootstrap --check --json` (what
+would change, with the daemon.json diff) or `gpuprov uninstall --dry-run --json`; otherwise `--yes --json`.
+`changed` is true only when a step changed something. A failure names gpuprov's own error line and what to change in
+the play (FIXES)."""
 from __future__ import annotations
 
 import json
@@ -50,6 +51,12 @@ options:
     description: Only these stages (`gpuprov bootstrap --only`); the role derives them from the play's tags.
   mirrors: {type: dict, default: {}, description: "Repository name (elrepo, epel, cuda, docker-ce) -> base URL of a mirror."}
   gpuprov: {type: path, default: /usr/local/bin/gpuprov, description: The gpuprov command on the node.}
+  state: {type: str, default: present, choices: [present, absent], description: "present: `gpuprov bootstrap`;
+    absent: `gpuprov uninstall` (gpuprov's keys out of the engine configs, the operator's kept; packages stay)."}
+  uninstall_driver: {type: bool, default: false, description: "With state absent: also purge the driver packages
+    gpuprov installed (`uninstall --driver`)."}
+  uninstall_engine: {type: bool, default: false, description: "With state absent: also purge the engine packages
+    gpuprov installed, never one it found (`uninstall --engine`)."}
 author: gpuprov developers
 """
 RETURN = r"""
@@ -82,6 +89,9 @@ ARGUMENT_SPEC = dict(
     stages=dict(type="list", elements="str", choices=STAGES, default=STAGES),
     mirrors=dict(type="dict", default={}),
     gpuprov=dict(type="path", default="/usr/local/bin/gpuprov"),
+    state=dict(type="str", default="present", choices=["present", "absent"]),
+    uninstall_driver=dict(type="bool", default=False),
+    uninstall_engine=dict(type="bool", default=False),
 )
 
 # What to change in the play for each way gpuprov fails (gpuprov's own `Error:` line says what happened). Keyed by
@@ -141,6 +151,34 @@ def bootstrap_argv(p: dict, check_mode: bool) -> list[str]:
     return argv + (["--check"] if check_mode else ["--yes"])
 
 
+def uninstall_argv(p: dict, check_mode: bool) -> list[str]:
+    """`gpuprov uninstall` for `state: absent` (a dry run in check mode)."""
+    argv = [p["gpuprov"], "--no-wait", "uninstall", "--json"]
+    argv += ["--driver"] if p["uninstall_driver"] else []
+    argv += ["--engine"] if p["uninstall_engine"] else []
+    return argv + (["--dry-run"] if check_mode else ["--yes"])
+
+
+def absent(m: AnsibleModule, p: dict) -> None:
+    """state: absent. In check mode a step the dry run lists is a change (its plan lists only what is there to take
+    away), the lock's own release aside."""
+    argv = uninstall_argv(p, m.check_mode)
+    rc, out, err = m.run_command(argv)
+    if rc != codes.OK:
+        m.fail_json(msg=failure(rc, err, "gpuprov uninstall"), rc=rc, busy=rc == codes.HOST_BUSY, stderr=err,
+                    stdout=out, cmd=argv)
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        m.fail_json(msg="gpuprov printed no JSON", rc=rc, stdout=out, stderr=err)
+    if m.check_mode:
+        steps = [s for s in doc["steps"] if not s["verify_only"]]
+        diff = "".join(d for s in steps for d in s["diffs"].values())
+        m.exit_json(changed=bool(steps), steps=steps, reboot_required=False, rc=rc,
+                    diff={"prepared": diff} if diff else {})
+    m.exit_json(changed=doc["changed"] > 0, steps=doc["steps"], reboot_required=False, rc=rc)
+
+
 def failure(rc: int, err: str, what: str) -> str:
     """One line for the task's failure: gpuprov's own error line, then the fix in the play's terms."""
     errors = [ln[len("Error:"):].strip() for ln in err.splitlines() if ln.startswith("Error:")]
@@ -155,6 +193,8 @@ def main() -> None:
     bad = rules.check_params(p)
     if bad:  # gpuprov's own rules, as its CLI would say them (exit 2), before anything runs on the node
         m.fail_json(msg=f"{'; '.join(bad)} (exit {codes.USAGE}). Fix: {FIXES[codes.USAGE]}", rc=codes.USAGE)
+    if p["state"] == "absent":
+        absent(m, p)
     if not p["stages"]:
         m.exit_json(changed=False, steps=[], reboot_required=False, msg="no stage selected by the tags")
     argv = bootstrap_argv(p, m.check_mode)

@@ -1,0 +1,297 @@
+"""`gpuprov uninstall` is bootstrap's inverse: each adapter's undo takes out gpuprov's keys and only them (the
+operator's edits since bootstrap kept, their exact bytes where gpuprov's own line changes come out cleanly), from
+its own record or, without one, by what the keys are; and the uninstall plan runs what it prints (printed argvs and
+file contents == executed ones), leaves the files as they were, and plans nothing the second time."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
+from provision import effects, paths, record
+from provision.engines import containerd as ctd
+from provision.engines.base import undo_text
+from provision.engines.configure import configure
+from provision.engines.crio import CrioEngine, render
+from provision.engines.docker import DockerEngine
+from provision.plan import apply as ap
+from provision.plan import steps as st
+from provision.plan import uninstall as un
+from provision.plan import validate
+from tests.conftest import needs
+
+RT = "/usr/local/bin/gpuprov-runtime"
+LIVE = Path("/")
+
+
+@pytest.fixture(autouse=True)
+def private_record(tmp_path, monkeypatch):
+    """Each test its own install record (record.py reads paths.INSTALL_RECORD at call time)."""
+    monkeypatch.setattr(paths, "INSTALL_RECORD", str(tmp_path / "state" / "installed.json"))
+
+
+def edit_json(path: Path, **keys) -> None:
+    """An operator's edit with the usual tool: load, set, write back 2-space JSON."""
+    doc = json.loads(path.read_text())
+    doc.update(keys)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def undo(engine, path: Path) -> str | None:
+    """What the adapter's undo leaves in `path` (None: the file is removed)."""
+    plan = engine.unplan(path, record.read().configs.get(str(path)))
+    if path in plan.removals:
+        return None
+    return next((e.new for e in plan.edits if e.path == path), path.read_text())
+
+
+# ---------------------------------------------------------------- the three-way merge
+
+
+def test_undo_text_gives_back_the_operators_bytes():
+    old = "a\nb\nc\nd\n"
+    written = "a\nb\nGPUPROV\nc\nd\n"
+    assert undo_text(old, written, written) == old
+    assert undo_text(old, written, "a\nb\nGPUPROV\nc\nd\nmine\n") == old + "mine\n"  # an edit away from ours
+    assert undo_text(old, written, "x\nb\nGPUPROV\nc\nd\n") == "x\nb\nc\nd\n"
+    assert undo_text(old, written, "a\nmine\nGPUPROV\nc\nd\n") is None  # next to ours: not guessed
+    assert undo_text(old, written, "a\nb\nGPUPROV changed\nc\nd\n") is None
+    assert undo_text(None, written, written) is None and undo_text(None, written, written + "x\n") is None
+
+
+# ---------------------------------------------------------------- docker
+
+
+OPERATOR = {"log-driver": "json-file", "log-opts": {"max-size": "10m"}, "registry-mirrors": ["https://m.invalid"]}
+
+
+@pytest.mark.parametrize("indent", [2, 4, None])
+@pytest.mark.parametrize("cdi", [False, True])
+def test_docker_round_trip_keeps_the_operators_edit(tmp_path, indent, cdi):
+    cfg = tmp_path / "daemon.json"
+    original = json.dumps(OPERATOR, indent=indent) + "\n"
+    cfg.write_text(original)
+    configure("docker", config=str(cfg), runtime_path=RT, default=True, cdi=cdi, restart=False)
+    assert json.loads(cfg.read_text())["default-runtime"] == "nvidia"
+    eng = DockerEngine()
+    assert undo(eng, cfg) == original  # no edit since: the very bytes
+    edit_json(cfg, **{"log-level": "warn"})
+    after = undo(eng, cfg)
+    assert json.loads(after) == {**OPERATOR, "log-level": "warn"}
+    assert list(json.loads(after)) == [*OPERATOR, "log-level"]
+    if indent == 2:  # the operator's format is the one written back: byte for byte
+        assert after == json.dumps({**OPERATOR, "log-level": "warn"}, indent=2) + "\n"
+
+
+def test_docker_replace_runtime_gives_the_operators_runtime_back(tmp_path):
+    cfg = tmp_path / "daemon.json"
+    mine = {"runtimes": {"nvidia": {"path": "/usr/bin/runc", "runtimeArgs": ["--debug"]}}, "default-runtime": "runc"}
+    cfg.write_text(json.dumps(mine, indent=2) + "\n")
+    configure("docker", config=str(cfg), runtime_path=RT, default=True, replace=True, restart=False)
+    edit_json(cfg, debug=True)
+    assert json.loads(undo(DockerEngine(), cfg)) == {**mine, "debug": True}
+
+
+def test_docker_runtime_replaced_by_a_later_run_is_given_back(tmp_path):
+    """bootstrap, then the operator registers their own `nvidia`, then a run with --replace-runtime: uninstall gives
+    the operator's entry back (the latest one gpuprov replaced)."""
+    cfg = tmp_path / "daemon.json"
+    configure("docker", config=str(cfg), runtime_path=RT, default=False, restart=False)
+    theirs = {"path": "/usr/bin/runc", "runtimeArgs": ["--debug"]}
+    edit_json(cfg, runtimes={"nvidia": theirs})
+    configure("docker", config=str(cfg), runtime_path=RT, default=False, replace=True, restart=False)
+    assert json.loads(cfg.read_text())["runtimes"]["nvidia"]["path"] == RT
+    assert json.loads(undo(DockerEngine(), cfg)) == {"runtimes": {"nvidia": theirs}}
+
+
+def test_docker_file_gpuprov_created_is_removed_unless_the_operator_added_to_it(tmp_path):
+    cfg = tmp_path / "daemon.json"
+    configure("docker", config=str(cfg), runtime_path=RT, default=True, restart=False)
+    assert undo(DockerEngine(), cfg) is None
+    edit_json(cfg, debug=True)
+    assert json.loads(undo(DockerEngine(), cfg)) == {"debug": True}
+
+
+def test_docker_without_a_record_finds_gpuprovs_keys_by_what_they_are(tmp_path):
+    cfg = tmp_path / "daemon.json"
+    doc = {"debug": True, "runtimes": {"runc2": {"path": "/usr/bin/runc"}, "nvidia": {"path": RT, "runtimeArgs": []}},
+           "default-runtime": "nvidia", "features": {"cdi": True}}
+    cfg.write_text(json.dumps(doc, indent=2) + "\n")
+    plan = DockerEngine().unplan(cfg, None)
+    assert json.loads(plan.edits[0].new) == {"debug": True, "runtimes": {"runc2": {"path": "/usr/bin/runc"}},
+                                             "features": {"cdi": True}}  # cdi: nobody can tell it was gpuprov's
+    assert plan.needs_restart  # default-runtime taken out: dockerd's reload would keep it
+    still = tmp_path / "still.json"
+    still.write_text(json.dumps({"runtimes": {"runc2": {"path": "/usr/bin/runc"}, "nvidia": {"path": RT}}}))
+    assert not DockerEngine().unplan(still, None).needs_restart  # `runtimes` stays in the file: a reload
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text(json.dumps({"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}},
+                                  "default-runtime": "nvidia"}))
+    assert not DockerEngine().unplan(theirs, None).changed  # NVIDIA's own runtime is the operator's
+
+
+# ---------------------------------------------------------------- containerd
+
+
+MAINS = {
+    "imports and tables": 'version = 2\nimports = ["/etc/containerd/other.toml"]\n\n[plugins."io.containerd.grpc.v1.cri"]\n'
+                          '  sandbox_image = "registry.lab.internal/pause:3.9"\n',
+    "no imports": '# the operator\'s\nversion = 2\nroot = "/var/lib/containerd"\n\n[grpc]\n  max_recv_message_size = 16777216\n',
+}
+
+
+@needs("containerd")
+@pytest.mark.parametrize("name", sorted(MAINS))
+def test_containerd_round_trip_keeps_the_operators_edit(tmp_path, name):
+    main = tmp_path / "config.toml"
+    text = MAINS[name].replace("/etc/containerd/other.toml", str(tmp_path / "other.toml"))
+    (tmp_path / "other.toml").write_text("")
+    main.write_text(text)
+    configure("containerd", config=str(main), runtime_path=RT, default=True, restart=False)
+    dropin = ctd.dropin_path(main)
+    assert dropin.exists() and str(dropin) in main.read_text()
+    eng = ctd.ContainerdEngine()
+    plan = eng.unplan(main, record.read().configs[str(main)])
+    assert plan.removals == [dropin] and plan.needs_restart
+    assert plan.edits[0].new == text
+    main.write_text(main.read_text() + "\n[debug]\n  level = \"info\"\n")  # the operator's edit
+    plan = eng.unplan(main, record.read().configs[str(main)])
+    assert plan.edits[0].new == text + "\n[debug]\n  level = \"info\"\n"
+
+
+@needs("containerd")
+def test_containerd_config_gpuprov_created_goes_with_its_directory(tmp_path):
+    main = tmp_path / "etc" / "config.toml"
+    configure("containerd", config=str(main), runtime_path=RT, restart=False)
+    entry = record.read().configs[str(main)]
+    assert set(entry["made_dirs"]) >= {str(main.parent / "conf.d")}
+    plan = ctd.ContainerdEngine().unplan(main, entry)
+    assert plan.removals == [main, ctd.dropin_path(main)] and not plan.edits
+
+
+def test_containerd_operators_glob_import_stays(tmp_path):
+    main = tmp_path / "config.toml"
+    main.write_text('version = 2\nimports = ["conf.d/*.toml"]\n')
+    (tmp_path / "conf.d").mkdir()
+    ctd.dropin_path(main).write_text(ctd.HEADER + "version = 2\n")
+    (tmp_path / "conf.d" / "10-mine.toml").write_text("version = 2\n")
+    plan = ctd.ContainerdEngine().unplan(main, None)
+    assert not plan.edits and plan.removals == [ctd.dropin_path(main)]
+
+
+# ---------------------------------------------------------------- CRI-O
+
+
+def test_crio_dropin_removed_only_when_gpuprovs(tmp_path):
+    ours = tmp_path / "99-gpuprov.conf"
+    ours.write_text(render(runtime_path=RT))
+    assert CrioEngine().unplan(ours, None).removals == [ours]
+    ours.write_text("[crio.runtime]\n")  # the operator's file under that name
+    assert not CrioEngine().unplan(ours, None).changed
+
+
+# ---------------------------------------------------------------- the whole uninstall plan
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A bootstrapped host's gpuprov files under tmp: a daemon.json configured through the record, the runtime, its
+    hook stand-in and settings, state, cache, log and run directories. The machine's own engines are not touched:
+    its default configs are read only (they hold nothing of gpuprov's) and the image listing is stubbed."""
+    state, run, prefix = tmp_path / "state", tmp_path / "run", tmp_path / "usr/local"
+    for name, value in (("STATE_DIR", state), ("RUN_DIR", run), ("INSTALL_RECORD", state / "installed.json"),
+                        ("INSTALL_STAMP", state / "runtime/install.stamp"), ("SHARE_STATE", run / "share.json")):
+        monkeypatch.setattr(paths, name, str(value))
+    monkeypatch.setattr(un, "LOG_FILE", tmp_path / "log/bootstrap.log")
+    monkeypatch.setenv("GPUPROV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(tmp_path / "etc/gpuprov/runtime.json"))
+    monkeypatch.setattr(un, "lock_dirs", lambda: (str(tmp_path / "lock"),))
+    monkeypatch.setattr(validate, "leftover_image_argvs", lambda: [])
+    cfg = tmp_path / "daemon.json"
+    original = json.dumps(OPERATOR, indent=2) + "\n"
+    cfg.write_text(original)
+    configure("docker", config=str(cfg), runtime_path=RT, default=True, restart=False)
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin/gpuprov-runtime").write_text("#!/bin/sh\n")
+    (prefix / "bin/nvidia-container-runtime-hook").write_text("#!/bin/sh\n# gpuprov-hook\n")
+    (prefix / "bin/keep-me").write_text("the operator's\n")
+    (tmp_path / "etc/gpuprov").mkdir(parents=True)
+    (tmp_path / "etc/gpuprov/runtime.json").write_text("{}\n")
+    (state / "runtime").mkdir(parents=True)
+    (state / "runtime/install.stamp").write_text(json.dumps({"prefix": str(prefix)}))
+    for d in ("log", "cache", "run/mps"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "log/bootstrap.log").write_text("x\n")
+    (tmp_path / "lock").mkdir()
+    (tmp_path / "lock/host.lock").write_text("")
+    return tmp_path, cfg, original
+
+
+def test_uninstall_runs_what_it_prints(host, monkeypatch):
+    """Every argv the steps run and every file they write, recorded instead of done, is the one printed."""
+    tmp, cfg, original = host
+    steps = un.uninstall_steps(LIVE, un.UninstallOptions())
+    ran, wrote = [], []
+    monkeypatch.setattr(effects, "run", lambda argv, **kw: ran.append(tuple(argv)) or effects.CommandResult(
+        list(argv), 0, "", ""))
+    monkeypatch.setattr(st, "write_file", lambda path, text, **kw: wrote.append((str(path), text)))
+    for s in steps:
+        s.apply()
+    printed = [tuple(c.argv) for s in steps for c in s.commands]
+    assert ran == printed
+    assert wrote == [(a.path, a.content) for s in steps for a in s.actions if isinstance(a, st.WriteFile)]
+    assert wrote == [(str(cfg), original)]
+    assert [s.id for s in steps] == ["uninstall.engine.docker", "uninstall.runtime", "uninstall.state",
+                                     "uninstall.lock"]
+    rm = [a for a in ran if a[0] == "rm"]
+    assert rm[1][3:] == (str(tmp / "usr/local/bin/gpuprov-runtime"), str(tmp / "etc/gpuprov/runtime.json"),
+                         str(tmp / "usr/local/bin/nvidia-container-runtime-hook"))
+    assert str(tmp / "usr/local/bin/keep-me") not in {p for a in ran for p in a}
+
+
+def test_uninstall_applied_leaves_the_files_as_they_were_and_a_second_plan_is_empty(host):
+    tmp, cfg, original = host
+    steps = un.uninstall_steps(LIVE, un.UninstallOptions())
+    res = ap.apply_plan(steps, quiet=True, logged=False)
+    assert res.changed == 3
+    assert cfg.read_text() == original and not list(tmp.glob("daemon.json.gpuprov-*.bak"))
+    assert sorted(p.name for p in (tmp / "usr/local/bin").iterdir()) == ["keep-me"]
+    for gone in ("etc/gpuprov", "state", "log", "cache", "run/mps", "lock"):
+        assert not (tmp / gone).exists(), gone
+    again = un.uninstall_steps(LIVE, un.UninstallOptions())
+    assert [s.id for s in again] == ["uninstall.lock"]
+    assert ap.check_plan(again)["would_change"] == 0
+
+
+def test_packages_only_from_the_record_and_only_when_asked(host, monkeypatch):
+    monkeypatch.setattr(un, "packages_installed", lambda pm, pkgs, root=LIVE: True)
+    record.note_packages("driver", ["nvidia-driver", "firmware-misc-nonfree"], held=["nvidia-driver"])
+    record.note_packages("engine", ["docker.io"])
+    ids = lambda opt: {s.id: s for s in un.uninstall_steps(LIVE, opt)}  # noqa: E731
+    assert not {"uninstall.driver.packages", "uninstall.engine.packages"} & set(ids(un.UninstallOptions()))
+    steps = ids(un.UninstallOptions(driver=True, engine=True))
+    assert [c.argv for c in steps["uninstall.driver.packages"].commands] == [
+        ("apt-mark", "unhold", "nvidia-driver"), ("apt-get", "purge", "-y", "nvidia-driver", "firmware-misc-nonfree")]
+    assert [c.argv for c in steps["uninstall.engine.packages"].commands] == [("apt-get", "purge", "-y", "docker.io")]
+
+
+def test_cli_dry_run_json_changes_nothing(tmp_path):
+    env = {"GPUPROV_STATE_DIR": str(tmp_path / "s"), "GPUPROV_RUN_DIR": str(tmp_path / "r"),
+           "GPUPROV_CACHE_DIR": str(tmp_path / "c"), "GPUPROV_LOG": str(tmp_path / "l/b.log"),
+           "GPUPROV_RUNTIME_CONFIG": str(tmp_path / "rt.json"), "GPUPROV_LOCK_DIR": str(tmp_path / "lock")}
+    from tests.conftest import run_cli
+    (tmp_path / "s").mkdir()
+    r = run_cli("uninstall", "--dry-run", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "gpuprov.uninstall-plan/v1"
+    assert [s["id"] for s in doc["steps"]][-2:] == ["uninstall.state", "uninstall.lock"]
+    assert (tmp_path / "s").is_dir() and not (tmp_path / "lock").exists()
+    r = run_cli("uninstall", env=env)
+    assert r.returncode == 2 and "without --yes" in r.stderr
+    shutil.rmtree(tmp_path / "lock", ignore_errors=True)
+    assert os.path.isdir(tmp_path / "s")
