@@ -258,7 +258,9 @@ def test_discovery_cache_another_user_rewrote_is_a_miss(scratch, victim):
     as_nobody("mv", "-f", str(state / ".new"), s["cache"])
     assert Path(s["cache"]).stat().st_uid == NOBODY
     assert discover.load_cached(s["cache"], s["proc_root"]) is None
-    disc = modify.load_discovery(s)
+    from provision.inject.settings import Settings
+
+    disc = modify.load_discovery(Settings.from_dict(s))
     assert str(victim) not in json.dumps(disc.to_dict())
 
     # A root-owned cache made writable by others (0666): a miss as well; once made root's 0644 again, a hit.
