@@ -213,15 +213,26 @@ def _sha256(blob: bytes) -> bytes:
     return hashlib.sha256(blob).digest()
 
 
-@dataclass(frozen=True)
 class Seen:
     """A file as gpuprov read it (the token a merge was computed from): enough to tell, just before the rename,
     whether anyone changed it since. `digest` None: it did not exist. `ident` None: compare the content only (a
-    caller that kept the text it read but not its stat)."""
+    caller that kept the text it read but not its stat). Immutable by use; a plain class, not a dataclass: fsutil
+    loads on every cold GPU start, and building a frozen dataclass costs about 0.7 ms at import."""
 
-    digest: bytes | None
-    size: int = -1
-    ident: tuple[int, int, int] | None = None  # st_dev, st_ino, st_mtime_ns
+    __slots__ = ("digest", "size", "ident")
+
+    def __init__(self, digest: bytes | None, size: int = -1, ident: tuple[int, int, int] | None = None):
+        self.digest, self.size, self.ident = digest, size, ident  # ident: st_dev, st_ino, st_mtime_ns
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Seen) and (self.digest, self.size, self.ident) == (other.digest, other.size,
+                                                                                    other.ident)
+
+    def __hash__(self) -> int:
+        return hash((self.digest, self.size, self.ident))
+
+    def __repr__(self) -> str:
+        return f"Seen(size={self.size}, ident={self.ident})"
 
     @classmethod
     def of(cls, data: bytes | str | None, st: os.stat_result | None = None) -> Seen:
@@ -305,22 +316,22 @@ class _Owner:
     times_ns: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True)
 class _How:
-    """write_file's choices, passed down as one value."""
-    mode: int
-    backup: bool
-    keep_mode: bool
-    durable: bool
-    expect: Seen | None
-    shared_dir_ok: bool
+    """write_file's choices, passed down as one value (a plain class: see Seen)."""
+
+    __slots__ = ("mode", "backup", "keep_mode", "durable", "expect", "shared_dir_ok")
+
+    def __init__(self, mode: int, backup: bool, keep_mode: bool, durable: bool, expect: Seen | None,
+                 shared_dir_ok: bool):
+        self.mode, self.backup, self.keep_mode, self.durable = mode, backup, keep_mode, durable
+        self.expect, self.shared_dir_ok = expect, shared_dir_ok
 
 
-Writer = Callable[[io.BufferedWriter], None]  # writes the new content into the staged file (large outputs: a tar)
+# A writer, Callable[[io.BufferedWriter], None], writes the new content into the staged file (large outputs: a tar).
+# Spelled out in the annotations only: a subscripted Callable built at import would cost on every cold GPU start.
 
-
-def write_file(path: str | os.PathLike, data: str | bytes | Writer, *, mode: int = 0o644, backup: bool = True,
-               keep_mode: bool = True, durable: bool = True, expect: Seen | None = None,
+def write_file(path: str | os.PathLike, data: str | bytes | Callable[[io.BufferedWriter], None], *, mode: int = 0o644,
+               backup: bool = True, keep_mode: bool = True, durable: bool = True, expect: Seen | None = None,
                shared_dir_ok: bool = False) -> Path | None:
     """Replace `path`'s content with `data` (see the module docstring). A new file gets `mode`; an existing one keeps
     its own mode and owner (`keep_mode=False`: it gets `mode` and our owner, for files gpuprov owns such as its
@@ -328,7 +339,7 @@ def write_file(path: str | os.PathLike, data: str | bytes | Writer, *, mode: int
     `durable=False` skips the fsyncs, for files that do not outlive the host's uptime anyway (a container's
     config.json on every create). `expect`: the Seen of the read `data` was merged from; the rename happens only if
     the file is still that (ConcurrentEdit otherwise). `shared_dir_ok`: the operator allowed a directory other users
-    can write (--allow-shared-dir). `data` may be a Writer, called with the staged file (a bundle's tar, streamed).
+    can write (--allow-shared-dir). `data` may be a writer, called with the staged file (a bundle's tar, streamed).
     Returns the backup's path when one was made (`backup` and the file existed)."""
     link = Path(path)
     blob = data.encode() if isinstance(data, str) else data if callable(data) else bytes(data)
@@ -389,7 +400,7 @@ def _check_dir(dfd: int, target: Path, how: _How) -> bool:
     return True
 
 
-def _write_at(dfd: int, target: Path, blob: bytes | Writer, how: _How) -> Path | None:
+def _write_at(dfd: int, target: Path, blob: bytes | Callable[[io.BufferedWriter], None], how: _How) -> Path | None:
     shared = _check_dir(dfd, target, how)
     name = target.name
     st, old = _read_at(dfd, name, target, content=how.expect is not None or how.backup)
@@ -445,7 +456,8 @@ class _Staged:
     fsync'd, with the given mode and owner. Where O_TMPFILE is unsupported, a hidden file under a private random
     name, created with O_EXCL|O_NOFOLLOW (nothing another user planted is opened)."""
 
-    def __init__(self, dfd: int, name: str, blob: bytes | Writer, owner: _Owner, durable: bool = True):
+    def __init__(self, dfd: int, name: str, blob: bytes | Callable[[io.BufferedWriter], None], owner: _Owner,
+                 durable: bool = True):
         self.dfd, self.name, self.tmp = dfd, name, None
         try:
             self.fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=dfd)
