@@ -200,10 +200,12 @@ def read_origin(root: Path, sp: EngineSpec, binary: str | None) -> EngineOrigin 
     if snap:
         return EngineOrigin("snap", "Ubuntu's snap", "docker", None, binary or "/snap/bin/docker",
                             flagged or str(sp.snap_config), sp.snap_unit, pid, tuple(argv))
-    installed = dpkg_installed(root, {o.package for o in sp.packages}.__contains__)
+    known = dpkg_installed(root, {o.package for o in sp.packages}.__contains__, partly=True)
     for o in sp.packages:
-        pkg = installed.get(o.package)
+        pkg = known.get(o.package)
         if pkg and (binary is None or dpkg_owns(root, o.package, binary)):
+            if not pkg.installed:
+                return None  # left half-installed (a killed run): the plan's install step completes it
             return EngineOrigin(o.source, o.label, o.package, pkg.version, binary, config, sp.unit, pid, tuple(argv))
     if binary is None:
         return None

@@ -22,6 +22,7 @@ class InstalledPackage:
     version: str  # the package manager's full version: "5:28.0.1-1~debian.12~bookworm"
     maintainer: str = ""
     held: bool = False
+    installed: bool = True  # False: known to dpkg but not fully installed (unpacked, half-configured: a killed run)
 
     @property
     def upstream(self) -> str:
@@ -30,9 +31,10 @@ class InstalledPackage:
         return v.rsplit("-", 1)[0] if "-" in v else v
 
 
-def dpkg_installed(root: Path, wanted=None) -> dict[str, InstalledPackage]:
+def dpkg_installed(root: Path, wanted=None, *, partly: bool = False) -> dict[str, InstalledPackage]:
     """Installed packages (status `install|hold ok installed`) by name; `wanted`: a predicate on the name, to keep
-    only those. {} where there is no dpkg database."""
+    only those; `partly`: also those dpkg left unpacked or half-configured (`installed` False). {} where there is no
+    dpkg database."""
     try:
         text = read_bytes_bounded(under(root, DPKG_STATUS), DPKG_STATUS_MAX).decode(errors="replace")
     except OSError:
@@ -41,10 +43,13 @@ def dpkg_installed(root: Path, wanted=None) -> dict[str, InstalledPackage]:
     for stanza in text.split("\n\n"):
         fields = dict(_FIELD.findall(stanza))
         name, status = fields.get("Package"), fields.get("Status", "")
-        if not name or not status.endswith(" ok installed") or (wanted and not wanted(name)):
+        state = status.split()[-1] if status.split() else ""
+        whole = status.endswith(" ok installed")
+        if not name or (wanted and not wanted(name)) or not (whole or partly) or \
+                state in ("not-installed", "config-files", ""):
             continue
         found[name] = InstalledPackage(name, fields.get("Version", ""), fields.get("Maintainer", ""),
-                                       status.startswith("hold "))
+                                       status.startswith("hold "), whole)
     return found
 
 

@@ -124,7 +124,8 @@ def test_4_static_dockerd_with_its_own_config_file(host):
     by_id = steps(r.stdout)
     assert by_id["engine.present"]["title"] == ("dockerd from static binaries (/usr/local/bin/dockerd, no package "
                                                 "owns it): kept"), by_id["engine.present"]
-    assert "--config /srv/docker.json" in " ".join(by_id["engine.config"]["commands"])
+    assert by_id["engine.config"]["title"].endswith(": /srv/docker.json, the file the running docker reads")
+    assert by_id["engine.config"]["status"] == "changed", by_id["engine.config"]
     assert "engine.service" not in by_id and "engine.packages" not in by_id
     assert "gpuprov-validate-ok" in by_id["validate"]["detail"], by_id["validate"]
     doc = json.loads(host.read("/srv/docker.json"))

@@ -81,6 +81,18 @@ def test_docker_ce_is_detected_and_kept(tmp_path):
     assert steps["engine.present"].title == "containerd.io (Docker CE) 1.7.25 (containerd.io): kept"
 
 
+def test_a_half_installed_engine_package_is_completed_not_kept(tmp_path):
+    """A run killed while dpkg unpacked docker.io leaves its binary: that is no static dockerd to keep, the install
+    step completes the package."""
+    root = make_host(tmp_path, "debian-12", "none", kernel=KERNEL)
+    dpkg(root, ("docker.io", "20.10.24+dfsg1-1+deb12u1+b6", "Debian Go Packaging Team", ("/usr/sbin/dockerd",)))
+    status = root / "var/lib/dpkg/status"
+    status.write_text(status.read_text().replace("install ok installed", "install ok half-configured"))
+    binary(root, "/usr/sbin/dockerd")
+    assert [e.origin for e in detect_host(root).engines if e.name == "docker"] == [None]
+    assert "engine.packages" in plan(root)
+
+
 def test_an_install_is_planned_only_where_none_is_found_or_asked(tmp_path):
     root = make_host(tmp_path, "debian-12", "none", kernel=KERNEL)
     (root / "etc/docker").mkdir(parents=True)
