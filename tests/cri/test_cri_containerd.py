@@ -22,7 +22,7 @@ from provision.inject import cdi, discover, edits
 from tests.conftest import needs, run_cli
 from tests.cri.client import CRI, log_text
 from tests.cri.harness import Containerd, newer_containerd
-from tests.inject_helpers import NODES, settings
+from tests.inject_helpers import NODES, settings_dict
 
 pytestmark = [pytest.mark.integration, needs("containerd", "ctr", "runc", "apt-get", "dpkg")]
 IMAGE = "gpuprov-test/ctrd-pause:1"
@@ -99,7 +99,7 @@ class Node:
         self.cri_file.write_text((CRI_V3 if v3 else CRI_V2).format(**fmt))
         self.main_before, self.cri_before = self.main.read_text(), self.cri_file.read_bytes()
         # The fake GPU host and gpuprov's runtime, installed under this test's own prefix and settings file.
-        s = settings(b)
+        s = settings_dict(b)
         self.runtime_cfg = b / "runtime.json"
         self.env = {"GPUPROV_RUNTIME_CONFIG": str(self.runtime_cfg)}
         self.ctrd.env = self.env
