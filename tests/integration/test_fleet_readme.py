@@ -1,8 +1,9 @@
-"""The README's Fleets section, run as written: every `sh` block of that section, in order, in one bash, in a copy
-of this checkout (the README's own venv from `pip install '.[fleet]'`, its own wheelhouse, the test nodes started
-by its `docker run` lines, the play and the testinfra suite through `inventories/containers`). The commands are read
-from README.md here, so the README and this test cannot drift apart. Only GPUPROV_NODES, the containers' name
-prefix the README itself exports, is the test's own: two runs on one machine never share nodes."""
+"""The Fleets walkthrough (docs/FLEETS.md, linked from the README's Fleets section), run as written: every `sh`
+block of that section, in order, in one bash, in a copy of this checkout (the walkthrough's own venv from
+`pip install '.[fleet]'`, its own wheelhouse, the test nodes started by its `docker run` lines, the play and the
+testinfra suite through `inventories/containers`). The commands are read from the document here, so it and this test
+cannot drift apart. Only GPUPROV_NODES, the containers' name prefix the walkthrough itself exports, is the test's
+own: two runs on one machine never share nodes."""
 from __future__ import annotations
 
 import os
@@ -22,7 +23,7 @@ SECTION = "## Fleets (Ansible)"
 
 
 def readme_blocks() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs/FLEETS.md").read_text()
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^```sh\n(.*?)^```$", section, re.S | re.M)
 
