@@ -1,5 +1,6 @@
 """The NVIDIA driver as the kernel sees it: loaded module, version, open vs proprietary, nouveau,
-kernel release and headers, Secure Boot; and where the userspace driver files live (driver root)."""
+kernel release and headers, Secure Boot; where the userspace driver files live (driver root); and the kernel the
+next boot starts, with its NVIDIA module or none (facts/boot.py)."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from provision.facts.boot import read_next_boot
 from provision.facts.rootfs import is_live, read_bytes_bounded, read_first_line, read_text, under
 
 # Where a driver root keeps its libraries (a root of its own like /usr/local/nvidia, or a distro's /). The runtime's
@@ -32,6 +34,9 @@ class DriverFacts:
     secure_boot: bool | None  # None: no EFI variables (BIOS boot or a VM without EFI)
     driver_root: str | None  # where nvidia-smi / libnvidia-ml live, if found
     userspace_version: str | None  # from the driver root's libnvidia-ml.so.<version>
+    next_boot_kernel: str | None = None  # the kernel the next boot starts (GRUB's default, /vmlinuz, the newest)
+    next_boot_from: str = ""  # how that kernel was found
+    next_boot_module: str | None = None  # its NVIDIA module file; None: it boots without one
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -97,6 +102,7 @@ def read_driver(root: Path) -> DriverFacts:
         under(root, f"lib/modules/{krel}/build").exists() or under(root, f"usr/src/kernels/{krel}").exists()
     )
     droot, uver = find_driver_root(root)
+    boot = read_next_boot(root)
     return DriverFacts(
         loaded="nvidia" in loaded_mods or version is not None,
         version=version or read_first_line(root, "sys/module/nvidia/version"),
@@ -108,4 +114,7 @@ def read_driver(root: Path) -> DriverFacts:
         secure_boot=secure_boot(root),
         driver_root=droot,
         userspace_version=uver,
+        next_boot_kernel=boot.kernel,
+        next_boot_from=boot.source,
+        next_boot_module=boot.module,
     )

@@ -1,0 +1,53 @@
+"""What dpkg says is installed (name, version, source package, held), and which precompiled NVIDIA module packages
+the apt lists offer, read through the host root. Only the driver plan asks (apt hosts): detect stays cheap."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.facts.rootfs import read_text_file, under
+
+DPKG_STATUS = "/var/lib/dpkg/status"
+DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound on hosts with many packages
+APT_LISTS = "/var/lib/apt/lists"
+LIST_MAX = 256 << 20
+# Ubuntu ships its precompiled NVIDIA modules in `restricted`; one line per package name in a Packages index.
+MODULES_RE = re.compile(r"^Package: (linux-modules-nvidia-\S+)$", re.M)
+FIELD_RE = re.compile(r"^(Package|Status|Version|Source): (.*)$", re.M)
+
+
+@dataclass(frozen=True)
+class Installed:
+    name: str
+    version: str
+    source: str  # the source package's name (dpkg's Source field without its version; the name when absent)
+    held: bool
+
+
+def read_dpkg(root: Path) -> dict[str, Installed]:
+    """Every package dpkg lists as installed (`install ok installed` or `hold ok installed`)."""
+    try:
+        text = read_text_file(under(root, DPKG_STATUS), DPKG_STATUS_MAX)
+    except OSError:
+        return {}
+    out: dict[str, Installed] = {}
+    for stanza in text.split("\n\n"):
+        f = dict(FIELD_RE.findall(stanza))
+        status = f.get("Status", "").split()
+        if "Package" in f and status[-2:] == ["ok", "installed"]:
+            source = f.get("Source", f["Package"]).split(" ", 1)[0]
+            out[f["Package"]] = Installed(f["Package"], f.get("Version", ""), source, status[0] == "hold")
+    return out
+
+
+def offered_module_packages(root: Path) -> frozenset[str]:
+    """The `linux-modules-nvidia-*` names in the apt lists of the restricted component (Ubuntu's precompiled, signed
+    NVIDIA modules), as `apt-get update` last fetched them."""
+    names: set[str] = set()
+    for p in sorted(under(root, APT_LISTS).glob("*_restricted_binary-*_Packages")):
+        try:
+            names.update(MODULES_RE.findall(read_text_file(p, LIST_MAX)))
+        except OSError:
+            continue
+    return frozenset(names)
