@@ -77,7 +77,7 @@ def parse_grub_menu(text: str) -> tuple[MenuEntry, ...]:
     stack: list[list] = [["", None, None, [], True]]  # title, id, kernel, children, submenu
     for raw in text.splitlines():
         line = raw.strip()
-        word = line.split(" ", 1)[0]
+        word = line.split(None, 1)[0] if line else ""  # grub-mkconfig indents and separates with tabs too
         if word in ("menuentry", "submenu") and line.endswith("{"):
             head = _entry_head(line)
             if head:

@@ -14,7 +14,8 @@ APT_LISTS = "/var/lib/apt/lists"
 LIST_MAX = 256 << 20
 # Ubuntu ships its precompiled NVIDIA modules in `restricted`; one line per package name in a Packages index.
 MODULES_RE = re.compile(r"^Package: (linux-modules-nvidia-\S+)$", re.M)
-FIELD_RE = re.compile(r"^(Package|Status|Version|Source): (.*)$", re.M)
+# The four fields read, each at a line start; one pass over the whole file (dpkg writes Package first).
+FIELD_RE = re.compile(r"\n(Package|Status|Version|Source): ([^\n]*)")
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,16 @@ def read_dpkg(root: Path) -> dict[str, Installed]:
         text = read_text_file(under(root, DPKG_STATUS), DPKG_STATUS_MAX)
     except OSError:
         return {}
+    stanzas: list[dict[str, str]] = []
+    for key, value in FIELD_RE.findall("\n" + text):
+        if key == "Package":
+            stanzas.append({})
+        if stanzas:
+            stanzas[-1][key] = value
     out: dict[str, Installed] = {}
-    for stanza in text.split("\n\n"):
-        f = dict(FIELD_RE.findall(stanza))
+    for f in stanzas:
         status = f.get("Status", "").split()
-        if "Package" in f and status[-2:] == ["ok", "installed"]:
+        if status[-2:] == ["ok", "installed"]:
             source = f.get("Source", f["Package"]).split(" ", 1)[0]
             out[f["Package"]] = Installed(f["Package"], f.get("Version", ""), source, status[0] == "hold")
     return out
