@@ -201,10 +201,11 @@ def test_json_and_check_list_every_actions_commands(tmp_path):
         want = [c.shell() for c in step.commands]
         assert want and doc[sid]["commands"] == want and checked[sid]["commands"] == want
     assert doc["engine.service"]["commands"] == ["systemctl enable --now docker"]
-    assert doc["driver.packages"]["commands"][-2:] == [
+    assert doc["driver.packages"]["commands"][-3:] == [
         "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get install -y --no-install-recommends "
-        "linux-headers-6.1.0-27-amd64 nvidia-open-kernel-dkms nvidia-driver nvidia-smi libcuda1 firmware-misc-nonfree",
-        "dkms status -k 6.1.0-27-amd64"]
+        "linux-headers-6.1.0-27-amd64 linux-headers-amd64 nvidia-open-kernel-dkms nvidia-driver nvidia-smi libcuda1 "
+        "firmware-misc-nonfree",
+        "dkms autoinstall -k 6.1.0-27-amd64", "dkms status -k 6.1.0-27-amd64"]
     assert checked["driver.packages"]["on_failure"][-1] == "dpkg --audit"
     assert doc["validate"]["commands"][:2] == [f"docker image inspect {validate.IMAGE}",
                                                f"docker import - {validate.IMAGE}"]
