@@ -18,6 +18,9 @@ NOT_META = ("-dbg", "-dbgsym", "-signed-template")
 NOT_META_PREFIX = ("linux-image-unsigned-", "linux-image-extra-", "linux-image-uc-")
 # Where a driver series' packages come from (dpkg's Source): Debian's and Ubuntu's driver sources, Debian's open
 # kernel modules, Ubuntu's precompiled modules.
+# The driver metapackage of a series (Debian's nvidia-driver / nvidia-tesla-470-driver, Ubuntu's nvidia-driver-535,
+# nvidia-headless-535-server), to name the series being replaced.
+METAPACKAGE_RE = re.compile(r"^(nvidia-driver|nvidia-(tesla|legacy)-[0-9a-z]+-driver|nvidia-(driver|headless)-\d.*)$")
 DRIVER_SOURCES = ("nvidia-graphics-drivers", "nvidia-open-gpu-kernel-modules", "linux-restricted-modules")
 
 
@@ -86,20 +89,23 @@ class Replacement:
     old: str  # the old series, in words ("nvidia-driver 535.261.03")
 
 
-def branch_replacement(installed: dict, new_packages: Iterable[str]) -> Replacement | None:
+def branch_replacement(installed: dict, new_packages: Iterable[str], needed: frozenset[str] = frozenset()
+                       ) -> Replacement | None:
     """A different driver series installed and held (as gpuprov's hold step leaves it) while `new_packages` ask
-    for another: replace it whole. `installed`: name -> facts.packages.Installed. None when the series is the same
-    (all new packages installed already) or no held driver series is there (nothing gpuprov held to replace)."""
-    new = set(new_packages)
-    if all(p in installed for p in new):
+    for another: replace it. `installed`: name -> facts.packages.Installed; `needed`: what the new packages depend
+    on, transitively (from the apt lists): the old source's shared packages (nvidia-egl-common, …) stay. None when
+    the series is the same (all new packages installed already) or no held driver series is there (nothing gpuprov
+    held to replace)."""
+    wanted = set(new_packages)
+    if all(p in installed for p in wanted):
         return None
-    ours = [p for p in installed.values() if p.source.startswith(DRIVER_SOURCES) and p.name not in new]
+    ours = [p for p in installed.values() if p.source.startswith(DRIVER_SOURCES) and p.name not in wanted]
     held = [p for p in ours if p.held]
     if not held:
         return None
     sources = {p.source for p in held}
-    remove = sorted(p.name for p in ours if p.source in sources)
-    meta = next((p for p in held if p.name.startswith(("nvidia-driver", "nvidia-tesla-", "nvidia-legacy-",
-                                                        "nvidia-headless-"))), held[0])
-    return Replacement(tuple(sorted(p.name for p in held)), tuple(remove),
+    old = [p for p in ours if p.source in sources]
+    remove = sorted(p.name for p in old if p.name not in needed)
+    meta = next((p for p in held if METAPACKAGE_RE.match(p.name)), held[0])
+    return Replacement(tuple(sorted(p.name for p in old if p.held)), tuple(remove),
                        f"{meta.name} {meta.version.split('-')[0]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from provision.facts.rootfs import read_text_file, under
 
@@ -14,6 +15,9 @@ APT_LISTS = "/var/lib/apt/lists"
 LIST_MAX = 256 << 20
 # Ubuntu ships its precompiled NVIDIA modules in `restricted`; one line per package name in a Packages index.
 MODULES_RE = re.compile(r"^Package: (linux-modules-nvidia-\S+)$", re.M)
+# Where Debian and Ubuntu keep the NVIDIA driver packages (and what they depend on beyond main).
+DRIVER_COMPONENTS = ("non-free", "contrib", "restricted", "multiverse")
+DEPENDS_RE = re.compile(r"\n(Package|Depends|Pre-Depends): ([^\n]*)")
 # The four fields read, each at a line start; one pass over the whole file (dpkg writes Package first).
 FIELD_RE = re.compile(r"\n(Package|Status|Version|Source): ([^\n]*)")
 
@@ -57,3 +61,36 @@ def offered_module_packages(root: Path) -> frozenset[str]:
         except OSError:
             continue
     return frozenset(names)
+
+
+def archive_depends(root: Path) -> dict[str, frozenset[str]]:
+    """For each package of the driver components' apt lists: the names its Depends and Pre-Depends can be satisfied
+    by (every alternative, no versions), as `apt-get update` last fetched them."""
+    deps: dict[str, set[str]] = {}
+    lists = under(root, APT_LISTS)
+    for comp in DRIVER_COMPONENTS:
+        for p in sorted(lists.glob(f"*_{comp}_binary-*_Packages")):
+            try:
+                text = read_text_file(p, LIST_MAX)
+            except OSError:
+                continue
+            cur: set[str] | None = None
+            for key, value in DEPENDS_RE.findall("\n" + text):
+                if key == "Package":
+                    cur = deps.setdefault(value, set())
+                elif cur is not None:
+                    cur.update(alt.split()[0].split(":")[0] for dep in value.split(",") for alt in dep.split("|")
+                               if alt.strip())
+    return {k: frozenset(v) for k, v in deps.items()}
+
+
+def closure(names: Iterable[str], depends: dict[str, frozenset[str]]) -> frozenset[str]:
+    """`names` and everything they depend on, transitively, as far as `depends` knows."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(depends.get(n, ()))
+    return frozenset(seen)

@@ -37,7 +37,7 @@ from provision.decide.kernel import (
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
 from provision.facts.boot import installed_kernels, next_boot_kernel, nvidia_module
-from provision.facts.packages import DPKG_STATUS_MAX, offered_module_packages, read_dpkg
+from provision.facts.packages import archive_depends, closure, offered_module_packages, read_dpkg
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
@@ -68,6 +68,10 @@ LOG_DIR = "/var/log/gpuprov"
 # chosen by the `nvidia` alternative (/usr/lib/nvidia/<flavour dir>).
 DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open"),
                    "proprietary": ("nvidia-current", "/usr/lib/nvidia/current")}
+# apt-mark hold for the packages named ("$@") and every installed package built from their source packages.
+HOLD_SERIES = ("apt-mark hold \"$@\" $(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
+               "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
+               "'$1 ~ /^[ih]i$/ && index(want, \" \" $2 \" \") {print $3}')")
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -206,16 +210,17 @@ class InitramfsHas:
 
 @dataclass(frozen=True)
 class Held:
-    """Packages held against upgrades: `hold` in dpkg's status, or listed in dnf/yum's versionlock list."""
+    """Packages held against upgrades: `hold` in dpkg's status (with every installed package built from their
+    source packages), or listed in dnf/yum's versionlock list."""
     manager: str
     packages: tuple[str, ...]
 
     def satisfied(self, root: Path) -> bool:
-        if self.manager == "apt":
-            held = set(re.findall(r"^Package: (\S+)\nStatus: hold ",
-                                  read_or_empty(under(root, "/var/lib/dpkg/status"), DPKG_STATUS_MAX),
-                                  re.M))
-            return all(p in held for p in self.packages)
+        if self.manager == "apt":  # the packages and every installed package of their source packages
+            installed = read_dpkg(root)
+            sources = {installed[p].source for p in self.packages if p in installed}
+            series = {*self.packages, *(p.name for p in installed.values() if p.source in sources)}
+            return all(p in installed and installed[p].held for p in series)
         locks = read_or_empty(under(root, versionlock_list(self.manager)))
         return all(re.search(rf"^\d*:?{re.escape(p)}-\d", locks, re.M) for p in self.packages)
 
@@ -526,7 +531,8 @@ def _apt_facts(root: Path, target: Target, opt, packages: list[str]) -> AptFacts
     pinned = str(getattr(opt, "driver", "auto")).isdigit()  # only a branch asked for replaces what is there
     return AptFacts(kernel_metapackages(installed),
                     offered_module_packages(root) if target.os_id == "ubuntu" else frozenset(),
-                    branch_replacement(installed, packages) if pinned else None)
+                    branch_replacement(installed, packages, closure(packages, archive_depends(root))) if pinned
+                    else None)
 
 
 @dataclass(frozen=True)
@@ -594,7 +600,9 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
     """An unattended upgrade of the driver's userspace under a loaded module is "Driver/library version
     mismatch": hold the packages until the operator upgrades them (and reboots) on purpose."""
     if target.package_manager == "apt":
-        acts: tuple = (Command(("apt-mark", "hold", *packages)),)
+        # The whole series, not the named packages alone: with only those held, `apt-get full-upgrade` meets a newer
+        # series in the archive (bookworm-security's 535.309) and stops ("held broken packages"), kernel and all.
+        acts: tuple = (Command(("sh", "-c", HOLD_SERIES, "hold-series", *packages)),)
         how = "apt-mark unhold"
     else:
         pm = target.package_manager
@@ -603,9 +611,10 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         acts = (Command((pm, "install", "-y", plugin)), Command((pm, "versionlock", "add", *names)))
         packages = names
         how = f"{pm} versionlock delete"
-    return Step("driver.hold", Stage.DRIVER, f"Hold the driver packages against upgrades: {' '.join(packages)}",
-                actions=acts,
-                check=Held(target.package_manager, packages),
+    title = (f"Hold the driver packages against upgrades: {' '.join(packages)}"
+             + (", and every installed package built from their source packages" if target.package_manager == "apt"
+                else ""))
+    return Step("driver.hold", Stage.DRIVER, title, actions=acts, check=Held(target.package_manager, packages),
                 notes=(f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",))
 
 
