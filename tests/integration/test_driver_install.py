@@ -47,7 +47,7 @@ NEXT_BOOT = "next-boot kernel module"
 NO_ENGINE = {"engine running", "runtime registered", "container through the runtime"}
 
 
-def _timed(host: KernelHost, script: str, timeout: float = 2400):
+def _timed(host: KernelHost, script: str, timeout: float = 3600):
     t = time.monotonic()
     r = host.exec(script, timeout=timeout)
     return r, time.monotonic() - t
