@@ -23,7 +23,7 @@ from provision.decide.kernel import (
     ubuntu_precompiled,
 )
 from provision.facts.boot import next_boot_kernel, nvidia_module, parse_grub_menu, read_next_boot, resolve_entry
-from provision.facts.packages import Installed, offered_module_packages, read_dpkg
+from provision.facts.packages import Installed, archive_depends, closure, offered_module_packages, read_dpkg
 from provision.plan import driver as drv
 from provision.plan.build import Options, build_plan
 from provision.plan.steps import packages_installed
@@ -268,6 +268,7 @@ OLD_535 = {p.name: p for p in (
     _inst("nvidia-smi", "nvidia-graphics-drivers", True), _inst("nvidia-driver-libs", "nvidia-graphics-drivers"),
     _inst("nvidia-open-kernel-dkms", "nvidia-open-gpu-kernel-modules", True),
     _inst("nvidia-open-kernel-support", "nvidia-open-gpu-kernel-modules"),
+    _inst("nvidia-egl-common", "nvidia-graphics-drivers", True),
     _inst("nvidia-support", "nvidia-support"), _inst("firmware-misc-nonfree", "firmware-nonfree"),
     _inst("cuda-toolkit-12-2", "cuda-toolkit-12-2", True))}
 TESLA_470 = ("nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-driver", "nvidia-tesla-470-smi",
@@ -275,17 +276,19 @@ TESLA_470 = ("nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-driver", "nvidia-
 
 
 def test_branch_replacement_decision():
-    rep = branch_replacement(OLD_535, TESLA_470)
-    assert rep.unhold == ("libcuda1", "nvidia-driver", "nvidia-open-kernel-dkms", "nvidia-smi")
+    rep = branch_replacement(OLD_535, TESLA_470, frozenset({*TESLA_470, "nvidia-egl-common", "libc6"}))
+    assert rep.unhold == ("libcuda1", "nvidia-driver", "nvidia-egl-common", "nvidia-open-kernel-dkms", "nvidia-smi")
+    # what the new series depends on stays (unheld); the operator's held CUDA toolkit is not the driver's
     assert rep.remove == ("libcuda1", "nvidia-driver", "nvidia-driver-libs", "nvidia-open-kernel-dkms",
-                          "nvidia-open-kernel-support", "nvidia-smi")  # the operator's held CUDA toolkit stays
+                          "nvidia-open-kernel-support", "nvidia-smi")
     assert rep.old == "nvidia-driver 535.261.03"
     # the same series: nothing to replace; a series nobody held (not gpuprov's): not replaced
     assert branch_replacement(OLD_535, ("nvidia-open-kernel-dkms", "nvidia-driver", "nvidia-smi")) is None
     unheld = {n: Installed(p.name, p.version, p.source, False) for n, p in OLD_535.items()}
     assert branch_replacement(unheld, TESLA_470) is None
     # open -> proprietary within 535: only the open module's source goes
-    flavour = branch_replacement(OLD_535, ("nvidia-kernel-dkms", "nvidia-driver", "nvidia-smi", "libcuda1"))
+    flavour = branch_replacement(OLD_535, ("nvidia-kernel-dkms", "nvidia-driver", "nvidia-smi", "libcuda1",
+                                           "nvidia-egl-common"))
     assert flavour.remove == ("nvidia-open-kernel-dkms", "nvidia-open-kernel-support") and \
         flavour.unhold == ("nvidia-open-kernel-dkms",)
 
@@ -304,7 +307,7 @@ def test_branch_change_plan(tmp_path):
         "nvidia-graphics-drivers"
     step = _pkgs_step(root, Options(driver="470", for_gpus=("10de:1eb8",)))
     lines = step.lines()
-    assert lines[0] == "$ apt-mark unhold libcuda1 nvidia-driver nvidia-open-kernel-dkms nvidia-smi"
+    assert lines[0] == "$ apt-mark unhold libcuda1 nvidia-driver nvidia-egl-common nvidia-open-kernel-dkms nvidia-smi"
     install = next(ln for ln in lines if "apt-get install" in ln).split()
     assert set(TESLA_470) <= set(install) and "nvidia-driver-" in install and "nvidia-open-kernel-dkms-" in install
     assert "cuda-toolkit-12-2-" not in install and "nvidia-support-" not in install
@@ -360,3 +363,55 @@ def test_driver_install_builds_for_every_kernel_as_printed(monkeypatch):
     assert ran[0] == ("apt-mark", "unhold", "nvidia-driver")
     assert ran[4][-2:] == ("nvidia-driver-", "libcuda1-")
     assert ran[5:7] == [("dkms", "autoinstall", "-k", OLD), ("dkms", "autoinstall", "-k", NEW)]
+
+
+NON_FREE = """Package: nvidia-tesla-470-driver
+Version: 470.256.02-1~deb12u1
+Depends: nvidia-tesla-470-driver-libs (= 470.256.02-1~deb12u1), """ \
+    """nvidia-tesla-470-kernel-dkms (= 470.256.02-1~deb12u1) | nvidia-tesla-470-kernel-470.256.02, nvidia-support
+Description: NVIDIA metapackage (Tesla 470 driver)
+
+Package: nvidia-tesla-470-driver-libs
+Pre-Depends: nvidia-legacy-check (>= 396)
+Depends: libgl1-nvidia-tesla-470-glvnd-glx (= 470.256.02-1~deb12u1) | libgl1-nvidia-tesla-470-glx, nvidia-tesla-470-egl-icd:amd64
+Description: NVIDIA metapackage (OpenGL/GLX/EGL/GLES libraries)
+
+Package: nvidia-tesla-470-egl-icd
+Depends: nvidia-egl-common, libegl-nvidia-tesla-470-0 (= 470.256.02-1~deb12u1)
+Description: NVIDIA EGL installable client driver (ICD)
+
+Package: nvidia-driver
+Depends: nvidia-driver-libs (= 535.261.03-1)
+Description: NVIDIA metapackage
+"""
+
+
+def test_archive_depends_and_the_new_series_closure(tmp_path):
+    """What the new series needs, from the non-free list as apt keeps it (fields as Debian's archive writes them):
+    alternatives and Pre-Depends count, versions and architecture qualifiers are dropped."""
+    lists = tmp_path / "var/lib/apt/lists"
+    lists.mkdir(parents=True)
+    (lists / "deb.debian.org_debian_dists_bookworm_non-free_binary-amd64_Packages").write_text(NON_FREE)
+    deps = archive_depends(tmp_path)
+    assert deps["nvidia-tesla-470-egl-icd"] == {"nvidia-egl-common", "libegl-nvidia-tesla-470-0"}
+    need = closure(["nvidia-tesla-470-driver"], deps)
+    assert {"nvidia-egl-common", "nvidia-legacy-check", "nvidia-tesla-470-kernel-470.256.02",
+            "libgl1-nvidia-tesla-470-glx"} <= need and "nvidia-driver-libs" not in need
+
+
+def test_hold_is_the_whole_series(tmp_path):
+    """With only the named packages held, `apt-get full-upgrade` stops on a newer series in the archive ("held
+    broken packages", seen on bookworm with its security suite): the hold step holds every installed package of
+    their source packages, and its check asks for that."""
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel=OLD)
+    named = ("nvidia-open-kernel-dkms", "nvidia-driver", "nvidia-smi", "libcuda1")
+    series = {"nvidia-driver": "nvidia-graphics-drivers", "nvidia-driver-libs": "nvidia-graphics-drivers",
+              "nvidia-smi": "nvidia-graphics-drivers", "libcuda1": "nvidia-graphics-drivers",
+              "nvidia-open-kernel-dkms": "nvidia-open-gpu-kernel-modules"}
+    dpkg_status(root, series, held=named)
+    step = next(s for s in build_plan(detect_host(root, engines=False), Options()) if s.id == "driver.hold")
+    assert step.actions[0].argv == ("sh", "-c", drv.HOLD_SERIES, "hold-series", *named)
+    assert not step.check.satisfied(root)  # nvidia-driver-libs, built from nvidia-graphics-drivers, is not held
+    (root / "var/lib/dpkg/status").write_text("")
+    dpkg_status(root, series, held=tuple(series))
+    assert step.check.satisfied(root)
