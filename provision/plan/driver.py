@@ -225,7 +225,8 @@ class Held:
         return all(re.search(rf"^\d*:?{re.escape(p)}-\d", locks, re.M) for p in self.packages)
 
     def describe(self) -> str:
-        return f"skipped when {' '.join(self.packages)} are held"
+        return (f"skipped when {' '.join(self.packages)} are held"
+                + (", and every installed package of their source packages" if self.manager == "apt" else ""))
 
 
 def versionlock_list(manager: str) -> str:
