@@ -365,25 +365,26 @@ def test_driver_install_builds_for_every_kernel_as_printed(monkeypatch):
     assert ran[5:7] == [("dkms", "autoinstall", "-k", OLD), ("dkms", "autoinstall", "-k", NEW)]
 
 
-NON_FREE = """Package: nvidia-tesla-470-driver
-Version: 470.256.02-1~deb12u1
-Depends: nvidia-tesla-470-driver-libs (= 470.256.02-1~deb12u1), """ \
-    """nvidia-tesla-470-kernel-dkms (= 470.256.02-1~deb12u1) | nvidia-tesla-470-kernel-470.256.02, nvidia-support
-Description: NVIDIA metapackage (Tesla 470 driver)
-
-Package: nvidia-tesla-470-driver-libs
-Pre-Depends: nvidia-legacy-check (>= 396)
-Depends: libgl1-nvidia-tesla-470-glvnd-glx (= 470.256.02-1~deb12u1) | libgl1-nvidia-tesla-470-glx, nvidia-tesla-470-egl-icd:amd64
-Description: NVIDIA metapackage (OpenGL/GLX/EGL/GLES libraries)
-
-Package: nvidia-tesla-470-egl-icd
-Depends: nvidia-egl-common, libegl-nvidia-tesla-470-0 (= 470.256.02-1~deb12u1)
-Description: NVIDIA EGL installable client driver (ICD)
-
-Package: nvidia-driver
-Depends: nvidia-driver-libs (= 535.261.03-1)
-Description: NVIDIA metapackage
-"""
+# bookworm's non-free list, these four packages' stanzas as the archive has them (apt-cache show, 2026-11-25; the
+# fields the closure reads, the long lines split only here)
+NON_FREE = (
+    "Package: nvidia-tesla-470-driver\nVersion: 470.256.02-1~deb12u1\n"
+    "Depends: nvidia-tesla-470-driver-libs (= 470.256.02-1~deb12u1), nvidia-tesla-470-driver-bin (= 470.256.02-1~deb12u1), "
+    "xserver-xorg-video-nvidia-tesla-470 (= 470.256.02-1~deb12u1), nvidia-tesla-470-vdpau-driver (= 470.256.02-1~deb12u1), "
+    "nvidia-tesla-470-alternative (= 470.256.02-1~deb12u1), nvidia-tesla-470-kernel-dkms (= 470.256.02-1~deb12u1) | "
+    "nvidia-tesla-470-kernel-470.256.02, nvidia-support\nPre-Depends: nvidia-installer-cleanup\n\n"
+    "Package: nvidia-tesla-470-driver-libs\nVersion: 470.256.02-1~deb12u1\n"
+    "Depends: libgl1-nvidia-tesla-470-glvnd-glx (= 470.256.02-1~deb12u1), nvidia-tesla-470-egl-icd (= 470.256.02-1~deb12u1)"
+    "\n\n"
+    "Package: nvidia-tesla-470-egl-icd\nVersion: 470.256.02-1~deb12u1\n"
+    "Depends: nvidia-egl-common, libegl1 (>= 0.2.999) | libegl1-glvnd-nvidia, libegl-nvidia-tesla-470-0 "
+    "(= 470.256.02-1~deb12u1)\n\n"
+    "Package: nvidia-driver\nVersion: 535.309.01-0+deb12u1\n"
+    "Depends: nvidia-driver-libs (= 535.309.01-0+deb12u1), nvidia-driver-bin (= 535.309.01-0+deb12u1), "
+    "xserver-xorg-video-nvidia (= 535.309.01-0+deb12u1), nvidia-vdpau-driver (= 535.309.01-0+deb12u1), "
+    "nvidia-alternative (= 535.309.01-0+deb12u1), nvidia-kernel-dkms (= 535.309.01-0+deb12u1) | nvidia-kernel-535.309.01 | "
+    "nvidia-open-kernel-535.309.01, nvidia-support\nPre-Depends: nvidia-installer-cleanup, nvidia-legacy-check (>= 495)\n\n"
+)
 
 
 def test_archive_depends_and_the_new_series_closure(tmp_path):
@@ -393,10 +394,12 @@ def test_archive_depends_and_the_new_series_closure(tmp_path):
     lists.mkdir(parents=True)
     (lists / "deb.debian.org_debian_dists_bookworm_non-free_binary-amd64_Packages").write_text(NON_FREE)
     deps = archive_depends(tmp_path)
-    assert deps["nvidia-tesla-470-egl-icd"] == {"nvidia-egl-common", "libegl-nvidia-tesla-470-0"}
+    assert deps["nvidia-tesla-470-egl-icd"] == {"nvidia-egl-common", "libegl1", "libegl1-glvnd-nvidia",
+                                                "libegl-nvidia-tesla-470-0"}
     need = closure(["nvidia-tesla-470-driver"], deps)
-    assert {"nvidia-egl-common", "nvidia-legacy-check", "nvidia-tesla-470-kernel-470.256.02",
-            "libgl1-nvidia-tesla-470-glx"} <= need and "nvidia-driver-libs" not in need
+    # 535's shared nvidia-egl-common is needed by 470 (kept); its nvidia-legacy-check only by 535 (removed with it)
+    assert {"nvidia-egl-common", "nvidia-installer-cleanup", "nvidia-tesla-470-kernel-470.256.02"} <= need
+    assert not {"nvidia-driver-libs", "nvidia-legacy-check"} & need
 
 
 def test_hold_is_the_whole_series(tmp_path):
