@@ -33,6 +33,7 @@ class NextBoot:
     kernel: str | None  # its release (uname -r form); None when no kernel is installed
     source: str  # how it was found: "GRUB's default (…)", "/vmlinuz", "the newest installed kernel"
     module: str | None  # the NVIDIA module file for it (host path), None when there is none
+    module_kernels: tuple[str, ...] = ()  # the installed kernels that have an NVIDIA module
 
 
 def kver(rel: str) -> tuple:
@@ -192,4 +193,5 @@ def nvidia_module(root: Path, kernel: str) -> str | None:
 
 def read_next_boot(root: Path) -> NextBoot:
     kernel, source = next_boot_kernel(root)
-    return NextBoot(kernel, source, nvidia_module(root, kernel) if kernel else None)
+    with_module = tuple(k for k in installed_kernels(root) if nvidia_module(root, k))
+    return NextBoot(kernel, source, nvidia_module(root, kernel) if kernel else None, with_module)

@@ -37,10 +37,12 @@ class DriverFacts:
     next_boot_kernel: str | None = None  # the kernel the next boot starts (GRUB's default, /vmlinuz, the newest)
     next_boot_from: str = ""  # how that kernel was found
     next_boot_module: str | None = None  # its NVIDIA module file; None: it boots without one
+    module_kernels: tuple[str, ...] = ()  # installed kernels with an NVIDIA module (a driver the package manager put in)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["modules"] = list(self.modules)
+        d["module_kernels"] = list(self.module_kernels)
         return d
 
 
@@ -117,4 +119,5 @@ def read_driver(root: Path) -> DriverFacts:
         next_boot_kernel=boot.kernel,
         next_boot_from=boot.source,
         next_boot_module=boot.module,
+        module_kernels=boot.module_kernels,
     )

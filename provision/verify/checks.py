@@ -183,7 +183,10 @@ def next_boot_module(h: NodeHost) -> CheckResult:
     for DKMS, no precompiled package) boots a GPU node without its driver. Checked wherever a GPU or a driver is."""
     name = "next-boot kernel module"
     drv = _driver(h)
-    if not _gpus(h) and not drv.get("userspace_version") and not drv.get("loaded"):
+    # a driver is there when it is loaded, its userspace found, or a kernel has its module (Debian keeps the
+    # versioned libraries under nvidia/current/, where the userspace probe does not look)
+    if not _gpus(h) and not drv.get("userspace_version") and not drv.get("loaded") and \
+            not drv.get("module_kernels"):
         return CheckResult(name, "skip", "no NVIDIA GPU and no NVIDIA driver on this host")
     k, source = drv.get("next_boot_kernel"), drv.get("next_boot_from") or "?"
     if not k:
