@@ -50,6 +50,20 @@ APT_SOURCES = {
 }
 
 
+KERNEL_META = {"debian": "linux-image-amd64", "ubuntu": "linux-image-generic"}
+
+
+def dpkg_status(root: Path, packages: dict[str, str], held: tuple[str, ...] = ()) -> None:
+    """A dpkg status file under `root` listing `packages` (name -> source package) as installed (held: on hold)."""
+    path = root / "var/lib/dpkg/status"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_text() if path.exists() else ""
+    path.write_text(old + "".join(
+        f"Package: {name}\nStatus: {'hold' if name in held else 'install'} ok installed\nPriority: optional\n"
+        f"Maintainer: fixture\nArchitecture: amd64\nSource: {src}\nVersion: 1.0-1\nDescription: fixture\n\n"
+        for name, src in packages.items()))
+
+
 def make_host(base: Path, distro: str = "debian-12", sysfs: str = "none", *, modules: str = "",
               nvrm: str | None = None, kernel: str | None = None) -> Path:
     """A host root: a real os-release plus a sysfs tree for one of SYSFS_SETUPS (and apt entries, a kernel)."""
@@ -67,6 +81,9 @@ def make_host(base: Path, distro: str = "debian-12", sysfs: str = "none", *, mod
         (root / f"lib/modules/{kernel}/kernel").mkdir(parents=True)
         (root / "boot").mkdir(exist_ok=True)
         (root / f"boot/vmlinuz-{kernel}").write_text("")
+        if family in APT_SOURCES:  # dpkg lists the kernel and the metapackage it came with, as on an installed host
+            dpkg_status(root, {f"linux-image-{kernel}": "linux-signed",
+                               KERNEL_META[family]: "linux-meta"})
     for addr, (ven, dev, cls, sv, sd, drv) in SYSFS_SETUPS[sysfs].items():
         d = root / "sys/bus/pci/devices" / addr
         d.mkdir(parents=True)

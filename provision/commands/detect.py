@@ -42,6 +42,8 @@ def render_human(report) -> str:
             ("userspace", drv.userspace_version),
             ("nouveau", "loaded" if drv.nouveau_loaded else "not loaded"),
             ("kernel", f"{drv.kernel_release} (headers {'present' if drv.kernel_headers else 'missing'})"),
+            ("next boot", f"{drv.next_boot_kernel} ({drv.next_boot_from}): NVIDIA module "
+                          f"{drv.next_boot_module or 'missing'}" if drv.next_boot_kernel else "no installed kernel"),
             ("secure boot", {True: "on", False: "off", None: "no EFI"}[drv.secure_boot]),
         ]))
     if report.gpus:

@@ -1,5 +1,6 @@
 """The NVIDIA driver as the kernel sees it: loaded module, version, open vs proprietary, nouveau,
-kernel release and headers, Secure Boot; and where the userspace driver files live (driver root)."""
+kernel release and headers, Secure Boot; where the userspace driver files live (driver root); and the kernel the
+next boot starts, with its NVIDIA module or none (facts/boot.py)."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from provision.facts.boot import read_next_boot
 from provision.facts.packages import dpkg_installed
 from provision.facts.rootfs import is_live, read_bytes_bounded, read_first_line, read_text, under
 
@@ -87,6 +89,10 @@ class DriverFacts:
     driver_root: str | None  # where nvidia-smi / libnvidia-ml live, if found
     userspace_version: str | None  # from the driver root's libnvidia-ml.so.<version>
     installed: InstalledDriver | None = None  # a driver on disk (packages or the .run installer), loaded or not
+    next_boot_kernel: str | None = None  # the kernel the next boot starts (GRUB's default, /vmlinuz, the newest)
+    next_boot_from: str = ""  # how that kernel was found
+    next_boot_module: str | None = None  # its NVIDIA module file; None: it boots without one
+    module_kernels: tuple[str, ...] = ()  # installed kernels with an NVIDIA module (a driver the package manager put in)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -94,6 +100,7 @@ class DriverFacts:
         if self.installed:
             d["installed"] = {**asdict(self.installed), "packages": list(self.installed.packages),
                               "modules": list(self.installed.modules), "description": self.installed.describe()}
+        d["module_kernels"] = list(self.module_kernels)
         return d
 
 
@@ -155,6 +162,7 @@ def read_driver(root: Path) -> DriverFacts:
         under(root, f"lib/modules/{krel}/build").exists() or under(root, f"usr/src/kernels/{krel}").exists()
     )
     droot, uver = find_driver_root(root)
+    boot = read_next_boot(root)
     return DriverFacts(
         loaded="nvidia" in loaded_mods or version is not None,
         version=version or read_first_line(root, "sys/module/nvidia/version"),
@@ -167,4 +175,8 @@ def read_driver(root: Path) -> DriverFacts:
         driver_root=droot,
         userspace_version=uver,
         installed=read_installed_driver(root),
+        next_boot_kernel=boot.kernel,
+        next_boot_from=boot.source,
+        next_boot_module=boot.module,
+        module_kernels=boot.module_kernels,
     )

@@ -1,19 +1,29 @@
-"""Installed packages, read from dpkg's database under a host root (read only, no process): which of some packages
-are installed, at which version, from which maintainer, and which package owns a file. The engine and driver facts
-use it to tell where an installed engine or driver came from (Docker's packages or the distro's, NVIDIA's CUDA
-repository or the distro's). rpm's database is not a file format to read here: rpm hosts are asked through `rpm -q`
-on the live host (provision/probe)."""
+"""Installed packages, read from dpkg's database under a host root (read only, no process): which packages are
+installed, at which version, from which maintainer and source package, held or not, and which package owns a file; and
+what the apt lists offer (Ubuntu's precompiled NVIDIA modules, the driver components' dependencies). The engine and
+driver facts use it to tell where an installed engine or driver came from; the driver plan to follow kernels and to
+change a driver series. rpm's database is not a file format to read here: rpm hosts are asked through `rpm -q` on the
+live host (provision/probe)."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
-from provision.facts.rootfs import read_bytes_bounded, under
+from provision.facts.rootfs import read_bytes_bounded, read_text_file, under
 
 DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound on hosts with many packages
-_FIELD = re.compile(r"^(Package|Status|Version|Maintainer|Architecture): (.*)$", re.M)
+APT_LISTS = "/var/lib/apt/lists"
+LIST_MAX = 256 << 20
+# The fields read, each at a line start; one pass over the whole file (dpkg writes Package first in a stanza).
+FIELD_RE = re.compile(r"\n(Package|Status|Version|Maintainer|Source): ([^\n]*)")
+# Ubuntu ships its precompiled NVIDIA modules in `restricted`; one line per package name in a Packages index.
+MODULES_RE = re.compile(r"^Package: (linux-modules-nvidia-\S+)$", re.M)
+# Where Debian and Ubuntu keep the NVIDIA driver packages (and what they depend on beyond main).
+DRIVER_COMPONENTS = ("non-free", "contrib", "restricted", "multiverse")
+DEPENDS_RE = re.compile(r"\n(Package|Depends|Pre-Depends): ([^\n]*)")
 
 
 @dataclass(frozen=True)
@@ -21,6 +31,7 @@ class InstalledPackage:
     name: str
     version: str  # the package manager's full version: "5:28.0.1-1~debian.12~bookworm"
     maintainer: str = ""
+    source: str = ""  # the source package's name (dpkg's Source field without its version; the name when absent)
     held: bool = False
     installed: bool = True  # False: known to dpkg but not fully installed (unpacked, half-configured: a killed run)
 
@@ -39,17 +50,21 @@ def dpkg_installed(root: Path, wanted=None, *, partly: bool = False) -> dict[str
         text = read_bytes_bounded(under(root, DPKG_STATUS), DPKG_STATUS_MAX).decode(errors="replace")
     except OSError:
         return {}
+    stanzas: list[dict[str, str]] = []
+    for key, value in FIELD_RE.findall("\n" + text):
+        if key == "Package":
+            stanzas.append({})
+        if stanzas:
+            stanzas[-1][key] = value
     found = {}
-    for stanza in text.split("\n\n"):
-        fields = dict(_FIELD.findall(stanza))
-        name, status = fields.get("Package"), fields.get("Status", "")
-        state = status.split()[-1] if status.split() else ""
-        whole = status.endswith(" ok installed")
-        if not name or (wanted and not wanted(name)) or not (whole or partly) or \
-                state in ("not-installed", "config-files", ""):
+    for f in stanzas:
+        name, status = f["Package"], f.get("Status", "").split()
+        whole = status[-2:] == ["ok", "installed"]
+        if (wanted and not wanted(name)) or not (whole or partly) or \
+                (status[-1:] or [""])[0] in ("not-installed", "config-files", ""):
             continue
-        found[name] = InstalledPackage(name, fields.get("Version", ""), fields.get("Maintainer", ""),
-                                       status.startswith("hold "), whole)
+        found[name] = InstalledPackage(name, f.get("Version", ""), f.get("Maintainer", ""),
+                                       f.get("Source", name).split(" ", 1)[0], status[:1] == ["hold"], whole)
     return found
 
 
@@ -65,3 +80,48 @@ def dpkg_owns(root: Path, package: str, path: str) -> bool:
         if lines & alts:
             return True
     return False
+
+
+def offered_module_packages(root: Path) -> frozenset[str]:
+    """The `linux-modules-nvidia-*` names in the apt lists of the restricted component (Ubuntu's precompiled, signed
+    NVIDIA modules), as `apt-get update` last fetched them."""
+    names: set[str] = set()
+    for p in sorted(under(root, APT_LISTS).glob("*_restricted_binary-*_Packages")):
+        try:
+            names.update(MODULES_RE.findall(read_text_file(p, LIST_MAX)))
+        except OSError:
+            continue
+    return frozenset(names)
+
+
+def archive_depends(root: Path) -> dict[str, frozenset[str]]:
+    """For each package of the driver components' apt lists: the names its Depends and Pre-Depends can be satisfied
+    by (every alternative, no versions), as `apt-get update` last fetched them."""
+    deps: dict[str, set[str]] = {}
+    lists = under(root, APT_LISTS)
+    for comp in DRIVER_COMPONENTS:
+        for p in sorted(lists.glob(f"*_{comp}_binary-*_Packages")):
+            try:
+                text = read_text_file(p, LIST_MAX)
+            except OSError:
+                continue
+            cur: set[str] | None = None
+            for key, value in DEPENDS_RE.findall("\n" + text):
+                if key == "Package":
+                    cur = deps.setdefault(value, set())
+                elif cur is not None:
+                    cur.update(alt.split()[0].split(":")[0] for dep in value.split(",") for alt in dep.split("|")
+                               if alt.strip())
+    return {k: frozenset(v) for k, v in deps.items()}
+
+
+def closure(names: Iterable[str], depends: dict[str, frozenset[str]]) -> frozenset[str]:
+    """`names` and everything they depend on, transitively, as far as `depends` knows."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(depends.get(n, ()))
+    return frozenset(seen)

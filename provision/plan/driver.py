@@ -2,8 +2,16 @@
 the module must be built for, the kernel-module flavour `modprobe nvidia` loads, nouveau inside that kernel's
 initramfs, held packages, and a staged MOK enrolment under Secure Boot.
 
-Which kernel: the one that will boot (`/vmlinuz`, else the newest `/boot/vmlinuz-*`), and the running kernel too
-when apt installed it; with --kernel the ones named; when baking an image (--for-gpu) every installed kernel.
+Which kernel: the one that will boot (GRUB's default, `/vmlinuz`, else the newest `/boot/vmlinuz-*`), and the running
+kernel too when apt installed it; with --kernel the ones named; when baking an image (--for-gpu) or changing the
+driver branch, every installed kernel.
+
+The module follows the kernel: on apt hosts the headers metapackage of each installed kernel metapackage
+(linux-headers-amd64 for linux-image-amd64, linux-headers-generic-hwe-22.04 for linux-image-generic-hwe-22.04) is
+installed with the driver, so a kernel apt brings in later comes with its headers and DKMS builds the module for it
+before the reboot; on Ubuntu, the precompiled signed modules that follow the kernel flavour where the archive has
+them. A change of branch (--driver B on a host whose other series gpuprov installed and held) unholds the old
+series and swaps it for the new one in one apt transaction, then builds for every installed kernel and holds again.
 
 A DKMS build that fails is met here, in `DriverInstall`: the compiler's first error line is named, the log kept
 under /var/log/gpuprov, the half-configured module package purged so `dpkg --audit` is empty, and the ways out
@@ -19,9 +27,18 @@ from pathlib import Path
 
 from provision import effects, paths
 from provision.decide.driver import ubuntu_dkms_package
+from provision.decide.kernel import (
+    Replacement,
+    branch_replacement,
+    headers_metapackages,
+    kernel_metapackages,
+    ubuntu_precompiled,
+)
 from provision.decide.targets import Target
-from provision.errors import DkmsBuildFailed, StepFailed, Unsupported
+from provision.errors import DkmsBuildFailed, RemovalRefused, StepFailed, Unsupported
+from provision.facts.boot import installed_kernels, next_boot_kernel, nvidia_module
 from provision.facts.driver_facts import DRIVER_PACKAGE_RE
+from provision.facts.packages import archive_depends, closure, dpkg_installed, offered_module_packages
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
@@ -48,11 +65,14 @@ DKMS_KEY = "/var/lib/dkms/mok.pub"
 MOK_HASH = paths.MOK_HASH
 ONE_TIME_PASSWORD = "<one-time password, shown once>"  # what a printed plan shows in its place
 LOG_DIR = "/var/log/gpuprov"
-DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound on hosts with many packages
 # Debian's kernel module names per flavour: `install nvidia modprobe -i <name>` in /etc/modprobe.d/nvidia.conf,
 # chosen by the `nvidia` alternative (/usr/lib/nvidia/<flavour dir>).
 DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open"),
                    "proprietary": ("nvidia-current", "/usr/lib/nvidia/current")}
+# apt-mark hold for the packages named ("$@") and every installed package built from their source packages.
+HOLD_SERIES = ("apt-mark hold \"$@\" $(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
+               "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
+               "'$1 ~ /^[ih]i$/ && index(want, \" \" $2 \" \") {print $3}')")
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -65,44 +85,31 @@ class Kernels:
     why: str
 
 
-def installed_kernels(root: Path) -> list[str]:
-    """Kernels with an image in /boot and a modules directory (installed by the package manager)."""
-    boot = under(root, "/boot")
-    rels = [p.name.removeprefix("vmlinuz-") for p in boot.glob("vmlinuz-*")]
-    return sorted((r for r in rels if under(root, f"/lib/modules/{r}").is_dir()), key=_kver)
-
-
-def _kver(rel: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.-]", rel))
-
-
 def boot_kernel(root: Path) -> str | None:
-    """The kernel the next boot starts: /vmlinuz's target (Debian keeps it on the newest), else the newest."""
-    link = under(root, "/vmlinuz")
-    try:
-        target = os.readlink(link)
-        rel = Path(target).name.removeprefix("vmlinuz-")
-        if under(root, f"/lib/modules/{rel}").is_dir():
-            return rel
-    except OSError:
-        pass
+    """The kernel the next boot starts (facts/boot.py: GRUB's default, /vmlinuz), when the package manager installed
+    it (its modules directory is there); else the newest installed."""
+    rel, _ = next_boot_kernel(root)
+    if rel and under(root, f"/lib/modules/{rel}").is_dir():
+        return rel
     kernels = installed_kernels(root)
     return kernels[-1] if kernels else None
 
 
-def choose_kernels(root: Path, running: str | None, asked: tuple[str, ...], baking: bool) -> Kernels:
+def choose_kernels(root: Path, running: str | None, asked: tuple[str, ...], baking: bool,
+                   replacing: bool = False) -> Kernels:
     if asked:
         missing = [k for k in asked if not under(root, f"/lib/modules/{k}").is_dir()]
         if missing:
             raise Unsupported(f"--kernel {missing[0]}: no such kernel is installed (no /lib/modules/{missing[0]}); "
                               f"installed: {', '.join(installed_kernels(root)) or 'none'}")
         return Kernels(asked, "asked for with --kernel")
-    if baking:
+    if baking or replacing:
         ks = installed_kernels(root)
         if not ks:
             raise Unsupported("no installed kernel to build the driver for: install the distribution's kernel "
                               "(e.g. linux-image-amd64) first, or name one with --kernel")
-        return Kernels(tuple(ks), "every installed kernel (image baking)")
+        return Kernels(tuple(ks), "every installed kernel (" + ("image baking" if baking else "a new driver branch")
+                       + ")")
     boot = boot_kernel(root)
     running_ok = bool(running) and under(root, f"/lib/modules/{running}/kernel").is_dir()
     if boot is None and not running_ok:
@@ -128,7 +135,7 @@ def headers_packages(target: Target, kernels: tuple[str, ...]) -> list[str]:
 
 @dataclass(frozen=True)
 class DriverBuilt:
-    """The packages are installed and DKMS installed an nvidia module for every kernel."""
+    """The packages are installed and an nvidia module (DKMS's, or a precompiled package's) for every kernel."""
     manager: str
     packages: tuple[str, ...]
     kernels: tuple[str, ...]
@@ -142,12 +149,11 @@ class DriverBuilt:
     def describe(self) -> str:
         db = "dpkg" if self.manager == "apt" else "rpm"
         return (f"skipped when {db} lists {' '.join(self.packages)} as installed"
-                + (f" and DKMS built nvidia for {', '.join(self.kernels)}" if self.dkms else ""))
+                + (f" and an nvidia module is installed for {', '.join(self.kernels)}" if self.dkms else ""))
 
 
 def module_built(root: Path, kernel: str) -> bool:
-    return any(under(root, f"/lib/modules/{kernel}/updates/dkms").glob("nvidia*.ko*")) or \
-        any(under(root, f"/lib/modules/{kernel}/extra").glob("nvidia*.ko*"))
+    return nvidia_module(root, kernel) is not None
 
 
 @dataclass(frozen=True)
@@ -205,21 +211,23 @@ class InitramfsHas:
 
 @dataclass(frozen=True)
 class Held:
-    """Packages held against upgrades: `hold` in dpkg's status, or listed in dnf/yum's versionlock list."""
+    """Packages held against upgrades: `hold` in dpkg's status (with every installed package built from their
+    source packages), or listed in dnf/yum's versionlock list."""
     manager: str
     packages: tuple[str, ...]
 
     def satisfied(self, root: Path) -> bool:
-        if self.manager == "apt":
-            held = set(re.findall(r"^Package: (\S+)\nStatus: hold ",
-                                  read_or_empty(under(root, "/var/lib/dpkg/status"), DPKG_STATUS_MAX),
-                                  re.M))
-            return all(p in held for p in self.packages)
+        if self.manager == "apt":  # the packages and every installed package of their source packages
+            installed = dpkg_installed(root)
+            sources = {installed[p].source for p in self.packages if p in installed}
+            series = {*self.packages, *(p.name for p in installed.values() if p.source in sources)}
+            return all(p in installed and installed[p].held for p in series)
         locks = read_or_empty(under(root, versionlock_list(self.manager)))
         return all(re.search(rf"^\d*:?{re.escape(p)}-\d", locks, re.M) for p in self.packages)
 
     def describe(self) -> str:
-        return f"skipped when {' '.join(self.packages)} are held"
+        return (f"skipped when {' '.join(self.packages)} are held"
+                + (", and every installed package of their source packages" if self.manager == "apt" else ""))
 
 
 def versionlock_list(manager: str) -> str:
@@ -246,30 +254,44 @@ class MokStaged:
 
 @dataclass(frozen=True)
 class DriverInstall(Action):
-    """apt: refresh the lists, make sure every kernel's headers are offered, install; then prove DKMS built the
-    module for every kernel. A failed build is rolled back (the module package purged, `dpkg --audit` empty) and
+    """apt: refresh the lists, make sure every kernel's headers are offered, install; then have DKMS build for every
+    kernel and prove it did. A failed build is rolled back (the module package purged, `dpkg --audit` empty) and
     reported with the compiler's first error line (exit 16). Every command, the rollback's too, is a Command below:
-    printed and run from the same objects."""
+    printed and run from the same objects.
+
+    A change of branch first unholds the old series, then removes it in the install's own transaction (`pkg-`), so
+    apt never sees the host without a package that provides what others depend on (libcuda1-any …)."""
     packages: tuple[str, ...]
     kernels: tuple[str, ...]
     dkms_package: str | None  # the kernel-module package DKMS builds (None: precompiled kmods)
-    headers: tuple[str, ...]
+    headers: tuple[str, ...]  # each kernel's own headers package, asked of apt before the install
     ways_out: str
     allow_remove: bool = False
+    unhold: tuple[str, ...] = ()  # a change of branch: the old series' held packages
+    remove: tuple[str, ...] = ()  # … and every package of the old series, removed in the same transaction
 
     def _install(self) -> PackageInstall:
-        return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV)
+        return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV, remove=self.remove)
 
     def _header_checks(self) -> list[Command]:
         return [Command(("apt-cache", "show", "--no-all-versions", h)) for h in self.headers]
+
+    def _unhold(self) -> list[Command]:
+        return [Command(("apt-mark", "unhold", *self.unhold))] if self.unhold else []
+
+    def _autoinstall(self) -> list[Command]:
+        """The module package's own build covers the running and the newest kernel only; DKMS's autoinstall builds
+        for the others (and does nothing where it is built)."""
+        return [Command(("dkms", "autoinstall", "-k", k)) for k in self.kernels] if self.dkms_package else []
 
     def _dkms_status(self) -> list[Command]:
         return [Command(("dkms", "status", "-k", k)) for k in self.kernels] if self.dkms_package else []
 
     def commands(self) -> list[Command]:
-        """In order: refresh, ask apt for every kernel's headers, install, ask DKMS for every kernel."""
-        return [Command(("apt-get", "update"), APT_ENV), *self._header_checks(), *self._install().commands(),
-                *self._dkms_status()]
+        """In order: unhold the old series (a change of branch), refresh, ask apt for every kernel's headers, install
+        (its dry run first), build for every kernel, ask DKMS for every kernel."""
+        return [*self._unhold(), Command(("apt-get", "update"), APT_ENV), *self._header_checks(),
+                *self._install().commands(), *self._autoinstall(), *self._dkms_status()]
 
     def on_failure(self) -> list[Command]:
         """The rollback of a failed DKMS build: purge the module package together with the packages that need a
@@ -283,9 +305,9 @@ class DriverInstall(Action):
                 Command(("dpkg", "--audit"))]
 
     def lines(self) -> list[str]:
-        update, *checks = [Command(("apt-get", "update"), APT_ENV), *self._header_checks()]
-        out = [ln for c in (update, *checks) for ln in c.lines()] + self._install().lines() + \
-            [ln for c in self._dkms_status() for ln in c.lines()]
+        before = [*self._unhold(), Command(("apt-get", "update"), APT_ENV), *self._header_checks()]
+        out = [ln for c in before for ln in c.lines()] + self._install().lines() + \
+            [ln for c in (*self._autoinstall(), *self._dkms_status()) for ln in c.lines()]
         if self.dkms_package:
             out.append("  (a kernel whose headers apt does not offer stops the step there: exit 4)")
             out.append("  on a failed DKMS build (a status other than installed), roll back, then stop with exit 16:")
@@ -293,8 +315,9 @@ class DriverInstall(Action):
         return out
 
     def execute(self) -> str:
-        update, *_ = self.commands()
-        update.execute()
+        for c in self._unhold():
+            c.execute()
+        Command(("apt-get", "update"), APT_ENV).execute()
         for check in self._header_checks():
             r = check.run()
             if r.returncode != 0 or not r.output.strip():
@@ -306,9 +329,17 @@ class DriverInstall(Action):
                     "kernel and its headers (apt-get install linux-image-amd64 linux-headers-amd64), reboot into it "
                     "and run bootstrap again; or build for another installed kernel with --kernel")
         install = self._install()
-        install.check_removals()  # exit 14 before anything is installed when apt would remove a package
+        try:  # exit 14 before anything is installed when apt would remove a package it was not asked to
+            install.check_removals()
+        except RemovalRefused:
+            if self.unhold:  # nothing changed: the old series is held again
+                Command(("apt-mark", "hold", *self.unhold)).execute()
+            raise
         install = install.install()
         res = install.run()
+        if res.returncode == 0:
+            for build in self._autoinstall():  # its outcome is what `dkms status` says next
+                build.run()
         for status in self._dkms_status():
             k = status.argv[-1]
             built = any(k in ln and ln.rstrip().endswith(": installed") for ln in status.run().output.splitlines())
@@ -408,20 +439,28 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     modules = gpus[0].modules
     dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
     root = Path(report.root or "/")
-    kernels = choose_kernels(root, drv.kernel_release if drv else None, tuple(getattr(opt, "kernels", ())), baking)
+    apt = _apt_facts(root, target, opt, packages)
+    kernels = choose_kernels(root, drv.kernel_release if drv else None, tuple(getattr(opt, "kernels", ())), baking,
+                             replacing=apt.replacement is not None)
     steps: list[Step] = []
     if target.family == "debian":
         steps += _components_step(root, target, opt)
     else:
         steps += _el_repo_steps(target, opt)
+    pre = ubuntu_precompiled(packages, apt.kernel_metas, kernels.releases, apt.offered) \
+        if target.os_id == "ubuntu" and dkms and not opt.bundle else None
+    if pre and pre.package:
+        packages, dkms = [pre.package, *packages], False  # Canonical's signed modules: no DKMS, no headers
     headers = headers_packages(target, kernels.releases) if dkms else []
+    follow = headers_metapackages(apt.kernel_metas) if dkms and target.package_manager == "apt" else ()
     if target.family == "rhel" and dkms and not opt.bundle:
         headers.append("dkms")
     steps.append(_nouveau_step(bool(drv and drv.nouveau_loaded)))
     # the package DKMS builds: named in Debian's list; pulled in by Ubuntu's metapackage (purged with it on a failure)
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
-    steps.append(_packages_step(target, opt, gpus[0], packages, tuple(headers), kernels, dkms, dkms_pkg))
+    kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement)
+    steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
         steps.append(Step("driver.flavour", Stage.DRIVER, f"Make `modprobe nvidia` load the {modules} module ({mod})",
@@ -516,31 +555,76 @@ def _nouveau_step(nouveau_loaded: bool) -> Step:
                 actions=(nouveau,), check=FilesMatch(((nouveau.path, nouveau.content),)), reboot=nouveau_loaded)
 
 
-def _packages_step(target: Target, opt, gpu, packages: list[str], headers: tuple[str, ...], kernels,
-                   dkms: bool, dkms_pkg: str | None) -> Step:
+@dataclass(frozen=True)
+class AptFacts:
+    """What dpkg and the apt lists say that the driver's packages depend on (empty off apt, or from a bundle)."""
+    kernel_metas: tuple[str, ...] = ()  # installed linux-image-<flavour> metapackages
+    offered: frozenset[str] = frozenset()  # Ubuntu: the precompiled module packages the lists offer
+    replacement: Replacement | None = None  # --driver B over another series gpuprov held
+
+
+def _apt_facts(root: Path, target: Target, opt, packages: list[str]) -> AptFacts:
+    if target.package_manager != "apt" or opt.bundle:
+        return AptFacts()
+    installed = dpkg_installed(root)
+    pinned = str(getattr(opt, "driver", "auto")).isdigit()  # only a branch asked for replaces what is there
+    return AptFacts(kernel_metapackages(installed),
+                    offered_module_packages(root) if target.os_id == "ubuntu" else frozenset(),
+                    branch_replacement(installed, packages, closure(packages, archive_depends(root))) if pinned
+                    else None)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The kernels the module is for, their headers, the headers metapackages that keep later kernels served, why
+    Ubuntu's precompiled modules are used or not, and the series a change of branch replaces."""
+    kernels: Kernels
+    headers: tuple[str, ...]
+    follow: tuple[str, ...]
+    precompiled_why: str = ""
+    replacement: Replacement | None = None
+
+
+def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
+                   dkms_pkg: str | None) -> Step:
     """Headers and driver packages in one transaction. On apt (not from a bundle) a DriverInstall, which checks
     each kernel's DKMS build and rolls a failed one back; elsewhere the family's package step."""
-    all_pkgs = headers + tuple(packages)
-    title = (f"Install the driver: {' '.join(packages)}"
+    kernels, rep = kp.kernels, kp.replacement
+    all_pkgs = kp.headers + kp.follow + tuple(packages)
+    title = ((f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
+              f"Install the driver: {' '.join(packages)}")
              + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
-    reboot_note = (f"reboot: the nvidia module for {', '.join(kernels.releases)} loads at the next boot"
+    reboot_note = (f"reboot: {f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for "
+                   f"{', '.join(kernels.releases)} loads at the next boot"
                    + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
+    notes = [reboot_note]
+    if kp.follow:
+        notes.append(f"{' '.join(kp.follow)} follows {' '.join(f'linux-image-{h[14:]}' for h in kp.follow)}: a "
+                     "kernel apt brings in later gets its headers, and DKMS builds the module for it before the reboot")
+    elif dkms and target.package_manager == "apt" and not opt.bundle:
+        notes.append("no kernel metapackage (linux-image-<flavour>) is installed: apt brings no later kernels, and "
+                     "one installed by hand needs its headers for DKMS (`gpuprov verify` names a kernel without the "
+                     "module)")
+    if kp.precompiled_why:
+        notes.append(f"kernel module: {kp.precompiled_why}")
     if target.package_manager == "apt" and not opt.bundle:
         ways = [w for w in (
             "--kernel-modules proprietary (this GPU allows it)" if gpu.modules == "open" and
             gpu.kernel_modules == "either" else "",
             "another kernel (install it, then --kernel VERSION)",
-            "NVIDIA's repository (--driver-source nvidia)") if w]
+            "NVIDIA's repository (--driver-source nvidia)",
+            f"back to {rep.old} (--driver with its branch)" if rep else "") if w]
         install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
-                                tuple(h for h in headers if h.startswith("linux-headers-")), "; ".join(ways),
-                                allow_remove=opt.allow_remove)
+                                tuple(h for h in kp.headers if h.startswith("linux-headers-")), "; ".join(ways),
+                                allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
+                                remove=rep.remove if rep else ())
         return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
-                    check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg)), reboot=True,
-                    notes=(reboot_note,))
+                    check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
+                    reboot=True, notes=tuple(notes))
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
                         allow_remove=opt.allow_remove,
                         check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
-                        notes=(reboot_note,))
+                        notes=tuple(notes))
 
 
 def _initramfs_step(target: Target, releases: tuple[str, ...]) -> Step:
@@ -557,7 +641,9 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
     """An unattended upgrade of the driver's userspace under a loaded module is "Driver/library version
     mismatch": hold the packages until the operator upgrades them (and reboots) on purpose."""
     if target.package_manager == "apt":
-        acts: tuple = (Command(("apt-mark", "hold", *packages)),)
+        # The whole series, not the named packages alone: with only those held, `apt-get full-upgrade` meets a newer
+        # series in the archive (bookworm-security's 535.309) and stops ("held broken packages"), kernel and all.
+        acts: tuple = (Command(("sh", "-c", HOLD_SERIES, "hold-series", *packages)),)
         how = "apt-mark unhold"
     else:
         pm = target.package_manager
@@ -566,9 +652,10 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         acts = (PackageInstall(pm, (plugin,)), Command((pm, "versionlock", "add", *names)))
         packages = names
         how = f"{pm} versionlock delete"
-    return Step("driver.hold", Stage.DRIVER, f"Hold the driver packages against upgrades: {' '.join(packages)}",
-                actions=acts,
-                check=Held(target.package_manager, packages),
+    title = (f"Hold the driver packages against upgrades: {' '.join(packages)}"
+             + (", and every installed package built from their source packages" if target.package_manager == "apt"
+                else ""))
+    return Step("driver.hold", Stage.DRIVER, title, actions=acts, check=Held(target.package_manager, packages),
                 notes=(f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",))
 
 

@@ -35,17 +35,25 @@ class PackageInstall(Action):
     verb: tuple[str, ...] = ("install",)  # ("module", "install") for a dnf module stream
     allow_remove: bool = False
     env: tuple[tuple[str, str], ...] = ()
+    # Packages this very transaction removes on purpose (apt's `NAME-`: the old series of a driver branch change the
+    # operator asked for with --driver). apt's --no-remove aborts on those too, so such an install is guarded by its
+    # dry run alone: it goes ahead only when the dry run removes nothing else.
+    remove: tuple[str, ...] = ()
+
+    def _args(self) -> tuple[str, ...]:
+        return (*self.packages, *(f"{p}-" for p in self.remove))
 
     def _simulate(self) -> Command:
         if self.manager == "apt":
-            return Command(("apt-get", *self.opts, "-s", *self.verb, "-y", "--no-install-recommends", *self.packages),
+            return Command(("apt-get", *self.opts, "-s", *self.verb, "-y", "--no-install-recommends", *self._args()),
                            self.env)
         return Command((self.manager, *self.opts, *self.verb, "--assumeno", *self.packages), self.env)
 
     def install(self) -> Command:
         if self.manager == "apt":
-            return Command(("apt-get", *self.opts, *self.verb, "-y", "--no-install-recommends",
-                            *(() if self.allow_remove else ("--no-remove",)), *self.packages), self.env)
+            guard = () if self.allow_remove or self.remove else ("--no-remove",)
+            return Command(("apt-get", *self.opts, *self.verb, "-y", "--no-install-recommends", *guard,
+                            *self._args()), self.env)
         erase = ("--allowerasing",) if self.allow_remove and self.manager == "dnf" else ()
         return Command((self.manager, *self.opts, *self.verb, "-y", *erase, *self.packages), self.env)
 
@@ -64,7 +72,7 @@ class PackageInstall(Action):
         fails says nothing about removals: the install then fails with the package manager's own message."""
         sim = self._simulate()
         res = sim.run()
-        gone = removals(self.manager, res.output)
+        gone = [p for p in removals(self.manager, res.output) if p not in self.remove]
         if gone and not self.allow_remove:
             raise RemovalRefused(
                 f"installing {' '.join(self.packages)} would remove installed packages: {', '.join(gone)} "

@@ -498,6 +498,8 @@ def packages_installed(pm: str, packages: tuple[str, ...], root: Path = LIVE) ->
     except StepFailed:  # the package manager itself is missing under this root: nothing is installed by it
         return False
     if pm == "apt":
-        ok = {ln.split()[0] for ln in p.output.splitlines() if ln.endswith("install ok installed")}
+        # held packages (the driver's, after its hold step) are "hold ok installed"
+        ok = {ln.split()[0] for ln in p.output.splitlines() if ln.endswith((" install ok installed",
+                                                                             " hold ok installed"))}
         return all(pkg in ok for pkg in packages)
     return p.returncode == 0

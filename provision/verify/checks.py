@@ -178,6 +178,27 @@ def versions_coherent(h: NodeHost) -> CheckResult:
     return CheckResult("driver versions coherent", "pass", f"kernel module = userspace = {k}")
 
 
+def next_boot_module(h: NodeHost) -> CheckResult:
+    """The kernel the next boot starts has an NVIDIA module: a kernel update that arrived without one (no headers
+    for DKMS, no precompiled package) boots a GPU node without its driver. Checked wherever a GPU or a driver is."""
+    name = "next-boot kernel module"
+    drv = _driver(h)
+    # a driver is there when it is loaded, its userspace found, or a kernel has its module (Debian keeps the
+    # versioned libraries under nvidia/current/, where the userspace probe does not look)
+    if not _gpus(h) and not drv.get("userspace_version") and not drv.get("loaded") and \
+            not drv.get("module_kernels"):
+        return CheckResult(name, "skip", "no NVIDIA GPU and no NVIDIA driver on this host")
+    k, source = drv.get("next_boot_kernel"), drv.get("next_boot_from") or "?"
+    if not k:
+        return CheckResult(name, "skip", "no installed kernel found (no GRUB default, /vmlinuz or /boot/vmlinuz-*): "
+                           "nothing to check")
+    if drv.get("next_boot_module"):
+        return CheckResult(name, "pass", f"{k} boots next ({source}) and has {drv['next_boot_module']}")
+    return CheckResult(name, "fail", f"kernel {k} boots next ({source}) and has no NVIDIA module: after the reboot "
+                       f"the GPU has no driver. Fix: run `gpuprov bootstrap` before rebooting (it installs that "
+                       f"kernel's headers and builds the module: dkms autoinstall -k {k})")
+
+
 def engine_running(h: NodeHost) -> CheckResult:
     if h.engine is None:
         return CheckResult("engine running", "fail", "neither `docker info` nor `ctr version` reaches a daemon: "
@@ -293,8 +314,8 @@ def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
     return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")
 
 
-CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, engine_running, runtime_registered, plain_container,
-          gpu_container, cri_handler)
+CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, next_boot_module, engine_running, runtime_registered,
+          plain_container, gpu_container, cri_handler)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:

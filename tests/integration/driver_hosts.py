@@ -1,4 +1,4 @@
-"""Fresh Debian hosts with systemd and a Debian kernel (image + headers), for real driver installs.
+"""Fresh Debian hosts with systemd and a Debian kernel (its metapackage, without headers), for real driver installs.
 
 The prepared image (kernel and headers already installed, systemd as PID 1) is built once per CI run per suite
 and reused by the gpuprov host and the plain-apt reference host alike, so both start from the same state and the
@@ -13,10 +13,11 @@ import time
 
 from tests.integration.hosts import NESTED, ensure_image, ensure_wheelhouse, sh
 
-# Installed into the image: systemd as PID 1, the distribution's kernel and its headers, Python for gpuprov.
-PREP_PACKAGES = ("systemd", "systemd-sysv", "dbus", "kmod", "initramfs-tools", "linux-image-amd64",
-                 "linux-headers-amd64", "python3", "python3-venv")
-RECIPE = "v1 " + " ".join(PREP_PACKAGES)
+# Installed into the image: systemd as PID 1, the distribution's kernel metapackage (no headers: a server as the
+# installer leaves it, from the point release only; gpuprov installs the headers), Python for gpuprov.
+PREP_PACKAGES = ("systemd", "systemd-sysv", "dbus", "kmod", "initramfs-tools", "linux-image-amd64", "python3",
+                 "python3-venv")
+RECIPE = "v2 " + " ".join(PREP_PACKAGES)
 SYSTEMD_FLAGS = [*NESTED, "--tmpfs", "/run", "--tmpfs", "/run/lock"]
 
 

@@ -201,11 +201,12 @@ def test_json_and_check_list_every_actions_commands(tmp_path):
         want = [c.shell() for c in step.commands]
         assert want and doc[sid]["commands"] == want and checked[sid]["commands"] == want
     assert doc["engine.service"]["commands"] == ["systemctl enable --now docker"]
-    pkgs = "linux-headers-6.1.0-27-amd64 nvidia-open-kernel-dkms nvidia-driver nvidia-smi libcuda1 firmware-misc-nonfree"
-    assert doc["driver.packages"]["commands"][-3:] == [  # the dry run that refuses removals, then the install
+    pkgs = ("linux-headers-6.1.0-27-amd64 linux-headers-amd64 nvidia-open-kernel-dkms nvidia-driver nvidia-smi libcuda1 "
+            "firmware-misc-nonfree")
+    assert doc["driver.packages"]["commands"][-4:] == [  # the dry run that refuses removals, the install, the builds
         f"DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get -s install -y --no-install-recommends {pkgs}",
         f"DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get install -y --no-install-recommends --no-remove "
-        f"{pkgs}", "dkms status -k 6.1.0-27-amd64"]
+        f"{pkgs}", "dkms autoinstall -k 6.1.0-27-amd64", "dkms status -k 6.1.0-27-amd64"]
     assert checked["driver.packages"]["on_failure"][-1] == "dpkg --audit"
     assert doc["validate"]["commands"][:2] == [f"docker image inspect {validate.IMAGE}",
                                                f"docker import - {validate.IMAGE}"]

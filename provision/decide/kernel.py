@@ -1,0 +1,111 @@
+"""Decisions that keep the NVIDIA module with the kernel: the headers metapackage that follows each installed kernel
+metapackage (so DKMS builds for every kernel apt brings in later), Ubuntu's precompiled signed modules where the
+archive has them for every kernel, and which installed driver series a change of branch replaces. Pure: package
+names in, package names out.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+# `linux-image-<flavour>` metapackages follow a flavour across ABIs (Debian: amd64, cloud-amd64, rt-amd64, arm64,
+# 686-pae; Ubuntu: generic, generic-hwe-22.04, virtual, aws, gcp, azure, oracle, lowlatency …); one kernel's own
+# package carries its ABI (`linux-image-6.1.0-27-amd64`), and some names are neither (debug symbols, the unsigned
+# twin, the signing template, Ubuntu's transitional extra-virtual).
+ABI_RE = re.compile(r"^linux-image-(?:unsigned-)?\d+\.\d+")
+NOT_META = ("-dbg", "-dbgsym", "-signed-template")
+NOT_META_PREFIX = ("linux-image-unsigned-", "linux-image-extra-", "linux-image-uc-")
+# Where a driver series' packages come from (dpkg's Source): Debian's and Ubuntu's driver sources, Debian's open
+# kernel modules, Ubuntu's precompiled modules.
+# The driver metapackage of a series (Debian's nvidia-driver / nvidia-tesla-470-driver, Ubuntu's nvidia-driver-535,
+# nvidia-headless-535-server), to name the series being replaced.
+METAPACKAGE_RE = re.compile(r"^(nvidia-driver|nvidia-(tesla|legacy)-[0-9a-z]+-driver|nvidia-(driver|headless)-\d.*)$")
+DRIVER_SOURCES = ("nvidia-graphics-drivers", "nvidia-open-gpu-kernel-modules", "linux-restricted-modules")
+
+
+def kernel_metapackages(installed: Iterable[str]) -> tuple[str, ...]:
+    """The installed kernel metapackages: the packages through which apt brings newer kernels."""
+    return tuple(sorted(p for p in installed if p.startswith("linux-image-") and not ABI_RE.match(p)
+                        and not p.endswith(NOT_META) and not p.startswith(NOT_META_PREFIX)))
+
+
+def headers_metapackages(kernel_metas: Iterable[str]) -> tuple[str, ...]:
+    """The headers metapackage of each kernel metapackage: it pulls in the headers of every kernel the image
+    metapackage pulls in, and the headers' own hook has DKMS build the module for it before the reboot."""
+    return tuple(f"linux-headers-{m.removeprefix('linux-image-')}" for m in kernel_metas)
+
+
+# ---------------------------------------------------------------- Ubuntu's precompiled modules
+
+
+@dataclass(frozen=True)
+class Precompiled:
+    package: str | None  # linux-modules-nvidia-<series>-<flavour>, the metapackage that follows the kernel flavour
+    why: str  # why it is used, or why not (DKMS then)
+
+
+def ubuntu_series(driver_packages: Iterable[str]) -> str | None:
+    """The series suffix of Ubuntu's driver metapackage: nvidia-headless-535-server-open -> 535-server-open."""
+    for p in driver_packages:
+        for meta in ("nvidia-headless-", "nvidia-driver-"):
+            rest = p.removeprefix(meta)
+            if rest != p and rest[:1].isdigit():
+                return rest
+    return None
+
+
+def ubuntu_precompiled(driver_packages: Iterable[str], kernel_metas: Iterable[str], kernels: Iterable[str],
+                       offered: frozenset[str]) -> Precompiled:
+    """Ubuntu's own path, as ubuntu-drivers takes it: the modules metapackage of the driver series for the flavour of
+    the installed kernel metapackage (linux-modules-nvidia-535-server-generic-hwe-22.04), used when the archive has
+    it and, for every kernel the module is for, that kernel's ABI package (linux-modules-nvidia-535-server-6.8.0-49-
+    generic). Signed by Canonical: no DKMS build, no MOK enrolment under Secure Boot."""
+    series = ubuntu_series(driver_packages)
+    metas = list(kernel_metas)
+    if series is None:
+        return Precompiled(None, "not an Ubuntu driver metapackage")
+    if len(metas) != 1:
+        return Precompiled(None, "no kernel metapackage installed (linux-image-<flavour>)" if not metas else
+                           f"several kernel metapackages installed ({', '.join(metas)}): DKMS builds for each")
+    flavour = metas[0].removeprefix("linux-image-")
+    meta = f"linux-modules-nvidia-{series}-{flavour}"
+    if meta not in offered:
+        return Precompiled(None, f"the archive has no {meta}: DKMS builds the module")
+    missing = [k for k in kernels if f"linux-modules-nvidia-{series}-{k}" not in offered]
+    if missing:
+        return Precompiled(None, f"the archive has no linux-modules-nvidia-{series}-{missing[0]} (kernel "
+                           f"{missing[0]}): DKMS builds the module")
+    return Precompiled(meta, f"Ubuntu's precompiled, signed modules ({meta}, following linux-image-{flavour})")
+
+
+# ---------------------------------------------------------------- a change of driver branch
+
+
+@dataclass(frozen=True)
+class Replacement:
+    unhold: tuple[str, ...]  # the old series' held packages (gpuprov's hold step held them)
+    remove: tuple[str, ...]  # every installed package of the old series, removed in the install's transaction
+    old: str  # the old series, in words ("nvidia-driver 535.261.03")
+
+
+def branch_replacement(installed: dict, new_packages: Iterable[str], needed: frozenset[str] = frozenset()
+                       ) -> Replacement | None:
+    """A different driver series installed and held (as gpuprov's hold step leaves it) while `new_packages` ask
+    for another: replace it. `installed`: name -> facts.packages.Installed; `needed`: what the new packages depend
+    on, transitively (from the apt lists): the old source's shared packages (nvidia-egl-common, …) stay. None when
+    the series is the same (all new packages installed already) or no held driver series is there (nothing gpuprov
+    held to replace)."""
+    wanted = set(new_packages)
+    if all(p in installed for p in wanted):
+        return None
+    ours = [p for p in installed.values() if p.source.startswith(DRIVER_SOURCES) and p.name not in wanted]
+    held = [p for p in ours if p.held]
+    if not held:
+        return None
+    sources = {p.source for p in held}
+    old = [p for p in ours if p.source in sources]
+    remove = sorted(p.name for p in old if p.name not in needed)
+    meta = next((p for p in held if METAPACKAGE_RE.match(p.name)), held[0])
+    return Replacement(tuple(sorted(p.name for p in old if p.held)), tuple(remove),
+                       f"{meta.name} {meta.version.split('-')[0]}")
