@@ -59,7 +59,7 @@ def _planned_packages(host: KernelHost, extra: str = "") -> tuple[list[str], lis
     assert r.returncode == 0, r.stdout + r.stderr
     step = next(s for s in json.loads(r.stdout)["steps"] if s["id"] == "driver.packages")
     cmd = next(a for a in step["actions"] if "apt-get install" in a)
-    return cmd.split("--no-install-recommends", 1)[1].split(), step["actions"]
+    return [a for a in cmd.split("--no-install-recommends", 1)[1].split() if a != "--no-remove"], step["actions"]
 
 
 def _verify(h: KernelHost) -> tuple[int, dict, str]:
