@@ -134,6 +134,21 @@ def test_requirement_refused(runtime, rootfs, tmp_path):
     assert rc == 10 and "NVIDIA_REQUIRE_CUDA" in out
 
 
+def test_require_arch_is_the_gpus_compute_capability(runtime, rootfs, tmp_path):
+    """NVIDIA_REQUIRE_ARCH against the compute capability the driver reports (Hopper: 9.0), as CUDA images write
+    it: met below and at it, refused in one line above it (issue 19 item 4)."""
+    results = {}
+    for n, req in enumerate(("arch>=5.0", "arch>=9.0", "arch>=10.0")):
+        cfg = make_config(str(rootfs), ["nvidia-smi", "-L"], ["NVIDIA_VISIBLE_DEVICES=all", f"NVIDIA_REQUIRE_ARCH={req}"])
+        results[req] = lifecycle(runtime, write_bundle(tmp_path / f"b{n}", cfg))
+    _record("require_arch", {k: {"rc": rc, "out": out} for k, (rc, out) in results.items()})
+    for req in ("arch>=5.0", "arch>=9.0"):
+        rc, out = results[req]
+        assert rc == 0 and "GPU 0: NVIDIA" in out, (req, out)
+    rc, out = results["arch>=10.0"]
+    assert rc == 10 and "NVIDIA_REQUIRE_ARCH" in out, out
+
+
 def test_cdi_spec_runs(rootfs, tmp_path):
     from tests.cdi_check import apply_spec
 
