@@ -38,6 +38,14 @@ def _text(value, rule: str) -> str:
     return value
 
 
+def _matching(value, pattern: str, rule: str) -> str:
+    """The value as text when it is all `pattern`; BadValue naming `rule` otherwise."""
+    text = _text(value, rule)
+    if not re.fullmatch(pattern, text):
+        raise BadValue(value, rule)
+    return text
+
+
 # --- the rules -----------------------------------------------------------------------------------------------------
 
 URL_TEXT = ("a URL with scheme http, https or file (http/https with a host), only URL characters: no whitespace, "
@@ -80,10 +88,7 @@ NAME_TEXT = ("a name of letters, digits, '_' and '-', starting with a letter or 
 
 
 def runtime_name(value) -> str:
-    text = _text(value, NAME_TEXT)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", text):
-        raise BadValue(value, NAME_TEXT)
-    return text
+    return _matching(value, r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", NAME_TEXT)
 
 
 DRIVER_TEXT = "auto, skip or a driver branch of ASCII digits (e.g. 535)"
@@ -152,10 +157,7 @@ HANDLER_TEXT = "a CRI handler name (lowercase letters, digits and '-', at most 6
 
 def cri_handler(value) -> str:
     """The runtime's name under containerd and CRI-O: a TOML key there, and the RuntimeClass handler pods name."""
-    text = _text(value, HANDLER_TEXT)
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
-        raise BadValue(value, HANDLER_TEXT)
-    return text
+    return _matching(value, r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", HANDLER_TEXT)
 
 
 NAMESPACE_TEXT = ("a Kubernetes namespace: lower-case letters, digits and '-', starting and ending with a letter or "
@@ -163,10 +165,7 @@ NAMESPACE_TEXT = ("a Kubernetes namespace: lower-case letters, digits and '-', s
 
 
 def namespace(value) -> str:
-    text = _text(value, NAMESPACE_TEXT)
-    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", text):
-        raise BadValue(value, NAMESPACE_TEXT)
-    return text
+    return _matching(value, r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", NAMESPACE_TEXT)
 
 
 PCI_ID_TEXT = "a PCI id VENDOR:DEVICE[:SUBVENDOR:SUBDEVICE] in hex (e.g. 10de:2330)"
@@ -174,10 +173,7 @@ PCI_ID = r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})(?::([0-9a-fA-F]{4}):([0-9a-fA-F]{4}
 
 
 def pci_id(value) -> str:
-    text = _text(value, PCI_ID_TEXT)
-    if not re.fullmatch(PCI_ID, text):
-        raise BadValue(value, PCI_ID_TEXT)
-    return text
+    return _matching(value, PCI_ID, PCI_ID_TEXT)
 
 
 KEY_TEXT = "a gpg key: a fingerprint, key id or user id, not starting with '-', without control characters"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -134,3 +135,8 @@ class Host:
 
     def remove(self) -> None:
         sh("docker", "rm", "-f", self.name, check=False)
+
+
+def steps(out: str) -> dict[str, dict]:
+    """`gpuprov bootstrap --json`'s steps by id."""
+    return {s["id"]: s for s in json.loads(out)["steps"]}

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import needs
 from tests.integration import dockerce
-from tests.integration.hosts import Host
+from tests.integration.hosts import Host, steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", "dpkg-deb", "apt-get", docker=True)]
 BOOT = "gpuprov bootstrap --yes --driver skip --json"
@@ -45,10 +45,6 @@ def host():
         yield h
     finally:
         h.remove()
-
-
-def steps(out: str) -> dict[str, dict]:
-    return {s["id"]: s for s in json.loads(out)["steps"]}
 
 
 def test_1_docker_ce_is_kept_and_configured(host):

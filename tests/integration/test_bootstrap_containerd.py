@@ -6,14 +6,13 @@ the runtime: with /usr/local/bin/gpuprov-runtime wrapped by a recorder the valid
 that refuses everything the validation fails. (The GPU case and containerd 2.x: tests/cri/test_validate_containerd.py.)"""
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from provision.plan.validate import CTR_IMAGE
 from tests.conftest import needs
-from tests.integration.hosts import Host
+from tests.integration.hosts import Host, steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
 BOOT = "gpuprov bootstrap --yes --driver skip --engine containerd --json"
@@ -30,10 +29,6 @@ def host():
         yield h
     finally:
         h.remove()
-
-
-def steps(out: str) -> dict[str, dict]:
-    return {s["id"]: s for s in json.loads(out)["steps"]}
 
 
 def test_1_bootstrap_fresh_host(host):
