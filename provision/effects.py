@@ -165,6 +165,15 @@ def has_systemd() -> bool:
     return Path("/run/systemd/system").is_dir()
 
 
+def restart_unit(unit: str, check: bool = True) -> CommandResult:
+    """`systemctl restart UNIT`, after `systemctl reset-failed UNIT`: gpuprov's own restarts in a row (bootstrap's
+    engine config, then containerd's, then an uninstall: dockerd restarts with containerd) can pass a unit's start
+    limit (docker.service: 3 starts in 60 s), and systemd then refuses the next start though nothing is wrong.
+    reset-failed only clears that count and a failed state; a daemon that cannot start still fails the restart."""
+    run(["systemctl", "reset-failed", unit], check=False)
+    return run(["systemctl", "restart", unit], check=check)
+
+
 def dockerd_pid() -> int | None:
     for pidfile in ("/var/run/docker.pid", "/run/docker.pid"):
         try:
@@ -244,7 +253,7 @@ def restart_dockerd(pid: int | None = None) -> str:
     """A full restart (dockerd registers the --gpus device driver only at start, when it finds the hook). `pid`: the
     daemon to restart where there is no systemd (default: the one in the pid file)."""
     if has_systemd():
-        run(["systemctl", "restart", "docker"])
+        restart_unit("docker")
         return "systemctl restart docker"
     pid = pid or dockerd_pid()
     if pid:

@@ -594,7 +594,7 @@ class ContainerdEngine(Engine):
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
         if daemon.is_unit("containerd"):
-            effects.run(["systemctl", "restart", "containerd"], check=False)
+            effects.restart_unit("containerd", check=False)
             self.restarted = True
             return "systemctl restart containerd"
         return f"restart containerd (pid {daemon.pid}) to apply the change (it reads its config only at start)"

@@ -209,6 +209,6 @@ class CrioEngine(Engine):
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
         if daemon.is_unit("crio"):
-            effects.run(["systemctl", "restart", "crio"], check=False)
+            effects.restart_unit("crio", check=False)
             return "systemctl restart crio"
         return f"restart crio (pid {daemon.pid}) to apply the change (it reads its drop-ins only at start)"

@@ -308,7 +308,7 @@ class DockerEngine(Engine):
         its own config (static binaries, --config-file) is started again exactly as it ran."""
         for unit in (SPEC.unit, SPEC.snap_unit):
             if unit and daemon.is_unit(unit):
-                effects.run(["systemctl", "restart", unit])
+                effects.restart_unit(unit)
                 if not effects.wait_for(lambda: effects.daemon_answers("docker"), 60):
                     raise StepFailed(f"dockerd did not come up after `systemctl restart {unit}`; see "
                                      f"`journalctl -u {unit}`")
