@@ -23,6 +23,18 @@ def kv(pairs: Iterable[tuple[str, object]]) -> str:
     return "\n".join(f"{k.ljust(w)}  {v}" for k, v in pairs)
 
 
+def print_steps(title: str, steps: list[dict]) -> None:
+    """A plan as people read it (`plan`, `bootstrap --dry-run`, `uninstall --dry-run`): each step (a Step.to_dict)
+    with its check, its commands and its files' diffs."""
+    print(f"{title} ({len(steps)} steps):")
+    for i, s in enumerate(steps, 1):
+        print(f"{i:2}. {s['title']}{'  [reboot]' if s['reboot'] else ''}  ({s['check']})")
+        for line in s["actions"]:
+            print(f"      {line}")
+        for p, diff in s["diffs"].items():
+            print(diff.rstrip("\n") if diff else f"      (file {p} unchanged)")
+
+
 def progress(msg: str) -> None:
     """Progress lines go to stderr so --json output on stdout stays machine-readable."""
     print(msg, file=sys.stderr, flush=True)

@@ -23,7 +23,7 @@ from provision.facts.pci import scan_display_devices
 from provision.facts.rootfs import is_live
 from provision.hostlock import host_lock
 from provision.options import CHOICES, MODULE_PARAMS, Mirror, Stage, param_rule, rule, values
-from provision.output import emit_json
+from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan.build import Options, build_plan
 from provision.report import detect_host
@@ -116,13 +116,7 @@ def _print_plan(report, steps, json_out: bool, resume: Resume | None = None) -> 
         return
     if resume:
         print(f"Before the plan: {resume.bootstrap}")
-    print(f"Plan for {report.target.name} ({len(steps)} steps):")
-    for i, s in enumerate(doc["steps"], 1):
-        print(f"{i:2}. {s['title']}{'  [reboot]' if s['reboot'] else ''}  ({s['check']})")
-        for line in s["actions"]:
-            print(f"      {line}")
-        for p, diff in s["diffs"].items():
-            print(diff.rstrip("\n") if diff else f"      (file {p} unchanged)")
+    print_steps(f"Plan for {report.target.name}", doc["steps"])
 
 
 OPTS = dict(

@@ -11,7 +11,7 @@ from provision.commands import summary
 from provision.errors import UsageError
 from provision.facts.rootfs import is_live
 from provision.hostlock import host_lock
-from provision.output import emit_json
+from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan.uninstall import UninstallOptions, uninstall_steps
 
@@ -21,13 +21,7 @@ def _print(steps, root: Path, json_out: bool) -> None:
     if json_out:
         emit_json(doc)
         return
-    print(f"Uninstall plan ({len(steps)} steps):")
-    for i, s in enumerate(doc["steps"], 1):
-        print(f"{i:2}. {s['title']}  ({s['check']})")
-        for line in s["actions"]:
-            print(f"      {line}")
-        for p, diff in s["diffs"].items():
-            print(diff.rstrip("\n") if diff else f"      (file {p} unchanged)")
+    print_steps("Uninstall plan", doc["steps"])
 
 
 def uninstall_cmd(
