@@ -6,6 +6,7 @@ change a driver series. rpm's database is not a file format to read here: rpm ho
 live host (provision/probe)."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,22 +43,42 @@ class InstalledPackage:
         return v.rsplit("-", 1)[0] if "-" in v else v
 
 
+# The status file parsed once per version of it: detect and plan ask for it several times (each engine's origin, the
+# installed driver, the driver plan), and it is megabytes on a large host. A new version of the file (dpkg replaces
+# it by rename) has another identity, so a check after an install reads it again.
+_PARSED: dict[tuple, list[dict[str, str]]] = {}
+
+
+def _dpkg_stanzas(root: Path) -> list[dict[str, str]]:
+    """dpkg's status file as one dict of the read fields per package ([] where there is none)."""
+    path = under(root, DPKG_STATUS)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _PARSED:
+        try:
+            text = read_bytes_bounded(path, DPKG_STATUS_MAX).decode(errors="replace")
+        except OSError:
+            return []
+        stanzas: list[dict[str, str]] = []
+        for name, value in FIELD_RE.findall("\n" + text):
+            if name == "Package":
+                stanzas.append({})
+            if stanzas:
+                stanzas[-1][name] = value
+        _PARSED.clear()  # one host's file at a time: tests walk many roots
+        _PARSED[key] = stanzas
+    return _PARSED[key]
+
+
 def dpkg_installed(root: Path, wanted=None, *, partly: bool = False) -> dict[str, InstalledPackage]:
     """Installed packages (status `install|hold ok installed`) by name; `wanted`: a predicate on the name, to keep
     only those; `partly`: also those dpkg left unpacked or half-configured (`installed` False). {} where there is no
     dpkg database."""
-    try:
-        text = read_bytes_bounded(under(root, DPKG_STATUS), DPKG_STATUS_MAX).decode(errors="replace")
-    except OSError:
-        return {}
-    stanzas: list[dict[str, str]] = []
-    for key, value in FIELD_RE.findall("\n" + text):
-        if key == "Package":
-            stanzas.append({})
-        if stanzas:
-            stanzas[-1][key] = value
     found = {}
-    for f in stanzas:
+    for f in _dpkg_stanzas(root):
         name, status = f["Package"], f.get("Status", "").split()
         whole = status[-2:] == ["ok", "installed"]
         if (wanted and not wanted(name)) or not (whole or partly) or \
