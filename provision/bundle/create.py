@@ -15,11 +15,11 @@ import tomlkit
 from provision import effects
 from provision.bundle import aptrepo, manifest
 from provision.bundle.images import ensure_image
+from provision.decide.packages import debian_components, engine_packages
 from provision.decide.targets import Target
 from provision.errors import StepFailed, Unsupported, UsageError
 from provision.fsutil import make_dirs, write_file
 from provision.output import progress
-from provision.plan import repos
 
 COMPONENTS = ("driver", "engine", "runtime")
 # CPython of each release (the wheels for gpuprov's own dependencies must match it).
@@ -43,7 +43,7 @@ def apt_packages(opt: CreateOptions) -> dict[str, list[str]]:
     t = opt.target
     comps: dict[str, list[str]] = {}
     if "engine" in opt.components:
-        comps["engine"] = list(repos.engine_packages(t, "docker", "distro"))
+        comps["engine"] = list(engine_packages(t, "docker", "distro"))
     if "runtime" in opt.components:
         comps["runtime"] = ["python3", "python3-venv"]  # to run gpuprov itself from the bundled wheels
     if "driver" in opt.components:
@@ -71,7 +71,7 @@ def _image(target: Target) -> str:
 def resolve_and_download(target: Target, packages: list[str], out: Path, enable_nonfree: bool) -> None:
     """apt in a pristine container of the target: `install --download-only` of everything a fresh host lacks."""
     image = _image(target)
-    comps = " ".join(repos.debian_components(target))
+    comps = " ".join(debian_components(target))
     prep = ""
     if enable_nonfree:
         prep = (f"sed -i -E '/^deb /s/ main( |$)/ main {comps}\\1/' /etc/apt/sources.list 2>/dev/null; "

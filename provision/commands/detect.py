@@ -9,21 +9,15 @@ import typer
 from provision.commands import summary
 from provision.decide.gputable import parse_pci_id
 from provision.decide.targets import parse_target
-from provision.errors import HostUnreadable, UsageError
+from provision.errors import HostUnreadable
 from provision.facts.rootfs import is_live
-from provision.options import CHOICES, rule
+from provision.options import CHOICES, check_choice, rule
 from provision.output import emit_json, kv, table
 from provision.probe.engines import with_versions
 from provision.report import detect_host, detect_ids
 
 MODULE_CHOICES = CHOICES["kernel_modules"]
 SOURCE_CHOICES = CHOICES["driver_source"]
-
-
-def check_choice(value: str, choices: tuple[str, ...], option: str) -> str:
-    if value not in choices:
-        raise UsageError(f"{option} must be one of {', '.join(choices)} (got {value!r})")
-    return value
 
 
 def render_human(report) -> str:

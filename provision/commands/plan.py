@@ -5,69 +5,25 @@ import dataclasses
 import sys
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
 
 from provision import effects, errors
-from provision import values as rules
 from provision.bundle.install import check_bundle, extract_base, kept_path
 from provision.commands import summary
-from provision.commands.detect import check_choice
-from provision.decide.gputable import parse_pci_id
 from provision.decide.targets import parse_target
-from provision.errors import NoDeviceToVerify, StepFailed, UsageError
-from provision.facts.pci import scan_display_devices
+from provision.errors import UsageError
 from provision.facts.rootfs import is_live
 from provision.hostlock import host_lock
-from provision.options import CHOICES, MODULE_PARAMS, Mirror, Stage, param_rule, rule, values
+from provision.options import CHOICES, Options, param_rule, rule
 from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
-from provision.plan.build import Options, build_plan
+from provision.plan import resume as rs
+from provision.plan.build import build_plan
+from provision.plan.resume import Resume
 from provision.report import detect_host
-from provision.verify.checks import LocalHost, driver_loaded, versions_coherent
-
-
-def _parse_mirrors(mirror: list[str]) -> dict[str, str]:
-    out = {}
-    for item in mirror:
-        name, sep, url = item.partition("=")
-        if not sep or name not in values(Mirror):
-            raise UsageError(f"--mirror {item!r}: use NAME=URL with NAME one of {', '.join(values(Mirror))} "
-                             "(e.g. docker-ce=https://mirror.example/docker-ce/linux)")
-        try:
-            out[name] = rules.check(rules.PARAMS[MODULE_PARAMS["mirror"]], url)
-        except rules.BadValue as exc:
-            raise UsageError(f"--mirror {item!r}: the URL must be {exc.rule}") from None
-    return out
-
-
-def _parse_stages(only: Optional[str]) -> tuple[str, ...]:
-
-    if only is None:
-        return values(Stage)
-    stages = tuple(s.strip() for s in only.split(",") if s.strip())
-    bad = [s for s in stages if s not in values(Stage)]
-    if bad or not stages:
-        raise UsageError(f"--only {only!r}: a comma list of {', '.join(values(Stage))}")
-    return stages
-
-
-def _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, validate,
-             replace_runtime=False, only=None, mirror=(), for_gpus=None, kernels=None, allow_remove=False):
-    check_choice(kernel_modules, CHOICES["kernel_modules"], "--kernel-modules")
-    check_choice(driver_source, CHOICES["driver_source"], "--driver-source")
-    check_choice(engine, CHOICES["engine"], "--engine")
-    check_choice(engine_source, CHOICES["engine_source"], "--engine-source")
-    for p in for_gpus or ():
-        parse_pci_id(p)  # a malformed id is a usage error before anything is planned
-    return Options(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
-                   engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
-                   validate=validate, replace_runtime=replace_runtime, stages=_parse_stages(only),
-                   mirrors=_parse_mirrors(list(mirror or ())), for_gpus=tuple(for_gpus or ()),
-                   kernels=tuple(kernels or ()), allow_remove=allow_remove)
 
 
 def _plan(root: Path, target: Optional[str], opt):
@@ -78,31 +34,6 @@ def _plan(root: Path, target: Optional[str], opt):
     return report, build_plan(report, opt)
 
 
-@dataclass(frozen=True)
-class Resume:
-    """What a real bootstrap does first on a host whose last run asked for a reboot: said by --dry-run and --check,
-    which never do it (it writes the state file and runs the driver's checks)."""
-    reason: str | None
-    rebooted: bool
-    bootstrap: str  # what `gpuprov bootstrap` would do, in a sentence
-
-
-def _resume_pending(root: Path) -> Resume | None:
-    """The resume a real run would do (_resume_after_reboot), decided from the same state, read only."""
-    state = ap.read_state(root)
-    if not state.get("reboot_required"):
-        return None
-    reason = state.get("reason") or "no reason recorded"
-    if not ap.rebooted_since(state, root):
-        return Resume(reason, False, f"a reboot is still pending ({reason}): bootstrap stops before this plan "
-                      "(exit 7) until the host has rebooted")
-    first = f"the host rebooted since ({reason}): bootstrap first records the resume in {ap.STATE_FILE}"
-    if not any(d.is_nvidia for d in scan_display_devices(root)):
-        return Resume(reason, True, f"{first}, then stops: no NVIDIA device to verify the driver on (exit 15)")
-    return Resume(reason, True, f"{first} and verifies the driver (module loaded, versions coherent, "
-                  "`nvidia-smi -L`), then applies this plan")
-
-
 def _print_plan(report, steps, json_out: bool, resume: Resume | None = None) -> None:
     """The plan as it will run: each step's commands (shell-quoted, paste-able), its file diffs against the host
     under the plan's root, and the check that skips it."""
@@ -110,7 +41,7 @@ def _print_plan(report, steps, json_out: bool, resume: Resume | None = None) -> 
     doc = {"schema": "gpuprov.plan/v1", "root": str(root), "target": report.target.name if report.target else None,
            "steps": [s.to_dict(root) for s in steps]}
     if resume:
-        doc["resume"] = dataclasses.asdict(resume)
+        doc["resume"] = resume.to_dict()
     if json_out:
         emit_json(doc)
         return
@@ -163,8 +94,10 @@ def plan_cmd(
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
-    opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi, True,
-                   replace_runtime, only, mirror, for_gpus, kernels, allow_remove)
+    opt = Options.parse(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
+                        engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
+                        replace_runtime=replace_runtime, allow_remove=allow_remove, only=only, mirror=mirror,
+                        for_gpus=for_gpus, kernels=kernels)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -194,8 +127,10 @@ def bootstrap_cmd(
                               "under ROOT (every read, diff and check through it); applying is for this host only."),
 ) -> None:
     """Take this host to a GPU container node: driver, engine, runtime, engine config, validation."""
-    opt = _options(driver, kernel_modules, driver_source, engine, engine_source, runtime_name, no_default, cdi,
-                   not no_validate, replace_runtime, only, mirror, for_gpus, kernels, allow_remove)
+    opt = Options.parse(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
+                        engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
+                        no_validate=no_validate, replace_runtime=replace_runtime, allow_remove=allow_remove,
+                        only=only, mirror=mirror, for_gpus=for_gpus, kernels=kernels)
     if dry_run or check:  # they only report: no lock, no resume, no write
         _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
         return
@@ -212,7 +147,7 @@ def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Pa
     """--dry-run (the plan) and --check (each step evaluated): what bootstrap would do under `root`, changing
     nothing. The resume after a reboot is said, not done; a bundle is verified as a real run verifies it, a .tar.gz
     in a private temporary directory removed afterwards (see _bundle_repo)."""
-    resume = _resume_pending(root)
+    resume = rs.pending(root)
     with _bundle_repo(bundle, bundle_keyring, root) as repo:
         if repo:
             opt = dataclasses.replace(opt, bundle=repo)
@@ -246,7 +181,7 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
     if bundle is not None:
         checked, _ = check_bundle(bundle, bundle_keyring, private=True)  # installed from a verified private copy
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
-    _resume_after_reboot()
+    rs.resume()
     report, steps = _plan(Path("/"), None, opt)
     if not yes:
         if not sys.stdin.isatty():
@@ -260,10 +195,9 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
     finally:  # what got installed is kept even when a later step fails (uninstall --driver/--engine read it)
         ap.record_installed(steps, missing, res)
     if res.reboot_required:
-        changed = {o.id for o in res.outcomes if o.status == "changed"}
-        reasons = [n.removeprefix("reboot: ") for s in steps if s.reboot and s.id in changed for n in s.notes
-                   if n.startswith("reboot: ")]
-        ap.write_state(ap.pending_reboot("; ".join(reasons) or "driver installed / nouveau blacklisted"))
+        changed = res.changed_ids()
+        reasons = [s.reboot_reason for s in steps if s.reboot and s.reboot_reason and s.id in changed]
+        rs.reboot_pending("; ".join(reasons) or rs.DEFAULT_REASON)
     if json_out:
         emit_json(res.to_dict())
     else:
@@ -275,21 +209,9 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
         raise errors.RebootRequired("reboot to load the NVIDIA driver, then run `gpuprov bootstrap` again to verify")
 
 
-def _resume_after_reboot() -> None:
-    """A run that asked for a reboot: refuse until the host rebooted, then check the driver it installed."""
-    state = ap.read_state()
-    if not state.get("reboot_required"):
-        return
-    if not ap.rebooted_since(state):
-        raise errors.RebootRequired(f"a reboot is still pending ({state.get('reason')}): reboot, then run "
-                                    "gpuprov bootstrap again")
-    ap.write_state({**state, "reboot_required": False, "resumed_after_reboot": True})
-    _verify_after_reboot(state)
-
-
 def _print_check(doc: dict, json_out: bool, resume: Resume | None = None) -> None:
     if resume:
-        doc = {**doc, "resume": dataclasses.asdict(resume)}
+        doc = {**doc, "resume": resume.to_dict()}
     if json_out:
         emit_json(doc)
         return
@@ -300,25 +222,6 @@ def _print_check(doc: dict, json_out: bool, resume: Resume | None = None) -> Non
         if item.get("diff"):
             print(item["diff"].rstrip("\n"))
     print(f"{doc['would_change']} step(s) would change")
-
-
-def _verify_after_reboot(state: dict) -> None:
-    """Resuming after the driver's reboot: the module must be loaded, match the userspace, and nvidia-smi answer.
-    Without an NVIDIA device (a baked image, a VM without its GPU) there is nothing to load it on: say so (exit
-    15) rather than fail on the module that cannot load."""
-    if not any(d.is_nvidia for d in scan_display_devices(Path("/"))):
-        raise NoDeviceToVerify(f"resumed after the reboot ({state.get('reason')}): the driver is installed, but "
-                               "this host has no NVIDIA device to load and verify it on; boot the image on a GPU "
-                               "node and run `gpuprov bootstrap` (or `gpuprov verify`) there")
-    h = LocalHost()
-    for check in (driver_loaded, versions_coherent):
-        r = check(h)
-        if r.status == "fail":
-            raise StepFailed(f"after the reboot: {r.name}: {r.detail}")
-    if (h.facts or {}).get("gpus"):
-        root = ((h.facts or {}).get("driver") or {}).get("driver_root") or "/"
-        smi = effects.which("nvidia-smi") or f"{root.rstrip('/')}/bin/nvidia-smi"
-        effects.run([smi, "-L"])
 
 
 def register(app: typer.Typer) -> None:

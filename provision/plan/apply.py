@@ -1,31 +1,40 @@
-"""Apply a plan: progress per step, a log, stop at the first failure; reboot state under /var/lib/gpuprov."""
+"""Apply a plan: progress per step, a log, stop at the first failure (the reboot state: plan/resume.py)."""
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
-from provision import paths, record
-from provision.errors import GpuprovError, StepFailed, UntrustedPath
-from provision.facts.rootfs import read_text, under
-from provision.fsutil import make_dirs, read_trusted, write_file
+from provision import record
+from provision.errors import GpuprovError, StepFailed
+from provision.fsutil import make_dirs
 from provision.output import progress
 from provision.plan.steps import PackagesInstalled, Step, packages_installed
 
-LIVE = Path("/")
-STATE_FILE = Path(paths.STATE_FILE)
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
+
+
+class Status(str, Enum):
+    """What applying a step did (its value is what --json and the log say)."""
+    OK = "ok"  # already satisfied: nothing run
+    CHANGED = "changed"
+    VERIFIED = "verified"  # a verify-only step ran its checks
+    FAILED = "failed"
 
 
 @dataclass
 class StepOutcome:
     id: str
     title: str
-    status: str  # ok (already satisfied) | changed | verified | failed
+    status: Status
     detail: str | None = None
     seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "title": self.title, "status": self.status.value, "detail": self.detail,
+                "seconds": self.seconds}
 
 
 @dataclass
@@ -35,54 +44,14 @@ class ApplyResult:
 
     @property
     def changed(self) -> int:
-        return sum(o.status == "changed" for o in self.outcomes)
+        return sum(o.status is Status.CHANGED for o in self.outcomes)
+
+    def changed_ids(self) -> set[str]:
+        return {o.id for o in self.outcomes if o.status is Status.CHANGED}
 
     def to_dict(self) -> dict:
         return {"changed": self.changed, "reboot_required": self.reboot_required,
-                "steps": [o.__dict__ for o in self.outcomes]}
-
-
-def boot_id(root: Path = LIVE) -> str:
-    return (read_text(root, "/proc/sys/kernel/random/boot_id") or "").strip()
-
-
-BOOT_MARKER = Path(paths.REBOOT_MARKER)
-
-
-def pending_reboot(reason: str) -> dict:
-    """The state that says a reboot is pending, and a marker in /run (a tmpfs every boot starts empty): a container
-    host's restart keeps the kernel's boot_id, so the marker is what tells that one rebooted."""
-    try:  # its directory is made 0755 by write_file, whatever the umask
-        write_file(BOOT_MARKER, reason + "\n", keep_mode=False, backup=False, durable=False)  # /run: gone at boot
-    except OSError:
-        pass
-    return {"reboot_required": True, "boot_id": boot_id(), "reason": reason}
-
-
-def rebooted_since(state: dict, root: Path = LIVE) -> bool:
-    """Whether the host under `root` rebooted since `state` was written (reads only)."""
-    return state.get("boot_id") != boot_id(root) or not under(root, str(BOOT_MARKER)).exists()
-
-
-def read_state(root: Path = LIVE) -> dict:
-    """The reboot state of the host under `root` ({} when there is none, or it is unreadable). On this host, only a
-    state nobody but root could have written is used (fsutil.open_trusted): another is refused, exit 6."""
-    try:
-        if root == LIVE:
-            text = (read_trusted(STATE_FILE) or b"{}").decode()
-        else:
-            text = read_text(root, str(STATE_FILE)) or "{}"
-        state = json.loads(text)
-    except UntrustedPath as exc:
-        raise UntrustedPath(f"bootstrap's state: {exc}; remove it (bootstrap then starts from the beginning)") \
-            from None
-    except (OSError, ValueError):
-        return {}
-    return state if isinstance(state, dict) else {}
-
-
-def write_state(state: dict) -> None:
-    write_file(STATE_FILE, json.dumps(state, indent=2) + "\n", mode=0o644, keep_mode=False, backup=False)
+                "steps": [o.to_dict() for o in self.outcomes]}
 
 
 def log(line: str) -> None:
@@ -141,7 +110,7 @@ def missing_packages(steps: list[Step]) -> dict[str, list[str]]:
 def record_installed(steps: list[Step], missing: dict[str, list[str]], res: ApplyResult) -> None:
     """Keep in the install record the packages gpuprov's steps installed (those missing before that are installed
     now) by stage, and the packages the hold step held."""
-    changed = {o.id for o in res.outcomes if o.status == "changed"}
+    changed = res.changed_ids()
     for s in steps:
         if s.id in missing:
             record.note_packages(getattr(s.stage, "value", s.stage),
@@ -163,20 +132,20 @@ def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True) -
         try:
             if step.verify_only:
                 detail = step.apply() if step.actions else None
-                status = "verified"
+                status = Status.VERIFIED
             elif step.satisfied():
-                detail, status = None, "ok"
+                detail, status = None, Status.OK
             else:
                 detail = step.apply()
-                status = "changed"
+                status = Status.CHANGED
                 res.reboot_required |= step.reboot
         except GpuprovError as exc:
-            res.outcomes.append(StepOutcome(step.id, step.title, "failed", str(exc), time.monotonic() - t))
+            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), time.monotonic() - t))
             note(f"FAILED {step.id}: {exc}")
             say(f"[{i}/{n}] FAILED: {step.title}")
             raise StepFailed(f"step {step.id} ({step.title}) failed: {exc}", exit_code=exc.exit_code) from None
         dt = time.monotonic() - t
         res.outcomes.append(StepOutcome(step.id, step.title, status, detail, dt))
-        note(f"{status.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")
-        say(f"[{i}/{n}] {status}{': ' + detail if detail else ''} ({dt:.1f}s)")
+        note(f"{status.value.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")
+        say(f"[{i}/{n}] {status.value}{': ' + detail if detail else ''} ({dt:.1f}s)")
     return res

@@ -2,17 +2,18 @@
 alone; the checks and actions each step carries do the I/O at apply time."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision import checkimage
+from provision.decide.packages import engine_packages
 from provision.decide.targets import Target
 from provision.engines import base
 from provision.errors import Unsupported
 from provision.facts.engines import EngineOrigin, spec
 from provision.facts.rootfs import under
 from provision.inject.cdi import SpecCurrent
-from provision.options import Stage, values
-from provision.plan import repos, validate
+from provision.options import Options, Stage
+from provision.plan import repos
 from provision.plan.driver import driver_steps
 from provision.plan.packages import APT_ENV, package_step
 from provision.plan.steps import (
@@ -33,26 +34,6 @@ from provision.plan.steps import (
 from provision.report import HostReport
 
 RUNTIME_PATH = base.RUNTIME_PATH
-
-
-@dataclass(frozen=True)
-class Options:
-    driver: str = "auto"  # auto | skip | a driver branch ("535")
-    kernel_modules: str = "auto"
-    driver_source: str = "distro"  # distro | elrepo | nvidia
-    engine: str = "docker"  # docker | containerd | none
-    engine_source: str = "auto"  # auto | distro | docker-ce (auto: the distro's Docker; EL ships none -> docker-ce)
-    runtime_name: str = "nvidia"
-    default_runtime: bool = True
-    cdi: bool = False
-    validate: bool = True
-    bundle: str | None = None  # an offline bundle's repository: packages come from it alone
-    replace_runtime: bool = False  # --replace-runtime: the operator's runtime of that name / default may be replaced
-    allow_remove: bool = False  # --allow-remove: a package install may remove installed packages (plan/packages.py)
-    mirrors: dict[str, str] = field(default_factory=dict)  # repository name -> base URL (repos.BASES)
-    stages: tuple[str, ...] = values(Stage)  # bootstrap --only: the stages whose steps are planned
-    for_gpus: tuple[str, ...] = ()  # image baking: decide as if these PCI ids were present
-    kernels: tuple[str, ...] = ()  # build the driver for these kernels (default: see plan/driver.py)
 
 
 def dpkg_recover_step(stage: Stage, allow_remove: bool = False) -> Step:
@@ -95,7 +76,7 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
     if source == "auto":
         source = "docker-ce" if target.family == "rhel" and target.os_id != "amzn" and opt.engine == "docker" \
             else "distro"
-    pkgs = repos.engine_packages(target, opt.engine, source)
+    pkgs = engine_packages(target, opt.engine, source)
     pre: tuple[Command, ...] = ()
     if source == "docker-ce":
         if target.family == "debian":
@@ -170,16 +151,16 @@ def validate_steps(report: HostReport, target: Target, opt: Options, runtime_pat
         return []
     has_gpu = bool(report.gpus)
     if opt.engine == "docker":
-        actions: tuple = (ImportImage(validate.IMAGE, validate.BINARIES),
-                          *(Command(a) for a in validate.run_argvs(opt.runtime_name, has_gpu)))
+        actions: tuple = (ImportImage(checkimage.IMAGE, checkimage.BINARIES),
+                          *(Command(a) for a in checkimage.run_argvs(opt.runtime_name, has_gpu)))
     else:
-        actions = (ImportImage(validate.CTR_IMAGE, validate.BINARIES, engine="containerd"),
-                   Command(validate.ctr_remove_argv(), may_fail=True),
-                   *(RunContainer(a, validate.ctr_log(), expect=None if i else validate.OK_WORD)
-                     for i, a in enumerate(validate.ctr_run_argvs(runtime_path, has_gpu))))
+        actions = (ImportImage(checkimage.CTR_IMAGE, checkimage.BINARIES, engine="containerd"),
+                   Command(checkimage.ctr_remove_argv(), may_fail=True),
+                   *(RunContainer(a, checkimage.ctr_log(), expect=None if i else checkimage.OK_WORD)
+                     for i, a in enumerate(checkimage.ctr_run_argvs(runtime_path, has_gpu))))
     return [Step("validate", Stage.VALIDATE, "Start a validation container through the runtime"
                  + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)")
-                 + (f" (containerd, namespace {validate.CTR_NAMESPACE})" if opt.engine == "containerd" else ""),
+                 + (f" (containerd, namespace {checkimage.CTR_NAMESPACE})" if opt.engine == "containerd" else ""),
                  actions=actions, check=Never("always runs: it proves the node works"), verify_only=True,
                  notes=() if has_gpu else ("no GPU on this host: checked a plain container",))]
 

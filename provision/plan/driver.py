@@ -34,6 +34,7 @@ from provision.decide.kernel import (
     kernel_metapackages,
     ubuntu_precompiled,
 )
+from provision.decide.packages import debian_components
 from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, RemovalRefused, StepFailed, Unsupported
 from provision.facts.boot import installed_kernels, next_boot_kernel, nvidia_module
@@ -531,7 +532,7 @@ def _driver_packages(gpus: list, target: Target) -> list[str]:
 def _components_step(root: Path, target: Target, opt) -> list[Step]:
     """Debian: enable contrib/non-free(-firmware) in the apt entries that exist (read under the root), as minimal
     edits; none when they are on already or the packages come from a bundle."""
-    comps = repos.debian_components(target)
+    comps = debian_components(target)
     writes = []
     lists = root / "etc/apt/sources.list.d"
     for p in [root / "etc/apt/sources.list", *sorted(lists.glob("*.sources")), *sorted(lists.glob("*.list"))]:
@@ -594,10 +595,9 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     title = ((f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
               f"Install the driver: {' '.join(packages)}")
              + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
-    reboot_note = (f"reboot: {f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for "
-                   f"{', '.join(kernels.releases)} loads at the next boot"
-                   + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
-    notes = [reboot_note]
+    why = (f"{f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for {', '.join(kernels.releases)} "
+           "loads at the next boot" + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
+    notes = []
     if kp.follow:
         notes.append(f"{' '.join(kp.follow)} follows {' '.join(f'linux-image-{h[14:]}' for h in kp.follow)}: a "
                      "kernel apt brings in later gets its headers, and DKMS builds the module for it before the reboot")
@@ -620,8 +620,9 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                                 remove=rep.remove if rep else ())
         return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
-                    reboot=True, notes=tuple(notes))
+                    reboot=True, reboot_reason=why, notes=tuple(notes))
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
+                        reboot_reason=why,
                         allow_remove=opt.allow_remove,
                         check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
                         notes=tuple(notes))

@@ -1,5 +1,5 @@
-"""Where packages come from, per distro family: the one table of repository URLs, keys and package names for
-engines (driver packages come from provision.decide.driver)."""
+"""Where packages come from, per distro family: the one table of repository URLs and keys (which packages: the
+engine's in provision.decide.packages, the driver's in provision.decide.driver)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,24 +47,6 @@ def docker_ce_repo_file(target: Target, mirrors: MirrorMap | None = None) -> str
 def docker_ce_apt_source(target: Target, mirrors: MirrorMap | None = None) -> str:
     return (f"deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {base('docker-ce', mirrors)}/"
             f"{target.os_id} {target.codename} stable\n")
-
-
-def engine_packages(target: Target, engine: str, source: str) -> tuple[str, ...]:
-    if engine == "containerd":
-        return ("containerd",) if target.family == "debian" else ("containerd.io",)
-    if source == "docker-ce":
-        return ("docker-ce", "docker-ce-cli", "containerd.io")
-    if target.family == "debian":
-        return ("docker.io",)
-    if target.os_id == "amzn":
-        return ("docker",)
-    return ("moby-engine",)  # Fedora-family Moby; EL proper ships no Docker (the default there is docker-ce)
-
-
-def debian_components(target: Target) -> tuple[str, ...]:
-    if target.os_id == "ubuntu":
-        return ("restricted", "multiverse")
-    return ("contrib", "non-free") + (("non-free-firmware",) if int(target.version) >= 12 else ())
 
 
 # --- an offline bundle's repository as the only package source (provision/bundle builds it) ---------------------

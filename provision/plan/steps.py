@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Union
 
-from provision import dispatch, effects, engines
+from provision import checkimage, dispatch, effects, engines
 from provision.engines import containerd
 from provision.engines.base import Change, EnginePlan, FileEdit, RuntimeRequest
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import MAX_READ, is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.inject import install
-from provision.plan import validate
 
 LIVE = Path("/")
 
@@ -181,9 +180,7 @@ class ImportImage(Action):
     engine: str = "docker"  # docker | containerd
 
     def commands(self) -> list[Command]:
-        if self.engine == "containerd":
-            return [Command((*validate.CTR, "images", "import", "-"))]
-        return [Command(("docker", "image", "inspect", self.image)), Command(("docker", "import", "-", self.image))]
+        return [Command(a) for a in checkimage.import_argvs(self.image, self.engine)]
 
     def lines(self) -> list[str]:
         what = f"{', '.join(self.binaries)} and their libraries, taken from this host"
@@ -193,15 +190,7 @@ class ImportImage(Action):
         return [f"$ {inspect} >/dev/null || {imp} < <tar of {what}>"]
 
     def execute(self) -> str:
-        if self.engine == "containerd":
-            (imp,) = self.commands()
-            effects.run(list(imp.argv), input_text=validate.oci_archive(validate.build_image_tar(self.binaries),
-                                                                        self.image))
-            return ""
-        inspect, imp = self.commands()
-        if inspect.run().returncode == 0:
-            return ""
-        effects.run(list(imp.argv), input_text=validate.build_image_tar(self.binaries))
+        checkimage.import_image(self.image, self.binaries, self.engine)  # runs exactly commands()
         return ""
 
 
@@ -415,6 +404,7 @@ class Step:
     check: Check = field(default_factory=Never)
     verify_only: bool = False  # changes nothing (validation, facts): never counted as a change
     reboot: bool = False  # doing this step requires a reboot afterwards
+    reboot_reason: str = ""  # why, in words: what bootstrap records for the resume (plan/resume.py)
     notes: tuple[str, ...] = ()  # shown with the plan and appended to the step's result
     hint: str | None = None  # appended to a failure's message: what to do about it
 
@@ -434,6 +424,10 @@ class Step:
 
     def lines(self) -> list[str]:
         return [ln for a in self.actions for ln in a.lines()]
+
+    def shown_notes(self) -> list[str]:
+        """The notes as the plan and the step's result show them: the reboot's reason first."""
+        return ([f"reboot: {self.reboot_reason}"] if self.reboot_reason else []) + list(self.notes)
 
     def diffs(self, root: Path) -> dict[str, str]:
         out = {a.path: a.diff(root) for a in self.actions if isinstance(a, WriteFile)}
@@ -457,14 +451,14 @@ class Step:
             # a command that may fail is not the step's result (e.g. "not found" from removing a leftover)
             if last and a.reports and not getattr(a, "may_fail", False):
                 outs.append(last[-1].strip())
-        detail = "; ".join(outs + list(self.notes))
+        detail = "; ".join(outs + self.shown_notes())
         return detail or None
 
     def to_dict(self, root: Path = LIVE, diffs: bool = True) -> dict:
         d = {"id": self.id, "title": self.title, "commands": [c.shell() for c in self.commands],
              "on_failure": [c.shell() for c in self.on_failure], "actions": [ln for ln in self.lines()],
              "files": sorted(self.files), "check": self.check.describe(),
-             "reboot": self.reboot, "verify_only": self.verify_only, "notes": list(self.notes)}
+             "reboot": self.reboot, "verify_only": self.verify_only, "notes": self.shown_notes()}
         if diffs:
             d["diffs"] = self.diffs(root)
         return d

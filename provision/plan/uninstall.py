@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import engines, paths, record
+from provision import checkimage, engines, paths, record
 from provision.engines.base import RuntimeRequest
 from provision.facts.rootfs import is_live, under
 from provision.hostlock import LOCK_NAME, lock_dirs
@@ -26,7 +26,6 @@ from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
-from provision.plan import validate
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import NOUVEAU_CONF
 from provision.plan.packages import APT_ENV
@@ -115,7 +114,7 @@ def image_steps(root: Path) -> list[Step]:
     """The validation images (every gpuprov version's tag), in each engine that answers. Only on the live host."""
     if not is_live(root):
         return []
-    argvs = validate.leftover_image_argvs()
+    argvs = checkimage.leftover_image_argvs()
     if not argvs:
         return []
     return [Step("uninstall.images", Stage.VALIDATE, "Remove gpuprov's validation images",

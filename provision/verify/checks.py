@@ -17,23 +17,22 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
-from provision import effects
+from provision import checkimage, effects
+from provision.checkimage import IMAGE
 from provision.engines import containerd, crio
 from provision.engines.containerd import runtime_in_dump
 from provision.errors import GpuprovError, StepFailed
 from provision.k8s.labels import NFD_FILE
-from provision.plan import validate
-from provision.plan.steps import ImportImage
-from provision.plan.validate import IMAGE
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 # Fixed paths, not provision/paths.py's: through testinfra the controller names these for a node, and the node's
 # `gpuprov verify --prepare` must find the same ones whatever GPUPROV_STATE_DIR/GPUPROV_RUN_DIR the controller has.
 ROOTFS = "/var/lib/gpuprov/verify/rootfs"  # containerd's check container: the image's files, unpacked
-CTR = list(validate.CTR)  # gpuprov's own namespace, as bootstrap's validation step uses
+CTR = list(checkimage.CTR)  # gpuprov's own namespace, as bootstrap's validation step uses
 # containerd's check container writes its output here (ctr run --log-uri; plan/steps.RunContainer says why)
 LOG_DIR = "/run/gpuprov"
 OK_WORD = "gpuprov-verify-ok"
+NO_GPU = "no NVIDIA GPU on this host"
 
 
 @dataclass
@@ -122,7 +121,7 @@ def prepare_image(engine: str, rootfs: str = ROOTFS) -> None:
     """On this host: the check image for `engine`, from this host's own files (no registry)."""
 
     if engine == "docker":  # the validation image, imported from this host's files when it is missing
-        ImportImage(IMAGE, validate.BINARIES).execute()
+        checkimage.import_image(IMAGE)
         return
     root = Path(rootfs)
     stamp = root / ".gpuprov-image"
@@ -131,7 +130,7 @@ def prepare_image(engine: str, rootfs: str = ROOTFS) -> None:
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, mode=0o755)
-    with tarfile.open(fileobj=io.BytesIO(validate.build_image_tar())) as tar:
+    with tarfile.open(fileobj=io.BytesIO(checkimage.build_image_tar())) as tar:
         tar.extractall(root)  # our own tar, built a moment ago from this host's files
     stamp.write_text(IMAGE)
 
@@ -141,7 +140,7 @@ def _gpus(h: NodeHost) -> list:
 
 
 def _skip_without_gpu(name: str, h: NodeHost) -> CheckResult | None:
-    return None if _gpus(h) else CheckResult(name, "skip", "no NVIDIA GPU on this host")
+    return None if _gpus(h) else CheckResult(name, "skip", NO_GPU)
 
 
 def _driver(h: NodeHost) -> dict:
@@ -156,22 +155,29 @@ def gpuprov_installed(h: NodeHost) -> CheckResult:
 
 
 def driver_loaded(h: NodeHost) -> CheckResult:
-    skip = _skip_without_gpu("driver loaded", h)
-    if skip:
-        return skip
     drv = _driver(h)
-    if not drv.get("loaded"):
+    return loaded_result(bool(_gpus(h)), bool(drv.get("loaded")), drv.get("version"), drv.get("kernel_module"))
+
+
+def loaded_result(gpus: bool, loaded: bool, version: str | None, module: str | None) -> CheckResult:
+    """driver_loaded from typed facts (bootstrap's resume reads them from this host's HostReport)."""
+    if not gpus:
+        return CheckResult("driver loaded", "skip", NO_GPU)
+    if not loaded:
         return CheckResult("driver loaded", "fail", "NVIDIA GPU present but no driver loaded: gpuprov bootstrap, "
                            "then reboot if it asks")
-    return CheckResult("driver loaded", "pass", f"{drv.get('version')} ({drv.get('kernel_module')} module)")
+    return CheckResult("driver loaded", "pass", f"{version} ({module} module)")
 
 
 def versions_coherent(h: NodeHost) -> CheckResult:
-    skip = _skip_without_gpu("driver versions coherent", h)
-    if skip:
-        return skip
     drv = _driver(h)
-    k, u = drv.get("version"), drv.get("userspace_version")
+    return coherent_result(bool(_gpus(h)), drv.get("version"), drv.get("userspace_version"))
+
+
+def coherent_result(gpus: bool, k: str | None, u: str | None) -> CheckResult:
+    """versions_coherent from typed facts: the loaded module's version against the userspace's."""
+    if not gpus:
+        return CheckResult("driver versions coherent", "skip", NO_GPU)
     if not k or not u or k != u:
         return CheckResult("driver versions coherent", "fail", f"kernel module {k} vs userspace {u}: a reboot is "
                            "pending or an upgrade replaced one of them (\"Driver/library version mismatch\")")

@@ -215,7 +215,7 @@ def test_cli_options_take_the_rules_of_the_table():
     app = typer.main.get_command(load_commands(["plan", "runtime_cmds"]))
     boot = {p.name: p for p in app.commands["bootstrap"].params}
     for option, param in MODULE_PARAMS.items():
-        if param in values.PARAMS and option != "mirror":  # NAME=URL: plan's _parse_mirrors checks the URL part
+        if param in values.PARAMS and option != "mirror":  # NAME=URL: options.Options.parse checks the URL part
             assert getattr(boot[option].callback, "rule", None) == values.PARAMS[param], option
     install = {p.name: p for p in app.commands["runtime"].commands["install"].params}
     for key in ("runc", "driver_root", "dev_root", "proc_root"):

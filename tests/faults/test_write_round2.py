@@ -305,16 +305,16 @@ def test_share_state_another_user_wrote_is_refused(scratch):
 
 def test_bootstrap_state_others_can_write_is_refused(tmp_path, monkeypatch):
     from provision.errors import GpuprovError
-    from provision.plan import apply
+    from provision.plan import resume
 
     p = tmp_path / "state.json"
     p.write_text(json.dumps({"reboot_required": True, "boot_id": "x", "reason": "test"}))
-    monkeypatch.setattr(apply, "STATE_FILE", p)
+    monkeypatch.setattr(resume, "STATE_FILE", p)
     p.chmod(0o644)
-    assert apply.read_state()["reason"] == "test"
+    assert resume.read_state().reason == "test"
     p.chmod(0o666)
     with pytest.raises(GpuprovError) as exc:
-        apply.read_state()
+        resume.read_state()
     assert exc.value.exit_code == CONFIG_INVALID and str(p) in str(exc.value)
 
 

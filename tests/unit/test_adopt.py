@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from provision.errors import CONFLICT, GpuprovError
+from provision.options import Options
 from provision.plan import steps as st
-from provision.plan.build import Options, build_plan
+from provision.plan.build import build_plan
 from provision.plan.packages import PackageInstall, removals
 from provision.report import detect_host
 from tests.conftest import make_host

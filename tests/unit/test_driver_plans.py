@@ -10,7 +10,8 @@ import pytest
 
 from provision.errors import GpuprovError, Unsupported
 from provision.facts.driver_facts import SECURE_BOOT_VAR
-from provision.plan.build import Options, build_plan
+from provision.options import Options
+from provision.plan.build import build_plan
 from provision.plan.driver import choose_kernels, loads
 from provision.report import detect_host
 from tests.conftest import make_host, run_cli

@@ -24,8 +24,9 @@ from provision.decide.kernel import (
 )
 from provision.facts.boot import next_boot_kernel, nvidia_module, parse_grub_menu, read_next_boot, resolve_entry
 from provision.facts.packages import InstalledPackage, archive_depends, closure, dpkg_installed, offered_module_packages
+from provision.options import Options
 from provision.plan import driver as drv
-from provision.plan.build import Options, build_plan
+from provision.plan.build import build_plan
 from provision.plan.steps import packages_installed
 from provision.report import detect_host
 from provision.verify.checks import NodeHost, next_boot_module
@@ -316,7 +317,8 @@ def test_branch_change_plan(tmp_path):
     assert [ln for ln in lines if "dkms autoinstall" in ln] == [f"$ dkms autoinstall -k {OLD}",
                                                                  f"$ dkms autoinstall -k {NEW}"]
     assert step.title.startswith("Replace the driver nvidia-driver 1.0 with nvidia-tesla-470-kernel-dkms")
-    assert any(n.startswith("reboot: driver nvidia-driver 1.0 replaced") for n in step.notes)
+    assert step.reboot_reason.startswith("driver nvidia-driver 1.0 replaced")
+    assert step.to_dict(diffs=False)["notes"][0] == f"reboot: {step.reboot_reason}"
     assert "back to nvidia-driver 1.0" in step.actions[0].ways_out
 
 

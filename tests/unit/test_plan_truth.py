@@ -22,14 +22,15 @@ from pathlib import Path
 import pytest
 
 import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
-from provision import effects, paths
+from provision import checkimage, effects, paths
 from provision.bundle import manifest
 from provision.errors import GpuprovError
 from provision.facts.distro_facts import read_distro
-from provision.plan import driver, validate
+from provision.options import Options
+from provision.plan import driver
 from provision.plan import steps as st
 from provision.plan.apply import check_plan
-from provision.plan.build import Options, build_plan
+from provision.plan.build import build_plan
 from provision.report import detect_host
 from tests import bundles
 from tests.bundles import small_bundle, tar_of
@@ -62,7 +63,7 @@ class Recorder:
             if "--log-uri" in argv:  # containerd's shim writes the container's output where ctr run says
                 log = Path(argv[argv.index("--log-uri") + 1].removeprefix("file://"))
                 log.parent.mkdir(parents=True, exist_ok=True)
-                log.write_text(f"{validate.OK_WORD}\n")
+                log.write_text(f"{checkimage.OK_WORD}\n")
             return effects.CommandResult(list(argv), 1 if failing else 0, "done\n", "done\n")
 
         monkeypatch.setattr(effects, "run", run)
@@ -208,8 +209,8 @@ def test_json_and_check_list_every_actions_commands(tmp_path):
         f"DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get install -y --no-install-recommends --no-remove "
         f"{pkgs}", "dkms autoinstall -k 6.1.0-27-amd64", "dkms status -k 6.1.0-27-amd64"]
     assert checked["driver.packages"]["on_failure"][-1] == "dpkg --audit"
-    assert doc["validate"]["commands"][:2] == [f"docker image inspect {validate.IMAGE}",
-                                               f"docker import - {validate.IMAGE}"]
+    assert doc["validate"]["commands"][:2] == [f"docker image inspect {checkimage.IMAGE}",
+                                               f"docker import - {checkimage.IMAGE}"]
 
 
 def test_bundle_plan_writes_its_source_list_only_when_applied(tmp_path, monkeypatch):
