@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import shutil
 import stat
 import time
 from collections.abc import Callable
@@ -341,15 +342,21 @@ def write_file(path: str | os.PathLike, data: str | bytes | Callable[[io.Buffere
     the file is still that (ConcurrentEdit otherwise). `shared_dir_ok`: the operator allowed a directory other users
     can write (--allow-shared-dir). `data` may be a writer, called with the staged file (a bundle's tar, streamed).
     Returns the backup's path when one was made (`backup` and the file existed)."""
-    link = Path(path)
     blob = data.encode() if isinstance(data, str) else data if callable(data) else bytes(data)
     how = _How(mode, backup, keep_mode, durable, expect, shared_dir_ok)
+    return _at_parent(Path(path), lambda dfd, target: _write_at(dfd, target, blob, how))
+
+
+def _at_parent(link: Path, act, leaf: bool = True):
+    """`act(dfd, target)` in the target's directory, opened without following links (made 0755 where missing); a
+    full disk or a read-only mount becomes WriteFailed (exit 13). `leaf`: the target itself is resolved through
+    trusted symlinks too (written through); else only its directory is (the name itself is replaced)."""
     target = link
     try:
-        target = Path(resolve(link))  # through trusted symlinks only (chains and linked directories included)
+        target = Path(resolve(link)) if leaf else Path(resolve(link.parent)) / link.name
         dfd = _open_dir(str(target.parent), DIR_MODE)
         try:
-            return _write_at(dfd, target, blob, how)
+            return act(dfd, target)
         finally:
             os.close(dfd)
     except UntrustedPath:
@@ -517,6 +524,64 @@ class _Staged:
         if self.tmp is not None:
             _unlink_quiet(self.tmp, self.dfd)
             self.tmp = None
+
+
+# --- a directory published whole, and a link switched atomically (gpuprov driver-volume) ------------------------
+
+def publish_dir(dest: str | os.PathLike, fill: Callable[[Path], None], mode: int = DIR_MODE) -> bool:
+    """Make directory `dest` whole or not at all: `fill(staging)` fills a staging directory beside it
+    (`.<name>.tmp`, a killed run's leftover removed first), which is then renamed to `dest`. False, and nothing
+    done, when `dest` is there already. Its directory must be private (a shared one: UntrustedPath, exit 6)."""
+    dest = Path(dest)
+
+    def act(dfd: int, target: Path) -> bool:
+        _check_dir(dfd, target, _How(mode, False, False, True, None, False))
+        if _stat_at(dfd, target.name) is not None:
+            return False
+        staging = target.with_name(f".{target.name}.tmp")
+        if _stat_at(dfd, staging.name) is not None:
+            shutil.rmtree(staging, ignore_errors=True)  # its directory is private: nobody else put it there
+        os.close(_make_dir_at(dfd, staging.name, mode))
+        try:
+            fill(staging)
+            os.rename(staging.name, target.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        os.fsync(dfd)
+        return True
+
+    return _at_parent(dest, act, leaf=False)
+
+
+def point_link(link: str | os.PathLike, to: str) -> bool:
+    """Make `link` a symlink to `to`, switched atomically (a new link renamed over the old: a reader sees the old
+    target or the new one, never none). False when it points there already."""
+    def act(dfd: int, target: Path) -> bool:
+        _check_dir(dfd, target, _How(0, False, False, True, None, False))
+        st = _stat_at(dfd, target.name)
+        if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(target.name, dir_fd=dfd) == to:
+            return False
+        tmp = f".{target.name}.tmp"
+        _unlink_quiet(tmp, dfd)  # a killed run's leftover
+        os.symlink(to, tmp, dir_fd=dfd)
+        os.replace(tmp, target.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.fsync(dfd)
+        return True
+
+    return _at_parent(Path(link), act, leaf=False)
+
+
+def link_or_copy(src: str | os.PathLike, dst: Path) -> None:
+    """`dst` (inside a staging directory of publish_dir) as a hard link to `src`, or a copy across filesystems; a
+    name already there is kept."""
+    if os.path.lexists(dst):
+        return
+    make_dirs(dst.parent, DIR_MODE)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def fsync_dir(d: Path) -> None:

@@ -11,9 +11,9 @@ import typer
 
 from provision import effects, paths
 from provision.commands import summary
-from provision.errors import GpuprovError, UsageError
+from provision.errors import REQUIREMENT_FAILED, UNSUPPORTED, GpuprovError, UsageError
 from provision.facts.driver_facts import find_driver_root
-from provision.fsutil import make_dirs, write_file
+from provision.fsutil import link_or_copy, make_dirs, point_link, publish_dir, write_file
 from provision.hostlock import changes_host, host_lock
 from provision.inject.cdi import generate_spec, refresh_specs, refresh_units, render
 from provision.inject.discover import discover, write_manifests
@@ -41,7 +41,7 @@ def _discover(driver_root: Optional[str], arch: bool = False) -> Discovery:
     disc = discover(driver_root, proc_root=s.proc_root, dev_root=s.dev_root, arch=arch)
     if not disc.version:
         raise GpuprovError(f"no NVIDIA driver found (driver root {driver_root}, /proc/driver/nvidia/version); "
-                           "install one with `gpuprov bootstrap` or pass --driver-root", exit_code=4)
+                           "install one with `gpuprov bootstrap` or pass --driver-root", exit_code=UNSUPPORTED)
     return disc
 
 
@@ -175,7 +175,7 @@ def docker_args(
         e = compute_edits(_discover(driver_root), {"NVIDIA_VISIBLE_DEVICES": gpus,
                                                    "NVIDIA_DRIVER_CAPABILITIES": capabilities})
     except Refused as exc:
-        raise GpuprovError(str(exc), exit_code=10) from None
+        raise GpuprovError(str(exc), exit_code=REQUIREMENT_FAILED) from None
     flags = [f"--device={d['path']}" for d in e["devices"]]
     flags += [f"--volume={m['source']}:{m['destination']}:ro" for m in e["mounts"]]
     flags += [f"--env={k}={v}" for k, v in e["env"].items()]
@@ -191,43 +191,27 @@ def driver_volume(
     """Keep BASE/current -> BASE/<version> (bin/, lib64/ at SONAMEs): mount BASE/current, survive upgrades."""
     disc = _discover(driver_root)
     version = disc.version or ""  # _discover refused a root without a driver
-    vdir = base / version
-    if not vdir.exists():
-        tmp = base / f".{version}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def fill(tmp: Path) -> None:
         make_dirs(tmp / "bin", 0o755)  # explicit modes, whatever the umask
         make_dirs(tmp / "lib64", 0o755)
         for libs in disc.libraries.values():
             for lib in libs:
-                _link_or_copy(lib.path, tmp / "lib64" / lib.soname)
+                link_or_copy(lib.path, tmp / "lib64" / lib.soname)  # a library of two capabilities: kept once
         for libs in disc.libraries32.values():
             for lib in libs:
-                _link_or_copy(lib.path, tmp / "lib32" / lib.soname)
+                link_or_copy(lib.path, tmp / "lib32" / lib.soname)
         for bins in disc.binaries.values():
             for b in bins:
-                _link_or_copy(b, tmp / "bin" / os.path.basename(b))
+                link_or_copy(b, tmp / "bin" / os.path.basename(b))
         for man in disc.manifests:  # share/vulkan/icd.d/… : mount share/ at /usr/share for graphics
             if not man.rewrite:
-                _link_or_copy(man.path, tmp / man.container_path.lstrip("/").replace("usr/", "", 1))
-        os.replace(tmp, vdir)
+                link_or_copy(man.path, tmp / man.container_path.lstrip("/").replace("usr/", "", 1))
+
+    publish_dir(base / version, fill)
     cur = base / "current"
-    if not (cur.is_symlink() and os.readlink(cur) == version):
-        tmp_link = base / ".current.tmp"
-        if tmp_link.is_symlink():
-            tmp_link.unlink()
-        os.symlink(version, tmp_link)
-        os.replace(tmp_link, cur)  # atomic switch: running manifests keep a valid path
+    point_link(cur, version)  # atomic switch: running manifests keep a valid path
     print(f"{cur} -> {version}  (docker run -v {cur}:/usr/local/nvidia:ro …)")
-
-
-def _link_or_copy(src: str, dst: Path) -> None:
-    if dst.exists():  # a library that serves two capabilities (libnvidia-gpucomp)
-        return
-    make_dirs(dst.parent, 0o755)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def register(app: typer.Typer) -> None:

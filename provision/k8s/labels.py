@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from provision.errors import GpuprovError
+from provision.errors import INTERNAL, GpuprovError, Unsupported, UsageError
 from provision.metrics.nvml import Snapshot
 
 NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
@@ -44,7 +44,7 @@ def sanitise(name: str) -> str:
 
 def gfd_labels(snap: Snapshot, sharing: Sharing) -> dict[str, str]:
     if not snap.gpus:
-        raise GpuprovError("no NVIDIA GPU visible to NVML: nothing to label (gpuprov verify)", exit_code=4)
+        raise Unsupported("no NVIDIA GPU visible to NVML: nothing to label (gpuprov verify)")
     g = snap.gpus[0]
     product = sanitise(g.name) + ("-SHARED" if sharing.replicas > 1 else "")
     labels = {
@@ -81,7 +81,7 @@ def check_label(key: str, value: str) -> None:
     ok = (_NAME.fullmatch(name) and len(name) <= 63 and (not prefix or (_PREFIX.fullmatch(prefix) and len(prefix) <= 253))
           and (value == "" or (_NAME.fullmatch(value) and len(value) <= 63)))
     if not ok:
-        raise GpuprovError(f"label {key}={value!r} is not a valid Kubernetes label", exit_code=1)
+        raise UsageError(f"label {key}={value!r} is not a valid Kubernetes label")
 
 
 def nfd_file(labels: dict[str, str]) -> str:
@@ -90,7 +90,7 @@ def nfd_file(labels: dict[str, str]) -> str:
             "# rewritten when the GPUs, the driver or GPU sharing change. Do not edit: run gpuprov again.\n"
             + "".join(f"{k}={v}\n" for k, v in labels.items()))
     if len(text.encode()) > NFD_MAX_BYTES:
-        raise GpuprovError(f"the labels file would exceed NFD's {NFD_MAX_BYTES}-byte limit", exit_code=1)
+        raise GpuprovError(f"the labels file would exceed NFD's {NFD_MAX_BYTES}-byte limit", exit_code=INTERNAL)
     return text
 
 

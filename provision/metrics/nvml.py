@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from provision.errors import GpuprovError
+from provision.errors import UNSUPPORTED, GpuprovError
 
 
 @dataclass
@@ -57,7 +57,7 @@ def load():
         import pynvml  # lazy: 10.5 ms at start-up (-X importtime, min of 15), and it must not load for other commands
     except ImportError:
         raise GpuprovError("the NVML binding is missing: pip install nvidia-ml-py (gpuprov depends on it)",
-                           exit_code=4) from None
+                           exit_code=UNSUPPORTED) from None
     return pynvml
 
 
@@ -135,7 +135,7 @@ def snapshot(nv=None, *, kmsg: str = "/dev/kmsg") -> Snapshot:
         nv.nvmlInit()
     except nv.NVMLError as exc:
         raise GpuprovError(f"NVML could not start ({exc}): is the NVIDIA driver loaded? (gpuprov verify)",
-                           exit_code=4) from None
+                           exit_code=UNSUPPORTED) from None
     try:
         drv = _s(nv.nvmlSystemGetDriverVersion())
         cuda = _try(nv, nv.nvmlSystemGetCudaDriverVersion, default=0) or 0

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 
 from provision import effects
-from provision.errors import GpuprovError, StepFailed, UsageError
+from provision.errors import UNSUPPORTED, GpuprovError, StepFailed, UsageError
 
 EXCLUSIVE = "Exclusive_Process"  # as nvidia-smi --query-gpu prints it; `-c` takes the name in capitals
 MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
@@ -31,7 +31,7 @@ def find_smi(control: str) -> str:
         if cand and os.path.exists(cand):
             return cand
     raise GpuprovError(f"nvidia-smi not found next to {control} or on PATH: install the NVIDIA driver's utilities "
-                       "(gpuprov bootstrap)", exit_code=4)
+                       "(gpuprov bootstrap)", exit_code=UNSUPPORTED)
 
 
 def query(smi: str) -> list[GpuMode]:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from provision import effects, paths
-from provision.errors import CONFIG_INVALID, GpuprovError, StepFailed, UntrustedPath
+from provision.errors import CONFIG_INVALID, UNSUPPORTED, USAGE, GpuprovError, StepFailed, UntrustedPath
 from provision.fsutil import make_dirs, read_trusted, write_file
 from provision.metrics import nvml, usage
 from provision.render import render
@@ -30,7 +30,7 @@ def find_control() -> str:
                  "/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"):
         if cand and os.path.exists(cand):
             return cand
-    raise GpuprovError("nvidia-cuda-mps-control not found: install the NVIDIA driver (gpuprov bootstrap)", exit_code=4)
+    raise GpuprovError("nvidia-cuda-mps-control not found: install the NVIDIA driver (gpuprov bootstrap)", exit_code=UNSUPPORTED)
 
 
 def _env(state: MpsState) -> dict:
@@ -104,7 +104,7 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
         old = None
     if old and daemon_pid(old):
         raise GpuprovError(f"GPU sharing is already on (MPS daemon pid {daemon_pid(old)}); "
-                           "`gpuprov share disable` first to change its settings", exit_code=2)
+                           "`gpuprov share disable` first to change its settings", exit_code=USAGE)
     ctl = find_control()
     smi = compute_mode.find_smi(ctl)
     shared = compute_mode.chosen(compute_mode.query(smi), gpus)

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from provision.errors import GpuprovError, UsageError
+from provision.errors import USAGE, GpuprovError, UsageError
 from provision.k8s import labels as L
 from provision.k8s import manifests as M
 from provision.metrics import nvml
@@ -66,10 +66,10 @@ def test_family_table_and_sanitising():
     assert [L.family(*cc) for cc in ((7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (12, 0), (4, 0))] == [
         "volta", "turing", "ampere", "ada-lovelace", "hopper", "blackwell", "blackwell", "undefined"]
     assert L.sanitise("NVIDIA H100 80GB HBM3 (SXM5)") == "NVIDIA-H100-80GB-HBM3-SXM5"
-    with pytest.raises(GpuprovError):
-        L.check_label("nvidia.com/gpu.product", "x" * 64)
-    with pytest.raises(GpuprovError):
-        L.check_label("nvidia.com/gpu product", "a")
+    for key, value in (("nvidia.com/gpu.product", "x" * 64), ("nvidia.com/gpu product", "a")):
+        with pytest.raises(GpuprovError) as exc:
+            L.check_label(key, value)
+        assert exc.value.exit_code == USAGE  # an invalid value, not an internal error
 
 
 def test_nfd_file_reads_back_as_nfd_reads_it(tmp_path):
