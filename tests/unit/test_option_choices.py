@@ -145,3 +145,18 @@ def test_mirror_names_are_the_repository_table():
 def test_cli_rejects_what_the_enums_do_not_list(option, bad):
     r = run_cli("plan", "--root", str(REPO / "tests/fixtures/hosts/h200-vm"), option, bad)
     assert r.returncode == 2, r.stderr
+
+
+def test_options_hold_only_their_choices():
+    """Options is made from options.py's choices: a value outside them never reaches a plan (exit 2, the option
+    named), whether from the command line (Options.parse) or from code."""
+    from provision.errors import UsageError
+
+    for kw, words in (({"engine": "crio"}, "--engine must be one of docker, containerd, none"),
+                      ({"kernel_modules": "both"}, "--kernel-modules must be one of auto, open, proprietary")):
+        for make in (Options, Options.parse):
+            with pytest.raises(UsageError, match=words):
+                make(**kw)
+    opt = Options.parse(no_default=True, no_validate=True, only="driver,runtime", mirror=["epel=https://m.example/e"])
+    assert (opt.default_runtime, opt.validate, opt.stages, opt.mirrors) == \
+        (False, False, ("driver", "runtime"), {"epel": "https://m.example/e"})
