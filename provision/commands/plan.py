@@ -195,9 +195,7 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
     finally:  # what got installed is kept even when a later step fails (uninstall --driver/--engine read it)
         ap.record_installed(steps, missing, res)
     if res.reboot_required:
-        changed = res.changed_ids()
-        reasons = [s.reboot_reason for s in steps if s.reboot and s.reboot_reason and s.id in changed]
-        rs.reboot_pending("; ".join(reasons) or rs.DEFAULT_REASON)
+        rs.reboot_pending(rs.reason_of(steps, res.changed_ids()))
     if json_out:
         emit_json(res.to_dict())
     else:

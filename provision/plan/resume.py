@@ -15,6 +15,7 @@ from provision.facts.driver_facts import DriverFacts, read_driver
 from provision.facts.pci import scan_display_devices
 from provision.facts.rootfs import read_text, under
 from provision.fsutil import read_trusted, write_file
+from provision.plan.steps import Step
 from provision.verify.checks import coherent_result, loaded_result
 
 LIVE = Path("/")
@@ -73,6 +74,12 @@ def read_state(root: Path = LIVE) -> RebootState:
 
 def write_state(state: RebootState) -> None:
     write_file(STATE_FILE, state.to_json(), mode=0o644, keep_mode=False, backup=False)
+
+
+def reason_of(steps: list[Step], changed: set[str]) -> str:
+    """Why the host must reboot: the reasons of the steps that changed it and need one, in plan order."""
+    return "; ".join(s.reboot_reason for s in steps if s.reboot and s.reboot_reason and s.id in changed) \
+        or DEFAULT_REASON
 
 
 def reboot_pending(reason: str) -> RebootState:

@@ -64,3 +64,14 @@ def test_resume_with_a_device_records_it_then_asks_nvidia_smi(tmp_path, monkeypa
     rs.resume()
     assert written == [rs.RebootState(False, "old boot", "driver installed", resumed_after_reboot=True)]
     assert ran == [["/usr/local/nvidia/bin/nvidia-smi", "-L"]]
+
+
+def test_the_reason_recorded_is_the_changed_steps_own():
+    from provision.plan.steps import Step
+
+    steps = [Step("driver.packages", "driver", "t", reboot=True, reboot_reason="the module loads at the next boot"),
+             Step("driver.nouveau", "driver", "t", reboot=True), Step("mok", "driver", "t", reboot=True,
+                                                                         reboot_reason="enrol the key")]
+    assert rs.reason_of(steps, {"driver.packages", "driver.nouveau"}) == "the module loads at the next boot"
+    assert rs.reason_of(steps, {"driver.packages", "mok"}) == "the module loads at the next boot; enrol the key"
+    assert rs.reason_of(steps, {"driver.nouveau"}) == rs.DEFAULT_REASON
