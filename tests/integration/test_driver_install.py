@@ -11,9 +11,11 @@ one before left the host, so the DKMS builds are the only ones these claims need
    with its reason; a second run changes nothing; after the host restarts bootstrap resumes and exits 15 (no device
    to verify).
 2. Kernel upgrade: the security suite added and `apt-get full-upgrade` run, as unattended-upgrades would: a newer
-   kernel ABI arrives with its headers (the metapackage), DKMS builds the module for it before any reboot, and
-   `gpuprov verify`'s next-boot check is green for it; with that module removed by hand (`dkms remove`), verify is
-   red (exit 10) and names the kernel and the fix.
+   kernel ABI arrives with its headers (the metapackage followed it) and with the driver update it needs, which the
+   hold keeps out; the held open 535.261.03 does not build for it, and `gpuprov verify`'s next-boot check is red
+   (exit 10) naming the kernel and the fix. `gpuprov bootstrap` then updates the series within its branch (the
+   archive's 535, in the proprietary flavour, since bookworm's open module does not follow the driver's updates),
+   built for both kernels and held again; verify is green; with that module removed by hand it is red again.
 3. Branch change: `bootstrap --driver 470` for a Tesla T4 (10de:1eb8, which both 535 and 470 drive): the held 535
    series unheld and swapped for nvidia-tesla-470-driver in one apt transaction, the 470 module built for both
    installed kernels, the new series held, the reboot recorded; verify's next-boot check green again.
