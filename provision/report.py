@@ -12,6 +12,7 @@ from provision.errors import Unsupported
 from provision.facts.distro_facts import DistroFacts, read_distro
 from provision.facts.driver_facts import DriverFacts, read_driver
 from provision.facts.engines import EngineFacts, read_engines
+from provision.facts.packages import archive_versions
 from provision.facts.pci import PciDisplayDevice, scan_pci
 
 SCHEMA = "gpuprov.detect/v1"
@@ -66,16 +67,18 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
     scan = scan_pci(root)
     devices = scan.devices
     warnings += scan.warnings
+    nvidia = [d for d in devices if d.is_nvidia]
+    # What the apt lists offer, for Debian's choice of module flavour; read only where there is a GPU to decide for.
+    offered = (archive_versions(root) if (nvidia or for_gpus) and target and target.os_id == "debian"
+               and (source or "debian") == "debian" else None)
     gpus = []
-    for dev in devices:
-        if not dev.is_nvidia:
-            continue
+    for dev in nvidia:
         pci = PciId(dev.vendor_id, dev.device_id, dev.subsystem_vendor_id, dev.subsystem_device_id)
         gpus.append((dev, decide_gpu(pci, target, kernel_modules=kernel_modules, source=source, address=dev.address,
-                                     pin=pin)))
+                                     pin=pin, offered=offered)))
     if for_gpus:
-        gpus = [(None, decide_gpu(parse_pci_id(p), target, kernel_modules=kernel_modules, source=source, pin=pin))
-                for p in for_gpus]
+        gpus = [(None, decide_gpu(parse_pci_id(p), target, kernel_modules=kernel_modules, source=source, pin=pin,
+                                  offered=offered)) for p in for_gpus]
     return HostReport(
         root=str(root), distro=distro, target=target, gpus=gpus,
         other_display=[d for d in devices if not d.is_nvidia], driver=read_driver(root),

@@ -5,6 +5,7 @@ Every per-distro table lives here, once; the CLI, the planner and the Ansible ro
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -141,22 +142,46 @@ def identify(pci: PciId) -> Identity:
     return Identity(name, entry["branch"], entry["modules"], True, ())
 
 
-def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite: str, pin: str | None
-                     ) -> tuple[tuple[str, ...], str | None, str | None]:
-    """Debian's own recommendation (nvidia-detect's lists and order), or the pinned branch's package."""
+def open_module_lags(drv: debian.DebianDriver, offered: Mapping[str, frozenset[str]]) -> str | None:
+    """Why the suite's open module cannot follow its driver, from what the apt lists offer (upstream versions per
+    package), or None. Debian's driver metapackage depends on a kernel module of exactly its own version, and the
+    security suite updates the proprietary module with the driver (bookworm-security: nvidia-driver and
+    nvidia-kernel-dkms 535.309.01) while the open one (contrib, another source package) stays behind (535.261.03):
+    apt cannot install the open module with the newest driver, and a held open module gets no update for a newer
+    kernel it fails to build against."""
+    drivers, opens = offered.get(drv.package, frozenset()), offered.get(drv.open_dkms or "", frozenset())
+    missing = sorted(drivers - opens)
+    if not opens or not missing:
+        return None
+    return (f"the archive's {drv.package} {', '.join(missing)} has no {drv.open_dkms} of its version (it offers "
+            f"{', '.join(sorted(opens))}): the open module does not follow the driver's updates")
+
+
+def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite: str, pin: str | None,
+                     offered: Mapping[str, frozenset[str]] | None = None
+                     ) -> tuple[tuple[str, ...], str | None, str | None, tuple[str, ...]]:
+    """Debian's own recommendation (nvidia-detect's lists and order), or the pinned branch's package; the last item:
+    notes on the module flavour chosen."""
     drv, problem = debian.pinned(device, suite, pin) if pin else debian.recommend(device, suite)
     if drv is None:
-        return (), None, problem + ("; use NVIDIA's repository (--driver-source nvidia)" if not pin else "")
+        return (), None, problem + ("; use NVIDIA's repository (--driver-source nvidia)" if not pin else ""), ()
     if modules == "open" and not drv.open_dkms and allowed == "either" and wanted == "auto":
         modules = "proprietary"  # a Tesla/legacy package: proprietary modules only, which this GPU also runs
+    lags = open_module_lags(drv, offered or {}) if modules == "open" and drv.open_dkms else None
+    notes: tuple[str, ...] = ()
+    if lags and allowed == "either" and wanted == "auto":
+        modules, notes = "proprietary", (f"{lags}; installing the proprietary module ({drv.kernel_dkms}), which this "
+                                         "GPU also runs and which the driver's updates keep in step",)
+    elif lags:
+        notes = (f"{lags}; apt may refuse to install it with the newest driver",)
     if modules == "open":
         if not drv.open_dkms:
             return (), None, (f"Debian {debian.SUITES[suite].version}'s {drv.package} ({drv.branch}) has no open "
                               "kernel modules package; this GPU needs them" + (
-                                  "" if pin else "; use NVIDIA's repository (--driver-source nvidia)"))
-        return (drv.open_dkms, drv.package, *drv.node_packages, "firmware-misc-nonfree"), drv.version, None
+                                  "" if pin else "; use NVIDIA's repository (--driver-source nvidia)")), notes
+        return (drv.open_dkms, drv.package, *drv.node_packages, "firmware-misc-nonfree"), drv.version, None, notes
     firmware = ("firmware-misc-nonfree",) if drv.package == "nvidia-driver" else ()
-    return (drv.kernel_dkms, drv.package, *drv.node_packages, *firmware), drv.version, None
+    return (drv.kernel_dkms, drv.package, *drv.node_packages, *firmware), drv.version, None, notes
 
 
 def supports_branch(entry: dict | None, gpu_branch: str, b: int) -> bool:
@@ -277,9 +302,11 @@ def _nvidia_repo(entry, branch, modules, target, pin) -> tuple[tuple[str, ...], 
 
 
 def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto", source: str | None = None,
-               address: str | None = None, pin: str | None = None) -> GpuDecision:
+               address: str | None = None, pin: str | None = None,
+               offered: Mapping[str, frozenset[str]] | None = None) -> GpuDecision:
     """pin: a driver branch ("535") asked for with --driver; refused (no packages, a warning with the way out)
-    where the branch does not drive this GPU or the target does not package it."""
+    where the branch does not drive this GPU or the target does not package it. offered: the upstream versions
+    the host's apt lists offer per package (facts.packages.archive_versions), where known."""
     ident = identify(pci)
     allowed = ident.kernel_modules
     if pin and pin != "current" and int(pin) < 515 and allowed == "either":
@@ -303,7 +330,9 @@ def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto
         else:
             pkgs, ver, problem = _elrepo_packages(entry, branch, modules, target.el_major, pin)
     elif target.os_id == "debian":
-        pkgs, ver, problem = _debian_packages(pci.device, modules, allowed, kernel_modules, target.codename, pin)
+        pkgs, ver, problem, notes = _debian_packages(pci.device, modules, allowed, kernel_modules, target.codename,
+                                                     pin, offered)
+        warnings += notes
         if pkgs and modules == "open" and "nvidia-open-kernel-dkms" not in pkgs:
             base["modules"] = "proprietary"
     elif target.os_id == "ubuntu":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 # `linux-image-<flavour>` metapackages follow a flavour across ABIs (Debian: amd64, cloud-amd64, rt-amd64, arm64,
 # 686-pae; Ubuntu: generic, generic-hwe-22.04, virtual, aws, gcp, azure, oracle, lowlatency …); one kernel's own
@@ -87,6 +87,7 @@ class Replacement:
     unhold: tuple[str, ...]  # the old series' held packages (gpuprov's hold step held them)
     remove: tuple[str, ...]  # every installed package of the old series, removed in the install's transaction
     old: str  # the old series, in words ("nvidia-driver 535.261.03")
+    why: str = ""  # an update within the branch: why it is needed ("kernel 6.1.0-56-amd64 has no nvidia module")
 
 
 def branch_replacement(installed: dict, new_packages: Iterable[str], needed: frozenset[str] = frozenset()
@@ -109,3 +110,38 @@ def branch_replacement(installed: dict, new_packages: Iterable[str], needed: fro
     meta = next((p for p in held if METAPACKAGE_RE.match(p.name)), held[0])
     return Replacement(tuple(sorted(p.name for p in old if p.held)), tuple(remove),
                        f"{meta.name} {meta.version.split('-')[0]}")
+
+
+# A driver series' kernel-module packages, of either flavour (Debian: nvidia-kernel-dkms / nvidia-open-kernel-dkms and
+# their -support packages; the Tesla series' nvidia-tesla-535-kernel-dkms …).
+MODULE_PACKAGE_RE = re.compile(r"^nvidia-.*(?:kernel|open-kernel)-(?:dkms|support)$")
+
+
+def series_update(installed: Mapping, new_packages: Iterable[str], needed: frozenset[str],
+                  offered: Mapping[str, frozenset[str]], missing: tuple[str, ...]) -> Replacement | None:
+    """gpuprov's held series of the same driver (its metapackage installed and held) while a kernel it must serve has
+    no nvidia module (`missing`: the held version did not build for it, or nothing tried): bring the series to what
+    the archive offers now, within the branch. Debian's security suite ships a driver update together with the kernel
+    that needs it (bookworm-security: 535.309.01 with 6.1.0-56, which 535.261.03 does not build against), and the
+    hold keeps it out; where the open module does not follow the driver (facts: the decision chose the proprietary
+    one), the open module's packages go in the same transaction. None: nothing is missing, the series is not
+    gpuprov's, or the archive offers nothing else for it.
+
+    installed: name -> facts.packages.InstalledPackage; needed: what the new packages depend on, transitively."""
+    wanted = tuple(new_packages)
+    meta = next((p for p in wanted if METAPACKAGE_RE.match(p)), None)
+    cur = installed.get(meta) if meta else None
+    if not missing or cur is None or not cur.held:
+        return None
+    series = [p for p in installed.values() if p.source.startswith(DRIVER_SOURCES)]
+    module = next((p for p in wanted if MODULE_PACKAGE_RE.match(p)), None)
+    flavour_gone = sorted(p.name for p in series if module and MODULE_PACKAGE_RE.match(p.name)
+                          and ("-open-" in p.name) != ("-open-" in module) and p.name not in needed)
+    newer = sorted(offered.get(meta, frozenset()) - {cur.upstream})
+    if not flavour_gone and not newer:
+        return None
+    why = (f"kernel {', '.join(missing)} has no nvidia module; the archive offers {meta} "
+           f"{', '.join(newer) or cur.upstream} in the same branch"
+           + (f", with the other module flavour ({', '.join(flavour_gone)} goes)" if flavour_gone else ""))
+    return Replacement(tuple(sorted(p.name for p in series if p.held)), tuple(flavour_gone),
+                       f"{meta} {cur.upstream}", why)

@@ -24,7 +24,13 @@ FIELD_RE = re.compile(r"\n(Package|Status|Version|Maintainer|Source): ([^\n]*)")
 MODULES_RE = re.compile(r"^Package: (linux-modules-nvidia-\S+)$", re.M)
 # Where Debian and Ubuntu keep the NVIDIA driver packages (and what they depend on beyond main).
 DRIVER_COMPONENTS = ("non-free", "contrib", "restricted", "multiverse")
-DEPENDS_RE = re.compile(r"\n(Package|Depends|Pre-Depends): ([^\n]*)")
+ARCHIVE_FIELD_RE = re.compile(r"\n(Package|Version|Depends|Pre-Depends): ([^\n]*)")
+
+
+def upstream_version(version: str) -> str:
+    """The upstream part of a Debian version: no epoch, no Debian revision ("5:28.0.1-1~debian.12" -> "28.0.1")."""
+    v = version.split(":", 1)[-1]
+    return v.rsplit("-", 1)[0] if "-" in v else v
 
 
 @dataclass(frozen=True)
@@ -38,9 +44,7 @@ class InstalledPackage:
 
     @property
     def upstream(self) -> str:
-        """The upstream part of the version: no epoch, no Debian revision ("5:28.0.1-1~debian.12" -> "28.0.1")."""
-        v = self.version.split(":", 1)[-1]
-        return v.rsplit("-", 1)[0] if "-" in v else v
+        return upstream_version(self.version)
 
 
 # The status file parsed once per version of it: detect and plan ask for it several times (each engine's origin, the
@@ -115,10 +119,22 @@ def offered_module_packages(root: Path) -> frozenset[str]:
     return frozenset(names)
 
 
-def archive_depends(root: Path) -> dict[str, frozenset[str]]:
-    """For each package of the driver components' apt lists: the names its Depends and Pre-Depends can be satisfied
-    by (every alternative, no versions), as `apt-get update` last fetched them."""
-    deps: dict[str, set[str]] = {}
+@dataclass(frozen=True)
+class ArchivePackage:
+    """One package version in an apt list."""
+    name: str
+    version: str  # the full version: "535.309.01-0+deb12u1"
+    depends: frozenset[str]  # the names its Depends and Pre-Depends can be satisfied by (every alternative)
+
+    @property
+    def upstream(self) -> str:
+        return upstream_version(self.version)
+
+
+def archive_packages(root: Path) -> list[ArchivePackage]:
+    """Every package version in the driver components' apt lists (every suite: the point release, its updates and
+    security suites), as `apt-get update` last fetched them."""
+    out: list[ArchivePackage] = []
     lists = under(root, APT_LISTS)
     for comp in DRIVER_COMPONENTS:
         for p in sorted(lists.glob(f"*_{comp}_binary-*_Packages")):
@@ -126,14 +142,31 @@ def archive_depends(root: Path) -> dict[str, frozenset[str]]:
                 text = read_text_file(p, LIST_MAX)
             except OSError:
                 continue
-            cur: set[str] | None = None
-            for key, value in DEPENDS_RE.findall("\n" + text):
-                if key == "Package":
-                    cur = deps.setdefault(value, set())
-                elif cur is not None:
-                    cur.update(alt.split()[0].split(":")[0] for dep in value.split(",") for alt in dep.split("|")
-                               if alt.strip())
+            for stanza in text.split("\n\n"):
+                fields = dict(ARCHIVE_FIELD_RE.findall("\n" + stanza))
+                if "Package" not in fields:
+                    continue
+                deps = ",".join(fields.get(k, "") for k in ("Depends", "Pre-Depends"))
+                out.append(ArchivePackage(fields["Package"], fields.get("Version", ""), frozenset(
+                    alt.split()[0].split(":")[0] for dep in deps.split(",") for alt in dep.split("|") if alt.strip())))
+    return out
+
+
+def archive_depends(root: Path) -> dict[str, frozenset[str]]:
+    """For each package of the driver components' apt lists: the names its Depends and Pre-Depends can be satisfied
+    by (every alternative of every version, no versions)."""
+    deps: dict[str, set[str]] = {}
+    for p in archive_packages(root):
+        deps.setdefault(p.name, set()).update(p.depends)
     return {k: frozenset(v) for k, v in deps.items()}
+
+
+def archive_versions(root: Path) -> dict[str, frozenset[str]]:
+    """For each package of the driver components' apt lists: the upstream versions the lists offer."""
+    vers: dict[str, set[str]] = {}
+    for p in archive_packages(root):
+        vers.setdefault(p.name, set()).add(p.upstream)
+    return {k: frozenset(v) for k, v in vers.items()}
 
 
 def closure(names: Iterable[str], depends: dict[str, frozenset[str]]) -> frozenset[str]:

@@ -22,16 +22,18 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from provision import effects, paths
 from provision.decide.driver import ubuntu_dkms_package
 from provision.decide.kernel import (
+    METAPACKAGE_RE,
     Replacement,
     branch_replacement,
     headers_metapackages,
     kernel_metapackages,
+    series_update,
     ubuntu_precompiled,
 )
 from provision.decide.packages import debian_components
@@ -39,7 +41,13 @@ from provision.decide.targets import Target
 from provision.errors import DkmsBuildFailed, RemovalRefused, StepFailed, Unsupported
 from provision.facts.boot import installed_kernels, next_boot_kernel, nvidia_module
 from provision.facts.driver_facts import DRIVER_PACKAGE_RE
-from provision.facts.packages import archive_depends, closure, dpkg_installed, offered_module_packages
+from provision.facts.packages import (
+    archive_depends,
+    archive_versions,
+    closure,
+    dpkg_installed,
+    offered_module_packages,
+)
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
@@ -434,15 +442,21 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         return [early]
     drv = report.driver
     packages = _driver_packages(gpus, target)
-    kept = _keep_installed(drv, packages, opt, baking)
+    root = Path(report.root or "/")
+    kept = _keep_installed(drv, packages, opt, baking, _held_series(root, target, packages))
     if kept:
         return [kept]
     modules = gpus[0].modules
     dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
-    root = Path(report.root or "/")
     apt = _apt_facts(root, target, opt, packages)
-    kernels = choose_kernels(root, drv.kernel_release if drv else None, tuple(getattr(opt, "kernels", ())), baking,
-                             replacing=apt.replacement is not None)
+    running, asked = (drv.kernel_release if drv else None), tuple(getattr(opt, "kernels", ()))
+    kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
+    if apt.replacement is None and dkms and target.package_manager == "apt" and not opt.bundle:
+        update = series_update(dpkg_installed(root), packages, closure(packages, archive_depends(root)),
+                               archive_versions(root), tuple(k for k in kernels.releases if not module_built(root, k)))
+        if update:  # the held series follows the kernel within its branch: built for every installed kernel
+            apt = replace(apt, replacement=update)
+            kernels = choose_kernels(root, running, asked, baking, replacing=True)
     steps: list[Step] = []
     if target.family == "debian":
         steps += _components_step(root, target, opt)
@@ -484,7 +498,8 @@ def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | 
     if not gpus:
         return Step("driver.none", Stage.DRIVER, "No NVIDIA GPU on the PCI bus: no driver to install",
                     check=Already("no GPU"), verify_only=True)
-    if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking:
+    if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking and \
+            not _boot_kernel_unserved(Path(report.root or "/"), drv.kernel_release):
         return Step("driver.present", Stage.DRIVER,
                     f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
                     f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
@@ -492,17 +507,37 @@ def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | 
     return None
 
 
-def _keep_installed(drv, packages: list[str], opt, baking: bool) -> Step | None:
+def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
+    """The driver metapackage this plan installs is installed and held: the series gpuprov installed (its hold
+    step), which it keeps following (another module flavour, an update within the branch for a new kernel)."""
+    if target.package_manager != "apt":
+        return False
+    installed = dpkg_installed(root)
+    return any(METAPACKAGE_RE.match(p) and p in installed and installed[p].held for p in packages)
+
+
+def _boot_kernel_unserved(root: Path, running: str | None) -> bool:
+    """A driver loaded from gpuprov's held series while the kernel that boots next (a kernel update) has no nvidia
+    module: the driver stage runs for that kernel instead of leaving the driver alone."""
+    boot = boot_kernel(root)
+    if not boot or boot == running or module_built(root, boot):
+        return False
+    installed = dpkg_installed(root)
+    return any(METAPACKAGE_RE.match(p.name) and p.held for p in installed.values())
+
+
+def _keep_installed(drv, packages: list[str], opt, baking: bool, ours: bool = False) -> Step | None:
     """A driver on disk but not loaded (the loaded one is driver.present) that gpuprov did not install is kept, with
     no driver step: NVIDIA's CUDA-repository packages and the .run installer always (installing the distro's over
     them breaks both), the distribution's driver of another branch unless --driver names one. None: plan the
-    install (nothing there, or the packages this plan installs: their own checks say done)."""
+    install (nothing there, the packages this plan installs: their own checks say done, or `ours`: the series
+    gpuprov installed and held)."""
     inst = drv.installed if drv else None
     if inst is None or baking:
         return None
     if inst.source == "distro":
         mine = {p for p in packages if DRIVER_PACKAGE_RE.match(p)}
-        if mine <= set(inst.packages) or opt.driver != "auto":
+        if mine <= set(inst.packages) or opt.driver != "auto" or ours:
             return None
     replace = {"cuda-repo": "to have gpuprov install the distribution's driver instead, purge NVIDIA's packages "
                             f"first (apt-get purge {' '.join(inst.packages)})",
@@ -592,12 +627,13 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     each kernel's DKMS build and rolls a failed one back; elsewhere the family's package step."""
     kernels, rep = kp.kernels, kp.replacement
     all_pkgs = kp.headers + kp.follow + tuple(packages)
-    title = ((f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
+    title = ((f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
+              f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
               f"Install the driver: {' '.join(packages)}")
              + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
     why = (f"{f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for {', '.join(kernels.releases)} "
            "loads at the next boot" + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
-    notes = []
+    notes = [f"update: {rep.why}"] if rep and rep.why else []
     if kp.follow:
         notes.append(f"{' '.join(kp.follow)} follows {' '.join(f'linux-image-{h[14:]}' for h in kp.follow)}: a "
                      "kernel apt brings in later gets its headers, and DKMS builds the module for it before the reboot")

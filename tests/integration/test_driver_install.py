@@ -11,9 +11,11 @@ one before left the host, so the DKMS builds are the only ones these claims need
    with its reason; a second run changes nothing; after the host restarts bootstrap resumes and exits 15 (no device
    to verify).
 2. Kernel upgrade: the security suite added and `apt-get full-upgrade` run, as unattended-upgrades would: a newer
-   kernel ABI arrives with its headers (the metapackage), DKMS builds the module for it before any reboot, and
-   `gpuprov verify`'s next-boot check is green for it; with that module removed by hand (`dkms remove`), verify is
-   red (exit 10) and names the kernel and the fix.
+   kernel ABI arrives with its headers (the metapackage followed it) and with the driver update it needs, which the
+   hold keeps out; the held open 535.261.03 does not build for it, and `gpuprov verify`'s next-boot check is red
+   (exit 10) naming the kernel and the fix. `gpuprov bootstrap` then updates the series within its branch (the
+   archive's 535, in the proprietary flavour, since bookworm's open module does not follow the driver's updates),
+   built for both kernels and held again; verify is green; with that module removed by hand it is red again.
 3. Branch change: `bootstrap --driver 470` for a Tesla T4 (10de:1eb8, which both 535 and 470 drive): the held 535
    series unheld and swapped for nvidia-tesla-470-driver in one apt transaction, the 470 module built for both
    installed kernels, the new series held, the reboot recorded; verify's next-boot check green again.
@@ -74,13 +76,6 @@ def _verify(h: KernelHost) -> tuple[int, dict, str]:
 
 def _held(h: KernelHost) -> set[str]:
     return set(h.exec("apt-mark showhold").stdout.split())
-
-
-# Found by the kernel-upgrade stage on 2026-11-25, not solved yet (issue 18): the stages stay in the file, skipped
-# with this reason, which CI prints (-rs).
-KNOWN = ("bookworm's nvidia-open-kernel-dkms 535.261.03, held by gpuprov, fails to build against bookworm-security's "
-         "kernel 6.1.0-56 during apt-get full-upgrade (the security suite carries a newer 535, which the hold keeps "
-         "out; whether that one builds was not tried): hold the series or follow the security suite is open, issue 18")
 
 
 @pytest.fixture(scope="module")
@@ -161,41 +156,64 @@ def test_bookworm_install_then_resume(bookworm):
     assert len(r3.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.skip(reason=KNOWN)
-def test_bookworm_kernel_upgrade_gets_its_module_before_the_reboot(bookworm):
+def test_bookworm_kernel_upgrade_is_followed_by_the_driver_within_its_branch(bookworm):
     h = bookworm
     old = h.kernel()
     held = "dpkg-query -W -f '${Package} ${Version}\n' $(apt-mark showhold)"
     drivers = h.exec(held).stdout
     rc, check, _ = _verify(h)
     assert check["status"] == "pass" and old in check["detail"], check
-    # the pending security updates, as unattended-upgrades applies them: a newer kernel ABI arrives
+    # the pending security updates, as unattended-upgrades applies them: a newer kernel ABI arrives, and with it the
+    # driver update it needs (535.309.01), which the hold keeps out
     h.exec(f"echo '{SECURITY}' >> /etc/apt/sources.list", check=True)
     r, took = _timed(h, "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get full-upgrade -y -q")
-    print(f"bookworm: apt-get full-upgrade {took:.1f}s")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    print(f"bookworm: apt-get full-upgrade {took:.1f}s, exit {r.returncode}")
     new = h.kernel()
     assert new != old and h.exec(f"test -d /lib/modules/{new}").returncode == 0, (old, new)
     # the held driver stayed as it was; the new kernel came with its headers (the metapackage moved on)
     assert h.exec(held).stdout == drivers
-    assert h.exec(f"dpkg-query -W -f '${{Status}}' linux-headers-{new}").stdout == "install ok installed"
-    # DKMS built the module for the new kernel, before any reboot
+    assert h.exec(f"dpkg-query -W -f '${{Version}}' linux-headers-{new}").returncode == 0
     upstream = h.exec("dpkg-query -W -f '${Version}' nvidia-driver").stdout.split("-")[0]
-    assert re.search(rf"nvidia-current-open/{re.escape(upstream)}, {re.escape(new)}, x86_64: installed",
-                     h.exec(f"dkms status -k {new}").stdout), h.exec("dkms status").stdout
-    assert h.exec(f"modinfo -k {new} -F version nvidia-current-open").stdout.strip() == upstream
-    rc, check, _ = _verify(h)
-    assert check["status"] == "pass" and new in check["detail"] and "/vmlinuz" in check["detail"], check
-
-    # that module removed by hand: verify is red, names the kernel that boots next and the fix
-    h.exec(f"dkms remove nvidia-current-open/{upstream} -k {new}", check=True)
+    offered = h.exec("apt-cache policy nvidia-driver | awk '/Candidate:/{print $2}'").stdout.strip().split("-")[0]
+    if r.returncode == 0 and "installed" in h.exec(f"dkms status -k {new}").stdout:
+        pytest.fail(f"the held {upstream} built for {new}: the archive changed; this stage expects the update path")
+    # the held 535.261.03 does not build for the security suite's kernel: verify is red, names the kernel and the fix
+    assert offered != upstream, (offered, upstream)
     rc, check, err = _verify(h)
     assert rc == 10 and check["status"] == "fail", (rc, check)
     assert f"kernel {new} boots next" in check["detail"] and "gpuprov bootstrap" in check["detail"], check
     assert NEXT_BOOT in err
 
+    # bootstrap updates the series within its branch: the archive's 535, in the flavour that follows the driver
+    # (bookworm's open module has no 535.309.01), for every kernel, held again
+    plan = h.exec(f"gpuprov plan --for-gpu {GPU} --engine none --json")
+    step = next(s for s in json.loads(plan.stdout)["steps"] if s["id"] == "driver.packages")
+    assert step["title"].startswith(f"Update the driver nvidia-driver {upstream} within its branch: "
+                                    "nvidia-kernel-dkms"), step["title"]
+    r, took = _timed(h, BOOT + " --json")
+    print(f"bookworm: update within the branch {took:.1f}s")
+    assert r.returncode == 7, r.stdout[-3000:] + r.stderr[-3000:]
+    assert h.exec("dpkg --audit").stdout.strip() == "" and h.exec("apt-get check").returncode == 0
+    now = h.exec("dpkg-query -W -f '${Version}' nvidia-driver").stdout.split("-")[0]
+    assert now == offered, (now, offered)
+    assert h.exec("dpkg-query -W -f '${Status}' nvidia-open-kernel-dkms").stdout != "install ok installed"
+    for k in (old, new):
+        assert re.search(rf"nvidia-current/{re.escape(now)}, {re.escape(k)}, x86_64: installed",
+                         h.exec(f"dkms status -k {k}").stdout), h.exec("dkms status").stdout
+    assert h.exec(f"modinfo -k {new} -F version nvidia-current").stdout.strip() == now
+    assert "install nvidia modprobe -i nvidia-current\n" in h.exec("cat /etc/modprobe.d/nvidia.conf").stdout + "\n"
+    assert {"nvidia-driver", "nvidia-kernel-dkms", "libcuda1", "nvidia-smi"} <= _held(h)
+    state = json.loads(h.exec("cat /var/lib/gpuprov/state.json").stdout)
+    assert state["reboot_required"] is True and new in state["reason"], state
+    rc, check, _ = _verify(h)
+    assert check["status"] == "pass" and new in check["detail"] and "/vmlinuz" in check["detail"], check
 
-@pytest.mark.skip(reason="follows the kernel-upgrade stage, which " + KNOWN)
+    # that module removed by hand: verify is red again (the branch change below builds for every kernel)
+    h.exec(f"dkms remove nvidia-current/{now} -k {new}", check=True)
+    rc, check, err = _verify(h)
+    assert rc == 10 and check["status"] == "fail" and f"kernel {new} boots next" in check["detail"], (rc, check)
+
+
 def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
     h = bookworm
     kernels = h.exec("ls /lib/modules").stdout.split()
