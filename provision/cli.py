@@ -10,7 +10,7 @@ import typer
 
 from provision import __version__, dispatch
 from provision.commands import COMMANDS, summary
-from provision.errors import DECLINED, INTERNAL, USAGE, GpuprovError
+from provision.errors import DECLINED, INTERNAL, INTERRUPTED, OK, USAGE, GpuprovError
 from provision.hostlock import set_no_wait
 
 APP_SETTINGS = dict(
@@ -103,15 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         modules = command_modules(argv)
         (load_commands(modules) if modules else listing())(args=argv, prog_name="gpuprov", standalone_mode=False)
-        return 0
+        return OK
     except GpuprovError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("Error: interrupted; re-run the same command to continue (every step is idempotent)", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
-        return 0
+        return OK
     except Exception as exc:  # noqa: BLE001 - sorted below: click's own exceptions, then the last resort
         if isinstance(exc, _classes("Exit", typer.Exit)):
             return exc.exit_code

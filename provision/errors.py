@@ -22,6 +22,7 @@ Exit codes (documented in README.md):
      (named; --allow-remove overrides), or a file that kept changing while gpuprov edited it
  15  driver installed, but no NVIDIA device to verify it on (image baking, a VM without its GPU)
  16  the driver's kernel module failed to build (DKMS); the module package was rolled back, dpkg is consistent
+130  interrupted (Ctrl-C; as a shell reports SIGINT): re-run, every step is idempotent
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ WRITE_FAILED = 13
 CONFLICT = 14
 NO_DEVICE = 15
 DKMS_FAILED = 16
+INTERRUPTED = 130
 
 
 class Refused(Exception):

@@ -128,6 +128,8 @@ FIXES = {
     codes.DKMS_FAILED: "the NVIDIA kernel module did not build for the node's kernel (rolled back; the log is "
                        "under /var/log/gpuprov): install that kernel's headers, or set gpuprov_kernel_modules or "
                        "pin gpuprov_driver to another branch",
+    codes.INTERRUPTED: "gpuprov was interrupted on the node (SIGINT): run the play again (every step is "
+                       "idempotent)",
 }
 
 
