@@ -1,4 +1,6 @@
-"""Modify (create only): apply the edits to a bundle's config.json, safely.
+"""Modify (create only): apply the edits to a bundle's config.json, safely, through MODIFIERS: one function per
+concern (our hook's removal, the Aliyun alias, the device-selection policy, the edits, device nodes, driver files,
+env, MPS), each taking the container's `Start` and run in order, as NVIDIA's toolkit lists its modifiers.
 
 Safety rules (REFERENCE.md §6), each with a test in tests/unit/test_inject_security.py:
 - mount *sources* come from discovery of the host's driver root only, must be regular files (not symlinks) and
