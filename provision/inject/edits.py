@@ -8,7 +8,7 @@ device-cgroup rules, bind mounts, env), turned into OCI (or CDI) JSON only by wh
 from __future__ import annotations
 
 import re
-from collections import namedtuple
+from operator import itemgetter
 
 from provision.errors import Refused
 from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES, LIB32_DEST
@@ -31,14 +31,33 @@ DRIVER_CUDA = ((595, "13.2"), (590, "13.1"), (580, "13.0"), (575, "12.9"), (570,
                (465, "11.3"), (460, "11.2"), (455, "11.1"), (450, "11.0"), (440, "10.2"), (418, "10.1"))
 
 
-# --- the records: immutable, compared by value. namedtuple subclasses, not dataclasses: this module is imported by
-# every cold GPU start (`python3 -I -S modify_main.py`), and a frozen dataclass costs ~0.5-4 ms to build at import
-# where a namedtuple costs ~0.002 ms (python -I -S, 20 of each, here); `collections` is loaded already.
+# --- the records: immutable, compared by value (tuples with named fields). Neither dataclasses nor namedtuples:
+# this module is imported by every cold GPU start (`python3 -I -S modify_main.py`), where building a frozen
+# dataclass costs 0.5-4 ms and a namedtuple subclass ~60 us at import; one of these ~8 us (python -I -S, here).
 
-class DeviceNode(namedtuple("DeviceNode", "path major minor")):
+class Record(tuple):
+    """A tuple whose items are named by FIELDS (each one a read-only property, from fields())."""
+    __slots__ = ()
+    FIELDS: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in zip(self.FIELDS, self))})"
+
+
+def fields(*names: str) -> tuple[property, ...]:
+    """A Record's field properties, in FIELDS' order."""
+    return tuple(property(itemgetter(i), doc=name) for i, name in enumerate(names))
+
+
+class DeviceNode(Record):
     """A character device the container gets: its path (the same in the host's and the container's /dev) and
     major:minor (ints), checked on the host before it is passed (modify.add_devices)."""
     __slots__ = ()
+    FIELDS = ("path", "major", "minor")
+    path, major, minor = fields(*FIELDS)
+
+    def __new__(cls, path: str, major: int, minor: int) -> DeviceNode:
+        return tuple.__new__(cls, (path, major, minor))
 
     def oci(self) -> dict:
         """A linux.devices entry."""
@@ -51,19 +70,29 @@ class DeviceNode(namedtuple("DeviceNode", "path major minor")):
                 "permissions": "rw"}
 
 
-class CgroupRule(namedtuple("CgroupRule", "major minor access")):
+class CgroupRule(Record):
     """The device cgroup lets the container use character device major:minor with `access` ("rwm")."""
     __slots__ = ()
+    FIELDS = ("major", "minor", "access")
+    major, minor, access = fields(*FIELDS)
+
+    def __new__(cls, major: int, minor: int, access: str) -> CgroupRule:
+        return tuple.__new__(cls, (major, minor, access))
 
     def oci(self) -> dict:
         """A linux.resources.devices entry."""
         return {"allow": True, "type": "c", "major": self.major, "minor": self.minor, "access": self.access}
 
 
-class Mount(namedtuple("Mount", "source destination options")):
+class Mount(Record):
     """A bind mount of a host file (`source`) at `destination` in the container; `options`: a tuple of mount
     options (LIB_RO, IPC_OPTS). The destination is the image's path before modify resolves it inside the rootfs."""
     __slots__ = ()
+    FIELDS = ("source", "destination", "options")
+    source, destination, options = fields(*FIELDS)
+
+    def __new__(cls, source: str, destination: str, options: tuple[str, ...]) -> Mount:
+        return tuple.__new__(cls, (source, destination, options))
 
     def oci(self) -> dict:
         """A mounts entry."""
@@ -75,18 +104,29 @@ class Mount(namedtuple("Mount", "source destination options")):
                 "options": list(self.options)}
 
 
-class EnvVar(namedtuple("EnvVar", "name value")):
+class EnvVar(Record):
     """A variable the container's process gets (ours replace the image's)."""
     __slots__ = ()
+    FIELDS = ("name", "value")
+    name, value = fields(*FIELDS)
+
+    def __new__(cls, name: str, value: str) -> EnvVar:
+        return tuple.__new__(cls, (name, value))
 
     def oci(self) -> str:
         """A process.env entry."""
         return f"{self.name}={self.value}"
 
 
-class Edits(namedtuple("Edits", "devices rules mounts env")):
+class Edits(Record):
     """Everything one GPU container gets: tuples of DeviceNode, CgroupRule, Mount and EnvVar, in order."""
     __slots__ = ()
+    FIELDS = ("devices", "rules", "mounts", "env")
+    devices, rules, mounts, env = fields(*FIELDS)
+
+    def __new__(cls, devices: tuple[DeviceNode, ...], rules: tuple[CgroupRule, ...], mounts: tuple[Mount, ...],
+                env: tuple[EnvVar, ...]) -> Edits:
+        return tuple.__new__(cls, (devices, rules, mounts, env))
 
 
 def device_node(n: Node) -> DeviceNode:
