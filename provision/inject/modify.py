@@ -214,20 +214,17 @@ class Start:
     """One container's create as the modifiers see it: its OCI config (edited in place), its environment as a dict
     (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
     its build at import on every cold GPU start (see edits.py's records)."""
-    __slots__ = ("config", "bundle", "settings", "warn", "env", "selectors", "disc", "edits", "changed")
+    __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed")
 
     def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
         self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
         self.env = edits.env_dict(config.get("process", {}).get("env"))
+        rootfs = config.get("root", {}).get("path", "rootfs")
+        self.rootfs = rootfs if os.path.isabs(rootfs) else os.path.join(bundle, rootfs)  # the image, on the host
         self.selectors: list[str] | None = None  # the GPUs asked for (select_devices); None: no GPU
         self.disc: discover.Discovery | None = None
         self.edits: edits.Edits | None = None  # what the container gets (plan_edits)
         self.changed = False
-
-    @property
-    def rootfs(self) -> str:
-        rootfs = self.config.get("root", {}).get("path", "rootfs")
-        return rootfs if os.path.isabs(rootfs) else os.path.join(self.bundle, rootfs)
 
 
 # --- the modifiers, one per concern, applied in MODIFIERS' order. Each takes the Start and returns whether the next
