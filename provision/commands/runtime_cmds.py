@@ -176,9 +176,9 @@ def docker_args(
                                                    "NVIDIA_DRIVER_CAPABILITIES": capabilities})
     except Refused as exc:
         raise GpuprovError(str(exc), exit_code=10) from None
-    flags = [f"--device={d['path']}" for d in e["devices"]]
-    flags += [f"--volume={m['source']}:{m['destination']}:ro" for m in e["mounts"]]
-    flags += [f"--env={k}={v}" for k, v in e["env"].items()]
+    flags = [f"--device={d.path}" for d in e.devices]
+    flags += [f"--volume={m.source}:{m.destination}:ro" for m in e.mounts]
+    flags += [f"--env={v.name}={v.value}" for v in e.env]
     print(" ".join(flags))
 
 

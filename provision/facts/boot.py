@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.facts.rootfs import read_text, under
+from provision.versions import release_key
 
 GRUB_CFG = "/boot/grub/grub.cfg"
 GRUBENV = "/boot/grub/grubenv"
@@ -36,14 +37,10 @@ class NextBoot:
     module_kernels: tuple[str, ...] = ()  # the installed kernels that have an NVIDIA module
 
 
-def kver(rel: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.-]", rel))
-
-
 def installed_kernels(root: Path) -> list[str]:
     """Kernels with an image in /boot and a modules directory (installed by the package manager), oldest first."""
     rels = [p.name.removeprefix("vmlinuz-") for p in under(root, "/boot").glob("vmlinuz-*")]
-    return sorted((r for r in rels if under(root, f"/lib/modules/{r}").is_dir()), key=kver)
+    return sorted((r for r in rels if under(root, f"/lib/modules/{r}").is_dir()), key=release_key)
 
 
 # ---------------------------------------------------------------- GRUB
