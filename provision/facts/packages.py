@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -18,7 +17,6 @@ from provision.facts.rootfs import read_bytes_bounded, read_text_file, under
 DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound on hosts with many packages
 APT_LISTS = "/var/lib/apt/lists"
-APT_HELPER = "/usr/lib/apt/apt-helper"
 LIST_MAX = 256 << 20
 # The fields read, each at a line start; one pass over the whole file (dpkg writes Package first in a stanza).
 FIELD_RE = re.compile(r"\n(Package|Status|Version|Maintainer|Source): ([^\n]*)")
@@ -111,8 +109,9 @@ def dpkg_owns(root: Path, package: str, path: str) -> bool:
 
 def list_texts(root: Path, component: str) -> Iterator[str]:
     """The text of each apt list of `component` (every suite), as `apt-get update` last fetched it: plain, or kept
-    compressed (`Acquire::GzipIndexes`, which Docker's Debian images set: .gz, .xz, and .lz4 through apt's own
-    `apt-helper cat-file` on the live host). Unreadable lists are skipped; each is bounded by LIST_MAX."""
+    compressed (`Acquire::GzipIndexes`, which Docker's Debian images set) as .gz or .xz. Unreadable lists are skipped,
+    and so are .lz4 ones (no reader in Python's standard library; facts start no process); each is bounded by
+    LIST_MAX."""
     for p in sorted(under(root, APT_LISTS).glob(f"*_{component}_binary-*_Packages*")):
         suffix = p.name.rsplit("_Packages", 1)[1]
         try:
@@ -120,11 +119,7 @@ def list_texts(root: Path, component: str) -> Iterator[str]:
                 yield read_text_file(p, LIST_MAX)
             elif suffix in (".gz", ".xz"):
                 yield _decompressed(p, suffix)
-            elif suffix == ".lz4" and str(root) == "/" and os.path.exists(APT_HELPER):
-                r = subprocess.run([APT_HELPER, "cat-file", str(p)], capture_output=True, timeout=30, check=False)
-                if r.returncode == 0:
-                    yield r.stdout[:LIST_MAX].decode(errors="replace")
-        except (OSError, EOFError, ValueError, subprocess.TimeoutExpired):
+        except (OSError, EOFError, ValueError):
             continue
 
 

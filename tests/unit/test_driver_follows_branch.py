@@ -173,8 +173,8 @@ def test_a_loaded_driver_is_left_alone_until_the_next_kernel_lacks_its_module(tm
 
 
 def test_lists_kept_compressed_are_read_too(tmp_path):
-    """Docker's Debian images set Acquire::GzipIndexes: apt keeps its lists as .gz (or .lz4, read through apt-helper
-    on the live host); .gz and .xz are read here, a corrupt one is skipped."""
+    """Docker's Debian images set Acquire::GzipIndexes: apt keeps its lists compressed; .gz and .xz are read, a corrupt
+    one is skipped."""
     import gzip
     import lzma
 
