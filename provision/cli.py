@@ -26,6 +26,10 @@ APP_SETTINGS = dict(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+ROOT_OPTIONS = {  # the root's options and their help, in `gpuprov --help`'s order (click adds --help)
+    "--version": "Print the version and exit.",
+    "--no-wait": "If another gpuprov run is changing this host, fail at once (exit 11) instead of waiting for it.",
+}
 
 
 def _typer():
@@ -52,9 +56,8 @@ def new_app():
     app = typer.Typer(**APP_SETTINGS)
 
     def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                           help="Print the version and exit."),
-              no_wait: bool = typer.Option(False, "--no-wait", help="If another gpuprov run is changing this host, "
-                                           "fail at once (exit 11) instead of waiting for it.")) -> None:
+                                           help=ROOT_OPTIONS["--version"]),
+              no_wait: bool = typer.Option(False, "--no-wait", help=ROOT_OPTIONS["--no-wait"])) -> None:
         """gpuprov: GPU container nodes, one host or a fleet."""
         if no_wait:
             _set_no_wait()
@@ -150,12 +153,46 @@ def fast_args(args: list[str], options: dict[str, tuple[str, str, Optional[str]]
     return kwargs
 
 
+def listing_text() -> str:
+    """`gpuprov --help` as typer prints it (click's layout: usage, the app's help, the options and the commands as
+    two columns wrapped to the terminal's width, at most 78 and at least 50), without loading typer."""
+    import shutil  # lazy: 2.5 ms (-X importtime, min of 9); only --help measures the terminal
+    import textwrap  # lazy: 0.8 ms (-X importtime, min of 9); only --help wraps text
+
+    width = max(min(shutil.get_terminal_size().columns, 80) - 2, 50)
+
+    def wrap(text: str, text_width: int, indent: str = "") -> list[str]:
+        return textwrap.wrap(text, text_width, initial_indent=indent, subsequent_indent=indent,
+                             replace_whitespace=False)
+
+    def section(heading: str, rows: list[tuple[str, str]]) -> list[str]:
+        first = min(max(len(name) for name, _ in rows), 30) + 2
+        out = ["", f"{heading}:"]
+        for name, text in rows:
+            lines = wrap(text, max(width - first - 2, 10))
+            lead = f"  {name}" + (" " * (first - len(name)) if len(name) <= first - 2 else "\n" + " " * (first + 2))
+            out += [lead + lines[0], *(" " * (first + 2) + line for line in lines[1:])]
+        return out
+
+    return "\n".join(["Usage: gpuprov [OPTIONS] COMMAND [ARGS]...", "", *wrap(APP_SETTINGS["help"], width, "  "),
+                      *section("Options", [*ROOT_OPTIONS.items(), ("--help", "Show this message and exit.")]),
+                      *section("Commands", [(name, summary(name)) for name in COMMANDS])])
+
+
+def _version_only() -> None:
+    print(f"gpuprov {__version__}")
+
+
 def fast_path(argv: list[str]) -> Optional[Callable[[], None]]:
-    """`gpuprov [--no-wait] detect OPTIONS…` without typer, or None when typer must parse `argv`."""
+    """`gpuprov --help`, `gpuprov --version` and `gpuprov [--no-wait] detect OPTIONS…` without typer, or None when
+    typer must parse `argv`."""
+    if "_GPUPROV_COMPLETE" in os.environ:  # click's main answers shell completion when it is set: typer's to do
+        return None
+    if argv in (["--help"], ["--version"]):
+        return (lambda: print(listing_text())) if argv == ["--help"] else _version_only
     no_wait = argv[:1] == ["--no-wait"]
     args = argv[1:] if no_wait else argv
-    # click's main answers shell completion when this variable is set: typer's to do
-    if not args or args[0] not in FAST_COMMANDS or "_GPUPROV_COMPLETE" in os.environ:
+    if not args or args[0] not in FAST_COMMANDS:
         return None
     command = importlib.import_module(f"provision.commands.{COMMANDS[args[0]][0]}")
     kwargs = fast_args(args[1:], command.FAST_OPTIONS)

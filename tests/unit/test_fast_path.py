@@ -42,17 +42,18 @@ def test_fast_options_are_the_typer_commands(name):
 
 
 def _run(argv: list[str], capsys, fast: bool, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(hostlock, "_no_wait", False)
-    if not fast:
-        monkeypatch.setattr(cli, "fast_path", lambda argv: None)
-    rc = cli.main(argv)
+    with monkeypatch.context() as m:
+        m.setattr(hostlock, "_no_wait", False)
+        if not fast:
+            m.setattr(cli, "fast_path", lambda argv: None)
+        rc = cli.main(argv)
     out, err = capsys.readouterr()
-    monkeypatch.undo()
     return rc, out, err
 
 
 ROOT = str(H200)
 TAKEN = [  # the fast path runs these
+    ["--help"], ["--version"],
     ["detect", "--root", ROOT, "--json"],
     ["detect", "--root", ROOT],
     ["--no-wait", "detect", "--root", ROOT, "--json"],
@@ -71,7 +72,8 @@ HANDED_TO_TYPER = [  # anything but plain, valid options: typer's own messages a
     ["detect", "--pci-id", "10de:zzzz"], ["detect", "--pci-id", "10de:2330", "--pci-id", "nvidia"],
     ["detect", "--root", "/tmp/a\x01b"], ["detect", "--target", "debian-12", "--target", "debian-13", "--pci-id",
                                           "10de:2330"], ["detect", "--json", "--", "--root"], ["detect", "--no-wait"],
-    ["--version", "detect"], ["--help", "detect"], ["--no-wait", "--no-wait", "detect", "--json"], [], ["--help"],
+    ["--version", "detect"], ["--help", "detect"], ["--no-wait", "--no-wait", "detect", "--json"], [],
+    ["--no-wait", "--help"], ["--help", "--version"], ["--bogus"], ["no-such-command"],
 ]
 
 
@@ -81,10 +83,18 @@ def test_fast_path_and_typer_agree(argv, capsys, monkeypatch):
     fast, slow = _run(argv, capsys, True, monkeypatch), _run(argv, capsys, False, monkeypatch)
     assert fast == slow
     assert fast[1] or fast[2]  # something was said (the comparison is not of two empty runs)
-    if argv in TAKEN[:7]:
+    if argv in TAKEN[:9]:
         assert fast[0] == 0 and not fast[2]
     if "--json" in argv and fast[0] == 0:
         assert json.loads(fast[1])["schema"] == "gpuprov.detect/v1"
+
+
+@pytest.mark.parametrize("columns", ["0", "20", "49", "50", "51", "64", "79", "80", "81", "200", "wide"])
+def test_help_at_every_width(columns, capsys, monkeypatch):
+    """The listing is wrapped to the terminal (COLUMNS here) as click wraps it: 48 to 78 columns of text."""
+    monkeypatch.setenv("COLUMNS", columns)
+    fast, slow = _run(["--help"], capsys, True, monkeypatch), _run(["--help"], capsys, False, monkeypatch)
+    assert fast == slow and fast[0] == 0 and "k8s " in fast[1]
 
 
 def test_fast_path_sets_no_wait(monkeypatch):
