@@ -3,8 +3,9 @@ domain exception (GpuprovError) to `Error: …` on stderr and a stable exit code
 
 Typer is the command line; it is imported only where a command needs its parser. The hot command, `gpuprov detect`,
 runs without it when its arguments are plain options (`fast_path`): the same function with the same arguments, so
-the same output. Anything else (`--help`, an unknown option, a missing value, a value its rule refuses…) goes to
-typer, with its own messages and exit codes (tests/unit/test_fast_path.py compares both paths)."""
+the same output; `gpuprov --help` prints the listing typer would (`listing_text`). Anything else (a command's
+--help, an unknown option, a missing value, a value its rule refuses…) goes to typer, with its own messages and exit
+codes (tests/unit/test_fast_path.py compares both paths)."""
 from __future__ import annotations
 
 import importlib
@@ -70,7 +71,8 @@ def new_app():
 # its commands need at its top, and all of them together cost about 100 ms more at start-up than `gpuprov --help` or
 # `gpuprov detect` need (-X importtime, the sum of the modules' own times, min of 7-9 runs: 148 ms with every command
 # module loaded; --help 45 ms, detect 69 ms), which would break detect's 5x a bare start (bench/detect_bench.py).
-# `--help`, no command or an unknown one get the listing from the table alone (`listing`, the same text).
+# No command or an unknown one get the listing from the table alone (`listing`, the same text; `--help` alone gets it
+# without typer, `listing_text`).
 _app = None
 _registered: set[str] = set()
 
