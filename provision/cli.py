@@ -8,6 +8,7 @@ the same output; `gpuprov --help` prints the listing typer would (`listing_text`
 codes (tests/unit/test_fast_path.py compares both paths)."""
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -27,6 +28,7 @@ APP_SETTINGS = dict(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+INTERRUPTED = 130  # the exit code of a run stopped by Ctrl-C (SIGINT), as shells report it
 ROOT_OPTIONS = {  # the root's options and their help, in `gpuprov --help`'s order (click adds --help)
     "--version": "Print the version and exit.",
     "--no-wait": "If another gpuprov run is changing this host, fail at once (exit 11) instead of waiting for it.",
@@ -208,6 +210,36 @@ def fast_path(argv: list[str]) -> Optional[Callable[[], None]]:
     return run
 
 
+class _QuietFlush:
+    """stdout or stderr after a closed pipe, as typer's main leaves them: flushing again (at exit) says nothing."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _run_fast(run: Callable[[], None]) -> None:
+    """A fast path's run, ending as typer's main ends a command: a write to a closed pipe (`gpuprov detect | head
+    -1`) is exit 1 with nothing more said. (Ctrl-C is main's to report for both paths; Ctrl-D cannot reach these
+    commands: they read no input.)"""
+    try:
+        run()
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+        sys.stdout, sys.stderr = _QuietFlush(sys.stdout), _QuietFlush(sys.stderr)
+        sys.exit(1)
+
+
 def _clicks() -> list:
     """The click module(s) typer raises from: typer >= 0.26 vendors its own copy (typer._click) and a standalone
     click may sit beside it (the [test] extra pulls one in); catching only one of them turned usage errors into
@@ -227,17 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fast = fast_path(argv)
         if fast is not None:
-            fast()
-        else:
-            modules = command_modules(argv)
-            (load_commands(modules) if modules else listing())(args=argv, prog_name="gpuprov", standalone_mode=False)
+            _run_fast(fast)
+            return 0
+        modules = command_modules(argv)
+        app = load_commands(modules) if modules else listing()
+        if app(args=argv, prog_name="gpuprov", standalone_mode=False) == INTERRUPTED:
+            raise KeyboardInterrupt  # typer >= 0.26 returns Ctrl-C as exit code 130 (nothing said) instead of raising
         return 0
     except GpuprovError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("Error: interrupted; re-run the same command to continue (every step is idempotent)", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         return 0
     except Exception as exc:  # noqa: BLE001 - sorted below: click's own exceptions, then the last resort

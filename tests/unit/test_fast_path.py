@@ -42,11 +42,17 @@ def test_fast_options_are_the_typer_commands(name):
 
 
 def _run(argv: list[str], capsys, fast: bool, monkeypatch) -> tuple[int, str, str]:
+    """main(argv)'s exit code (returned, or raised as SystemExit), stdout and stderr."""
     with monkeypatch.context() as m:
         m.setattr(hostlock, "_no_wait", False)
+        m.setattr(sys, "stdout", sys.stdout)  # restored after a closed pipe's wrapper
+        m.setattr(sys, "stderr", sys.stderr)
         if not fast:
             m.setattr(cli, "fast_path", lambda argv: None)
-        rc = cli.main(argv)
+        try:
+            rc = cli.main(argv)
+        except SystemExit as exc:
+            rc = exc.code
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -95,6 +101,27 @@ def test_help_at_every_width(columns, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", columns)
     fast, slow = _run(["--help"], capsys, True, monkeypatch), _run(["--help"], capsys, False, monkeypatch)
     assert fast == slow and fast[0] == 0 and "k8s " in fast[1]
+
+
+def _raises(exc: BaseException):
+    def run(*args, **kwargs):
+        print("partial output")
+        raise exc
+    return run
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), BrokenPipeError(32, "Broken pipe"), OSError(5, "I/O error")],
+                         ids=repr)
+def test_interrupted_or_cut_off_ends_alike(exc, capsys, monkeypatch):
+    """Ctrl-C is exit 130 with main's one line on both paths (typer >= 0.26 returns it as a code: main raises it
+    again); a write to a closed pipe is exit 1 and nothing more, as typer's main has it; another OSError is an
+    internal error."""
+    monkeypatch.setattr(detect, "run", _raises(exc))
+    argv = ["detect", "--pci-id", "10de:2330"]
+    fast, slow = _run(argv, capsys, True, monkeypatch), _run(argv, capsys, False, monkeypatch)
+    assert fast == slow
+    assert fast[0] == {"KeyboardInterrupt": 130, "BrokenPipeError": 1, "OSError": 1}[type(exc).__name__]
+    assert ("interrupted" in fast[2]) == isinstance(exc, KeyboardInterrupt)
 
 
 def test_fast_path_sets_no_wait(monkeypatch):
