@@ -1,7 +1,8 @@
-"""`gpuprov detect` runs without typer when its arguments are plain options (provision/cli.py: fast_path). These
-tests hold the fast path to the typer command: the same options, kinds, rules and defaults, and for every argv
-(good ones, bad options, bad values, --help) the same stdout, stderr and exit code with the fast path as with
-typer alone. The argvs the fast path hands to typer are named, so a change in what it takes is seen here."""
+"""`gpuprov detect` runs without typer when its arguments are plain options, and `gpuprov --help` / `--version`
+always do (provision/cli.py: fast_path). These tests hold the fast path to the typer command: the same options,
+kinds, rules and defaults, and for every argv (good ones, bad options, bad values, --help at every terminal width,
+Ctrl-C, a closed pipe) the same stdout, stderr and exit code with the fast path as with typer alone. The argvs the
+fast path hands to typer are named, so a change in what it takes is seen here."""
 from __future__ import annotations
 
 import inspect
