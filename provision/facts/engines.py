@@ -9,12 +9,6 @@ from pathlib import Path
 from provision.facts.packages import InstalledPackage, dpkg_installed, dpkg_owns
 from provision.facts.rootfs import read_bytes_bounded, under
 
-try:
-    import tomllib  # Python >= 3.11
-except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10
-    tomllib = None
-    import tomlkit  # the TOML parser there (3.9/3.10 have no tomllib)
-
 # containerd's CRI plugin per config version (version 3, containerd 2.x, split the plugin; its runtime part holds the
 # runtimes). The one table: the containerd adapter (engines/containerd.py) uses it too.
 CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -140,27 +134,33 @@ def _link(path: Path) -> str | None:
         return None
 
 
-def find_processes(names: tuple[str, ...], root: Path = Path("/")) -> list[tuple[int, list[str]]]:
-    """(pid, argv) of every process whose name (`comm`) is one of `names`, oldest first, from `proc` under `root`
-    (the one /proc scan: the adapters find their live daemon with it; pid files can be stale or another's)."""
-    found = []
+def processes_by_name(names: tuple[str, ...], root: Path = Path("/")) -> dict[str, list[tuple[int, list[str]]]]:
+    """(pid, argv) of every process whose name (`comm`) is one of `names`, by name, oldest first, from `proc` under
+    `root` (the one /proc scan: the adapters find their live daemon with it; pid files can be stale or another's)."""
+    found: dict[str, list[tuple[int, list[str]]]] = {}
     try:
         entries = list(os.scandir(under(root, "proc")))
     except OSError:
-        return []
+        return {}
     for entry in entries:
         if not entry.name.isdigit():
             continue
         try:
             with open(f"{entry.path}/comm") as fh:
-                if fh.read().strip() not in names:
+                name = fh.read().strip()
+                if name not in names:
                     continue
             with open(f"{entry.path}/cmdline", "rb") as fh:
                 argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
         except OSError:
             continue  # exited meanwhile
-        found.append((int(entry.name), argv))
-    return sorted(found)
+        found.setdefault(name, []).append((int(entry.name), argv))
+    return {name: sorted(procs) for name, procs in found.items()}
+
+
+def find_processes(names: tuple[str, ...], root: Path = Path("/")) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every process named one of `names`, oldest first (processes_by_name, merged)."""
+    return sorted(p for procs in processes_by_name(names, root).values() for p in procs)
 
 
 def _parent_name(root: Path, pid: int) -> str | None:
@@ -172,14 +172,14 @@ def _parent_name(root: Path, pid: int) -> str | None:
         return None
 
 
-def _our_daemon(root: Path, sp: EngineSpec) -> tuple[int, list[str], str | None] | None:
+def _our_daemon(root: Path, sp: EngineSpec, candidates: list[tuple[int, list[str]]]) -> tuple[int, list[str], str | None] | None:
     """The engine's running daemon in this PID namespace (a nested engine in a container is another host's; a
     private mount namespace, as a read-only `plan` may run in, still sees this host's daemons), and not one another
     engine runs for itself (dockerd starts a private containerd, with its own --config, when no system containerd
     runs): (pid, argv, its executable)."""
     ours = _link(under(root, "proc/self/ns/pid"))
     engines = {e.binary for e in ENGINES}
-    for pid, argv in find_processes((sp.binary,), root):
+    for pid, argv in candidates:
         if _link(under(root, f"proc/{pid}/ns/pid")) != ours or _parent_name(root, pid) in engines:
             continue
         exe = _link(under(root, f"proc/{pid}/exe"))
@@ -187,11 +187,12 @@ def _our_daemon(root: Path, sp: EngineSpec) -> tuple[int, list[str], str | None]
     return None
 
 
-def read_origin(root: Path, sp: EngineSpec, binary: str | None) -> EngineOrigin | None:
+def read_origin(root: Path, sp: EngineSpec, binary: str | None,
+                candidates: list[tuple[int, list[str]]]) -> EngineOrigin | None:
     """Where the engine came from: the package that owns its daemon binary (dpkg's file lists), Ubuntu's snap, or
-    static binaries no package owns; the config its running daemon reads (its --config-file/--config). None when
-    there is no binary, no package, no snap and no daemon."""
-    running = _our_daemon(root, sp)
+    static binaries no package owns; the config its running daemon reads (its --config-file/--config), among the
+    `candidates` (the processes of its daemon's name). None when there is no binary, no package, no snap and no daemon."""
+    running = _our_daemon(root, sp, candidates)
     pid, argv, exe = running if running else (None, [], None)
     binary = exe or binary
     flagged = flag_value(argv, sp.config_flags) if sp.config_flags else None
@@ -215,7 +216,11 @@ def read_origin(root: Path, sp: EngineSpec, binary: str | None) -> EngineOrigin 
 
 
 def _toml_load(text: str) -> dict:
-    if tomllib is None:  # pragma: no cover - targets with Python 3.9/3.10
+    try:
+        import tomllib  # lazy: 3.3 ms (-X importtime, min of 11) on every detect; only a TOML config is parsed with it
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10 have no tomllib; tomlkit parses there
+        import tomlkit  # lazy: 19 ms (-X importtime, min of 5), the same on Python 3.9/3.10
+
         return tomlkit.parse(text).unwrap()
     return tomllib.loads(text)
 
@@ -272,9 +277,10 @@ def read_engines(root: Path) -> list[EngineFacts]:
     `version` is left None: it takes running the binary, which `provision.probe.engines.with_versions` does on the
     live host). The config read is the one the engine really reads (EngineOrigin.config)."""
     found = []
+    daemons = processes_by_name(tuple(sp.binary for sp in ENGINES), root)  # one /proc scan for every engine
     for sp in ENGINES:
         binary = find_binary(root, sp.binary)
-        origin = read_origin(root, sp, binary)
+        origin = read_origin(root, sp, binary, daemons.get(sp.binary, []))
         config = origin.config if origin else sp.config
         text = None
         try:
