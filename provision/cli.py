@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from provision import __version__, dispatch
+from provision import __version__
 from provision.commands import COMMANDS, summary
 from provision.errors import DECLINED, INTERNAL, USAGE, GpuprovError
 from provision.hostlock import set_no_wait
@@ -76,15 +76,6 @@ def listing() -> typer.Typer:
 
 def _listed_only() -> None:  # pragma: no cover - the listing's commands are shown, never run
     raise typer.Exit(INTERNAL)
-
-
-def _dispatch(args: list[str]):
-    load_commands(command_modules(args) or list(dict.fromkeys(m for m, _ in COMMANDS.values())))
-    return app(args=args, prog_name="gpuprov", standalone_mode=False)
-
-
-# Bootstrap runs its `gpuprov …` steps through this same dispatch, in-process (provision/plan/steps.py).
-dispatch.register(_dispatch)
 
 
 def _clicks() -> list:

@@ -43,7 +43,7 @@ DIRECT_WRITES_ALLOWED = {
     "provision/engines/containerd.py": (1, "a private temporary copy of the config for `containerd config dump`"),
     "provision/inject/install.py": (1, "a candidate front-end in a private temporary directory, run once to test it"),
     "provision/verify/checks.py": (1, "the check image's stamp, written last into the tree verify just built"),
-    "provision/plan/validate.py": (2, "the check image's tar and its OCI archive (containerd), in memory"),
+    "provision/engines/validate.py": (2, "the check image's tar and its OCI archive (containerd), in memory"),
     "provision/effects.py": (1, "a background daemon's log (effects.spawn: dockerd, …), appended to"),
     "provision/plan/apply.py": (1, "bootstrap's log, appended to"),
     "provision/inject/shim.py": (1, "the runtime's debug log, appended to"),
