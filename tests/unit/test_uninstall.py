@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
 from provision import effects, paths, record
 from provision.engines import containerd as ctd
 from provision.engines import validate
