@@ -169,15 +169,15 @@ def validate_steps(report: HostReport, target: Target, opt: Options, runtime_pat
     adapter's validation (docker: by the runtime's name; containerd: with `runtime_path`, the binary its handler
     names, as runc, in gpuprov's namespace; tests give a private runtime's path)."""
     eng = adapter(opt)
-    check = eng.validation(opt.runtime_name, runtime_path, bool(report.gpus)) if eng and opt.validate else None
-    if check is None:
+    val = eng.validation(opt.runtime_name, runtime_path, bool(report.gpus)) if eng and opt.validate else None
+    if val is None:
         return []
     has_gpu = bool(report.gpus)
-    actions = (ImportImage(check.image, validate.BINARIES),
+    actions = (ImportImage(val.image, validate.BINARIES),
                *(RunContainer(r.argv, r.log, r.expect) if r.log else Command(r.argv, may_fail=r.may_fail)
-                 for r in check.runs))
+                 for r in val.runs))
     return [Step("validate", Stage.VALIDATE, "Start a validation container through the runtime"
-                 + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)") + check.where,
+                 + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)") + val.where,
                  actions=actions, check=Never("always runs: it proves the node works"), verify_only=True,
                  notes=() if has_gpu else ("no GPU on this host: checked a plain container",))]
 

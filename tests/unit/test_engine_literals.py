@@ -6,7 +6,10 @@ registry line only."""
 from __future__ import annotations
 
 import ast
+import re
 
+from provision import engines
+from provision.engines import base
 from tests.conftest import REPO
 
 NAMES = {"docker", "dockerd", "containerd", "crio", "cri-o", "podman"}
@@ -61,3 +64,20 @@ def test_the_guard_sees_what_it_looks_for():
            'fine = engine == other\n'
            'label = ("docker-", "docker")\n')
     assert [line for line, _ in engine_branches(src)] == [1, 3, 4, 6]
+
+
+def test_every_adapter_is_registered_and_complete():
+    """engines.ADAPTERS is the one registry: each adapter there has its identity and implements the abstract
+    methods (it instantiates), names are unique, and `engines.get` finds each one."""
+    assert len(set(engines.names())) == len(engines.ADAPTERS)
+    for cls in engines.ADAPTERS:
+        eng = engines.get(cls.name)
+        assert type(eng) is cls and cls.title and cls.daemon_names and cls.default_config.startswith("/")
+        assert all(isinstance(p, tuple) and len(p) == 2 for p in cls.cgroup_prefixes)
+
+
+def test_the_interface_doc_names_what_the_base_class_has():
+    """base.py's docstring tells a new adapter what to implement: every name it lists exists on Engine."""
+    listed = set(re.findall(r"`([a-z_]+)`", base.__doc__.split("The subclass sets or implements:")[1]))
+    assert {"plan", "unplan", "apply", "validation", "node_probe", "cri_handler"} <= listed
+    assert sorted(n for n in listed if not hasattr(base.Engine, n) and n not in base.Engine.__annotations__) == []
