@@ -72,17 +72,19 @@ class NodeHost:
         return self.json_of(["gpuprov", "detect", "--json"])
 
     @cached_property
-    def answering(self) -> tuple[Engine, object] | None:
-        """The engine whose daemon answers on this host and what it answered (its adapter's node_probe)."""
+    def engine(self) -> Engine | None:
+        """The first engine, in the adapters' order, whose daemon answers on this host (None: none does)."""
         for eng in engines.every():
             probe = eng.node_probe(self.run)
             if probe is not None:
-                return eng, probe
+                self.__dict__["probe"] = probe  # what it answered: kept, not asked again
+                return eng
         return None
 
-    @property
-    def engine(self) -> Engine | None:
-        return self.answering[0] if self.answering else None
+    @cached_property
+    def probe(self) -> object | None:
+        """What the engine's daemon answered (its adapter's node_probe), for node_runtime."""
+        return self.engine.node_probe(self.run) if self.engine else None
 
 
 class LocalHost(NodeHost):
@@ -188,10 +190,9 @@ def engine_running(h: NodeHost) -> CheckResult:
 
 
 def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
-    if h.answering is None:
+    if h.engine is None:
         return CheckResult("runtime registered", "fail", "cannot ask the engine (not running)")
-    eng, probe = h.answering
-    path, why = eng.node_runtime(h.run, probe, name, h.runtime_path)
+    path, why = h.engine.node_runtime(h.run, h.probe, name, h.runtime_path)
     if path is None:
         return CheckResult("runtime registered", "fail", why or "")
     rc, _, _ = h.run(["test", "-x", path])
