@@ -26,7 +26,7 @@ Adding an engine (podman, …) = one module here with a subclass of Engine, and 
 - bootstrap's validation container: `validation` (image import, commands, containers through the runtime);
 - `gpuprov verify` on a node: `node_probe`, `node_runtime`, `check_container_argv`, `check_log`,
   `prepare_check_image`, and for a CRI engine `serves_cri` + `cri_handler`;
-- k8s and metrics: `has_cdi`, `cgroup_prefixes`, `cgroup_parents`, `stored_container`.
+- k8s and metrics: `has_cdi`, `cgroup_prefixes`, `cgroup_parents`, `container_store` + `stored_container`.
 Everything but `plan`, `unplan`, `daemon_config` and `apply` has a default that means "this engine does not do that".
 """
 from __future__ import annotations
@@ -197,6 +197,7 @@ class Engine(ABC):
     check_log: ClassVar[bool] = False  # verify's check container writes its output to a log file (ctr run)
     cgroup_prefixes: ClassVar[tuple[tuple[str, str], ...]] = ()  # (scope prefix, engine label) in /proc/PID/cgroup
     cgroup_parents: ClassVar[tuple[str, ...]] = ()  # cgroup directories whose children are this engine's containers
+    container_store: ClassVar[str | None] = None  # where it keeps its containers' names and labels (stored_container)
 
     @property
     def daemon(self) -> str:

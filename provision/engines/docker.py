@@ -250,6 +250,7 @@ class DockerEngine(Engine):
     lists_runtimes = True
     cgroup_prefixes = (("docker-", "docker"),)
     cgroup_parents = ("docker",)
+    container_store = CONTAINERS
 
     def packages(self, target, source: str) -> tuple[str, ...]:
         if source == "docker-ce":
@@ -309,7 +310,7 @@ class DockerEngine(Engine):
 
     def stored_container(self, cid: str) -> tuple[dict, str] | None:
         try:
-            doc = json.loads(Path(f"{CONTAINERS}/{cid}/config.v2.json").read_text(errors="replace"))
+            doc = json.loads(Path(f"{self.container_store}/{cid}/config.v2.json").read_text(errors="replace"))
         except (OSError, ValueError):
             return None
         if not isinstance(doc, dict):
