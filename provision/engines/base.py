@@ -12,8 +12,8 @@ daemon only when it reads the file that was written → verify.
 Adding an engine (podman, …) = one module here with a subclass of Engine, and its class added to ADAPTERS in
 `provision/engines/__init__.py`. The subclass sets or implements:
 
-- identity: `name` (what `--engine`/`engine configure NAME` say), `title` (for people), `default_config`, `daemon_names` (its
-  /proc/PID/comm), `pid_files` (optional fast path);
+- identity: `name` (what `--engine`/`engine configure NAME` say), `title` (for people), `default_config`,
+  `daemon_names` (its /proc/PID/comm), `pid_files` (optional fast path);
 - config: `plan` (merge gpuprov's runtime in: FileEdits + Changes; reads only), `plan_under` (the same for a host
   tree at `--root`, files only: override it when `plan` asks the live engine anything), `unplan` (the undo),
   `config_path` (when `--config` may name a directory), `check` (the engine's own offline check of what was
@@ -21,13 +21,15 @@ Adding an engine (podman, …) = one module here with a subclass of Engine, and 
 - the live daemon: `live_daemon`/`running_daemons` (inherited), `apply` (reload or restart), `apply_how` (that,
   for people), `pending_restart` (optional), `verify` (does the live daemon list the runtime; optional),
   `lists_runtimes` + `listed_runtimes` (an engine that lists its runtimes: the plan's check asks it too);
-- installing and starting it (for an engine `bootstrap --engine` offers, options.Engine): `unit`, `ready_argv`,
-  `packages`, `default_source`;
+- installing and starting it: `unit`, `ready_argv`, `packages`, `default_source` (bootstrap offers the engines
+  options.Engine lists: offering a new one is a line there too);
 - bootstrap's validation container: `validation` (image import, commands, containers through the runtime);
 - `gpuprov verify` on a node: `node_probe`, `node_runtime`, `check_container_argv`, `check_log`,
   `prepare_check_image`, and for a CRI engine `serves_cri` + `cri_handler`;
 - k8s and metrics: `has_cdi`, `cgroup_prefixes`, `cgroup_parents`, `container_store` + `stored_container`.
-Everything but `plan`, `unplan`, `daemon_config` and `apply` has a default that means "this engine does not do that".
+The identity, `plan`, `unplan`, `daemon_config` and `apply` are required; everything else has a default that means
+"this engine does not do that". The plan's steps use all of it generically (plan/steps: ConfigureEngine, StartService,
+ImportImage, ReloadEngine), so nothing outside this package changes for a new engine.
 """
 from __future__ import annotations
 
