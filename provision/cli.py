@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from provision import __version__, dispatch
+from provision import __version__
 from provision.commands import COMMANDS, summary
 from provision.errors import DECLINED, INTERNAL, USAGE, GpuprovError
 from provision.values import BadValue, check
@@ -111,14 +111,6 @@ def listing():
 def _listed_only() -> None:  # pragma: no cover - the listing's commands are shown, never run
     raise _typer().Exit(INTERNAL)
 
-
-def _dispatch(args: list[str]):
-    load_commands(command_modules(args) or list(dict.fromkeys(m for m, _ in COMMANDS.values())))
-    return load_commands([])(args=args, prog_name="gpuprov", standalone_mode=False)
-
-
-# Bootstrap runs its `gpuprov …` steps through this same dispatch, in-process (provision/plan/steps.py).
-dispatch.register(_dispatch)
 
 # The commands that run without typer: each module has `run(**kwargs)`, the typer command's body, and `FAST_OPTIONS`:
 # option -> (its parameter, how click takes it: flag, text, path or list, the provision.values rule of its value).

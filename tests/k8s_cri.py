@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from provision.plan.validate import glibc_companions
+from provision.engines.validate import glibc_companions
 from tests.cri import image
 from tests.cri.client import CRI
 from tests.cri.harness import Containerd

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import tomlkit
 
-from provision import effects
+from provision import effects, engines
 from provision.bundle import aptrepo, manifest
 from provision.bundle.images import ensure_image
 from provision.decide.targets import Target
@@ -43,7 +43,7 @@ def apt_packages(opt: CreateOptions) -> dict[str, list[str]]:
     t = opt.target
     comps: dict[str, list[str]] = {}
     if "engine" in opt.components:
-        comps["engine"] = list(repos.engine_packages(t, "docker", "distro"))
+        comps["engine"] = list(engines.get("docker").packages(t, "distro"))
     if "runtime" in opt.components:
         comps["runtime"] = ["python3", "python3-venv"]  # to run gpuprov itself from the bundled wheels
     if "driver" in opt.components:

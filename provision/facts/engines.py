@@ -5,6 +5,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from provision.facts.packages import InstalledPackage, dpkg_installed, dpkg_owns
 from provision.facts.rootfs import read_bytes_bounded, under
@@ -23,6 +24,51 @@ class Origin:
     label: str
 
 
+def _toml_load(text: str) -> dict:
+    try:
+        import tomllib  # lazy: 3.3 ms (-X importtime, min of 11) on every detect; only a TOML config is parsed with it
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10 have no tomllib; tomlkit parses there
+        import tomlkit  # lazy: 19 ms (-X importtime, min of 5), the same on Python 3.9/3.10
+
+        return tomlkit.parse(text).unwrap()
+    return tomllib.loads(text)
+
+
+def _dig(d: dict, *keys: str) -> dict:
+    for k in keys:
+        d = d.get(k, {}) if isinstance(d, dict) else {}
+    return d if isinstance(d, dict) else {}
+
+
+# Each engine's config read for detect: (runtimes, default runtime, extra); a ValueError when it does not parse.
+
+def _daemon_json(text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    doc = json.loads(text) if text.strip() else {}
+    if not isinstance(doc, dict):
+        raise ValueError("top level is not a JSON object")
+    runtimes = tuple(["runc", *[r for r in doc.get("runtimes", {}) if r != "runc"]])
+    return runtimes, doc.get("default-runtime", "runc"), {"cdi": bool(_dig(doc, "features").get("cdi"))}
+
+
+def _containerd_toml(text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    doc = _toml_load(text)
+    version = doc.get("version", 1)
+    if type(version) is not int or version not in CRI_PLUGIN:
+        raise ValueError(f"`version = {version!r}` is not a containerd config version (1, 2 or 3)")
+    c = _dig(doc, "plugins", CRI_PLUGIN[version], "containerd")
+    return tuple(c.get("runtimes", {})), c.get("default_runtime_name"), {"version": version}
+
+
+def _crio_toml(text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    rt = _dig(_toml_load(text), "crio", "runtime")
+    return tuple(rt.get("runtimes", {})), rt.get("default_runtime"), {}
+
+
+def _containers_conf(text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    eng = _dig(_toml_load(text), "engine")
+    return tuple(eng.get("runtimes", {})), eng.get("runtime"), {}
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """What tells an engine on a host: its daemon binary, the config file it reads by default and the flags that
@@ -36,19 +82,23 @@ class EngineSpec:
     unit: str | None = None
     snap_config: str | None = None  # the snap's config file (the snap's dockerd reads it, not /etc/docker)
     snap_unit: str | None = None
+    read: Callable[[str], tuple[tuple[str, ...], str | None, dict]] = _containers_conf  # its config, for detect
+    unconfigured: tuple[tuple[str, ...], str | None] = ((), None)  # (runtimes, default) with no config file
+    imports: bool = False  # the config's `imports` name more files, whose runtimes count too (containerd)
 
 
 ENGINES = (
     EngineSpec("docker", "dockerd", "/etc/docker/daemon.json", ("--version",), ("--config-file",),
                (Origin("docker-ce", "docker-ce", "Docker CE"), Origin("docker.io", "distro", "docker.io"),
                 Origin("moby-engine", "distro", "Moby"), Origin("docker", "distro", "Docker")),
-               "docker", "/var/snap/docker/current/config/daemon.json", "snap.docker.dockerd"),
+               "docker", "/var/snap/docker/current/config/daemon.json", "snap.docker.dockerd",
+               read=_daemon_json, unconfigured=(("runc",), "runc")),
     EngineSpec("containerd", "containerd", "/etc/containerd/config.toml", ("--version",), ("--config", "-c"),
                (Origin("containerd.io", "docker-ce", "containerd.io (Docker CE)"),
-                Origin("containerd", "distro", "containerd")), "containerd"),
+                Origin("containerd", "distro", "containerd")), "containerd", read=_containerd_toml, imports=True),
     EngineSpec("podman", "podman", "/etc/containers/containers.conf", ("--version",)),
     EngineSpec("cri-o", "crio", "/etc/crio/crio.conf", ("--version",), ("--config", "-c"),
-               (Origin("cri-o", "distro", "CRI-O"),), "crio"),
+               (Origin("cri-o", "distro", "CRI-O"),), "crio", read=_crio_toml),
 )
 
 
@@ -215,44 +265,6 @@ def read_origin(root: Path, sp: EngineSpec, binary: str | None,
     return EngineOrigin("rpm", "an rpm package", None, None, binary, config, sp.unit, pid, tuple(argv))
 
 
-def _toml_load(text: str) -> dict:
-    try:
-        import tomllib  # lazy: 3.3 ms (-X importtime, min of 11) on every detect; only a TOML config is parsed with it
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10 have no tomllib; tomlkit parses there
-        import tomlkit  # lazy: 19 ms (-X importtime, min of 5), the same on Python 3.9/3.10
-
-        return tomlkit.parse(text).unwrap()
-    return tomllib.loads(text)
-
-
-def _dig(d: dict, *keys: str) -> dict:
-    for k in keys:
-        d = d.get(k, {}) if isinstance(d, dict) else {}
-    return d if isinstance(d, dict) else {}
-
-
-def parse_config(name: str, text: str) -> tuple[tuple[str, ...], str | None, dict]:
-    """(runtimes, default runtime, extra) from an engine's config text; raises ValueError when it does not parse."""
-    if name == "docker":
-        doc = json.loads(text) if text.strip() else {}
-        if not isinstance(doc, dict):
-            raise ValueError("top level is not a JSON object")
-        runtimes = tuple(["runc", *[r for r in doc.get("runtimes", {}) if r != "runc"]])
-        return runtimes, doc.get("default-runtime", "runc"), {"cdi": bool(_dig(doc, "features").get("cdi"))}
-    doc = _toml_load(text)
-    if name == "containerd":
-        version = doc.get("version", 1)
-        if type(version) is not int or version not in CRI_PLUGIN:
-            raise ValueError(f"`version = {version!r}` is not a containerd config version (1, 2 or 3)")
-        c = _dig(doc, "plugins", CRI_PLUGIN[version], "containerd")
-        return tuple(c.get("runtimes", {})), c.get("default_runtime_name"), {"version": version}
-    if name == "cri-o":
-        rt = _dig(doc, "crio", "runtime")
-        return tuple(rt.get("runtimes", {})), rt.get("default_runtime"), {}
-    eng = _dig(doc, "engine")
-    return tuple(eng.get("runtimes", {})), eng.get("runtime"), {}
-
-
 def _containerd_imports(root: Path, main: str, text: str, runtimes: tuple[str, ...],
                         default: str | None) -> tuple[tuple[str, ...], str | None]:
     """Runtimes defined in the files the main config imports (gpuprov's own drop-in among them), read under
@@ -264,7 +276,7 @@ def _containerd_imports(root: Path, main: str, text: str, runtimes: tuple[str, .
         path = entry if str(entry).startswith("/") else str(Path(main).parent / str(entry))
         for f in sorted(under(root, "/").glob(path.lstrip("/"))):
             try:
-                more, dflt, _ = parse_config("containerd", read_bytes_bounded(f).decode())
+                more, dflt, _ = _containerd_toml(read_bytes_bounded(f).decode())
             except (OSError, ValueError, TypeError):
                 continue  # an unreadable import is containerd's to refuse, not detect's
             seen += [r for r in more if r not in seen]
@@ -296,14 +308,14 @@ def read_engines(root: Path) -> list[EngineFacts]:
         error = None
         if text is not None:
             try:
-                runtimes, default, extra = parse_config(sp.name, text)
-                if sp.name == "containerd":
+                runtimes, default, extra = sp.read(text)
+                if sp.imports:
                     runtimes, default = _containerd_imports(root, config, text, runtimes, default)
                 valid = True
             except (ValueError, TypeError) as exc:  # json/toml decode errors are ValueErrors
                 valid, error = False, str(exc).splitlines()[0]
-        elif sp.name == "docker":
-            runtimes, default = ("runc",), "runc"
+        else:
+            runtimes, default = sp.unconfigured
         found.append(
             EngineFacts(
                 name=sp.name, binary=(origin.binary if origin else None) or binary, version=None,

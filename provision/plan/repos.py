@@ -49,18 +49,6 @@ def docker_ce_apt_source(target: Target, mirrors: MirrorMap | None = None) -> st
             f"{target.os_id} {target.codename} stable\n")
 
 
-def engine_packages(target: Target, engine: str, source: str) -> tuple[str, ...]:
-    if engine == "containerd":
-        return ("containerd",) if target.family == "debian" else ("containerd.io",)
-    if source == "docker-ce":
-        return ("docker-ce", "docker-ce-cli", "containerd.io")
-    if target.family == "debian":
-        return ("docker.io",)
-    if target.os_id == "amzn":
-        return ("docker",)
-    return ("moby-engine",)  # Fedora-family Moby; EL proper ships no Docker (the default there is docker-ce)
-
-
 def debian_components(target: Target) -> tuple[str, ...]:
     if target.os_id == "ubuntu":
         return ("restricted", "multiverse")

@@ -8,8 +8,8 @@ import os
 import shutil
 import tarfile
 
-from provision.plan import validate
-from provision.plan.validate import ldd_deps
+from provision.engines import validate
+from provision.engines.validate import ldd_deps
 
 BINARIES = ("sh", "ls", "cat", "sleep", "echo")
 NAME = "docker.io/gpuprov-test/ctrd-pause:1"  # the normalised name CRI resolves "gpuprov-test/ctrd-pause:1" to

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from provision import effects
+from provision.engines import validate
 from provision.errors import StepFailed
 from provision.plan import steps as st
-from provision.plan import validate
 from provision.plan.build import Options, validate_steps
 from provision.report import detect_host
 from tests import k8s_cri

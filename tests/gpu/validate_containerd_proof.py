@@ -12,8 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from provision.engines import validate
 from provision.errors import StepFailed
-from provision.plan import validate
 from provision.plan.build import Options, validate_steps
 from provision.report import detect_host
 from tests import k8s_cri

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from provision.plan import validate
+from provision.engines import validate
 from tests.conftest import needs
 from tests.integration.hosts import Host
 

@@ -280,7 +280,8 @@ def test_bootstrap_plans_the_cdi_spec_only_with_cdi_and_a_loaded_driver(tmp_path
         return {s["id"]: s for s in json.loads(r.stdout)["steps"]}
 
     with_cdi = steps("--cdi")
-    assert with_cdi["cdi.spec"]["commands"] == ["gpuprov cdi refresh --install-units"]
+    assert with_cdi["cdi.spec"]["commands"] == []  # gpuprov's own operation, run in-process (steps.RefreshCdi)
+    assert with_cdi["cdi.spec"]["actions"][-1].endswith("as gpuprov cdi refresh --install-units does")
     assert "/etc/cdi/nvidia.yaml" in with_cdi["cdi.spec"]["check"]
     assert "cdi.spec" not in steps()
     assert not cdi.SpecCurrent(ROOT).satisfied(tmp_path)  # a fixture tree is never the live host

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
 from provision import effects, paths, record
 from provision.engines import containerd as ctd
+from provision.engines import validate
 from provision.engines.base import undo_text
 from provision.engines.configure import configure
 from provision.engines.crio import CrioEngine, render
@@ -21,7 +21,6 @@ from provision.engines.docker import DockerEngine
 from provision.plan import apply as ap
 from provision.plan import steps as st
 from provision.plan import uninstall as un
-from provision.plan import validate
 from tests.conftest import needs
 
 RT = "/usr/local/bin/gpuprov-runtime"
