@@ -149,8 +149,11 @@ def test_node_labels_reach_kubelets_node(node, tmp_path):
     other = node.static_pod("on-a100", [{"name": "main", "image": "docker.io/gpuprov-test/ctrd-pause:1",
                                          "imagePullPolicy": "Never", "command": ["sleep", "3600"]}],
                             nodeSelector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
+    denied = [ln for ln in node.log().splitlines() if '"Pod admission denied"' in ln]
     deadline = time.monotonic() + 30
-    while "NodeAffinity" not in node.log() and time.monotonic() < deadline:
+    while not any(f'pod="gpuprov-test/{other}"' in ln for ln in denied) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert f'"{other}"' in node.log() and "NodeAffinity" in node.log()
+        denied = [ln for ln in node.log().splitlines() if '"Pod admission denied"' in ln]
+    assert [ln for ln in denied if f'pod="gpuprov-test/{other}"' in ln and 'reason="NodeAffinity"' in ln]
+    assert not [ln for ln in denied if f'pod="gpuprov-test/{pod}"' in ln]
     assert node.sandboxes(other) == []

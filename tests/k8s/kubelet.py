@@ -22,6 +22,7 @@ from tests.cri.client import CRI, proto_stubs
 from tests.cri.harness import Containerd
 
 NODE = "gpuprov-node"
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 PROTO = Path(__file__).with_name("podresources.proto")
 # kubelet's containerManager setupKernelTunables: the values it sets (pkg/kubelet/cm/container_manager_linux.go)
 SYSCTLS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10", "kernel/panic_on_oops": "1",
@@ -48,7 +49,9 @@ def config(base: Path, socket: str, **extra) -> dict:
         "authorization": {"mode": "AlwaysAllow"}, "podLogsDir": str(base / "pod-logs"),
         "evictionHard": {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"},
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-        "localStorageCapacityIsolation": False, "resolvConf": "", **extra}
+        "localStorageCapacityIsolation": False, "resolvConf": "",
+        # upstream serves PodResources always; KubeEdge's fork only behind this (alpha, off) gate of its own
+        "featureGates": {"KubeletPodResources": True}, **extra}
 
 
 class Kubelet:
@@ -59,7 +62,8 @@ class Kubelet:
         self.binary, self.ctrd = binary, ctrd
         self.base = ctrd.base / "kubelet"
         self.root = root_dir or self.base / "root"
-        for d in ("manifests", "pod-logs", "sysctl"):
+        self.made_plugin_dir: list[Path] = []  # host directories made as mount points (removed at stop)
+        for d in ("manifests", "pod-logs", "sysctl", "device-plugins"):
             (self.base / d).mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.base / "config.yaml").write_text(yaml.safe_dump(config(self.base, ctrd.socket, **extra_config)))
@@ -73,16 +77,29 @@ class Kubelet:
 
     @property
     def device_plugin_dir(self) -> Path:
-        return self.root / "device-plugins"
+        return Path(PLUGIN_DIR) if self.root == Path(PLUGIN_DIR).parent else self.base / "device-plugins"
 
     def _wrapper(self) -> str:
         binds = "".join(f"echo {v} > {self.base}/sysctl/{k.replace('/', '.')} && mount --bind "
                         f"{self.base}/sysctl/{k.replace('/', '.')} /proc/sys/{k} && " for k, v in SYSCTLS.items())
+        if self.made_plugin_dir is not None and self.root != Path(PLUGIN_DIR).parent:
+            # kubelet's device manager uses /var/lib/kubelet/device-plugins whatever --root-dir says: a private one
+            binds += f"mount --bind {self.base}/device-plugins {PLUGIN_DIR} && "
         return f"ip link set lo up && {binds}exec \"$@\""
 
+    def _plugin_mount_point(self) -> None:
+        if self.root == Path(PLUGIN_DIR).parent:
+            return
+        for d in (Path(PLUGIN_DIR).parent, Path(PLUGIN_DIR)):
+            if not d.exists():
+                d.mkdir()
+                self.made_plugin_dir.insert(0, d)
+
     def start(self, within: float = 120) -> None:
+        self._plugin_mount_point()
+        # --v=3: kubelet's events (an admission refusal) are logged
         args = [str(self.binary), f"--config={self.base}/config.yaml", f"--root-dir={self.root}",
-                f"--cert-dir={self.base}/pki", f"--hostname-override={NODE}", "--node-ip=127.0.0.1", "--v=2"]
+                f"--cert-dir={self.base}/pki", f"--hostname-override={NODE}", "--node-ip=127.0.0.1", "--v=3"]
         if self.node_labels:
             args.append(self.node_labels)
         log = open(self.base / "kubelet.log", "ab")
@@ -172,6 +189,11 @@ class Kubelet:
         self.cri.close()
         # kubelet's cgroups (kubepods/…) stay as on any node it ran on: empty, and the next kubelet reuses them.
         shutil.rmtree(self.root / "pods", ignore_errors=True)
+        for d in self.made_plugin_dir:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def container_pid(status) -> int:
