@@ -56,7 +56,7 @@ class Plugin:
         self.proc = subprocess.Popen([str(KIT / "nvidia-device-plugin"), "--config-file", str(self.config),
                                       "--kubelet-socket", str(self.k.device_plugin_dir / "kubelet.sock")],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "LD_LIBRARY_PATH": lib})
+                                     env={**os.environ, "LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"})
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             got = [d for r in self.k.allocatable().devices if r.resource_name == "nvidia.com/gpu" for d in r.device_ids]
