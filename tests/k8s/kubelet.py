@@ -63,6 +63,8 @@ class Kubelet:
         self.base = ctrd.base / "kubelet"
         self.root = root_dir or self.base / "root"
         self.made_plugin_dir: list[Path] = []  # host directories made as mount points (removed at stop)
+        # a host without `ip` (the lent GPU hosts: no iptables either) cannot bring up a namespace's loopback
+        self.private_net = shutil.which("ip") is not None
         for d in ("manifests", "pod-logs", "sysctl", "device-plugins"):
             (self.base / d).mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -85,7 +87,7 @@ class Kubelet:
         if self.made_plugin_dir is not None and self.root != Path(PLUGIN_DIR).parent:
             # kubelet's device manager uses /var/lib/kubelet/device-plugins whatever --root-dir says: a private one
             binds += f"mount --bind {self.base}/device-plugins {PLUGIN_DIR} && "
-        return f"ip link set lo up && {binds}exec \"$@\""
+        return f"{'ip link set lo up && ' if self.private_net else ''}{binds}exec \"$@\""
 
     def _plugin_mount_point(self) -> None:
         if self.root == Path(PLUGIN_DIR).parent:
@@ -103,8 +105,9 @@ class Kubelet:
         if self.node_labels:
             args.append(self.node_labels)
         log = open(self.base / "kubelet.log", "ab")
-        self.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "--net", "sh", "-c",
-                                      self._wrapper(), "kubelet", *args], stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "slave",
+                                      *(["--net"] if self.private_net else []), "sh", "-c", self._wrapper(),
+                                      "kubelet", *args], stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      env={**os.environ, "PATH": self.ctrd.path_env})
         log.close()
