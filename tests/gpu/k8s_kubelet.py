@@ -50,7 +50,9 @@ class Plugin:
     def __init__(self, k: Kubelet, config: Path, driver_root: str):
         self.k, self.config, self.driver_root, self.proc = k, config, driver_root, None
 
-    def start(self, tag: str) -> list[str]:
+    def start(self, tag: str, replicas: bool = False) -> list[str]:
+        """Starts it; the device IDs kubelet then holds for nvidia.com/gpu (once they are the plugin's: replicas are
+        `<uuid>::<n>`)."""
         log = open(OUT / f"device-plugin-{tag}.log", "wb")
         lib = ":".join(str(Path(self.driver_root) / d) for d in ("lib64", "lib", "lib/x86_64-linux-gnu"))
         self.proc = subprocess.Popen([str(KIT / "nvidia-device-plugin"), "--config-file", str(self.config),
@@ -60,7 +62,7 @@ class Plugin:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             got = [d for r in self.k.allocatable().devices if r.resource_name == "nvidia.com/gpu" for d in r.device_ids]
-            if got:
+            if got and (not replicas or all("::" in d for d in got)):
                 return got
             time.sleep(1)
         return []
@@ -118,7 +120,7 @@ def shared(k: Kubelet, img: str, plugin: Plugin) -> None:
     plugin.stop()
     plugin.config = man / "device-plugin-config.yaml"
     time.sleep(2)
-    RESULT["allocatable_shared"] = plugin.start("shared")
+    RESULT["allocatable_shared"] = plugin.start("shared", replicas=True)
     save()
     a = gpu_pod(k, img, "mps-a", "gpuprov-hold 3000 40", [{"name": "GPUPROV_GPU_MEMORY", "value": "4G"}])
     b = gpu_pod(k, img, "mps-b", "gpuprov-hold 6000 40", [{"name": "GPUPROV_GPU_MEMORY", "value": "4G"}])
