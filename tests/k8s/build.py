@@ -98,7 +98,7 @@ class Source:
 
 
 KUBELET = Source("kubelet", "kubeedge/kubeedge", "16cd8548eedb81af293b94f27844144c080eaa89", "GPUPROV_KUBEEDGE_GIT",
-                 ("go.mod", "go.sum", "vendor"), "./cmd/gpuprov-kubelet", False,
+                 ("LICENSE", "go.mod", "go.sum", "vendor"), "./cmd/gpuprov-kubelet", False,
                  "k8s.io/component-base/version.gitVersion=v1.32.10-kubeedge1", "-patch2")
 DEVICE_PLUGIN = Source("nvidia-device-plugin", "NVIDIA/k8s-device-plugin", "1b826acc6af3079d8923bac395c3124b8861a9a6",
                        "GPUPROV_DEVICE_PLUGIN_GIT", ("go.mod", "go.sum", "vendor", "api", "cmd", "internal"),
@@ -133,6 +133,15 @@ def source_dir(src: Source, git_dir: str | None) -> str | None:
     return str(subset_archive(src)) if subset_archive(src).exists() else None
 
 
+def licenses(work: Path, files: set[str]) -> set[str]:
+    """The license and notice files of every vendored module that `files` take something from (the archive is
+    redistributed source: each module's terms travel with it)."""
+    roots = [ln.split()[1] for ln in (work / "vendor/modules.txt").read_text().splitlines() if ln.startswith("# ")]
+    used = {r for r in roots if any(f.startswith(f"vendor/{r}/") for f in files)}
+    return {f"vendor/{r}/{n.name}" for r in used for n in (work / "vendor" / r).glob("*")
+            if n.is_file() and n.name.upper().startswith(("LICENSE", "LICENCE", "NOTICE", "COPYING", "PATENTS"))}
+
+
 _LIST = ('{{if not .Standard}}{{.Dir}}|{{join .GoFiles ","}},{{join .CgoFiles ","}},{{join .SFiles ","}},'
          '{{join .HFiles ","}},{{join .CFiles ","}},{{join .EmbedFiles ","}}{{end}}')
 
@@ -147,11 +156,12 @@ def export_subset(src: Source, git_dir: str) -> Path:
         unpack(src, git_dir, work)
         listed = subprocess.run(["go", "list", "-deps", "-f", _LIST, src.package], cwd=work, check=True, text=True,
                                 capture_output=True, env=go_env(goroot, work, src.cgo)).stdout
-        files = {"go.mod", "go.sum", "vendor/modules.txt"}
+        files = {"LICENSE", "go.mod", "go.sum", "vendor/modules.txt"}
         for line in filter(None, listed.splitlines()):
             d, names = line.split("|")
             rel = os.path.relpath(d, work)
             files.update(f"{rel}/{n}" for n in names.split(",") if n)
+        files |= licenses(work, files)
         names = "".join(f"{f}\n" for f in sorted(files))
         subprocess.run(["tar", "--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner", "-C",
                         str(work), "-cJf", str(dest), "-T", "-"], input=names, text=True, check=True,
