@@ -8,7 +8,9 @@ server's RuntimeClass objects; without one kubelet refuses such pods), node regi
 proven through the CRI API (tests/integration/test_k8s_cri.py, tests/cri/). The device plugin (nvidia.com/gpu
 through kubelet's device manager) needs NVML, so it runs only on a GPU host (tests/gpu/k8s_kubelet.sh).
 
-Slow (a kubelet and a containerd for the module; the kubelet build, when not cached, takes minutes)."""
+kubelet comes from tests/k8s/build.py's cache, else is built from the repository's source subset of the pinned
+commit (CI: 6-16 min on 2 cores, once per machine); without either, these tests skip and say why.
+Slow (a kubelet and a containerd for the module; about 12 s once kubelet is built)."""
 from __future__ import annotations
 
 import shutil
@@ -33,8 +35,8 @@ def kubelet_binary() -> Path:
     git_dir = build.source_dir(build.KUBELET, None)
     if git_dir is None:
         pytest.skip(f"no kubelet: it is built from {build.KUBELET.repo} at {build.KUBELET.commit[:12]} "
-                    f"(tests/k8s/build.py), whose source is not on this machine (set {build.KUBELET.env} to a git "
-                    "directory holding it; CI's network reaches only PyPI and Debian's archive)")
+                    f"(tests/k8s/build.py), and neither its source subset ({build.subset_archive(build.KUBELET).name}) "
+                    f"nor a git directory holding it ({build.KUBELET.env}) is here; CI reaches no code host")
     return build.build(build.KUBELET, git_dir)[0]
 
 
