@@ -23,6 +23,9 @@ from tests.cri.harness import Containerd
 
 NODE = "gpuprov-node"
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+# Host paths kubelet writes whatever its --root-dir says (its device manager's sockets, the container log links),
+# each given a directory of the test's own in kubelet's mount namespace.
+FIXED_DIRS = {PLUGIN_DIR: "device-plugins", "/var/log/containers": "container-logs"}
 PROTO = Path(__file__).with_name("podresources.proto")
 # kubelet's containerManager setupKernelTunables: the values it sets (pkg/kubelet/cm/container_manager_linux.go)
 SYSCTLS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10", "kernel/panic_on_oops": "1",
@@ -62,10 +65,10 @@ class Kubelet:
         self.binary, self.ctrd = binary, ctrd
         self.base = ctrd.base / "kubelet"
         self.root = root_dir or self.base / "root"
-        self.made_plugin_dir: list[Path] = []  # host directories made as mount points (removed at stop)
+        self.made_dirs: list[Path] = []  # host directories made as mount points (removed at stop)
         # a host without `ip` (the lent GPU hosts: no iptables either) cannot bring up a namespace's loopback
         self.private_net = shutil.which("ip") is not None
-        for d in ("manifests", "pod-logs", "sysctl", "device-plugins"):
+        for d in ("manifests", "pod-logs", "sysctl", *FIXED_DIRS.values()):
             (self.base / d).mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.base / "config.yaml").write_text(yaml.safe_dump(config(self.base, ctrd.socket, **extra_config)))
@@ -84,21 +87,24 @@ class Kubelet:
     def _wrapper(self) -> str:
         binds = "".join(f"echo {v} > {self.base}/sysctl/{k.replace('/', '.')} && mount --bind "
                         f"{self.base}/sysctl/{k.replace('/', '.')} /proc/sys/{k} && " for k, v in SYSCTLS.items())
-        if self.made_plugin_dir is not None and self.root != Path(PLUGIN_DIR).parent:
-            # kubelet's device manager uses /var/lib/kubelet/device-plugins whatever --root-dir says: a private one
-            binds += f"mount --bind {self.base}/device-plugins {PLUGIN_DIR} && "
+        binds += "".join(f"mount --bind {self.base}/{mine} {host} && " for host, mine in self._private_dirs().items())
         return f"{'ip link set lo up && ' if self.private_net else ''}{binds}exec \"$@\""
 
-    def _plugin_mount_point(self) -> None:
-        if self.root == Path(PLUGIN_DIR).parent:
-            return
-        for d in (Path(PLUGIN_DIR).parent, Path(PLUGIN_DIR)):
-            if not d.exists():
+    def _private_dirs(self) -> dict[str, str]:
+        """FIXED_DIRS, less the device-plugin directory where kubelet's root is the default one (a GPU host: NVIDIA's
+        device plugin, outside kubelet's namespace, must find kubelet's socket there)."""
+        shared = self.root == Path(PLUGIN_DIR).parent
+        return {h: m for h, m in FIXED_DIRS.items() if not (shared and h == PLUGIN_DIR)}
+
+    def _mount_points(self) -> None:
+        for host in self._private_dirs():
+            missing = [d for d in (Path(host), *Path(host).parents) if not d.exists()]
+            for d in reversed(missing):
                 d.mkdir()
-                self.made_plugin_dir.insert(0, d)
+                self.made_dirs.insert(0, d)
 
     def start(self, within: float = 120) -> None:
-        self._plugin_mount_point()
+        self._mount_points()
         # --v=3: kubelet's events (an admission refusal) are logged
         args = [str(self.binary), f"--config={self.base}/config.yaml", f"--root-dir={self.root}",
                 f"--cert-dir={self.base}/pki", f"--hostname-override={NODE}", "--node-ip=127.0.0.1", "--v=3"]
@@ -192,7 +198,7 @@ class Kubelet:
         self.cri.close()
         # kubelet's cgroups (kubepods/…) stay as on any node it ran on: empty, and the next kubelet reuses them.
         shutil.rmtree(self.root / "pods", ignore_errors=True)
-        for d in self.made_plugin_dir:
+        for d in self.made_dirs:
             try:
                 d.rmdir()
             except OSError:
