@@ -190,19 +190,37 @@ class Kubelet:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         pb = self.cri.pb
+        uids = []
         for p in self.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=self.cri.timeout).items:
+            uids.append(p.metadata.uid)
             try:
                 self.cri.remove_pod(p.id)
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
         self.cri.close()
-        # kubelet's cgroups (kubepods/…) stay as on any node it ran on: empty, and the next kubelet reuses them.
+        remove_pod_cgroups(uids)
+        # kubelet's QoS cgroups (kubepods/…) stay as on any node it ran on: empty, and the next kubelet reuses them.
         shutil.rmtree(self.root / "pods", ignore_errors=True)
         for d in self.made_dirs:
             try:
                 d.rmdir()
             except OSError:
                 pass
+
+
+def remove_pod_cgroups(uids: list[str]) -> None:
+    """The pod cgroups kubelet made (cgroupfs driver: kubepods[/<qos>]/pod<uid>, in every hierarchy), now empty:
+    kubelet removes them itself only while it runs, and it was stopped first."""
+    root = Path("/sys/fs/cgroup")
+    for top in (root, *root.iterdir()):  # cgroup v2 (the root), or each v1 hierarchy
+        for qos in ("", "besteffort/", "burstable/"):
+            for uid in uids:
+                pod = top / f"kubepods/{qos}pod{uid}"
+                for d in [*(c for c in pod.glob("*") if c.is_dir()), pod] if pod.is_dir() else []:
+                    try:
+                        d.rmdir()  # empty: their processes are gone with the pod
+                    except OSError:
+                        pass
 
 
 def container_pid(status) -> int:
