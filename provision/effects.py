@@ -7,7 +7,6 @@ editor's double fork in inject/server.py) is the one measured exception, comment
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import shlex
 import shutil
@@ -174,27 +173,6 @@ def restart_unit(unit: str, check: bool = True) -> CommandResult:
     return run(["systemctl", "restart", unit], check=check)
 
 
-def dockerd_pid() -> int | None:
-    for pidfile in ("/var/run/docker.pid", "/run/docker.pid"):
-        try:
-            pid = int(Path(pidfile).read_text().strip())
-            os.kill(pid, 0)
-            return pid
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def docker_runtimes() -> list[str] | None:
-    r = try_run(["docker", "info", "--format", "{{json .Runtimes}}"], timeout=20)
-    if r is None or r.returncode != 0:
-        return None
-    try:
-        return list(json.loads(r.stdout))
-    except ValueError:
-        return None
-
-
 def wait_for(pred, timeout: float = 30.0, interval: float = 0.3) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -204,13 +182,9 @@ def wait_for(pred, timeout: float = 30.0, interval: float = 0.3) -> bool:
     return pred()
 
 
-# How each engine's client tells that its daemon is up: printed in plans ("then wait until `docker info` answers")
-# and run here.
-ANSWERS = {"docker": ("docker", "info"), "containerd": ("ctr", "version")}
-
-
-def daemon_answers(engine: str) -> bool:
-    r = try_run(list(ANSWERS[engine]), timeout=10)
+def daemon_answers(ready: tuple[str, ...]) -> bool:
+    """Whether an engine's client command (its adapter's ready_argv: `docker info`, `ctr version`) succeeds now."""
+    r = try_run(list(ready), timeout=10)
     return r is not None and r.returncode == 0
 
 
@@ -226,13 +200,13 @@ def daemon_start_argvs(unit: str, daemon: str, systemd: bool) -> list[tuple[str,
     return [(f"/etc/init.d/{unit}", "start"), (daemon,)]
 
 
-def start_daemon(unit: str, daemon: str, systemd: bool | None = None) -> str:
+def start_daemon(unit: str, daemon: str, ready: tuple[str, ...], systemd: bool | None = None) -> str:
     """Start an engine's daemon (enabled at boot where systemd runs) and wait until its client answers; how it was
     started. Without systemd (containers, minimal hosts) the SysV script is always tried (a missing one is a failed
     one), and when it fails (a container that cannot raise its ulimits; Debian's containerd ships none) the daemon
-    runs in the background, its output in daemon_log()."""
+    runs in the background, its output in daemon_log(). `ready`: the client command that answers once it is up."""
     systemd = has_systemd() if systemd is None else systemd
-    ready = lambda: daemon_answers(unit)  # noqa: E731
+    answers = lambda: daemon_answers(ready)  # noqa: E731
     if systemd:
         (start,) = daemon_start_argvs(unit, daemon, True)
         run(list(start))
@@ -240,27 +214,13 @@ def start_daemon(unit: str, daemon: str, systemd: bool | None = None) -> str:
     else:
         init, bg = daemon_start_argvs(unit, daemon, False)
         r = try_run(list(init), timeout=120)
-        if r is not None and r.returncode == 0 and wait_for(ready, 20):
+        if r is not None and r.returncode == 0 and wait_for(answers, 20):
             return shlex.join(init)
         spawn(list(bg), daemon_log(daemon))
         how = f"{shlex.join(bg)} (background; log {daemon_log(daemon)})"
-    if not wait_for(ready, 60):
+    if not wait_for(answers, 60):
         raise StepFailed(f"{daemon} did not come up after `{how}`; see `journalctl -u {unit}` or the log named there")
     return how
-
-
-def restart_dockerd(pid: int | None = None) -> str:
-    """A full restart (dockerd registers the --gpus device driver only at start, when it finds the hook). `pid`: the
-    daemon to restart where there is no systemd (default: the one in the pid file)."""
-    if has_systemd():
-        restart_unit("docker")
-        return "systemctl restart docker"
-    pid = pid or dockerd_pid()
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-        if not wait_for(lambda: not _alive(pid), 60):
-            raise StepFailed(f"dockerd (pid {pid}) did not stop within 60 s; restart it by hand")
-    return "restarted dockerd: " + start_daemon("docker", "dockerd")
 
 
 def respawn(pid: int, argv: tuple[str, ...], daemon: str, ready) -> str:
@@ -271,14 +231,19 @@ def respawn(pid: int, argv: tuple[str, ...], daemon: str, ready) -> str:
         exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
     except OSError:
         exe = argv[0]
-    os.kill(pid, signal.SIGTERM)
-    if not wait_for(lambda: not _alive(pid), 60):
-        raise StepFailed(f"{daemon} (pid {pid}) did not stop within 60 s; restart it by hand")
+    stop(pid, daemon)
     shown = shlex.join([exe, *argv[1:]])
     spawn([exe, *argv[1:]], daemon_log(daemon))
     if not wait_for(ready, 60):
         raise StepFailed(f"{daemon} did not come up after `{shown}`; see {daemon_log(daemon)}")
     return f"restarted {daemon} as it ran: {shown} (background; log {daemon_log(daemon)})"
+
+
+def stop(pid: int, daemon: str) -> None:
+    """SIGTERM to a daemon, then wait (60 s at most) until it is gone."""
+    os.kill(pid, signal.SIGTERM)
+    if not wait_for(lambda: not _alive(pid), 60):
+        raise StepFailed(f"{daemon} (pid {pid}) did not stop within 60 s; restart it by hand")
 
 
 def _alive(pid: int) -> bool:

@@ -50,6 +50,15 @@ class Refused(Exception):
     """The runtime refuses a container (it asked for something this host cannot give): one line, through runc's
     log to the user; the runtime exits REQUIREMENT_FAILED. Not a GpuprovError: it never reaches cli.main."""
 
+    exit_code = REQUIREMENT_FAILED
+
+
+class EditFailed(Exception):
+    """The runtime could not prepare a GPU container's edits (an unreadable bundle, a config.json of types runc would
+    reject): the start is refused in one line, exit INTERNAL. Like Refused, only the runtime raises it."""
+
+    exit_code = INTERNAL
+
 
 class GpuprovError(Exception):
     """A user-facing failure: one line saying what is wrong and what to do."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision.decide.debian import debian_driver_packages
 from provision.decide.driver import FleetDecision, GpuDecision, decide_fleet, decide_gpu
 from provision.decide.gputable import PciId, parse_pci_id
 from provision.decide.targets import Target, target_for
@@ -69,8 +70,9 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
     warnings += scan.warnings
     nvidia = [d for d in devices if d.is_nvidia]
     # What the apt lists offer, for Debian's choice of module flavour; read only where there is a GPU to decide for.
-    offered = (archive_versions(root) if (nvidia or for_gpus) and target and target.os_id == "debian"
-               and (source or "debian") == "debian" else None)
+    offered = (archive_versions(root, debian_driver_packages(target.codename))
+               if (nvidia or for_gpus) and target and target.os_id == "debian" and (source or "debian") == "debian"
+               else None)
     gpus = []
     for dev in nvidia:
         pci = PciId(dev.vendor_id, dev.device_id, dev.subsystem_vendor_id, dev.subsystem_device_id)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from provision.checkimage import glibc_companions
+from provision.engines.validate import glibc_companions
 from tests.cri import image
 from tests.cri.client import CRI
 from tests.cri.harness import Containerd
@@ -49,11 +49,12 @@ def private_runtime(base: Path, driver_root: Path | None = None) -> dict:
     return env
 
 
-def k8s_node(c: Containerd, runtime_path: str, env: dict | None = None, cdi: bool = False) -> dict:
+def k8s_node(c: Containerd, runtime_path: str, env: dict | None = None, cdi: bool = False,
+             default: bool = False) -> dict:
     cfg = c.base / "config.toml"
     cfg.write_text(base_config(c))
     r = gpuprov("k8s", "node", "--engine", "containerd", "--config", str(cfg), "--runtime-path", runtime_path,
-                "--cdi" if cdi else "--no-cdi", "--json", env=env)
+                "--cdi" if cdi else "--no-cdi", *(["--default"] if default else []), "--json", env=env)
     if r.returncode != 0:
         raise RuntimeError(f"gpuprov k8s node failed ({r.returncode}): {r.stderr}")
     return json.loads(r.stdout)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import tomlkit
 
-from provision import effects
+from provision import effects, engines
 from provision.bundle import aptrepo, manifest
 from provision.bundle.images import ensure_image
-from provision.decide.packages import debian_components, engine_packages
+from provision.decide.packages import debian_components
 from provision.decide.targets import Target
 from provision.errors import StepFailed, Unsupported, UsageError
 from provision.fsutil import make_dirs, write_file
@@ -43,7 +43,7 @@ def apt_packages(opt: CreateOptions) -> dict[str, list[str]]:
     t = opt.target
     comps: dict[str, list[str]] = {}
     if "engine" in opt.components:
-        comps["engine"] = list(engine_packages(t, "docker", "distro"))
+        comps["engine"] = list(engines.get("docker").packages(t, "distro"))
     if "runtime" in opt.components:
         comps["runtime"] = ["python3", "python3-venv"]  # to run gpuprov itself from the bundled wheels
     if "driver" in opt.components:

@@ -1,10 +1,12 @@
-"""`gpuprov detect`: the host's facts and the driver each GPU needs."""
+"""`gpuprov detect`: the host's facts and the driver each GPU needs.
+
+The hot command: this module loads no typer. `run` is the command's body; provision/cli.py's fast path calls it with
+the arguments it parsed from FAST_OPTIONS, and `register` declares the same options to typer for everything else
+(--help, usage errors): tests/unit/test_fast_path.py holds the two to each other."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import List, Optional
-
-import typer
 
 from provision.commands import summary
 from provision.decide.gputable import parse_pci_id
@@ -66,19 +68,19 @@ def render_human(report) -> str:
     return "\n".join(out)
 
 
-def detect(
-    root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
-                              help="Read the host through this root (a fixture tree works)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the documented JSON schema (gpuprov.detect/v1)."),
-    pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", callback=rule("pci_id"),
-                                               help="Decide for VENDOR:DEVICE[:SUBVENDOR:SUBDEVICE] "
-                                               "without scanning the host (repeatable), like nvidia-detect's argument."),
-    target: Optional[str] = typer.Option(None, "--target", help="Release to decide packages for, e.g. debian-12, "
-                                         "ubuntu-24.04, rocky-9 (default: the host's own)."),
-    kernel_modules: str = typer.Option("auto", "--kernel-modules", help="auto|open|proprietary"),
-    driver_source: Optional[str] = typer.Option(None, "--driver-source", help="distro|elrepo|nvidia (default: "
-                                                "distro on Debian/Ubuntu, elrepo on EL)"),
-) -> None:
+# option -> (parameter, how click takes it, provision.values rule): provision.cli.fast_args
+FAST_OPTIONS = {
+    "--root": ("root", "path", "path"),
+    "--json": ("json_out", "flag", None),
+    "--pci-id": ("pci_id", "list", "pci_id"),
+    "--target": ("target", "text", None),
+    "--kernel-modules": ("kernel_modules", "text", None),
+    "--driver-source": ("driver_source", "text", None),
+}
+
+
+def run(root: Path = Path("/"), json_out: bool = False, pci_id: Optional[List[str]] = None, target: Optional[str] = None,
+        kernel_modules: str = "auto", driver_source: Optional[str] = None) -> None:
     """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
     check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
     if driver_source is not None:
@@ -100,5 +102,23 @@ def detect(
         print(render_human(report))
 
 
-def register(app: typer.Typer) -> None:
+def register(app) -> None:
+    import typer  # lazy: 0 ms here, typer loaded `app`; at the top it would cost the fast path 38 ms (-X importtime)
+
+    def detect(
+        root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
+                                  help="Read the host through this root (a fixture tree works)."),
+        json_out: bool = typer.Option(False, "--json", help="Print the documented JSON schema (gpuprov.detect/v1)."),
+        pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", callback=rule("pci_id"),
+                                                   help="Decide for VENDOR:DEVICE[:SUBVENDOR:SUBDEVICE] without "
+                                                   "scanning the host (repeatable), like nvidia-detect's argument."),
+        target: Optional[str] = typer.Option(None, "--target", help="Release to decide packages for, e.g. debian-12, "
+                                             "ubuntu-24.04, rocky-9 (default: the host's own)."),
+        kernel_modules: str = typer.Option("auto", "--kernel-modules", help="auto|open|proprietary"),
+        driver_source: Optional[str] = typer.Option(None, "--driver-source", help="distro|elrepo|nvidia (default: "
+                                                    "distro on Debian/Ubuntu, elrepo on EL)"),
+    ) -> None:
+        """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
+        run(root, json_out, pci_id, target, kernel_modules, driver_source)
+
     app.command("detect", short_help=summary("detect"))(detect)

@@ -12,7 +12,7 @@ from provision.commands import summary
 from provision.engines.configure import configure
 from provision.hostlock import host_lock
 from provision.options import rule
-from provision.output import emit_json, kv
+from provision.output import emit_json
 
 engine_app = typer.Typer(help="Container engine configuration (merge, never overwrite).", no_args_is_help=True)
 
@@ -52,12 +52,7 @@ def configure_cmd(
         return
     if res.diff:
         print(res.diff, end="")
-    status = ("would change" if dry_run else "changed") if res.changed else "unchanged"
-    print(kv([("config", res.path), ("status", status), ("changes", "; ".join(res.changes)),
-              ("backup", res.backup), ("engine", res.restart),
-              ("verified", {True: "runtime listed by the engine", False: "NOT listed", None: "-"}[res.verified])]))
-    for w in res.warnings:
-        print(f"warning: {w}")
+    print("\n".join(res.lines(dry_run)))
 
 
 def register(app: typer.Typer) -> None:

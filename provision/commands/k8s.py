@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -19,7 +18,7 @@ from provision.inject.settings import load_settings
 from provision.k8s import node
 from provision.k8s.labels import NFD_FILE, gfd_labels, kubelet_flag, nfd_file
 from provision.k8s.manifests import NodeSettings, decide_sharing, decide_strategy, render_all
-from provision.k8s.node import CDI_SPEC, ENGINE_UNITS, engine_has_cdi, write_if_changed
+from provision.k8s.node import CDI_SPEC, installed_engine_has_cdi, write_if_changed
 from provision.metrics import nvml
 from provision.options import rule
 from provision.output import emit_json, kv
@@ -37,7 +36,7 @@ def _settings(engine_cdi: bool | None = None):
     st = mps.load_state(s.share_state)
     share_on = bool(st and mps.daemon_pid(st))
     if engine_cdi is None:  # what the engine has now: the CDI spec gpuprov writes, and an engine that applies it
-        engine_cdi = os.path.exists(CDI_SPEC) and any(shutil.which(e) and engine_has_cdi(e) for e in ENGINE_UNITS)
+        engine_cdi = os.path.exists(CDI_SPEC) and installed_engine_has_cdi()
     return NodeSettings(share_state=st if share_on else None,
                         accept_env_unprivileged=s.accept_env_unprivileged, engine_cdi=engine_cdi,
                         driver_root=s.driver_root)

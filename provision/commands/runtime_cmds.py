@@ -2,26 +2,23 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from provision import effects, paths
+from provision import paths
 from provision.commands import summary
-from provision.errors import REQUIREMENT_FAILED, UNSUPPORTED, GpuprovError, UsageError
-from provision.facts.driver_facts import find_driver_root
+from provision.errors import REQUIREMENT_FAILED, GpuprovError, UsageError
 from provision.fsutil import link_or_copy, make_dirs, point_link, publish_dir, write_file
 from provision.hostlock import changes_host, host_lock
-from provision.inject.cdi import generate_spec, refresh_specs, refresh_units, render
-from provision.inject.discover import discover, write_manifests
+from provision.inject.cdi import generate_spec, render
+from provision.inject.discover import write_manifests
 from provision.inject.edits import Refused, compute_edits
-from provision.inject.install import install_runtime
-from provision.inject.settings import load_settings, settings_path
 from provision.options import rule
 from provision.output import emit_json, kv
+from provision.plan import runtime as runtime_host
 
 if TYPE_CHECKING:
     from provision.inject.discover import Discovery
@@ -31,18 +28,7 @@ cdi_app = typer.Typer(help="CDI specs for engines that consume CDI natively.", n
 
 
 def _discover(driver_root: Optional[str], arch: bool = False) -> Discovery:
-    """Discovery for this host, laid out as the runtime's settings describe it (driver/proc/dev roots)."""
-    s = load_settings()  # the defaults (/proc and /dev under /) without a settings file
-    if driver_root is None and os.path.exists(settings_path()):
-        driver_root = s.driver_root
-    if driver_root is None:
-        found, _ = find_driver_root(Path("/"))
-        driver_root = found or "/"
-    disc = discover(driver_root, proc_root=s.proc_root, dev_root=s.dev_root, arch=arch)
-    if not disc.version:
-        raise GpuprovError(f"no NVIDIA driver found (driver root {driver_root}, /proc/driver/nvidia/version); "
-                           "install one with `gpuprov bootstrap` or pass --driver-root", exit_code=UNSUPPORTED)
-    return disc
+    return runtime_host.discover_host(driver_root, arch)
 
 
 @runtime_app.command("install")
@@ -61,21 +47,12 @@ def runtime_install(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Install gpuprov-runtime (the wheel's compiled front-end; else compiled here; else Python) and refresh discovery."""
-    if driver_root is None:
-        driver_root = find_driver_root(Path("/"))[0] or "/"
-    res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
-                          accept_env_unprivileged=not no_env_unprivileged)
-    front = "compiled" if res.compiled else "python"
-    doc = {"runtime_path": res.runtime_path, "front_end": front, "front_end_origin": res.origin,
-           "compiled": res.compiled, "changed": res.changed, "notes": res.notes}
+    doc, lines = runtime_host.install(prefix, driver_root=driver_root, runc=runc, dev_root=dev_root,
+                                      proc_root=proc_root, accept_env_unprivileged=not no_env_unprivileged)
     if json_out:
         emit_json(doc)
     else:
-        kind = f"compiled C ({res.origin})" if res.compiled else "Python fallback"
-        print(kv([("runtime", res.runtime_path), ("front-end", kind),
-                  ("changed", ", ".join(res.changed) or "nothing")]))
-        for n in res.notes:
-            print(f"note: {n}")
+        print("\n".join(lines))
 
 
 @runtime_app.command("discover")
@@ -128,26 +105,9 @@ def cdi_refresh(
 ) -> None:
     """Write the CDI spec where engines read it; rewrites only when the driver changed. Run at boot and on driver
     changes by the gpuprov-cdi-refresh systemd units (--install-units)."""
-    disc = _discover(driver_root)  # same driver-root resolution (and error) as generate
-    s = load_settings()
     with host_lock("cdi refresh"):
-        changed = refresh_specs(disc.driver_root, dirs=tuple(d for d in spec_dirs.split(":") if d),
-                                proc_root=s.proc_root, dev_root=s.dev_root)
-    print("\n".join(f"wrote {p}" for p in changed) or "CDI spec up to date", file=sys.stderr)
-    if install_units:
-        _install_cdi_units()
-
-
-
-def _install_cdi_units(unit_dir: Path = Path("/etc/systemd/system")) -> None:
-    units = refresh_units(shutil.which("gpuprov") or "/usr/local/bin/gpuprov")
-    for name, text in units.items():
-        write_file(unit_dir / name, text, backup=False)
-    if os.path.isdir("/run/systemd/system"):
-        effects.run(["systemctl", "daemon-reload"], check=False)
-        effects.run(["systemctl", "enable", "--now", "gpuprov-cdi-refresh.path"], check=False)
-        effects.run(["systemctl", "enable", "gpuprov-cdi-refresh.service"], check=False)
-    print(f"installed {', '.join(units)} in {unit_dir}", file=sys.stderr)
+        done = runtime_host.refresh_cdi(driver_root, tuple(d for d in spec_dirs.split(":") if d), install_units)
+    print("\n".join(done), file=sys.stderr)
 
 
 @cdi_app.command("list")
@@ -176,9 +136,9 @@ def docker_args(
                                                    "NVIDIA_DRIVER_CAPABILITIES": capabilities})
     except Refused as exc:
         raise GpuprovError(str(exc), exit_code=REQUIREMENT_FAILED) from None
-    flags = [f"--device={d['path']}" for d in e["devices"]]
-    flags += [f"--volume={m['source']}:{m['destination']}:ro" for m in e["mounts"]]
-    flags += [f"--env={k}={v}" for k, v in e["env"].items()]
+    flags = [f"--device={d.path}" for d in e.devices]
+    flags += [f"--volume={m.source}:{m.destination}:ro" for m in e.mounts]
+    flags += [f"--env={v.name}={v.value}" for v in e.env]
     print(" ".join(flags))
 
 

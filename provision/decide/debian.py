@@ -79,6 +79,12 @@ SUITES: dict[str, DebianSuite] = {
         _tesla("535", "535.274.02"),
     )),
 }
+def debian_driver_packages(suite: str) -> tuple[str, ...]:
+    """The suite's driver metapackages and module packages: whose versions in the apt lists decide the flavour."""
+    s = SUITES.get(suite)
+    return tuple(n for d in (s.drivers if s else ()) for n in (d.package, d.kernel_dkms, d.open_dkms) if n)
+
+
 # Debian's legacy lists for series no current suite ships: the branch an unknown-to-NVIDIA's-table id belongs to.
 # Newest first: a GPU belongs to the newest series that still supports it.
 LEGACY_LISTS = {"nvidia-tesla-470": "470", "nvidia-tesla-418": "418", "nvidia-legacy-390xx": "390",

@@ -1,5 +1,6 @@
 """Engine configuration: merge our runtime into each engine's own config, never overwrite it. One adapter per engine
-(see base.Engine); ENGINES names them."""
+(see base.Engine, whose docstring lists what an adapter implements); ADAPTERS registers them, in the order verify and
+`k8s node --engine auto` look for them."""
 from __future__ import annotations
 
 from provision.engines.base import Engine
@@ -8,9 +9,20 @@ from provision.engines.crio import CrioEngine
 from provision.engines.docker import DockerEngine
 from provision.errors import UsageError
 
+ADAPTERS: tuple[type[Engine], ...] = (DockerEngine, ContainerdEngine, CrioEngine)  # a new engine: one line here
+
+
+def names() -> tuple[str, ...]:
+    return tuple(e.name for e in ADAPTERS)
+
 
 def get(name: str) -> Engine:
-    engines: dict[str, type[Engine]] = {e.name: e for e in (DockerEngine, ContainerdEngine, CrioEngine)}
+    engines = {e.name: e for e in ADAPTERS}
     if name not in engines:
         raise UsageError(f"unknown engine {name!r}: use {', '.join(engines)}")
     return engines[name]()
+
+
+def every() -> list[Engine]:
+    """One adapter of each engine, in ADAPTERS' order."""
+    return [e() for e in ADAPTERS]

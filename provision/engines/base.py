@@ -1,4 +1,6 @@
-"""The one interface every container-engine adapter implements (docker, containerd, CRI-O, …).
+"""The one interface every container-engine adapter implements (docker, containerd, CRI-O, …), and the only place
+(with its subclasses in this package) that knows an engine by name: plan/, effects, verify/, k8s/ and metrics/ ask
+the adapter (tests/unit/test_engine_literals.py fails on an engine-name comparison anywhere else).
 
 An adapter owns, for its engine: where the config lives, how it is parsed (strictly: whatever the engine would reject
 is refused here, exit 6, file untouched), how gpuprov's runtime is merged in (typed Changes: what changed and whether
@@ -7,7 +9,27 @@ really reads, how it is reloaded/restarted, and how the result is verified. `eng
 adapter the same way: plan → write through `fsutil.write_file` → check (rolled back on failure) → signal the live
 daemon only when it reads the file that was written → verify.
 
-Adding an engine = one module with a subclass of Engine, registered in `provision/engines/__init__.py`.
+Adding an engine (podman, …) = one module here with a subclass of Engine, and its class added to ADAPTERS in
+`provision/engines/__init__.py`. The subclass sets or implements:
+
+- identity: `name` (what `--engine`/`engine configure NAME` say), `title` (for people), `default_config`,
+  `daemon_names` (its /proc/PID/comm), `pid_files` (optional fast path);
+- config: `plan` (merge gpuprov's runtime in: FileEdits + Changes; reads only), `plan_under` (the same for a host
+  tree at `--root`, files only: override it when `plan` asks the live engine anything), `unplan` (the undo),
+  `config_path` (when `--config` may name a directory), `check` (the engine's own offline check of what was
+  written, optional), `daemon_config` (the config file a daemon with this argv reads);
+- the live daemon: `live_daemon`/`running_daemons` (inherited), `apply` (reload or restart), `apply_how` (that,
+  for people), `pending_restart` (optional), `verify` (does the live daemon list the runtime; optional),
+  `lists_runtimes` + `listed_runtimes` (an engine that lists its runtimes: the plan's check asks it too);
+- installing and starting it: `unit`, `ready_argv`, `packages`, `default_source` (bootstrap offers the engines
+  options.Engine lists: offering a new one is a line there too);
+- bootstrap's validation container: `validation` (image import, commands, containers through the runtime);
+- `gpuprov verify` on a node: `node_probe`, `node_runtime`, `check_container_argv`, `check_log`,
+  `prepare_check_image`, and for a CRI engine `serves_cri` + `cri_handler`;
+- k8s and metrics: `has_cdi`, `cgroup_prefixes`, `cgroup_parents`, `container_store` + `stored_container`.
+The identity, `plan`, `unplan`, `daemon_config` and `apply` are required; everything else has a default that means
+"this engine does not do that". The plan's steps use all of it generically (plan/steps: ConfigureEngine, StartService,
+ImportImage, ReloadEngine), so nothing outside this package changes for a new engine.
 """
 from __future__ import annotations
 
@@ -18,12 +40,16 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from provision import effects
-from provision.errors import ConfigInvalid
+from provision.engines import validate
+from provision.errors import ConfigInvalid, Unsupported, UsageError
 from provision.facts.engines import find_processes, flag_value  # noqa: F401  (the adapters' helpers, one copy)
-from provision.facts.rootfs import MAX_READ, NotRegular, read_bytes_bounded
+from provision.facts.rootfs import MAX_READ, NotRegular, read_bytes_bounded, under
+
+if TYPE_CHECKING:
+    from provision.decide.targets import Target
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"  # where bootstrap installs gpuprov's runtime
 
@@ -120,12 +146,121 @@ class Daemon:
         return r.returncode == 0 and r.output.strip() == str(self.pid)
 
 
+@dataclass(frozen=True)
+class ImageImport:
+    """How an engine gets the check image built from this host's own files (engines/validate.py): `load` reads it
+    on stdin (a root-filesystem tar, or a one-layer OCI archive when `oci`), skipped when `present` succeeds (None:
+    always loaded; loading the same content again changes nothing)."""
+    image: str
+    load: tuple[str, ...]
+    oci: bool = False
+    present: tuple[str, ...] | None = None
+
+    def describe(self) -> str:
+        return f"OCI image archive {self.image}" if self.oci else "tar"
+
+    def stdin(self, binaries: tuple[str, ...]) -> bytes:
+        tar = validate.build_image_tar(binaries)
+        return validate.oci_archive(tar, self.image) if self.oci else tar
+
+
+@dataclass(frozen=True)
+class ContainerRun:
+    """One command of bootstrap's validation: a container through the runtime (or a clean-up that may fail)."""
+    argv: tuple[str, ...]
+    log: str | None = None  # its output is read from this file (`ctr run --log-uri`), not from its stdout
+    expect: str | None = None  # the run passes only when its output holds this
+    may_fail: bool = False  # a clean-up whose failure is not the step's (printed `|| true`)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Bootstrap's last step for an engine: the check image imported, then these runs, in order."""
+    image: ImageImport
+    runs: tuple[ContainerRun, ...]
+    where: str = ""  # appended to the step's title, e.g. " (containerd, namespace gpuprov)"
+
+
+Run = Callable[[list], "tuple[int, str, str]"]  # a node's command runner (verify: local, or testinfra's host)
+
+
 class Engine(ABC):
+    """See the module's docstring for what an adapter sets and implements."""
     name: ClassVar[str]
+    title: ClassVar[str]  # for people: "Docker", "containerd", "CRI-O"
     default_config: ClassVar[str]
-    daemon_names: ClassVar[tuple[str, ...]]  # the daemon's process name(s) (/proc/PID/comm)
+    daemon_names: ClassVar[tuple[str, ...]]  # the daemon's process name(s) (/proc/PID/comm); the first: its binary
     check_error: str | None = None  # why check() said False (one line, for the error after the roll-back)
     pid_files: ClassVar[tuple[str, ...]] = ()  # where the daemon usually says its pid: looked at first (fast path)
+    unit: ClassVar[str | None] = None  # the systemd unit / SysV script that runs the daemon
+    ready_argv: ClassVar[tuple[str, ...]] = ()  # the client command that succeeds once the daemon answers
+    lists_runtimes: ClassVar[bool] = False  # the live daemon lists its runtimes (docker info): checks ask it too
+    serves_cri: ClassVar[bool] = False  # a CRI engine (kubelet's): `gpuprov k8s node` and verify's CRI check
+    check_log: ClassVar[bool] = False  # verify's check container writes its output to a log file (ctr run)
+    cgroup_prefixes: ClassVar[tuple[tuple[str, str], ...]] = ()  # (scope prefix, engine label) in /proc/PID/cgroup
+    cgroup_parents: ClassVar[tuple[str, ...]] = ()  # cgroup directories whose children are this engine's containers
+    container_store: ClassVar[str | None] = None  # where it keeps its containers' names and labels (stored_container)
+
+    @property
+    def daemon(self) -> str:
+        return self.daemon_names[0]
+
+    # --- installing and starting it (engines bootstrap installs) ------------------------------------------------
+
+    def packages(self, target: Target, source: str) -> tuple[str, ...]:
+        """The packages that install this engine on `target` from `source` (distro | docker-ce)."""
+        raise Unsupported(f"gpuprov does not install {self.name}: install it yourself, then run again")
+
+    def default_source(self, target: Target) -> str:
+        """Where its packages come from when --engine-source is auto."""
+        return "distro"
+
+    def answers(self) -> bool:
+        """Whether the daemon answers its client now (readiness, after a start or restart)."""
+        return bool(self.ready_argv) and effects.daemon_answers(self.ready_argv)
+
+    def listed_runtimes(self) -> list[str] | None:
+        """The runtimes the live daemon lists (None: cannot ask it, or it lists none: see lists_runtimes)."""
+        return None
+
+    def validation(self, runtime_name: str, runtime_path: str, gpu: bool) -> Validation | None:
+        """Bootstrap's validation container through runtime `runtime_name` (whose binary is `runtime_path`)."""
+        return None
+
+    # --- gpuprov verify, on a node reached through `run` -----------------------------------------------------------
+
+    def node_probe(self, run: Run) -> object | None:
+        """What the node's daemon answers (kept for node_runtime), or None when it does not answer."""
+        return None
+
+    def node_runtime(self, run: Run, probe: object, name: str, runtime_path: str) -> tuple[str | None, str | None]:
+        """(the binary runtime `name` runs, None) when the live engine has it registered, else (None, why not)."""
+        return None, f"gpuprov cannot ask {self.name} for its runtimes"
+
+    def check_container_argv(self, cid: str, env: dict[str, str], argv: list[str], runtime_path: str, rootfs: str,
+                             log: str) -> list[str]:
+        """The command that starts verify's check container through the runtime, never pulling anything."""
+        raise UsageError(f"gpuprov verify has no check container for {self.name}")
+
+    def prepare_check_image(self, rootfs: str) -> None:
+        """On this host: verify's check image, from this host's own files (no registry)."""
+        raise UsageError(f"gpuprov verify has no check image for {self.name}: --prepare takes docker or containerd")
+
+    def cri_handler(self, run: Run, has_command: Callable[[str], bool], name: str) -> tuple[str, str] | None:
+        """A CRI engine's handler `name` on the node: ("pass"|"fail", detail), None when this engine is not there."""
+        return None
+
+    # --- k8s and metrics -------------------------------------------------------------------------------------------
+
+    def has_cdi(self) -> bool:
+        """Whether this node's engine applies CDI devices."""
+        return False
+
+    def stored_container(self, cid: str) -> tuple[dict, str] | None:
+        """(labels, name) of container `cid` from the engine's own store, where it keeps one gpuprov can read."""
+        return None
+
+    # --- its config ------------------------------------------------------------------------------------------------
 
     def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
         return Path(config or self.default_config)
@@ -134,6 +269,13 @@ class Engine(ABC):
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
         """Read and strictly parse the config, merge the request in; raise ConfigInvalid (6) or
         RuntimeConflict (14) with nothing written."""
+
+    def plan_under(self, root: Path, path: Path, req: RuntimeRequest) -> EnginePlan:
+        """`plan` for the host tree at `root` (`plan --root`): the config at host path `path` read under `root`, the
+        edits naming host paths. Files only: an adapter whose `plan` asks the live engine overrides this."""
+        plan = self.plan(under(root, str(path)), req, unit_root=root)
+        return EnginePlan([FileEdit(Path("/", Path(e.path).relative_to(root)), e.old, e.new) for e in plan.edits],
+                          plan.changes, plan.warnings)
 
     @abstractmethod
     def daemon_config(self, argv: list[str]) -> str:

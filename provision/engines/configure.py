@@ -13,6 +13,7 @@ from provision import engines, record
 from provision.engines.base import EnginePlan, RuntimeRequest
 from provision.errors import ConcurrentEdit, StepFailed
 from provision.fsutil import EDIT_TRIES, changed_line, seen_as, write_file
+from provision.output import kv
 
 
 @dataclass
@@ -29,6 +30,15 @@ class ConfigureResult:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+    def lines(self, dry_run: bool = False) -> list[str]:
+        """What was done, for people (`engine configure` prints it after the diff; bootstrap's step reports its
+        last line)."""
+        status = ("would change" if dry_run else "changed") if self.changed else "unchanged"
+        return [kv([("config", self.path), ("status", status), ("changes", "; ".join(self.changes)),
+                    ("backup", self.backup), ("engine", self.restart),
+                    ("verified", {True: "runtime listed by the engine", False: "NOT listed", None: "-"}[self.verified])])
+                ] + [f"warning: {w}" for w in self.warnings]
 
 
 def configure(engine: str, *, config: str | None = None, runtime_name: str = "nvidia", runtime_path: str,

@@ -22,9 +22,11 @@ from __future__ import annotations
 import copy
 import fnmatch
 import glob
+import io
 import os
 import re
 import shutil
+import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +35,18 @@ import tomlkit
 
 from provision import effects
 from provision.engines import cri as cri_names
+from provision.engines import validate
 from provision.engines.base import (
     Change,
+    ContainerRun,
     Daemon,
     Engine,
     EnginePlan,
     FileEdit,
+    ImageImport,
+    Run,
     RuntimeRequest,
+    Validation,
     flag_value,
     read_config,
     undo_text,
@@ -516,13 +523,83 @@ class ContainerdEngine(Engine):
     restart (containerd reads its config only at start)."""
 
     name = "containerd"
+    title = "containerd"
     default_config = CONFIG
     daemon_names = ("containerd",)
+    unit = "containerd"
+    ready_argv = ("ctr", "version")
+    serves_cri = True
+    check_log = True  # ctr's own stdout can drop a short-lived container's output (plan/steps.RunContainer)
+    cgroup_prefixes = (("cri-containerd-", "containerd"),)
 
     def __init__(self) -> None:
         self.binary: Binary | None = None
         self.before: dict | None = None
         self.restarted = False
+
+    def packages(self, target, source: str) -> tuple[str, ...]:
+        return ("containerd",) if target.family == "debian" else ("containerd.io",)
+
+    def validation(self, runtime_name: str, runtime_path: str, gpu: bool) -> Validation:
+        """The image as an OCI archive in gpuprov's namespace, a leftover container removed, then the containers
+        run with `runtime_path` (the binary the handler names) as runc, their output read from the shim's log."""
+        image = ImageImport(validate.CTR_IMAGE, (*validate.CTR, "images", "import", "-"), oci=True)
+        runs = [ContainerRun(validate.ctr_remove_argv(), may_fail=True)]
+        runs += [ContainerRun(a, validate.ctr_log(), expect=None if i else validate.OK_WORD)
+                 for i, a in enumerate(validate.ctr_run_argvs(runtime_path, gpu))]
+        return Validation(image, tuple(runs), f" (containerd, namespace {validate.CTR_NAMESPACE})")
+
+    def node_probe(self, run: Run) -> str | None:
+        rc, out, _ = run(list(self.ready_argv))
+        return out if rc == 0 and "Server:" in out else None
+
+    def node_runtime(self, run: Run, probe: object, name: str, runtime_path: str) -> tuple[str | None, str | None]:
+        rc, out, err = run(["containerd", "config", "dump"])
+        if rc != 0:
+            return None, f"`containerd config dump` failed: {(err or out).strip()[-200:]}"
+        if not runtime_in_dump(out, name):
+            return None, f"runtime {name!r} is not in containerd's CRI config: run gpuprov engine configure containerd"
+        return runtime_path, None
+
+    def check_container_argv(self, cid: str, env: dict[str, str], argv: list[str], runtime_path: str, rootfs: str,
+                             log: str) -> list[str]:
+        """A plain rootfs (`ctr run --rootfs`) through the runtime binary as runc, its output written to `log`."""
+        envs = [a for k, v in {"PATH": "/usr/bin:/bin", **env}.items() for a in ("--env", f"{k}={v}")]
+        logs = ["--log-uri", f"file://{log}"] if log else []  # a bare rootfs has no image config: PATH as docker's
+        return [*validate.CTR, "run", "--rm", *logs, "--runc-binary", runtime_path, *envs, "--rootfs", rootfs, cid,
+                *argv]
+
+    def prepare_check_image(self, rootfs: str) -> None:
+        """The check image's files unpacked at `rootfs`, once per image (its stamp)."""
+        root = Path(rootfs)
+        stamp = root / ".gpuprov-image"
+        if stamp.exists() and stamp.read_text() == validate.IMAGE:
+            return
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True, mode=0o755)
+        with tarfile.open(fileobj=io.BytesIO(validate.build_image_tar())) as tar:
+            tar.extractall(root)  # our own tar, built a moment ago from this host's files
+        stamp.write_text(validate.IMAGE)
+
+    def cri_handler(self, run: Run, has_command, name: str) -> tuple[str, str] | None:
+        rc, dump, _ = run(["containerd", "config", "dump"])
+        if rc != 0:
+            return None
+        if not runtime_in_dump(dump, name):
+            return "fail", f"containerd's merged config has no runtime {name!r}: run gpuprov k8s node"
+        return "pass", self.title
+
+    def has_cdi(self) -> bool:
+        """containerd applies CDI from 1.7 (`enable_cdi`; 1.6 ignores the key, so CDI annotations would give pods no
+        GPU)."""
+        return find_binary().cdi
+
+    def plan_under(self, root: Path, path: Path, req: RuntimeRequest) -> EnginePlan:
+        """`plan` asks the live containerd (its version, `config dump`); a host tree's containerd cannot be run:
+        planned from the files alone, as for a containerd of unknown version."""
+        p = plan(path, runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi,
+                 replace=req.replace, binary=Binary(None, None), root=root)
+        return EnginePlan([FileEdit(f, old, new) for f, old, new in p.edits], [], p.warnings)
 
     def find_binary(self, path: Path) -> Binary:
         """The live daemon's own binary when one reads this config (its version is what counts), else PATH's."""
@@ -593,10 +670,10 @@ class ContainerdEngine(Engine):
         return self.check_error is None
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
-        if daemon.is_unit("containerd"):
-            effects.restart_unit("containerd", check=False)
+        if daemon.is_unit(self.unit):
+            effects.restart_unit(self.unit, check=False)
             self.restarted = True
-            return "systemctl restart containerd"
+            return f"systemctl restart {self.unit}"
         return f"restart containerd (pid {daemon.pid}) to apply the change (it reads its config only at start)"
 
     def verify(self, daemon: Daemon, req: RuntimeRequest, *, wait: bool = True) -> bool | None:

@@ -144,9 +144,24 @@ def conflicts(dropin: Path, req: RuntimeRequest) -> None:
 
 
 class CrioEngine(Engine):
+    """CRI-O: configured on an existing Kubernetes node (its drop-in), never installed or started by gpuprov."""
     name = "crio"
+    title = "CRI-O"
     default_config = DROPIN_DIR
     daemon_names = ("crio",)
+    unit = "crio"
+    serves_cri = True
+    cgroup_prefixes = (("crio-", "cri-o"),)
+
+    def cri_handler(self, run, has_command, name: str) -> tuple[str, str] | None:
+        if run(["test", "-f", dropin_path(name)])[0] == 0:
+            return "pass", self.title
+        if has_command(self.daemon):
+            return "fail", f"CRI-O has no gpuprov drop-in {dropin_path(name)}: run gpuprov k8s node"
+        return None
+
+    def has_cdi(self) -> bool:
+        return True  # CRI-O always applies CDI devices
 
     def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
         """--config names the drop-in file, or the drop-in directory (then gpuprov's file goes in it)."""
@@ -208,7 +223,7 @@ class CrioEngine(Engine):
         return None
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
-        if daemon.is_unit("crio"):
-            effects.restart_unit("crio", check=False)
-            return "systemctl restart crio"
+        if daemon.is_unit(self.unit):
+            effects.restart_unit(self.unit, check=False)
+            return f"systemctl restart {self.unit}"
         return f"restart crio (pid {daemon.pid}) to apply the change (it reads its drop-ins only at start)"

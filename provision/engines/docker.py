@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shlex
@@ -11,14 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision import effects
+from provision.engines import validate
 from provision.engines.base import (
     RUNTIME_PATH,
     Change,
+    ContainerRun,
     Daemon,
     Engine,
     EnginePlan,
     FileEdit,
+    ImageImport,
+    Run,
     RuntimeRequest,
+    Validation,
     dump_json,
     flag_value,
     load_json_strict,
@@ -34,6 +40,8 @@ DAEMON_JSON = SPEC.config
 UNIT_FILES = ("/lib/systemd/system/docker.service", "/usr/lib/systemd/system/docker.service",
               "/etc/systemd/system/docker.service")
 DROPIN_DIR = "/etc/systemd/system/docker.service.d"
+CONTAINERS = "/var/lib/docker/containers"  # dockerd's own store: <id>/config.v2.json (name, labels)
+RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")  # the runtimes the live dockerd lists
 # dockerd flags that have a daemon.json twin; both at once stops dockerd ("directives are specified both as a
 # flag and in the configuration file").
 FLAG_KEYS = {
@@ -233,9 +241,81 @@ def cdi_warning() -> list[str]:
 
 class DockerEngine(Engine):
     name = "docker"
+    title = "Docker"
     default_config = DAEMON_JSON
     daemon_names = ("dockerd",)
     pid_files = ("/run/docker.pid", "/var/run/docker.pid")
+    unit = SPEC.unit
+    ready_argv = ("docker", "info")
+    lists_runtimes = True
+    cgroup_prefixes = (("docker-", "docker"),)
+    cgroup_parents = ("docker",)
+    container_store = CONTAINERS
+
+    def packages(self, target, source: str) -> tuple[str, ...]:
+        if source == "docker-ce":
+            return ("docker-ce", "docker-ce-cli", "containerd.io")
+        if target.family == "debian":
+            return ("docker.io",)
+        if target.os_id == "amzn":
+            return ("docker",)
+        return ("moby-engine",)  # Fedora-family Moby; EL proper ships no Docker (the default there is docker-ce)
+
+    def default_source(self, target) -> str:
+        return "docker-ce" if target.family == "rhel" and target.os_id != "amzn" else "distro"
+
+    def listed_runtimes(self) -> list[str] | None:
+        r = effects.try_run(list(RUNTIMES), timeout=20)
+        if r is None or r.returncode != 0:
+            return None
+        try:
+            return list(json.loads(r.stdout))
+        except ValueError:
+            return None
+
+    def validation(self, runtime_name: str, runtime_path: str, gpu: bool) -> Validation:
+        """The image imported from this host's files when missing, then run by the runtime's name."""
+        image = ImageImport(validate.IMAGE, ("docker", "import", "-", validate.IMAGE),
+                            present=("docker", "image", "inspect", validate.IMAGE))
+        return Validation(image, tuple(ContainerRun(a) for a in validate.run_argvs(runtime_name, gpu)))
+
+    def node_probe(self, run: Run) -> dict | None:
+        rc, out, _ = run(list(RUNTIMES))
+        try:
+            doc = json.loads(out) if rc == 0 else None
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def node_runtime(self, run: Run, probe: object, name: str, runtime_path: str) -> tuple[str | None, str | None]:
+        rts = probe if isinstance(probe, dict) else None
+        if rts is None:
+            return None, "cannot ask the engine (not running)"
+        if name not in rts:
+            return None, (f"runtime {name!r} is not registered in dockerd (has: {', '.join(rts)}): run gpuprov "
+                          "engine configure docker")
+        return (rts[name] or {}).get("path", ""), None
+
+    def check_container_argv(self, cid: str, env: dict[str, str], argv: list[str], runtime_path: str, rootfs: str,
+                             log: str) -> list[str]:
+        envs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+        return ["docker", "run", "--rm", "--pull", "never", "--runtime", "nvidia", *envs, validate.IMAGE, *argv]
+
+    def prepare_check_image(self, rootfs: str) -> None:
+        """The validation image, imported from this host's files when it is missing."""
+        image = self.validation("nvidia", RUNTIME_PATH, False).image
+        if effects.run(list(image.present or ()), check=False).returncode == 0:
+            return
+        effects.run(list(image.load), input_text=image.stdin(validate.BINARIES))
+
+    def stored_container(self, cid: str) -> tuple[dict, str] | None:
+        try:
+            doc = json.loads(Path(f"{self.container_store}/{cid}/config.v2.json").read_text(errors="replace"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict):
+            return {}, ""
+        return (doc.get("Config") or {}).get("Labels") or {}, str(doc.get("Name", "")).lstrip("/")
 
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
         old = read_config(path)
@@ -309,19 +389,28 @@ class DockerEngine(Engine):
         for unit in (SPEC.unit, SPEC.snap_unit):
             if unit and daemon.is_unit(unit):
                 effects.restart_unit(unit)
-                if not effects.wait_for(lambda: effects.daemon_answers("docker"), 60):
+                if not effects.wait_for(self.answers, 60):
                     raise StepFailed(f"dockerd did not come up after `systemctl restart {unit}`; see "
                                      f"`journalctl -u {unit}`")
                 return f"systemctl restart {unit}"
         if daemon.config != DAEMON_JSON and daemon.in_our_mount_namespace():
-            return effects.respawn(daemon.pid, daemon.argv, "dockerd", lambda: effects.daemon_answers("docker"))
-        return effects.restart_dockerd(daemon.pid)
+            return effects.respawn(daemon.pid, daemon.argv, "dockerd", self.answers)
+        return self.restart_in_place(daemon.pid)
+
+    def restart_in_place(self, pid: int) -> str:
+        """A full restart (dockerd registers the --gpus device driver only at start, when it finds the hook) of the
+        default config's dockerd: its unit where systemd runs, else stopped and started the way bootstrap starts it."""
+        if effects.has_systemd():
+            effects.restart_unit(self.unit)
+            return f"systemctl restart {self.unit}"
+        effects.stop(pid, self.daemon)
+        return "restarted dockerd: " + effects.start_daemon(self.unit, self.daemon, self.ready_argv)
 
     def verify(self, daemon: Daemon, req: RuntimeRequest, *, wait: bool = True) -> bool | None:
         if not daemon.in_our_mount_namespace():
             return None  # `docker info` would ask another daemon (ours is in a container)
         if not wait:
-            rts = effects.docker_runtimes()
+            rts = self.listed_runtimes()
             return None if rts is None else req.name in rts
-        return effects.wait_for(lambda: req.name in (effects.docker_runtimes() or []), 30)
+        return effects.wait_for(lambda: req.name in (self.listed_runtimes() or []), 30)
 

@@ -5,15 +5,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from provision.facts.packages import InstalledPackage, dpkg_installed, dpkg_owns
 from provision.facts.rootfs import read_bytes_bounded, under
-
-try:
-    import tomllib  # Python >= 3.11
-except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10
-    tomllib = None
-    import tomlkit  # the TOML parser there (3.9/3.10 have no tomllib)
 
 # containerd's CRI plugin per config version (version 3, containerd 2.x, split the plugin; its runtime part holds the
 # runtimes). The one table: the containerd adapter (engines/containerd.py) uses it too.
@@ -29,6 +24,51 @@ class Origin:
     label: str
 
 
+def _toml_load(text: str) -> dict:
+    try:
+        import tomllib  # lazy: 3.3 ms (-X importtime, min of 11) on every detect; only a TOML config is parsed with it
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.9/3.10 have no tomllib; tomlkit parses there
+        import tomlkit  # lazy: 19 ms (-X importtime, min of 5), the same on Python 3.9/3.10
+
+        return tomlkit.parse(text).unwrap()
+    return tomllib.loads(text)
+
+
+def _dig(d: dict, *keys: str) -> dict:
+    for k in keys:
+        d = d.get(k, {}) if isinstance(d, dict) else {}
+    return d if isinstance(d, dict) else {}
+
+
+# Each engine's config read for detect: (runtimes, default runtime, extra); a ValueError when it does not parse.
+
+def _daemon_json(text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    doc = json.loads(text) if text.strip() else {}
+    if not isinstance(doc, dict):
+        raise ValueError("top level is not a JSON object")
+    runtimes = tuple(["runc", *[r for r in doc.get("runtimes", {}) if r != "runc"]])
+    return runtimes, doc.get("default-runtime", "runc"), {"cdi": bool(_dig(doc, "features").get("cdi"))}
+
+
+def _containerd_toml(text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    doc = _toml_load(text)
+    version = doc.get("version", 1)
+    if type(version) is not int or version not in CRI_PLUGIN:
+        raise ValueError(f"`version = {version!r}` is not a containerd config version (1, 2 or 3)")
+    c = _dig(doc, "plugins", CRI_PLUGIN[version], "containerd")
+    return tuple(c.get("runtimes", {})), c.get("default_runtime_name"), {"version": version}
+
+
+def _crio_toml(text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    rt = _dig(_toml_load(text), "crio", "runtime")
+    return tuple(rt.get("runtimes", {})), rt.get("default_runtime"), {}
+
+
+def _containers_conf(text: str) -> tuple[tuple[str, ...], str | None, dict]:
+    eng = _dig(_toml_load(text), "engine")
+    return tuple(eng.get("runtimes", {})), eng.get("runtime"), {}
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """What tells an engine on a host: its daemon binary, the config file it reads by default and the flags that
@@ -42,19 +82,23 @@ class EngineSpec:
     unit: str | None = None
     snap_config: str | None = None  # the snap's config file (the snap's dockerd reads it, not /etc/docker)
     snap_unit: str | None = None
+    read: Callable[[str], tuple[tuple[str, ...], str | None, dict]] = _containers_conf  # its config, for detect
+    unconfigured: tuple[tuple[str, ...], str | None] = ((), None)  # (runtimes, default) with no config file
+    imports: bool = False  # the config's `imports` name more files, whose runtimes count too (containerd)
 
 
 ENGINES = (
     EngineSpec("docker", "dockerd", "/etc/docker/daemon.json", ("--version",), ("--config-file",),
                (Origin("docker-ce", "docker-ce", "Docker CE"), Origin("docker.io", "distro", "docker.io"),
                 Origin("moby-engine", "distro", "Moby"), Origin("docker", "distro", "Docker")),
-               "docker", "/var/snap/docker/current/config/daemon.json", "snap.docker.dockerd"),
+               "docker", "/var/snap/docker/current/config/daemon.json", "snap.docker.dockerd",
+               read=_daemon_json, unconfigured=(("runc",), "runc")),
     EngineSpec("containerd", "containerd", "/etc/containerd/config.toml", ("--version",), ("--config", "-c"),
                (Origin("containerd.io", "docker-ce", "containerd.io (Docker CE)"),
-                Origin("containerd", "distro", "containerd")), "containerd"),
+                Origin("containerd", "distro", "containerd")), "containerd", read=_containerd_toml, imports=True),
     EngineSpec("podman", "podman", "/etc/containers/containers.conf", ("--version",)),
     EngineSpec("cri-o", "crio", "/etc/crio/crio.conf", ("--version",), ("--config", "-c"),
-               (Origin("cri-o", "distro", "CRI-O"),), "crio"),
+               (Origin("cri-o", "distro", "CRI-O"),), "crio", read=_crio_toml),
 )
 
 
@@ -140,27 +184,33 @@ def _link(path: Path) -> str | None:
         return None
 
 
-def find_processes(names: tuple[str, ...], root: Path = Path("/")) -> list[tuple[int, list[str]]]:
-    """(pid, argv) of every process whose name (`comm`) is one of `names`, oldest first, from `proc` under `root`
-    (the one /proc scan: the adapters find their live daemon with it; pid files can be stale or another's)."""
-    found = []
+def processes_by_name(names: tuple[str, ...], root: Path = Path("/")) -> dict[str, list[tuple[int, list[str]]]]:
+    """(pid, argv) of every process whose name (`comm`) is one of `names`, by name, oldest first, from `proc` under
+    `root` (the one /proc scan: the adapters find their live daemon with it; pid files can be stale or another's)."""
+    found: dict[str, list[tuple[int, list[str]]]] = {}
     try:
         entries = list(os.scandir(under(root, "proc")))
     except OSError:
-        return []
+        return {}
     for entry in entries:
         if not entry.name.isdigit():
             continue
         try:
             with open(f"{entry.path}/comm") as fh:
-                if fh.read().strip() not in names:
+                name = fh.read().strip()
+                if name not in names:
                     continue
             with open(f"{entry.path}/cmdline", "rb") as fh:
                 argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
         except OSError:
             continue  # exited meanwhile
-        found.append((int(entry.name), argv))
-    return sorted(found)
+        found.setdefault(name, []).append((int(entry.name), argv))
+    return {name: sorted(procs) for name, procs in found.items()}
+
+
+def find_processes(names: tuple[str, ...], root: Path = Path("/")) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every process named one of `names`, oldest first (processes_by_name, merged)."""
+    return sorted(p for procs in processes_by_name(names, root).values() for p in procs)
 
 
 def _parent_name(root: Path, pid: int) -> str | None:
@@ -172,14 +222,14 @@ def _parent_name(root: Path, pid: int) -> str | None:
         return None
 
 
-def _our_daemon(root: Path, sp: EngineSpec) -> tuple[int, list[str], str | None] | None:
+def _our_daemon(root: Path, sp: EngineSpec, candidates: list[tuple[int, list[str]]]) -> tuple[int, list[str], str | None] | None:
     """The engine's running daemon in this PID namespace (a nested engine in a container is another host's; a
     private mount namespace, as a read-only `plan` may run in, still sees this host's daemons), and not one another
     engine runs for itself (dockerd starts a private containerd, with its own --config, when no system containerd
     runs): (pid, argv, its executable)."""
     ours = _link(under(root, "proc/self/ns/pid"))
     engines = {e.binary for e in ENGINES}
-    for pid, argv in find_processes((sp.binary,), root):
+    for pid, argv in candidates:
         if _link(under(root, f"proc/{pid}/ns/pid")) != ours or _parent_name(root, pid) in engines:
             continue
         exe = _link(under(root, f"proc/{pid}/exe"))
@@ -187,11 +237,12 @@ def _our_daemon(root: Path, sp: EngineSpec) -> tuple[int, list[str], str | None]
     return None
 
 
-def read_origin(root: Path, sp: EngineSpec, binary: str | None) -> EngineOrigin | None:
+def read_origin(root: Path, sp: EngineSpec, binary: str | None,
+                candidates: list[tuple[int, list[str]]]) -> EngineOrigin | None:
     """Where the engine came from: the package that owns its daemon binary (dpkg's file lists), Ubuntu's snap, or
-    static binaries no package owns; the config its running daemon reads (its --config-file/--config). None when
-    there is no binary, no package, no snap and no daemon."""
-    running = _our_daemon(root, sp)
+    static binaries no package owns; the config its running daemon reads (its --config-file/--config), among the
+    `candidates` (the processes of its daemon's name). None when there is no binary, no package, no snap and no daemon."""
+    running = _our_daemon(root, sp, candidates)
     pid, argv, exe = running if running else (None, [], None)
     binary = exe or binary
     flagged = flag_value(argv, sp.config_flags) if sp.config_flags else None
@@ -214,40 +265,6 @@ def read_origin(root: Path, sp: EngineSpec, binary: str | None) -> EngineOrigin 
     return EngineOrigin("rpm", "an rpm package", None, None, binary, config, sp.unit, pid, tuple(argv))
 
 
-def _toml_load(text: str) -> dict:
-    if tomllib is None:  # pragma: no cover - targets with Python 3.9/3.10
-        return tomlkit.parse(text).unwrap()
-    return tomllib.loads(text)
-
-
-def _dig(d: dict, *keys: str) -> dict:
-    for k in keys:
-        d = d.get(k, {}) if isinstance(d, dict) else {}
-    return d if isinstance(d, dict) else {}
-
-
-def parse_config(name: str, text: str) -> tuple[tuple[str, ...], str | None, dict]:
-    """(runtimes, default runtime, extra) from an engine's config text; raises ValueError when it does not parse."""
-    if name == "docker":
-        doc = json.loads(text) if text.strip() else {}
-        if not isinstance(doc, dict):
-            raise ValueError("top level is not a JSON object")
-        runtimes = tuple(["runc", *[r for r in doc.get("runtimes", {}) if r != "runc"]])
-        return runtimes, doc.get("default-runtime", "runc"), {"cdi": bool(_dig(doc, "features").get("cdi"))}
-    doc = _toml_load(text)
-    if name == "containerd":
-        version = doc.get("version", 1)
-        if type(version) is not int or version not in CRI_PLUGIN:
-            raise ValueError(f"`version = {version!r}` is not a containerd config version (1, 2 or 3)")
-        c = _dig(doc, "plugins", CRI_PLUGIN[version], "containerd")
-        return tuple(c.get("runtimes", {})), c.get("default_runtime_name"), {"version": version}
-    if name == "cri-o":
-        rt = _dig(doc, "crio", "runtime")
-        return tuple(rt.get("runtimes", {})), rt.get("default_runtime"), {}
-    eng = _dig(doc, "engine")
-    return tuple(eng.get("runtimes", {})), eng.get("runtime"), {}
-
-
 def _containerd_imports(root: Path, main: str, text: str, runtimes: tuple[str, ...],
                         default: str | None) -> tuple[tuple[str, ...], str | None]:
     """Runtimes defined in the files the main config imports (gpuprov's own drop-in among them), read under
@@ -259,7 +276,7 @@ def _containerd_imports(root: Path, main: str, text: str, runtimes: tuple[str, .
         path = entry if str(entry).startswith("/") else str(Path(main).parent / str(entry))
         for f in sorted(under(root, "/").glob(path.lstrip("/"))):
             try:
-                more, dflt, _ = parse_config("containerd", read_bytes_bounded(f).decode())
+                more, dflt, _ = _containerd_toml(read_bytes_bounded(f).decode())
             except (OSError, ValueError, TypeError):
                 continue  # an unreadable import is containerd's to refuse, not detect's
             seen += [r for r in more if r not in seen]
@@ -272,9 +289,10 @@ def read_engines(root: Path) -> list[EngineFacts]:
     `version` is left None: it takes running the binary, which `provision.probe.engines.with_versions` does on the
     live host). The config read is the one the engine really reads (EngineOrigin.config)."""
     found = []
+    daemons = processes_by_name(tuple(sp.binary for sp in ENGINES), root)  # one /proc scan for every engine
     for sp in ENGINES:
         binary = find_binary(root, sp.binary)
-        origin = read_origin(root, sp, binary)
+        origin = read_origin(root, sp, binary, daemons.get(sp.binary, []))
         config = origin.config if origin else sp.config
         text = None
         try:
@@ -290,14 +308,14 @@ def read_engines(root: Path) -> list[EngineFacts]:
         error = None
         if text is not None:
             try:
-                runtimes, default, extra = parse_config(sp.name, text)
-                if sp.name == "containerd":
+                runtimes, default, extra = sp.read(text)
+                if sp.imports:
                     runtimes, default = _containerd_imports(root, config, text, runtimes, default)
                 valid = True
             except (ValueError, TypeError) as exc:  # json/toml decode errors are ValueErrors
                 valid, error = False, str(exc).splitlines()[0]
-        elif sp.name == "docker":
-            runtimes, default = ("runc",), "runc"
+        else:
+            runtimes, default = sp.unconfigured
         found.append(
             EngineFacts(
                 name=sp.name, binary=(origin.binary if origin else None) or binary, version=None,

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from provision.facts.rootfs import read_bytes_bounded, read_text_file, under
 
@@ -107,16 +107,38 @@ def dpkg_owns(root: Path, package: str, path: str) -> bool:
     return False
 
 
+def list_texts(root: Path, component: str) -> Iterator[str]:
+    """The text of each apt list of `component` (every suite), as `apt-get update` last fetched it: plain, or kept
+    compressed (`Acquire::GzipIndexes`, which Docker's Debian images set) as .gz or .xz. Unreadable lists are skipped,
+    and so are .lz4 ones (no reader in Python's standard library; facts start no process); each is bounded by
+    LIST_MAX."""
+    for p in sorted(under(root, APT_LISTS).glob(f"*_{component}_binary-*_Packages*")):
+        suffix = p.name.rsplit("_Packages", 1)[1]
+        try:
+            if not suffix:
+                yield read_text_file(p, LIST_MAX)
+            elif suffix in (".gz", ".xz"):
+                yield _decompressed(p, suffix)
+        except (OSError, EOFError, ValueError):
+            continue
+
+
+def _decompressed(path: Path, suffix: str) -> str:
+    """A .gz or .xz list, bounded by LIST_MAX; a corrupt one raises ValueError (or OSError, EOFError)."""
+    import gzip  # lazy: ~2 ms, only where apt keeps its lists compressed
+    import lzma  # lazy: ~2 ms, likewise
+
+    try:
+        with (gzip.open if suffix == ".gz" else lzma.open)(path, "rb") as f:
+            return f.read(LIST_MAX).decode(errors="replace")
+    except lzma.LZMAError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def offered_module_packages(root: Path) -> frozenset[str]:
     """The `linux-modules-nvidia-*` names in the apt lists of the restricted component (Ubuntu's precompiled, signed
     NVIDIA modules), as `apt-get update` last fetched them."""
-    names: set[str] = set()
-    for p in sorted(under(root, APT_LISTS).glob("*_restricted_binary-*_Packages")):
-        try:
-            names.update(MODULES_RE.findall(read_text_file(p, LIST_MAX)))
-        except OSError:
-            continue
-    return frozenset(names)
+    return frozenset(n for text in list_texts(root, "restricted") for n in MODULES_RE.findall(text))
 
 
 @dataclass(frozen=True)
@@ -135,13 +157,8 @@ def archive_packages(root: Path) -> list[ArchivePackage]:
     """Every package version in the driver components' apt lists (every suite: the point release, its updates and
     security suites), as `apt-get update` last fetched them."""
     out: list[ArchivePackage] = []
-    lists = under(root, APT_LISTS)
     for comp in DRIVER_COMPONENTS:
-        for p in sorted(lists.glob(f"*_{comp}_binary-*_Packages")):
-            try:
-                text = read_text_file(p, LIST_MAX)
-            except OSError:
-                continue
+        for text in list_texts(root, comp):
             for stanza in text.split("\n\n"):
                 fields = dict(ARCHIVE_FIELD_RE.findall("\n" + stanza))
                 if "Package" not in fields:
@@ -161,12 +178,19 @@ def archive_depends(root: Path) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in deps.items()}
 
 
-def archive_versions(root: Path) -> dict[str, frozenset[str]]:
-    """For each package of the driver components' apt lists: the upstream versions the lists offer."""
-    vers: dict[str, set[str]] = {}
-    for p in archive_packages(root):
-        vers.setdefault(p.name, set()).add(p.upstream)
-    return {k: frozenset(v) for k, v in vers.items()}
+def archive_versions(root: Path, names: Iterable[str]) -> dict[str, frozenset[str]]:
+    """For each of `names`: the upstream versions the driver components' apt lists offer (every suite). Only the
+    named stanzas are read: detect asks this on every Debian GPU host, and the lists are megabytes."""
+    wanted = sorted(set(names))
+    vers: dict[str, set[str]] = {n: set() for n in wanted}
+    if not wanted:
+        return {}
+    stanza = re.compile(r"^Package: (" + "|".join(map(re.escape, wanted)) + r")\n(?:.+\n)*?Version: (\S+)", re.M)
+    for comp in DRIVER_COMPONENTS:
+        for text in list_texts(root, comp):
+            for m in stanza.finditer(text):
+                vers[m.group(1)].add(upstream_version(m.group(2)))
+    return {k: frozenset(v) for k, v in vers.items() if v}
 
 
 def closure(names: Iterable[str], depends: dict[str, frozenset[str]]) -> frozenset[str]:

@@ -15,7 +15,7 @@ from provision.facts.rootfs import MAX_READ, NotRegular, is_live, read_bytes_bou
 from provision.fsutil import write_file
 from provision.inject import discover, edits
 from provision.inject.capabilities import CAPABILITIES
-from provision.inject.discover import Discovery, Gpu, Node
+from provision.inject.discover import Discovery, Gpu
 
 KIND = "nvidia.com/gpu"
 LIBDIRS = (edits.DEBIAN_LIBDIR, edits.RHEL_LIBDIR)
@@ -24,16 +24,8 @@ SPEC_NAME = "nvidia.yaml"
 MARKER = "GPUPROV_DRIVER_VERSION"  # in every spec gpuprov writes: a file without it is someone else's
 
 
-def _node(n: Node) -> dict:
-    return {"path": n.path, "hostPath": n.path, "type": "c", "major": n.major, "minor": n.minor, "permissions": "rw"}
-
-
-def _mount(m: dict, dest: str) -> dict:
-    return {"hostPath": m["source"], "containerPath": dest, "options": ["ro", "nosuid", "nodev", "bind"]}
-
-
 def _gpu_edits(g: Gpu) -> dict:
-    return {"deviceNodes": [_node(g.node)] + [_node(n) for n in g.drm]}
+    return {"deviceNodes": [edits.device_node(n).cdi() for n in (g.node, *g.drm)]}
 
 
 def generate_spec(disc: Discovery, *, libdirs: tuple[str, ...] = LIBDIRS) -> dict:
@@ -41,16 +33,16 @@ def generate_spec(disc: Discovery, *, libdirs: tuple[str, ...] = LIBDIRS) -> dic
     caps = [c for c in CAPABILITIES if c != "compat32"] + (["compat32"] if disc.libraries32 else [])
     mounts, seen = [], set()
     for m in edits.driver_mounts(disc, caps, libdir=libdirs[0], with_firmware=True):
-        dests = [m["destination"]]
-        if m["destination"].startswith(libdirs[0] + "/"):  # the image's loader picks one of these by distro
-            dests = [d + m["destination"][len(libdirs[0]):] for d in libdirs]
+        dests = [m.destination]
+        if m.destination.startswith(libdirs[0] + "/"):  # the image's loader picks one of these by distro
+            dests = [d + m.destination[len(libdirs[0]):] for d in libdirs]
         for d in dests:
             if d not in seen:
                 seen.add(d)
-                mounts.append(_mount(m, d))
-    if disc.persistenced:
-        mounts.append({"hostPath": disc.persistenced, "containerPath": "/var/run/nvidia-persistenced/socket",
-                       "options": list(edits.IPC_OPTS)})
+                mounts.append(m.cdi(d))
+    ipc = edits.persistenced_mount(disc)
+    if ipc is not None:
+        mounts.append(ipc.cdi())
     gpu_devices = []
     for g in disc.gpus:
         gpu_devices.append({"name": str(g.index), "containerEdits": _gpu_edits(g)})
@@ -64,7 +56,7 @@ def generate_spec(disc: Discovery, *, libdirs: tuple[str, ...] = LIBDIRS) -> dic
         "devices": gpu_devices + [{"name": "all", "containerEdits": {"deviceNodes": all_nodes}}],
         "containerEdits": {
             "env": ["NVIDIA_VISIBLE_DEVICES=void", f"{MARKER}={disc.version}"],
-            "deviceNodes": [_node(n) for n in disc.nodes.present()],
+            "deviceNodes": [edits.device_node(n).cdi() for n in disc.nodes.present()],
             "mounts": mounts,
         },
     }

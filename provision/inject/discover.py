@@ -22,7 +22,7 @@ from provision.inject.capabilities import (
     MANIFEST_DIRS,
     MANIFESTS,
 )
-from provision.inject.edits import _vtuple
+from provision.versions import numbers
 
 BIN_DIRS = ("bin", "usr/bin", "sbin", "usr/sbin")
 CACHE_FILE = paths.DISCOVERY_CACHE
@@ -588,7 +588,7 @@ def kernel_release(proc_root: str = "/") -> str:
 def firmware_needed(release: str) -> bool:
     """Only a kernel older than 5.7 loads GSP firmware from the mount namespace of the process that opened the GPU
     (see capabilities.FIRMWARE_FROM_INIT_NS); an unknown release counts as old (mounting it then is harmless)."""
-    v = _vtuple(release)
+    v = numbers(release)
     return len(v) < 2 or v[:2] < FIRMWARE_FROM_INIT_NS
 
 

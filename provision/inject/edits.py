@@ -1,19 +1,27 @@
-"""Edits (pure): a container's request (its env) + discovery -> device nodes, bind mounts and env to add.
-No I/O here: every rule about *what* a GPU container gets lives in this file and is unit-tested."""
+"""Edits (pure): a container's request (its env) + discovery -> the typed records it gets (`Edits`: device nodes,
+device-cgroup rules, bind mounts, env), turned into OCI (or CDI) JSON only by whoever writes that JSON (`.oci()`,
+`.cdi()`). No I/O here: every rule about *what* a GPU container gets lives in this file and is unit-tested.
+
+    e = compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "0"})   # None: the container asked for no GPU
+    e.devices, e.rules, e.mounts, e.env                        # tuples of DeviceNode, CgroupRule, Mount, EnvVar
+    [d.oci() for d in e.devices]                               # linux.devices entries"""
 from __future__ import annotations
 
 import re
+from operator import itemgetter
 
 from provision.errors import Refused
 from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES, LIB32_DEST
 from provision.share.limits import is_index
+from provision.versions import numbers
 
 TYPE_CHECKING = False  # not typing's: importing typing costs ~3 ms (-X importtime) on a GPU start's cold path
 if TYPE_CHECKING:  # the records are only named in annotations: this module stays pure (no I/O module imported)
     from provision.inject.discover import Discovery, Gpu, Node
 
-LIB_RO = ["ro", "nosuid", "nodev", "bind"]
-IPC_OPTS = ["nosuid", "nodev", "noexec", "bind"]
+LIB_RO = ("ro", "nosuid", "nodev", "bind")
+IPC_OPTS = ("nosuid", "nodev", "noexec", "bind")
+PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"  # where nvidia-smi and NVML look, host and container
 DEBIAN_LIBDIR = "/usr/lib/x86_64-linux-gnu"
 RHEL_LIBDIR = "/usr/lib64"
 # CUDA version that each driver branch supports (driver major -> CUDA major.minor), newest first.
@@ -21,6 +29,114 @@ DRIVER_CUDA = ((595, "13.2"), (590, "13.1"), (580, "13.0"), (575, "12.9"), (570,
                (560, "12.6"), (555, "12.5"), (550, "12.4"), (545, "12.3"), (535, "12.2"), (530, "12.1"),
                (525, "12.0"), (520, "11.8"), (515, "11.7"), (510, "11.6"), (495, "11.5"), (470, "11.4"),
                (465, "11.3"), (460, "11.2"), (455, "11.1"), (450, "11.0"), (440, "10.2"), (418, "10.1"))
+
+
+# --- the records: immutable, compared by value (tuples with named fields). Neither dataclasses nor namedtuples:
+# this module is imported by every cold GPU start (`python3 -I -S modify_main.py`), where building a frozen
+# dataclass costs 0.5-4 ms and a namedtuple subclass ~60 us at import; one of these ~8 us (python -I -S, here).
+
+class Record(tuple):
+    """A tuple whose items are named by FIELDS (each one a read-only property, from fields())."""
+    __slots__ = ()
+    FIELDS: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in zip(self.FIELDS, self))})"
+
+
+def fields(*names: str) -> tuple[property, ...]:
+    """A Record's field properties, in FIELDS' order."""
+    return tuple(property(itemgetter(i), doc=name) for i, name in enumerate(names))
+
+
+class DeviceNode(Record):
+    """A character device the container gets: its path (the same in the host's and the container's /dev) and
+    major:minor (ints), checked on the host before it is passed (modify.add_devices)."""
+    __slots__ = ()
+    FIELDS = ("path", "major", "minor")
+    path, major, minor = fields(*FIELDS)
+
+    def __new__(cls, path: str, major: int, minor: int) -> DeviceNode:
+        return tuple.__new__(cls, (path, major, minor))
+
+    def oci(self) -> dict:
+        """A linux.devices entry."""
+        return {"path": self.path, "type": "c", "major": self.major, "minor": self.minor, "fileMode": 0o666,
+                "uid": 0, "gid": 0}
+
+    def cdi(self) -> dict:
+        """A CDI deviceNodes entry."""
+        return {"path": self.path, "hostPath": self.path, "type": "c", "major": self.major, "minor": self.minor,
+                "permissions": "rw"}
+
+
+class CgroupRule(Record):
+    """The device cgroup lets the container use character device major:minor with `access` ("rwm")."""
+    __slots__ = ()
+    FIELDS = ("major", "minor", "access")
+    major, minor, access = fields(*FIELDS)
+
+    def __new__(cls, major: int, minor: int, access: str) -> CgroupRule:
+        return tuple.__new__(cls, (major, minor, access))
+
+    def oci(self) -> dict:
+        """A linux.resources.devices entry."""
+        return {"allow": True, "type": "c", "major": self.major, "minor": self.minor, "access": self.access}
+
+
+class Mount(Record):
+    """A bind mount of a host file (`source`) at `destination` in the container; `options`: a tuple of mount
+    options (LIB_RO, IPC_OPTS). The destination is the image's path before modify resolves it inside the rootfs."""
+    __slots__ = ()
+    FIELDS = ("source", "destination", "options")
+    source, destination, options = fields(*FIELDS)
+
+    def __new__(cls, source: str, destination: str, options: tuple[str, ...]) -> Mount:
+        return tuple.__new__(cls, (source, destination, options))
+
+    def oci(self) -> dict:
+        """A mounts entry."""
+        return {"destination": self.destination, "source": self.source, "type": "bind", "options": list(self.options)}
+
+    def cdi(self, destination: str | None = None) -> dict:
+        """A CDI mounts entry (at `destination` when the spec mounts the same file in several places)."""
+        return {"hostPath": self.source, "containerPath": destination or self.destination,
+                "options": list(self.options)}
+
+
+class EnvVar(Record):
+    """A variable the container's process gets (ours replace the image's)."""
+    __slots__ = ()
+    FIELDS = ("name", "value")
+    name, value = fields(*FIELDS)
+
+    def __new__(cls, name: str, value: str) -> EnvVar:
+        return tuple.__new__(cls, (name, value))
+
+    def oci(self) -> str:
+        """A process.env entry."""
+        return f"{self.name}={self.value}"
+
+
+class Edits(Record):
+    """Everything one GPU container gets: tuples of DeviceNode, CgroupRule, Mount and EnvVar, in order."""
+    __slots__ = ()
+    FIELDS = ("devices", "rules", "mounts", "env")
+    devices, rules, mounts, env = fields(*FIELDS)
+
+    def __new__(cls, devices: tuple[DeviceNode, ...], rules: tuple[CgroupRule, ...], mounts: tuple[Mount, ...],
+                env: tuple[EnvVar, ...]) -> Edits:
+        return tuple.__new__(cls, (devices, rules, mounts, env))
+
+
+def device_node(n: Node) -> DeviceNode:
+    """The edit that passes a node discovery found."""
+    return DeviceNode(n.path, n.major, n.minor)
+
+
+def persistenced_mount(disc: Discovery) -> Mount | None:
+    """nvidia-persistenced's socket (when it runs on the host): the one definition, for the runtime and CDI."""
+    return Mount(disc.persistenced, PERSISTENCED_SOCKET, IPC_OPTS) if disc.persistenced else None
 
 
 def env_dict(env_list: list[str] | None) -> dict[str, str]:
@@ -84,25 +200,11 @@ def select_gpus(selectors: list[str], gpus: tuple[Gpu, ...]) -> list[Gpu]:
     return chosen
 
 
-def _vtuple(v: str) -> tuple[int, ...]:
-    """"12.2" -> (12, 2); "535.161.08" -> (535, 161, 8). (No `re`: this module runs on every GPU start.)"""
-    out = []
-    for part in v.split("."):
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
-
 
 def cuda_version(driver_version: str | None) -> str | None:
     if not driver_version:
         return None
-    major = _vtuple(driver_version)[0]
+    major = numbers(driver_version)[0]
     return next((cuda for d, cuda in DRIVER_CUDA if major >= d), None)
 
 
@@ -126,7 +228,7 @@ def _version(v: str) -> tuple[int, ...] | None:
     number by number, and trailing zero parts do not count ("9" == "9.0", "9.0.1" > "9.0"). None: not a version."""
     if not v[:1].isdigit() or v.strip("0123456789."):
         return None
-    nums = [int(x) for x in v.split(".") if x]
+    nums = list(numbers(".".join(x for x in v.split(".") if x)))
     while nums and nums[-1] == 0:
         nums.pop()
     return tuple(nums)
@@ -172,50 +274,42 @@ def check_requirements(env: dict[str, str], host: dict[str, str | None], gpus: l
                 raise Refused(f"{var}={env[var]!r} is not satisfied by this host ({have})")
 
 
-def _node(n: Node) -> dict:
-    return {"path": n.path, "type": "c", "major": n.major, "minor": n.minor, "fileMode": 0o666, "uid": 0, "gid": 0}
-
-
-def _ro(source: str, destination: str) -> dict:
-    return {"destination": destination, "source": source, "type": "bind", "options": list(LIB_RO)}
-
-
 def driver_mounts(disc: Discovery, caps: list[str], *, libdir: str = DEBIAN_LIBDIR, with_firmware: bool = True
-                  ) -> list[dict]:
+                  ) -> list[Mount]:
     """Read-only bind mounts for the capabilities: libraries at their SONAME in `libdir` (32-bit ones in the
     image's 32-bit dir with compat32), binaries in /usr/bin, loader manifests where the image's loaders look, and
     GSP firmware where the kernel would look for it (old kernels only). Nothing for a capability not asked for."""
-    out: list[dict] = []
+    out: list[Mount] = []
     seen: set[str] = set()
 
-    def add(m: dict) -> None:
-        if m["destination"] not in seen:
-            seen.add(m["destination"])
-            out.append(m)
+    def add(source: str, destination: str) -> None:
+        if destination not in seen:
+            seen.add(destination)
+            out.append(Mount(source, destination, LIB_RO))
 
     lib32dir = LIB32_DEST.get(libdir, "/usr/lib")
     for cap in caps:
         for lib in disc.libraries.get(cap, ()):
-            add(_ro(lib.path, f"{libdir}/{lib.soname}"))
+            add(lib.path, f"{libdir}/{lib.soname}")
             if cap == "graphics" and lib.name == "libnvidia-allocator":  # Mesa's libgbm loads NVIDIA's backend
-                add(_ro(lib.path, f"{libdir}/gbm/nvidia-drm_gbm.so"))  # by this name (nvidia-ctk: a symlink)
+                add(lib.path, f"{libdir}/gbm/nvidia-drm_gbm.so")  # by this name (nvidia-ctk: a symlink)
         if "compat32" in caps:
             for lib in disc.libraries32.get(cap, ()):
-                add(_ro(lib.path, f"{lib32dir}/{lib.soname}"))
+                add(lib.path, f"{lib32dir}/{lib.soname}")
         for path in disc.binaries.get(cap, ()):
-            add(_ro(path, "/usr/bin/" + path.rsplit("/", 1)[-1]))
+            add(path, "/usr/bin/" + path.rsplit("/", 1)[-1])
         for man in disc.manifests:
             if man.cap == cap and man.source:  # no source: its rewritten copy is not written (never the host path)
-                add(_ro(man.source, man.container_path))
+                add(man.source, man.container_path)
     if with_firmware and disc.firmware_needed:
         for fw in disc.firmware:
-            add(_ro(fw.path, fw.container_path))
+            add(fw.path, fw.container_path)
     return out
 
 
 def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_LIBDIR,
-                  selectors: list[str] | None = None) -> dict | None:
-    """OCI edits for one container, or None when it asked for no GPU. Raises Refused."""
+                  selectors: list[str] | None = None) -> Edits | None:
+    """The edits for one container, or None when it asked for no GPU. Raises Refused."""
     if selectors is None:
         selectors = requested_devices(env)
     if selectors is None:
@@ -235,13 +329,13 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
     if "graphics" in caps or "display" in caps:
         nodes += [n for g in gpus for n in g.drm]
     mounts = driver_mounts(disc, caps, libdir=libdir, with_firmware=bool(gpus))
-    if "utility" in caps and disc.persistenced:
-        mounts.append({"destination": "/var/run/nvidia-persistenced/socket", "source": disc.persistenced,
-                       "type": "bind", "options": list(IPC_OPTS)})
-    return {
-        "devices": [_node(n) for n in nodes],
-        "allow": [{"allow": True, "type": "c", "major": n.major, "minor": n.minor, "access": "rwm"} for n in nodes],
-        "mounts": mounts,
-        "env": {"NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid or str(g.index) for g in gpus) or "none",
-                "NVIDIA_DRIVER_CAPABILITIES": ",".join(caps)},
-    }
+    ipc = persistenced_mount(disc) if "utility" in caps else None
+    if ipc is not None:
+        mounts.append(ipc)
+    return Edits(
+        devices=tuple(device_node(n) for n in nodes),
+        rules=tuple(CgroupRule(n.major, n.minor, "rwm") for n in nodes),
+        mounts=tuple(mounts),
+        env=(EnvVar("NVIDIA_VISIBLE_DEVICES", ",".join(g.uuid or str(g.index) for g in gpus) or "none"),
+             EnvVar("NVIDIA_DRIVER_CAPABILITIES", ",".join(caps))),
+    )

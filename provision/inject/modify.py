@@ -1,4 +1,6 @@
-"""Modify (create only): apply the edits to a bundle's config.json, safely.
+"""Modify (create only): apply the edits to a bundle's config.json, safely, through MODIFIERS: one function per
+concern (our hook's removal, the Aliyun alias, the device-selection policy, the edits, device nodes, driver files,
+env, MPS), each taking the container's `Start` and run in order, as NVIDIA's toolkit lists its modifiers.
 
 Safety rules (REFERENCE.md §6), each with a test in tests/unit/test_inject_security.py:
 - mount *sources* come from discovery of the host's driver root only, must be regular files (not symlinks) and
@@ -128,15 +130,15 @@ def _our_hook(path: str) -> bool:
         return False
 
 
-def _check_node(dev_root: str, node: dict) -> None:  # an OCI linux.devices entry (edits._node)
-    host = os.path.join(dev_root, node["path"].lstrip("/"))
+def _check_node(dev_root: str, node: edits.DeviceNode) -> None:
+    host = os.path.join(dev_root, node.path.lstrip("/"))
     try:
         st = os.stat(host)
     except OSError:
-        raise Refused(f"device node {node['path']} is missing on the host; is the NVIDIA driver loaded?") from None
-    if not stat.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (node["major"], node["minor"]):
-        raise Refused(f"device node {node['path']} on the host is not the expected character device "
-                      f"{node['major']}:{node['minor']}; refusing to pass it")
+        raise Refused(f"device node {node.path} is missing on the host; is the NVIDIA driver loaded?") from None
+    if not stat.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (node.major, node.minor):
+        raise Refused(f"device node {node.path} on the host is not the expected character device "
+                      f"{node.major}:{node.minor}; refusing to pass it")
 
 
 def _safe_source(src: str, rootfs_real: str) -> bool:
@@ -208,6 +210,134 @@ def _sharing_for(gpus: list[int], env: dict[str, str], state: MpsState | None, p
     return state
 
 
+class Start:
+    """One container's create as the modifiers see it: its OCI config (edited in place), its environment as a dict
+    (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
+    its build at import on every cold GPU start (see edits.py's records)."""
+    __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed")
+
+    def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
+        self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
+        self.env = edits.env_dict(config.get("process", {}).get("env"))
+        rootfs = config.get("root", {}).get("path", "rootfs")
+        self.rootfs = rootfs if os.path.isabs(rootfs) else os.path.join(bundle, rootfs)  # the image, on the host
+        self.selectors: list[str] | None = None  # the GPUs asked for (select_devices); None: no GPU
+        self.disc: discover.Discovery | None = None
+        self.edits: edits.Edits | None = None  # what the container gets (plan_edits)
+        self.changed = False
+
+
+# --- the modifiers, one per concern, applied in MODIFIERS' order. Each takes the Start and returns whether the next
+# ones run (False: this container needs nothing more); a refusal raises Refused. ---
+
+def remove_hook(s: Start) -> bool:
+    """A `--gpus` prestart hook that dockerd added: ours is removed (its work is done here); NVIDIA's own toolkit
+    hook means the whole job is NVIDIA's (nothing is changed, never break such a host)."""
+    hooks = s.config.get("hooks", {}).get("prestart", [])
+    gpus_hook = [h for h in hooks if posixpath.basename(h.get("path", "")) == HOOK_NAME]
+    if not gpus_hook:
+        return True
+    if not all(_our_hook(h["path"]) for h in gpus_hook):
+        return False
+    s.config["hooks"]["prestart"] = [h for h in hooks if h not in gpus_hook]
+    s.changed = True
+    return True
+
+
+def alias_aliyun(s: Start) -> bool:
+    """ALIYUN_COM_GPU_VISIBLE_DEVICES (Alibaba's cGPU device plugin) stands for NVIDIA_VISIBLE_DEVICES."""
+    aliyun_visible(s.env)
+    return True
+
+
+def select_devices(s: Start) -> bool:
+    """The device-selection policy: the env's NVIDIA_VISIBLE_DEVICES, or the device lists the orchestrator mounted
+    (the device plugin's volume-mounts strategy); multi-tenant (accept_env_unprivileged off), an unprivileged
+    container's env does not count. No GPU asked for: nothing more, unless it asks for limits (refused)."""
+    selectors = edits.requested_devices(s.env)
+    mounted = _mounted_device_list(s.config, s.warn)
+    if selectors == [DEVICE_LIST_DIR]:  # the list is in the mounts
+        selectors = mounted
+    if selectors is None or (not s.settings.accept_env_unprivileged and not is_privileged(s.config)):
+        selectors = mounted  # multi-tenant policy: only the device lists the orchestrator mounted count
+    if selectors is None:
+        if limits_asked(s.env):
+            raise Refused("GPU memory/compute limits were asked for, but the container requests no GPU "
+                          "(set NVIDIA_VISIBLE_DEVICES or --gpus)")
+        return False
+    s.selectors = selectors
+    return True
+
+
+def plan_edits(s: Start) -> bool:
+    """What the container gets, from the driver's discovery and its request (edits.compute_edits, pure)."""
+    s.disc = load_discovery(s.settings)
+    s.edits = edits.compute_edits(s.disc, s.env, libdir=image_libdir(s.rootfs), selectors=s.selectors)
+    s.changed = True
+    return True
+
+
+def add_devices(s: Start) -> bool:
+    """The device nodes (each checked on the host first) and the device cgroup's rules for them."""
+    for node in s.edits.devices:
+        _check_node(s.settings.dev_root, node)
+    linux = s.config.setdefault("linux", {})
+    devices = linux.setdefault("devices", [])
+    have = {d.get("path") for d in devices}
+    devices.extend(d.oci() for d in s.edits.devices if d.path not in have)
+    linux.setdefault("resources", {}).setdefault("devices", []).extend(r.oci() for r in s.edits.rules)
+    return True
+
+
+def add_mounts(s: Start) -> bool:
+    """The driver's files: each source a safe host file (_safe_source), each destination resolved inside the image
+    (scoped_resolve); a destination the config already mounts keeps its mount."""
+    rootfs = s.rootfs
+    rootfs_real = os.path.realpath(rootfs)
+    mounts = s.config.setdefault("mounts", [])
+    taken = {m.get("destination") for m in mounts}
+    for m in s.edits.mounts:
+        if not _safe_source(m.source, rootfs_real):
+            continue
+        dest = scoped_resolve(rootfs, m.destination)
+        if dest in taken:
+            continue
+        taken.add(dest)
+        oci = m.oci()
+        oci["destination"] = dest
+        mounts.append(oci)
+    return True
+
+
+def set_env(s: Start) -> bool:
+    """Our values replace the image's: NVIDIA_VISIBLE_DEVICES becomes the resolved list."""
+    for var in s.edits.env:
+        s.env[var.name] = var.value
+    return True
+
+
+def share_gpus(s: Start) -> bool:
+    """MPS client settings when the container's GPUs are shared (apply_sharing)."""
+    passed = {d.path for d in s.edits.devices}
+    apply_sharing(s.config, s.env, [g.index for g in s.disc.gpus if g.node.path in passed], s.settings)
+    return True
+
+
+MODIFIERS = (remove_hook, alias_aliyun, select_devices, plan_edits, add_devices, add_mounts, set_env, share_gpus)
+
+
+def modify_config(config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr) -> bool:
+    """Apply GPU edits to `config` in place (MODIFIERS, in order). Returns True when something changed. Raises
+    Refused. `warn` gets the warnings (one line each) meant for the runtime's log."""
+    s = Start(config, bundle, settings, warn)
+    for modifier in MODIFIERS:
+        if not modifier(s):
+            break
+    if s.edits is not None:
+        config.setdefault("process", {})["env"] = [f"{k}={v}" for k, v in s.env.items()]
+    return s.changed
+
+
 def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: Settings) -> None:
     """MPS client settings for a GPU container on shared GPUs (`gpus`: the host indices it gets): limits, the pipe
     directory, the daemon's /dev/shm and IPC. Containers on unshared GPUs get none of it."""
@@ -233,88 +363,43 @@ def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: 
     linux["namespaces"] = [n for n in linux.get("namespaces", []) if n.get("type") != "ipc"]  # MPS needs host IPC
 
 
-def modify_config(config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr) -> bool:
-    """Apply GPU edits to `config` in place. Returns True when something changed. Raises Refused. `warn` gets the
-    warnings (one line each) meant for the runtime's log."""
-    process = config.setdefault("process", {})
-    env = edits.env_dict(process.get("env"))
-    if "ALIYUN_COM_GPU_VISIBLE_DEVICES" in env:
-        aliyun_visible(env)
-    hooks = config.get("hooks", {}).get("prestart", [])
-    gpus_hook = [h for h in hooks if posixpath.basename(h.get("path", "")) == HOOK_NAME]
-    if gpus_hook and not all(_our_hook(h["path"]) for h in gpus_hook):
-        return False  # NVIDIA's own toolkit hook: leave the whole job to it, never break such a host
-    selectors = edits.requested_devices(env)
-    mounted = _mounted_device_list(config, warn)
-    if selectors == [DEVICE_LIST_DIR]:  # the device plugin's volume-mounts strategy: the list is in the mounts
-        selectors = mounted
-    if selectors is None or (not settings.accept_env_unprivileged and not is_privileged(config)):
-        selectors = mounted  # multi-tenant policy: only the device lists the orchestrator mounted count
-    changed = False
-    if gpus_hook:
-        config["hooks"]["prestart"] = [h for h in hooks if h not in gpus_hook]
-        changed = True
-    if selectors is None:
-        if limits_asked(env):
-            raise Refused("GPU memory/compute limits were asked for, but the container requests no GPU "
-                          "(set NVIDIA_VISIBLE_DEVICES or --gpus)")
-        return changed
-    disc = load_discovery(settings)
-    rootfs = config.get("root", {}).get("path", "rootfs")
-    rootfs = rootfs if os.path.isabs(rootfs) else os.path.join(bundle, rootfs)
-    e = edits.compute_edits(disc, env, libdir=image_libdir(rootfs), selectors=selectors)
-    for node in e["devices"]:
-        _check_node(settings.dev_root, node)
-    linux = config.setdefault("linux", {})
-    have = {d.get("path") for d in linux.get("devices", [])}
-    linux.setdefault("devices", []).extend(d for d in e["devices"] if d["path"] not in have)
-    linux.setdefault("resources", {}).setdefault("devices", []).extend(e["allow"])
-    rootfs_real = os.path.realpath(rootfs)
-    taken = {m.get("destination") for m in config.get("mounts", [])}
-    for m in e["mounts"]:
-        if not _safe_source(m["source"], rootfs_real):
-            continue
-        m["destination"] = scoped_resolve(rootfs, m["destination"])
-        if m["destination"] in taken:
-            continue
-        taken.add(m["destination"])
-        config.setdefault("mounts", []).append(m)
-    # Our values replace the image's: NVIDIA_VISIBLE_DEVICES becomes the resolved list.
-    env.update(e["env"])
-    passed = {d["path"] for d in e["devices"]}
-    apply_sharing(config, env, [g.index for g in disc.gpus if g.node.path in passed], settings)
-    process["env"] = [f"{k}={v}" for k, v in env.items()]
-    return True
+# The parts of config.json the modifiers read or write, typed as runc's spec types them (opencontainers/runtime-spec,
+# specs-go/config.go): a dict is a JSON object with those fields, [T] a JSON array of T, `list` an array of anything.
+# Fields not named here are not looked at. One table: check_shape walks it.
+OCI_SHAPE = {
+    "process": {"env": [str], "capabilities": {"bounding": [str]}, "user": {"uid": int}},
+    "mounts": [{"destination": str, "source": str, "type": str}],
+    "linux": {"devices": [dict], "resources": {"devices": list}, "namespaces": [dict]},
+    "root": {"path": str},
+    "hooks": {"prestart": [{"path": str}]},
+}
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number"}
 
 
-# The parts of config.json the edits read or write, and the JSON type each must have (runc's own spec types).
-SHAPE = {"process": dict, "process.env": list, "process.capabilities": dict, "process.capabilities.bounding": list,
-         "process.user": dict, "process.user.uid": int, "mounts": list, "linux": dict, "linux.devices": list,
-         "linux.resources": dict, "linux.resources.devices": list, "linux.namespaces": list, "root": dict,
-         "root.path": str, "hooks": dict, "hooks.prestart": list}
-ITEMS = {"process.env": str, "process.capabilities.bounding": str, "mounts": dict, "linux.devices": dict,
-         "linux.namespaces": dict, "hooks.prestart": dict}
+def _check(value: object, shape: object, where: str) -> None:
+    """ValueError unless `value` has `shape` (an OCI_SHAPE node); None (absent) always passes."""
+    if value is None:
+        return
+    typ = dict if isinstance(shape, dict) else list if isinstance(shape, list) else shape
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise ValueError(f"config.json: {where} must be a JSON {_JSON_NAMES[typ]}")
+    if isinstance(shape, dict):
+        for key, sub in shape.items():
+            _check(value.get(key), sub, f"{where}.{key}" if where else key)
+    elif isinstance(shape, list):
+        item = shape[0]
+        if item is str and all(type(x) is str for x in value):  # process.env: the long one, checked in one pass
+            return
+        for i, x in enumerate(value):
+            _check(x, item, f"{where}[{i}]")
 
 
 def check_shape(config: object) -> None:
     """ValueError naming the first field whose type is not runc's (a config.json runc itself would reject): the
-    edits then never meet a surprise type, and the refusal is one line instead of a traceback."""
+    modifiers then never meet a surprise type, and the refusal is one line instead of a traceback."""
     if not isinstance(config, dict):
         raise ValueError("config.json is not a JSON object")
-    for key, typ in SHAPE.items():
-        node: object = config
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is None:
-            continue
-        if not isinstance(node, typ) or isinstance(node, bool):
-            raise ValueError(f"config.json: {key} must be a JSON {typ.__name__.replace('dict', 'object')}")
-        item = ITEMS.get(key)
-        if item and not all(isinstance(x, item) for x in node):
-            raise ValueError(f"config.json: every entry of {key} must be a JSON {item.__name__.replace('dict', 'object')}")
-    for m in config.get("mounts", []):
-        if not all(isinstance(m.get(k, ""), str) for k in ("destination", "source", "type")):
-            raise ValueError("config.json: a mount's destination, source and type must be strings")
+    _check(config, OCI_SHAPE, "")
 
 
 def modify_bundle(bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr) -> bool:

@@ -14,7 +14,6 @@ directly, which then leaves this server behind (detached, minimal environment) f
 from __future__ import annotations
 
 import fcntl
-import io
 import os
 import socket
 import stat
@@ -100,17 +99,12 @@ def handle(data: bytes) -> str:
     parts = text.rstrip("\n").split("\t")
     if len(parts) != 3 or not parts[0].startswith("/") or "\0" in text or "\n" in text.rstrip("\n"):
         return "1\tgpuprov-runtime: refused a malformed request to the GPU editor\n"
-    err, sys.stderr = sys.stderr, io.StringIO()  # the refusal text goes back to the front-end's stderr
+    lines: list[str] = []  # what the front-end prints on its stderr: the refusal, warnings that had no log file
     try:
-        rc = run_create_edits(parts[0], parts[1] or None, parts[2] or None)
-        msg = sys.stderr.getvalue()
-    except BaseException as exc:  # noqa: BLE001 - the server outlives any request (run_create_edits catches its own)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        rc, msg = 1, f"gpuprov-runtime: the GPU editor failed on this request: {type(exc).__name__}: {exc}"
-    finally:
-        sys.stderr = err
-    msg = " ".join(msg.split())  # one line, whatever the message held
+        rc = run_create_edits(parts[0], parts[1] or None, parts[2] or None, lines.append)
+    except Exception as exc:  # noqa: BLE001 - the server outlives any request (run_create_edits reports its own)
+        rc, lines = 1, [f"gpuprov-runtime: the GPU editor failed on this request: {type(exc).__name__}: {exc}"]
+    msg = " ".join(" ".join(lines).split())  # one line, whatever the messages held
     return f"{rc}\t{msg}\n"
 
 

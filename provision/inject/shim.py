@@ -11,8 +11,12 @@ import os
 import sys
 import time
 
-from provision.errors import Refused
+from provision.errors import EditFailed, Refused
 from provision.inject.settings_file import SettingsInvalid, runc_program
+
+TYPE_CHECKING = False  # not typing's (~3 ms to import): this module runs on every container start
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # runc parses options with Go's flag package: `-x` and `--x` are the same option, a value comes as `--x=v` or as the
 # next word. Global options that take a value, and those of create/run (shim.c has the same tables).
@@ -96,16 +100,22 @@ def parse_argv(argv: list[str]) -> Invocation:
     return Invocation(argv[cmd_index], bundle, found.get("log") or None, found.get("log-format") or None)
 
 
-def report_error(msg: str, log: str | None, log_format: str | None) -> None:
-    """Where the engine looks: runc's --log file (containerd shows its last error), and stderr."""
-    sys.stderr.write(f"gpuprov-runtime: {msg}\n")
+def to_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def report_error(msg: str, log: str | None, log_format: str | None, emit: Callable[[str], None] = to_stderr) -> None:
+    """Where the engine looks: runc's --log file (containerd shows its last error), and stderr (`emit`: the warm
+    editor sends the line back to the front-end, which prints it)."""
+    emit(f"gpuprov-runtime: {msg}")
     _log(msg, log, log_format, "error")
 
 
-def report_warning(msg: str, log: str | None, log_format: str | None) -> None:
-    """A warning goes to the runtime's log (runc's --log file, as runc's own warnings do); stderr only without one."""
+def report_warning(msg: str, log: str | None, log_format: str | None, emit: Callable[[str], None] = to_stderr
+                   ) -> None:
+    """A warning goes to the runtime's log (runc's --log file, as runc's own warnings do); `emit` only without one."""
     if not log or not _log(f"warning: {msg}", log, log_format, "warning"):
-        sys.stderr.write(f"gpuprov-runtime: warning: {msg}\n")
+        emit(f"gpuprov-runtime: warning: {msg}")
 
 
 def _log(msg: str, log: str | None, log_format: str | None, level: str) -> bool:
@@ -122,25 +132,32 @@ def _log(msg: str, log: str | None, log_format: str | None, level: str) -> bool:
     return True
 
 
-def run_create_edits(bundle: str, log: str | None = None, log_format: str | None = None) -> int:
+def create_edits(bundle: str, warn: Callable[[str], None]) -> None:
+    """Edit the bundle's config.json for its GPU request (modify.modify_bundle), under runtime.json's settings.
+    Raises only Refused, SettingsInvalid (fail closed: no GPU container under a policy the file does not say) or
+    EditFailed (anything else: an unreadable bundle, a config.json with wrong types), each with its exit_code."""
     # The Python front-end loads this module for every container start; only GPU creates edit (main's no-GPU path)
     from provision.inject.modify import modify_bundle  # lazy: 16.5 ms (-X importtime -I -S, min of 15) per no-GPU start
     from provision.inject.settings import load_settings  # lazy: 13.5 ms (its dataclasses, -X importtime), the same
 
     try:
-        modify_bundle(bundle, load_settings(), lambda msg: report_warning(msg, log, log_format))
-    except SettingsInvalid as exc:  # fail closed: no GPU container under a policy the file does not say
-        report_error(str(exc), log, log_format)
-        return exc.exit_code
-    except Refused as exc:
-        report_error(str(exc), log, log_format)
-        return 10
+        modify_bundle(bundle, load_settings(), warn)
+    except (Refused, SettingsInvalid):
+        raise
     except (OSError, ValueError) as exc:  # unreadable bundle / config: say so in one line, don't start
-        report_error(f"cannot prepare the GPU edits: {exc}", log, log_format)
-        return 1
+        raise EditFailed(f"cannot prepare the GPU edits: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - e.g. a config.json with wrong types: one line, never a traceback
-        report_error(f"cannot prepare the GPU edits: {type(exc).__name__}: {exc}", log, log_format)
-        return 1
+        raise EditFailed(f"cannot prepare the GPU edits: {type(exc).__name__}: {exc}") from None
+
+
+def run_create_edits(bundle: str, log: str | None = None, log_format: str | None = None,
+                     emit: Callable[[str], None] = to_stderr) -> int:
+    """create_edits, reported where the engine looks (report_error, report_warning); returns the exit status."""
+    try:
+        create_edits(bundle, lambda msg: report_warning(msg, log, log_format, emit))
+    except (Refused, SettingsInvalid, EditFailed) as exc:
+        report_error(str(exc), log, log_format, emit)
+        return exc.exit_code
     return 0
 
 

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provision import effects
+from provision import effects, engines
+from provision.engines.base import Engine
 from provision.engines.configure import configure
-from provision.engines.containerd import find_binary
 from provision.errors import UsageError
 from provision.fsutil import write_file
 from provision.inject.cdi import generate_spec, refresh_units, render
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 REFRESH_UNIT = "/etc/systemd/system/gpuprov-cdi-refresh.service"
-ENGINE_UNITS = {"containerd": "containerd.service", "crio": "crio.service"}
 
 
 @dataclass
@@ -39,24 +38,32 @@ class NodeResult:
         return asdict(self)
 
 
+def cri_engines() -> list[Engine]:
+    """The adapters of the engines kubelet talks to (CRI), in the order `--engine auto` looks for them."""
+    return [e for e in engines.every() if e.serves_cri]
+
+
 def pick_engine(asked: str) -> str:
-    if asked in ENGINE_UNITS:
+    cri = {e.name: e for e in cri_engines()}
+    if asked in cri:
         return asked
     if asked != "auto":
-        raise UsageError(f"--engine {asked!r}: use containerd, crio or auto")
-    for name, binary in (("containerd", "containerd"), ("crio", "crio")):
-        if shutil.which(binary):
-            return name
+        raise UsageError(f"--engine {asked!r}: use {', '.join(cri)} or auto")
+    for e in cri.values():
+        if shutil.which(e.daemon):
+            return e.name
     raise UsageError("neither containerd nor CRI-O is installed: `gpuprov bootstrap --engine containerd` first, "
                      "or name one with --engine")
 
 
 def engine_has_cdi(engine: str) -> bool:
-    """Does this node's CRI engine apply CDI devices? containerd from 1.7 (`enable_cdi`; 1.6 ignores the key, so
-    CDI annotations would give pods no GPU); CRI-O always has."""
-    if engine == "containerd":
-        return find_binary().cdi
-    return engine == "crio"
+    """Does this node's CRI engine apply CDI devices? (its adapter's has_cdi: containerd from 1.7; CRI-O always)"""
+    return engines.get(engine).has_cdi()
+
+
+def installed_engine_has_cdi() -> bool:
+    """Whether a CRI engine installed here applies CDI devices."""
+    return any(shutil.which(e.daemon) and e.has_cdi() for e in cri_engines())
 
 
 def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
@@ -77,7 +84,7 @@ def cdi_spec_text(disc: Discovery) -> str:
 
 def refresh_unit(engine: str, gpuprov: str) -> str:
     """The one CDI refresh unit (provision/inject/cdi.py: refresh_units), ordered before this node's engine."""
-    return refresh_units(gpuprov, ENGINE_UNITS[engine])["gpuprov-cdi-refresh.service"]
+    return refresh_units(gpuprov, f"{engines.get(engine).unit}.service")["gpuprov-cdi-refresh.service"]
 
 
 def setup(engine: str, *, runtime_path: str, default: bool, cdi: bool, dry_run: bool, disc: Discovery | None,

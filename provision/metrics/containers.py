@@ -13,6 +13,7 @@ io.kubernetes.* keys when kubelet drives Docker through cri-dockerd). The bundle
 own state directories are covered without configuration."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -26,7 +27,32 @@ _NAME_KEYS = (
     ("io.kubernetes.container.name", "io.kubernetes.pod.name", "io.kubernetes.pod.namespace"),
 )
 _BUNDLE_ROOTS = ("/run/containerd/io.containerd.runtime.v2.task", "/run/docker/containerd/daemon/io.containerd.runtime.v2.task")
-_DOCKER_ROOT = "/var/lib/docker/containers"
+# Engines gpuprov has no adapter for yet: (scope prefix, engine label); the adapters' own come from engines/.
+OTHER_PREFIXES = (("libpod-", "podman"),)
+
+
+@functools.cache
+def _adapters() -> tuple:
+    from provision import engines  # lazy: 25 ms (-X importtime, min of 6: the adapters, tomlkit), at the first lookup
+
+    return tuple(engines.every())
+
+
+@functools.cache
+def _prefixes() -> tuple[tuple[str, str], ...]:
+    return tuple(p for e in _adapters() for p in e.cgroup_prefixes) + OTHER_PREFIXES
+
+
+@functools.cache
+def _parents() -> tuple[tuple[str, str], ...]:
+    return tuple((d, e.name) for e in _adapters() for d in e.cgroup_parents)
+
+
+@functools.cache
+def _stores() -> dict:
+    return {e.name: e for e in _adapters() if e.container_store}
+
+
 _SHIMS = ("containerd-shim", "conmon")
 
 
@@ -50,12 +76,12 @@ def container_id_from_cgroup(text: str) -> tuple[str, str] | None:
         if not parts:
             continue
         leaf = parts[-1].removesuffix(".scope")
-        for prefix, engine in (("docker-", "docker"), ("cri-containerd-", "containerd"), ("crio-", "cri-o"),
-                               ("libpod-", "podman")):
+        for prefix, engine in _prefixes():
             if leaf.startswith(prefix):
                 return leaf[len(prefix):], engine
-        if "docker" in parts[:-1]:
-            return leaf, "docker"
+        parent = next((label for name, label in _parents() if name in parts[:-1]), None)
+        if parent:
+            return leaf, parent
         if any(p.startswith("kubepods") for p in parts[:-1]):
             return leaf, "containerd" if _HEX64.fullmatch(leaf) else "cri"
         if parts[0] in ("system.slice", "user.slice", "init.scope") or leaf.endswith((".service", ".slice")):
@@ -128,6 +154,7 @@ def _names(meta: dict) -> tuple[str, str, str] | None:
 
 
 def _resolve(cid: str, engine: str, pid: int, proc: str) -> ContainerRef:
+    store = _stores().get(engine)  # an engine that keeps its containers' names in a store of its own (dockerd)
     for path in _config_candidates(cid, pid, proc):
         text = _read(path)
         if not text:
@@ -140,20 +167,13 @@ def _resolve(cid: str, engine: str, pid: int, proc: str) -> ContainerRef:
         if names:
             cri = "containerd" if any(k in spec["annotations"] for k in _NAME_KEYS[0]) else "cri-o"
             return ContainerRef(cid, cri, *names)
-        if engine != "docker":
+        if store is None:
             return ContainerRef(cid, engine, cid[:12])
-    if engine == "docker":
-        text = _read(f"{_DOCKER_ROOT}/{cid}/config.v2.json")
-        if text:
-            try:
-                doc = json.loads(text)
-            except ValueError:
-                doc = {}
-            labels = (doc.get("Config") or {}).get("Labels") or {}
-            names = _names(labels)
-            if names:
-                return ContainerRef(cid, engine, *names)
-            return ContainerRef(cid, engine, str(doc.get("Name", "")).lstrip("/") or cid[:12])
+    found = store.stored_container(cid) if store else None
+    if found is not None:
+        labels, name = found
+        names = _names(labels)
+        return ContainerRef(cid, engine, *names) if names else ContainerRef(cid, engine, name or cid[:12])
     return ContainerRef(cid, engine, cid[:12])
 
 

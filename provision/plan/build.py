@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision import checkimage
-from provision.decide.packages import engine_packages
+from provision import engines
 from provision.decide.targets import Target
-from provision.engines import base
+from provision.engines import base, validate
+from provision.engines.base import Engine
 from provision.errors import Unsupported
-from provision.facts.engines import EngineOrigin, spec
+from provision.facts.engines import EngineOrigin
 from provision.facts.rootfs import under
 from provision.inject.cdi import SpecCurrent
 from provision.options import Options, Stage
@@ -19,11 +19,14 @@ from provision.plan.packages import APT_ENV, package_step
 from provision.plan.steps import (
     Already,
     Command,
+    ConfigureEngine,
     DirEmpty,
     EngineConfigured,
     FilesMatch,
     ImportImage,
+    InstallRuntime,
     Never,
+    RefreshCdi,
     RunContainer,
     RuntimeInstalled,
     ServiceAnswers,
@@ -58,10 +61,16 @@ def adopted(report: HostReport, opt: Options) -> EngineOrigin | None:
     return found_engine(report, opt.engine) if opt.engine_source == "auto" else None
 
 
+def adapter(opt: Options) -> Engine | None:
+    """The adapter of the engine asked for (None: --engine none)."""
+    return None if opt.engine == "none" else engines.get(opt.engine)
+
+
 def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
     """The engine's repository (docker-ce) and packages, or the engine found on the host, kept. Its service starts
     after the runtime is configured."""
-    if opt.engine == "none":
+    eng = adapter(opt)
+    if eng is None:
         return []
     found = adopted(report, opt)
     if found:
@@ -74,9 +83,8 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
     if opt.bundle:
         source = "distro"  # bundles carry the distro's engine
     if source == "auto":
-        source = "docker-ce" if target.family == "rhel" and target.os_id != "amzn" and opt.engine == "docker" \
-            else "distro"
-    pkgs = engine_packages(target, opt.engine, source)
+        source = eng.default_source(target)
+    pkgs = eng.packages(target, source)
     pre: tuple[Command, ...] = ()
     if source == "docker-ce":
         if target.family == "debian":
@@ -94,73 +102,61 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
     return steps
 
 
-# The daemon each engine's service runs (CRI-O is configured for an existing node, not started by gpuprov).
-DAEMONS = {"docker": "dockerd", "containerd": "containerd"}
-
-
 def service_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
     """The engine's daemon started (and enabled at boot) once its runtime is configured; without systemd the
     daemon in the background, so a host without an init still gets a daemon to validate against."""
-    daemon = DAEMONS.get(opt.engine)
-    if daemon is None:
+    eng = adapter(opt)
+    if eng is None:
         return []
     found = adopted(report, opt)
     if found and not found.unit:  # static binaries: no unit to start them with, and their flags are the operator's
         if found.pid is None:
             raise Unsupported(f"{found.describe()} is not running, and there is no unit to start it with: start "
-                              f"{daemon} as you run it, then run bootstrap again")
+                              f"{eng.daemon} as you run it, then run bootstrap again")
         return []
     systemd = under(Path(report.root or "/"), "/run/systemd/system").is_dir()
-    return [Step("engine.service", Stage.ENGINE, f"Start {daemon} (and enable it at boot)",
-                 actions=(StartService(opt.engine, daemon, systemd),), check=ServiceAnswers(opt.engine))]
+    return [Step("engine.service", Stage.ENGINE, f"Start {eng.daemon} (and enable it at boot)",
+                 actions=(StartService(eng.unit, eng.daemon, eng.ready_argv, systemd),),
+                 check=ServiceAnswers(eng.ready_argv))]
 
 
 def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
-    """The runtime, then its registration in the engine's config: both run as the `gpuprov` commands printed."""
+    """The runtime, then its registration in the engine's config: both run in-process, as the `gpuprov runtime
+    install` and `gpuprov engine configure` commands do."""
     droot = (report.driver.driver_root if report.driver else None) or "/"
     steps = [Step("runtime.install", Stage.RUNTIME,
                   "Install gpuprov-runtime (+ --gpus hook) and its discovery cache",
-                  actions=(Command(("gpuprov", "runtime", "install", "--driver-root", droot)),),
-                  check=RuntimeInstalled(droot))]
-    if opt.engine in ("docker", "containerd"):
+                  actions=(InstallRuntime(droot),), check=RuntimeInstalled(droot))]
+    eng = adapter(opt)
+    if eng is not None:
         found = adopted(report, opt)
-        config = found.config if found and found.config != spec(opt.engine).config else None
-        argv = ["gpuprov", "engine", "configure", opt.engine, *(("--config", config) if config else ()),
-                "--runtime-name", opt.runtime_name, "--runtime-path", RUNTIME_PATH]
-        argv += ["--default"] if opt.default_runtime else []
-        argv += ["--cdi"] if opt.cdi else []
-        argv += ["--replace-runtime"] if opt.replace_runtime else []
+        config = found.config if found and found.config != eng.default_config else None
+        action = ConfigureEngine(opt.engine, opt.runtime_name, RUNTIME_PATH, opt.default_runtime, opt.cdi,
+                                 opt.replace_runtime, config)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
-                          actions=(Command(tuple(argv)),),
-                          check=EngineConfigured(opt.engine, opt.runtime_name, RUNTIME_PATH, opt.default_runtime,
-                                                 opt.cdi, opt.replace_runtime, config)))
+                          actions=(action,), check=EngineConfigured(action)))
     if opt.cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
-                          actions=(Command(("gpuprov", "cdi", "refresh", "--install-units")),),
-                          check=SpecCurrent(droot)))
+                          actions=(RefreshCdi(droot),), check=SpecCurrent(droot)))
     return steps
 
 
 def validate_steps(report: HostReport, target: Target, opt: Options, runtime_path: str = RUNTIME_PATH) -> list[Step]:
-    """A container through the runtime just registered, from an image built out of this host's files. docker: by the
-    runtime's name; containerd: with `runtime_path` (the binary its handler names) as runc, in gpuprov's namespace
-    (tests give a private runtime's path)."""
-    if not opt.validate or opt.engine not in ("docker", "containerd"):
+    """A container through the runtime just registered, from an image built out of this host's files: the engine
+    adapter's validation (docker: by the runtime's name; containerd: with `runtime_path`, the binary its handler
+    names, as runc, in gpuprov's namespace; tests give a private runtime's path)."""
+    eng = adapter(opt)
+    val = eng.validation(opt.runtime_name, runtime_path, bool(report.gpus)) if eng and opt.validate else None
+    if val is None:
         return []
     has_gpu = bool(report.gpus)
-    if opt.engine == "docker":
-        actions: tuple = (ImportImage(checkimage.IMAGE, checkimage.BINARIES),
-                          *(Command(a) for a in checkimage.run_argvs(opt.runtime_name, has_gpu)))
-    else:
-        actions = (ImportImage(checkimage.CTR_IMAGE, checkimage.BINARIES, engine="containerd"),
-                   Command(checkimage.ctr_remove_argv(), may_fail=True),
-                   *(RunContainer(a, checkimage.ctr_log(), expect=None if i else checkimage.OK_WORD)
-                     for i, a in enumerate(checkimage.ctr_run_argvs(runtime_path, has_gpu))))
+    actions = (ImportImage(val.image, validate.BINARIES),
+               *(RunContainer(r.argv, r.log, r.expect) if r.log else Command(r.argv, may_fail=r.may_fail)
+                 for r in val.runs))
     return [Step("validate", Stage.VALIDATE, "Start a validation container through the runtime"
-                 + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)")
-                 + (f" (containerd, namespace {checkimage.CTR_NAMESPACE})" if opt.engine == "containerd" else ""),
+                 + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)") + val.where,
                  actions=actions, check=Never("always runs: it proves the node works"), verify_only=True,
                  notes=() if has_gpu else ("no GPU on this host: checked a plain container",))]
 

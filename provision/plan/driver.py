@@ -453,7 +453,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
     if apt.replacement is None and dkms and target.package_manager == "apt" and not opt.bundle:
         update = series_update(dpkg_installed(root), packages, closure(packages, archive_depends(root)),
-                               archive_versions(root), tuple(k for k in kernels.releases if not module_built(root, k)))
+                               archive_versions(root, packages), tuple(k for k in kernels.releases if not module_built(root, k)))
         if update:  # the held series follows the kernel within its branch: built for every installed kernel
             apt = replace(apt, replacement=update)
             kernels = choose_kernels(root, running, asked, baking, replacing=True)

@@ -3,11 +3,13 @@ content, a service start) and the check that says it is already done. `plan`, `-
 all walk these same objects, so what is printed is what runs:
 
 - `Command`: printed with `shlex.join` (paste it into a shell and it does the same); applied by running exactly
-  that argv through `effects.run`. A `gpuprov …` command is dispatched through gpuprov's own command line in this
-  process (`run_gpuprov`): the same code the printed command runs, under the host lock bootstrap already holds
-  (a child process would wait for that lock), without a second interpreter start-up.
+  that argv through `effects.run`.
 - `WriteFile`: printed as a unified diff against the file under the plan's root; applied by an atomic write.
 - `StartService`: printed as the commands it runs, in order, with the fallback it takes without systemd.
+- gpuprov's own operations, run in-process under the host lock bootstrap holds (the same functions as the
+  commands `gpuprov runtime install`, `engine configure`, `cdi refresh`): `InstallRuntime`, `RefreshCdi`, and
+  `ConfigureEngine`, whose diff is its engine adapter's plan (`edits`): the FileEdits it prints are the ones apply
+  writes (engines/configure.py writes exactly `edit.new`), computed by the one function from the host's files.
 Every action lists the `Command`s it runs (`commands()`, in order) and those it runs only to undo a failure
 (`on_failure()`): the same objects its `execute` runs, so `plan --json` and `--check` list every command.
 
@@ -16,21 +18,22 @@ answer, the package database of a running system) say "cannot tell" (False: woul
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Union
 
-from provision import checkimage, dispatch, effects, engines
-from provision.engines import containerd
-from provision.engines.base import Change, EnginePlan, FileEdit, RuntimeRequest
+from provision import effects, engines
+from provision.engines.base import Change, EnginePlan, FileEdit, ImageImport, RuntimeRequest
+from provision.engines.configure import configure
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import MAX_READ, is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.inject import install
+from provision.inject.settings import load_settings
+from provision.plan import runtime as runtime_host
+from provision.share import mps
 
 LIVE = Path("/")
 
@@ -51,6 +54,10 @@ class Action:
 
     def on_failure(self) -> list[Command]:
         return []
+
+    def diffs(self, root: Path) -> dict[str, str]:
+        """{host path: unified diff} of the files it writes, against those under `root`."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -78,29 +85,12 @@ class Command(Action):
         return effects.run(list(self.argv), check=False, env={**os.environ, **dict(self.env)})
 
     def execute(self) -> str:
-        if self.argv[0] == "gpuprov":
-            return run_gpuprov(list(self.argv[1:]))
         res = self.run()
         if res.returncode == 0 and self.stdout_to:
             write_file(self.stdout_to, res.stdout, mode=0o600, keep_mode=False, backup=False)
         if res.returncode == 0 or self.may_fail:
             return res.output
         raise effects.failed(self.shell(), res.returncode, res.output)
-
-
-def run_gpuprov(args: list[str]) -> str:
-    """`gpuprov ARGS` through the command line's own dispatch, in this process; its stdout is captured (it must
-    not mix with bootstrap's --json) and returned. Its errors are raised as they are (same message, same code)."""
-
-    run = dispatch.current()
-    if run is None:
-        raise StepFailed(f"`{shlex.join(['gpuprov', *args])}`: gpuprov's command line is not loaded in this process")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = run(args)
-    if isinstance(rc, int) and rc != 0:
-        raise StepFailed(f"`{shlex.join(['gpuprov', *args])}` exited {rc}: {out.getvalue().strip()[-300:]}")
-    return out.getvalue()
 
 
 @dataclass(frozen=True)
@@ -116,6 +106,9 @@ class WriteFile(Action):
 
     def diff(self, root: Path) -> str:
         return effects.unified_diff(read_or_empty(under(root, self.path)), self.content, self.path)
+
+    def diffs(self, root: Path) -> dict[str, str]:
+        return {self.path: self.diff(root)}
 
     def execute(self) -> str:
         write_file(self.path, self.content, mode=self.mode, backup=self.backup)
@@ -148,17 +141,18 @@ class ReloadEngine(Action):
 class StartService(Action):
     """Start an engine's daemon and enable it at boot, then wait until its client answers (effects.start_daemon:
     `systemctl enable --now`, or without systemd the SysV script, then the daemon itself in the background). Printed
-    from the same argvs it runs."""
+    from the same argvs it runs. Its fields come from the engine's adapter (unit, daemon, ready_argv)."""
     reports = True
-    name: str  # the unit / init script, and the engine whose client answers: docker | containerd
+    unit: str  # the systemd unit / SysV script
     daemon: str  # the binary for the last resort: dockerd | containerd
+    ready: tuple[str, ...]  # the client command that answers once the daemon is up
     systemd: bool  # decided from the plan's root (/run/systemd/system)
 
     def commands(self) -> list[Command]:
-        return [Command(a) for a in effects.daemon_start_argvs(self.name, self.daemon, self.systemd)]
+        return [Command(a) for a in effects.daemon_start_argvs(self.unit, self.daemon, self.systemd)]
 
     def lines(self) -> list[str]:
-        wait = f"then wait until `{shlex.join(effects.ANSWERS[self.name])}` answers"
+        wait = f"then wait until `{shlex.join(self.ready)}` answers"
         if self.systemd:
             return [f"$ {self.commands()[0].shell()}", f"  ({wait})"]
         init, daemon = (c.shell() for c in self.commands())
@@ -166,32 +160,128 @@ class StartService(Action):
                 f"{effects.daemon_log(self.daemon)}; {wait})"]
 
     def execute(self) -> str:
-        return effects.start_daemon(self.name, self.daemon, self.systemd)
+        return effects.start_daemon(self.unit, self.daemon, self.ready, self.systemd)
 
 
 @dataclass(frozen=True)
 class ImportImage(Action):
     """A local image built from this host's own files (no registry): the tar is made in-process, from the binaries
-    named and the libraries `ldd` lists for them. docker: fed to `docker import` only when the image is missing.
-    containerd: the same files as a one-layer OCI archive, fed to `ctr images import` in gpuprov's namespace on every
-    run (ctr has no command that fails for a missing image; importing the same content again changes nothing)."""
-    image: str
+    named and the libraries `ldd` lists for them, and fed to the engine's import (its adapter's ImageImport: docker
+    imports the root filesystem only when `docker image inspect` fails; containerd's ctr imports it as a one-layer
+    OCI archive in gpuprov's namespace on every run, since ctr has no command that fails for a missing image and
+    importing the same content again changes nothing)."""
+    image: ImageImport
     binaries: tuple[str, ...]
-    engine: str = "docker"  # docker | containerd
 
     def commands(self) -> list[Command]:
-        return [Command(a) for a in checkimage.import_argvs(self.image, self.engine)]
+        return [Command(a) for a in (self.image.present, self.image.load) if a]
 
     def lines(self) -> list[str]:
         what = f"{', '.join(self.binaries)} and their libraries, taken from this host"
-        if self.engine == "containerd":
-            return [f"$ {self.commands()[0].shell()} < <OCI image archive {self.image} of {what}>"]
-        inspect, imp = (c.shell() for c in self.commands())
-        return [f"$ {inspect} >/dev/null || {imp} < <tar of {what}>"]
+        *present, load = (c.shell() for c in self.commands())
+        test = f"{present[0]} >/dev/null || " if present else ""
+        return [f"$ {test}{load} < <{self.image.describe()} of {what}>"]
 
     def execute(self) -> str:
-        checkimage.import_image(self.image, self.binaries, self.engine)  # runs exactly commands()
+        *present, load = self.commands()
+        if present and present[0].run().returncode == 0:
+            return ""
+        effects.run(list(load.argv), input_text=self.image.stdin(self.binaries))
         return ""
+
+
+@dataclass(frozen=True)
+class InstallRuntime(Action):
+    """gpuprov-runtime (its compiled front-end, else Python) and the --gpus hook in /usr/local/bin, and the discovery
+    cache for the driver at `driver_root`: what `gpuprov runtime install --driver-root DIR` does, run in-process."""
+    reports = True
+    driver_root: str
+    prefix: str = "/usr/local"
+
+    def lines(self) -> list[str]:
+        return [f"install gpuprov-runtime and the --gpus hook in {self.prefix}/bin and refresh the discovery cache "
+                f"(driver root {self.driver_root}), as gpuprov runtime install --driver-root {self.driver_root} does"]
+
+    def execute(self) -> str:
+        return "\n".join(runtime_host.install(self.prefix, driver_root=self.driver_root)[1])
+
+
+@dataclass(frozen=True)
+class RefreshCdi(Action):
+    """The CDI spec for the loaded driver in /etc/cdi and /var/run/cdi, and the units that refresh it at boot and on
+    driver changes: what `gpuprov cdi refresh --install-units` does, run in-process."""
+    reports = True
+    driver_root: str
+
+    def lines(self) -> list[str]:
+        return [f"write the CDI spec of the driver at {self.driver_root} in {' and '.join(runtime_host.CDI_DIRS)} "
+                "(rewritten only when the driver changed)",
+                f"install and enable gpuprov-cdi-refresh.path and .service in {runtime_host.UNIT_DIR} (systemd), "
+                "as gpuprov cdi refresh --install-units does"]
+
+    def execute(self) -> str:
+        return "\n".join(runtime_host.refresh_cdi(self.driver_root, install_units=True))
+
+
+@dataclass(frozen=True)
+class ConfigureEngine(Action):
+    """gpuprov's runtime merged into an engine's config by its adapter (engines/configure.py: backup, atomic write,
+    the engine's own check with a roll-back, the live daemon reloaded or restarted only when it reads that file,
+    then asked whether it lists the runtime): what `gpuprov engine configure ENGINE …` does, run in-process. The
+    diff printed is the adapter's plan (`edits`), the same FileEdits configure writes."""
+    reports = True
+    engine: str
+    runtime_name: str
+    runtime_path: str
+    default: bool
+    cdi: bool
+    replace: bool = False
+    config: str | None = None  # the config the engine really reads, where it is not the engine's default
+
+    def request(self) -> RuntimeRequest:
+        return RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
+                              replace=self.replace)
+
+    def edits(self, root: Path) -> list[FileEdit]:
+        """The adapter's plan against the config under `root`: host paths, and what would be written names host
+        paths too (containerd's `imports` entry), never `root`."""
+        eng = engines.get(self.engine)
+        host = eng.config_path(self.config, self.request())
+        plan = eng.plan(host, self.request(), unit_root=root) if is_live(root) else \
+            eng.plan_under(root, host, self.request())
+        return [e for e in plan.edits if e.changed]
+
+    def diffs(self, root: Path) -> dict[str, str]:
+        return {str(e.path): e.diff() for e in self.edits(root)}
+
+    def lines(self) -> list[str]:
+        eng = engines.get(self.engine)
+        path = eng.config_path(self.config, self.request())
+        return [f"merge runtime {self.runtime_name!r} ({self.runtime_path}) into {path}"
+                + (" as the default runtime" if self.default else "") + (", CDI on" if self.cdi else "")
+                + " (the diff below; atomic write with a backup, the engine's own check, rolled back if it fails)",
+                f"then {eng.apply_how(self.cdi)}: the running {eng.daemon} that reads {path}, if any, and check that it "
+                f"has runtime {self.runtime_name!r}"]  # (--cdi: docker reads `features` only at start)
+
+    def execute(self) -> str:
+        res = configure(self.engine, config=self.config, runtime_name=self.runtime_name,
+                        runtime_path=self.runtime_path, default=self.default, cdi=self.cdi, replace=self.replace)
+        return "\n".join(res.lines())
+
+
+@dataclass(frozen=True)
+class StopSharing(Action):
+    """Stop the MPS control daemon cleanly (running clients finish first) and remove its state: what `gpuprov share
+    disable` does, run in-process."""
+    reports = True
+
+    def lines(self) -> list[str]:
+        return ["stop the MPS control daemon (running clients finish first) and remove its state, as gpuprov share "
+                "disable does"]
+
+    def execute(self) -> str:
+        res = mps.disable(load_settings().share_state)
+        return "GPU sharing off" + (f"; still running: {res['left_running']}" if res.get("left_running") else "")
 
 
 @dataclass(frozen=True)
@@ -333,59 +423,31 @@ class RuntimeInstalled:
 
 @dataclass(frozen=True)
 class EngineConfigured:
-    """The engine's config already holds the runtime (its adapter's merge changes nothing) and, for docker, the
-    live daemon lists it."""
-    engine: str
-    runtime_name: str
-    runtime_path: str
-    default: bool
-    cdi: bool
-    replace: bool = False
-    config: str | None = None  # the config the engine really reads, where it is not the engine's default
-
-    def _plan(self, root: Path) -> EnginePlan:
-        """The adapter's plan against the config under `root`. Its edits name host paths, and what they would
-        write names host paths too (containerd's `imports` entry), never `root`."""
-        eng = engines.get(self.engine)
-        req = RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
-                             replace=self.replace)
-        host = eng.config_path(self.config, req)
-        if is_live(root):
-            return eng.plan(host, req, unit_root=root)
-        if self.engine == "containerd":
-            # The adapter asks the live containerd (its version, `config dump`); a host tree's containerd cannot be
-            # run: plan from the files alone, as for a containerd of unknown version.
-            p = containerd.plan(host, runtime_name=req.name, runtime_path=req.path, default=req.default,
-                                cdi=req.cdi, replace=req.replace, binary=containerd.Binary(None, None), root=root)
-            return EnginePlan([FileEdit(f, old, new) for f, old, new in p.edits], [], p.warnings)
-        plan = eng.plan(under(root, str(host)), req, unit_root=root)  # one file (daemon.json), read under root
-        return EnginePlan([FileEdit(Path("/", Path(e.path).relative_to(root)), e.old, e.new) for e in plan.edits],
-                          plan.changes, plan.warnings)
+    """The engine's config already holds the runtime (its adapter's merge changes nothing) and, for an engine that
+    lists its runtimes (dockerd), the live daemon lists it."""
+    action: ConfigureEngine
 
     def satisfied(self, root: Path) -> bool:
-        if not is_live(root) or self._plan(root).changed:
+        if not is_live(root) or self.action.edits(root):
             return False
-        return self.engine != "docker" or self.runtime_name in (effects.docker_runtimes() or [])
-
-    def preview(self, root: Path) -> dict[str, str]:
-        """{path on the host: diff} for every file the merge would write, read under `root`."""
-        return {str(e.path): effects.unified_diff(e.old or "", e.new, str(e.path)) for e in self._plan(root).edits
-                if e.changed}
+        eng = engines.get(self.action.engine)
+        return not eng.lists_runtimes or self.action.runtime_name in (eng.listed_runtimes() or [])
 
     def describe(self) -> str:
-        return (f"skipped when {self.engine}'s config already registers {self.runtime_name!r}"
-                + (" and dockerd lists it" if self.engine == "docker" else ""))
+        eng = engines.get(self.action.engine)
+        return (f"skipped when {self.action.engine}'s config already registers {self.action.runtime_name!r}"
+                + (f" and {eng.daemon} lists it" if eng.lists_runtimes else ""))
 
 
 @dataclass(frozen=True)
 class ServiceAnswers:
-    name: str  # docker | containerd
+    ready: tuple[str, ...]  # the engine's client command (its adapter's ready_argv)
 
     def satisfied(self, root: Path) -> bool:
-        return is_live(root) and effects.daemon_answers(self.name)
+        return is_live(root) and effects.daemon_answers(self.ready)
 
     def describe(self) -> str:
-        return f"skipped when `{shlex.join(effects.ANSWERS[self.name])}` answers"
+        return f"skipped when `{shlex.join(self.ready)}` answers"
 
 
 Check = Union[Never, Already, FilesMatch, PathExists, DirEmpty, PackagesInstalled, RuntimeInstalled,
@@ -430,10 +492,7 @@ class Step:
         return ([f"reboot: {self.reboot_reason}"] if self.reboot_reason else []) + list(self.notes)
 
     def diffs(self, root: Path) -> dict[str, str]:
-        out = {a.path: a.diff(root) for a in self.actions if isinstance(a, WriteFile)}
-        if isinstance(self.check, EngineConfigured):
-            out.update(self.check.preview(root))
-        return out
+        return {p: d for a in self.actions for p, d in a.diffs(root).items()}
 
     def satisfied(self, root: Path = LIVE) -> bool:
         return self.check.satisfied(root)

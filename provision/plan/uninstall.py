@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import checkimage, engines, paths, record
+from provision import engines, paths, record
+from provision.engines import validate
 from provision.engines.base import RuntimeRequest
 from provision.facts.rootfs import is_live, under
 from provision.hostlock import LOCK_NAME, lock_dirs
@@ -29,10 +30,19 @@ from provision.options import Stage
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import NOUVEAU_CONF
 from provision.plan.packages import APT_ENV
-from provision.plan.steps import Command, Never, ReloadEngine, Step, Undone, WriteFile, packages_installed, read_or_empty
+from provision.plan.steps import (
+    Command,
+    Never,
+    ReloadEngine,
+    Step,
+    StopSharing,
+    Undone,
+    WriteFile,
+    packages_installed,
+    read_or_empty,
+)
 from provision.probe.cache import cache_dir
 
-ENGINES = ("docker", "containerd", "crio")  # every adapter whose default config uninstall looks at
 UNIT_DIR = "/etc/systemd/system"
 UNITS = ("gpuprov-cdi-refresh.path", "gpuprov-cdi-refresh.service", "gpuprov-mps.service")
 LABELS_HEADER = "# GPU node labels"  # k8s/labels.py: nfd_file's first line
@@ -57,8 +67,8 @@ def _rm(*paths_: str, tree: bool = False) -> Command:
 
 def _configs(rec: record.Record) -> list[tuple[str, str]]:
     """(engine, config path): every config the record names, then each adapter's default config."""
-    out = [(e.get("engine"), c) for c, e in rec.configs.items() if e.get("engine") in ENGINES]
-    for name in ENGINES:
+    out = [(e.get("engine"), c) for c, e in rec.configs.items() if e.get("engine") in engines.names()]
+    for name in engines.names():  # every adapter's default config
         eng = engines.get(name)
         out.append((name, str(eng.config_path(None, RuntimeRequest("nvidia", "/")))))
     return list(dict.fromkeys(out))
@@ -114,7 +124,7 @@ def image_steps(root: Path) -> list[Step]:
     """The validation images (every gpuprov version's tag), in each engine that answers. Only on the live host."""
     if not is_live(root):
         return []
-    argvs = checkimage.leftover_image_argvs()
+    argvs = validate.leftover_image_argvs()
     if not argvs:
         return []
     return [Step("uninstall.images", Stage.VALIDATE, "Remove gpuprov's validation images",
@@ -126,7 +136,7 @@ def service_steps(root: Path) -> list[Step]:
     steps = []
     if _exists(root, paths.SHARE_STATE):
         steps.append(Step("uninstall.mps", Stage.RUNTIME, "Stop GPU sharing (the MPS control daemon) and remove "
-                          "its state", actions=(Command(("gpuprov", "share", "disable")),),
+                          "its state", actions=(StopSharing(),),
                           check=Undone(gone=(paths.SHARE_STATE,))))
     units = [f"{UNIT_DIR}/{u}" for u in UNITS if _exists(root, f"{UNIT_DIR}/{u}")]
     if units:

@@ -1,26 +1,22 @@
 """The node checks. Each takes a host adapter (local commands, or testinfra's `host`) and returns a CheckResult;
 a failure says what is wrong on that host in one line.
 
-The engine is the one that answers on the node: dockerd (`docker info`), else containerd (`ctr version`). Container
-checks never reach a registry: the check image is built on the node from its own files (`gpuprov verify
---prepare`, the same image bootstrap's validation step imports), docker runs it with `--pull never`, containerd
-runs it as a plain rootfs (`ctr run --rootfs`) through the runtime binary (`--runc-binary`)."""
+The engine is the first whose daemon answers on the node, in the adapters' order (engines.ADAPTERS: dockerd's
+`docker info`, else containerd's `ctr version`); what is asked of it is its adapter's (node_probe, node_runtime,
+check_container_argv, prepare_check_image, cri_handler). Container checks never reach a registry: the check image
+is built on the node from its own files (`gpuprov verify --prepare`, the same image bootstrap's validation step
+imports), docker runs it with `--pull never`, containerd runs it as a plain rootfs (`ctr run --rootfs`) through the
+runtime binary (`--runc-binary`)."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import shlex
-import shutil
-import tarfile
 from dataclasses import asdict, dataclass
 from functools import cached_property
-from pathlib import Path
 
-from provision import checkimage, effects
-from provision.checkimage import IMAGE
-from provision.engines import containerd, crio
-from provision.engines.containerd import runtime_in_dump
+from provision import effects, engines
+from provision.engines.base import Engine
 from provision.errors import GpuprovError, StepFailed
 from provision.k8s.labels import NFD_FILE
 
@@ -28,7 +24,6 @@ RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 # Fixed paths, not provision/paths.py's: through testinfra the controller names these for a node, and the node's
 # `gpuprov verify --prepare` must find the same ones whatever GPUPROV_STATE_DIR/GPUPROV_RUN_DIR the controller has.
 ROOTFS = "/var/lib/gpuprov/verify/rootfs"  # containerd's check container: the image's files, unpacked
-CTR = list(checkimage.CTR)  # gpuprov's own namespace, as bootstrap's validation step uses
 # containerd's check container writes its output here (ctr run --log-uri; plan/steps.RunContainer says why)
 LOG_DIR = "/run/gpuprov"
 OK_WORD = "gpuprov-verify-ok"
@@ -78,16 +73,19 @@ class NodeHost:
         return self.json_of(["gpuprov", "detect", "--json"])
 
     @cached_property
-    def runtimes(self) -> dict | None:
-        return self.json_of(["docker", "info", "--format", "{{json .Runtimes}}"])
+    def engine(self) -> Engine | None:
+        """The first engine, in the adapters' order, whose daemon answers on this host (None: none does)."""
+        for eng in engines.every():
+            probe = eng.node_probe(self.run)
+            if probe is not None:
+                self.__dict__["probe"] = probe  # what it answered: kept, not asked again
+                return eng
+        return None
 
     @cached_property
-    def engine(self) -> str | None:
-        """docker when dockerd answers; containerd when its daemon answers `ctr version`; else None."""
-        if self.runtimes is not None:
-            return "docker"
-        rc, out, _ = self.run(["ctr", "version"])
-        return "containerd" if rc == 0 and "Server:" in out else None
+    def probe(self) -> object | None:
+        """What the engine's daemon answered (its adapter's node_probe), for node_runtime."""
+        return self.engine.node_probe(self.run) if self.engine else None
 
 
 class LocalHost(NodeHost):
@@ -119,20 +117,7 @@ class TestinfraHost(NodeHost):
 
 def prepare_image(engine: str, rootfs: str = ROOTFS) -> None:
     """On this host: the check image for `engine`, from this host's own files (no registry)."""
-
-    if engine == "docker":  # the validation image, imported from this host's files when it is missing
-        checkimage.import_image(IMAGE)
-        return
-    root = Path(rootfs)
-    stamp = root / ".gpuprov-image"
-    if stamp.exists() and stamp.read_text() == IMAGE:
-        return
-
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True, mode=0o755)
-    with tarfile.open(fileobj=io.BytesIO(checkimage.build_image_tar())) as tar:
-        tar.extractall(root)  # our own tar, built a moment ago from this host's files
-    stamp.write_text(IMAGE)
+    engines.get(engine).prepare_check_image(rootfs)
 
 
 def _gpus(h: NodeHost) -> list:
@@ -209,28 +194,15 @@ def engine_running(h: NodeHost) -> CheckResult:
     if h.engine is None:
         return CheckResult("engine running", "fail", "neither `docker info` nor `ctr version` reaches a daemon: "
                            "the engine is not running or not installed (gpuprov bootstrap starts it)")
-    return CheckResult("engine running", "pass", "dockerd answers" if h.engine == "docker" else
-                       "containerd answers")
+    return CheckResult("engine running", "pass", f"{h.engine.daemon} answers")
 
 
 def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
-    if h.engine == "containerd":
-        rc, out, err = h.run(["containerd", "config", "dump"])
-        if rc != 0:
-            return CheckResult("runtime registered", "fail", f"`containerd config dump` failed: "
-                               f"{(err or out).strip()[-200:]}")
-        if not runtime_in_dump(out, name):
-            return CheckResult("runtime registered", "fail", f"runtime {name!r} is not in containerd's CRI config: "
-                               "run gpuprov engine configure containerd")
-        path = h.runtime_path
-    else:
-        rts = h.runtimes
-        if rts is None:
-            return CheckResult("runtime registered", "fail", "cannot ask the engine (not running)")
-        if name not in rts:
-            return CheckResult("runtime registered", "fail", f"runtime {name!r} is not registered in dockerd "
-                               f"(has: {', '.join(rts)}): run gpuprov engine configure docker")
-        path = (rts[name] or {}).get("path", "")
+    if h.engine is None:
+        return CheckResult("runtime registered", "fail", "cannot ask the engine (not running)")
+    path, why = h.engine.node_runtime(h.run, h.probe, name, h.runtime_path)
+    if path is None:
+        return CheckResult("runtime registered", "fail", why or "")
     rc, _, _ = h.run(["test", "-x", path])
     if rc != 0:
         return CheckResult("runtime registered", "fail", f"runtime {name!r} points to {path}, which is missing or "
@@ -238,36 +210,23 @@ def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
     return CheckResult("runtime registered", "pass", f"{name} -> {path}")
 
 
-def container_argv(engine: str, cid: str, env: dict[str, str], argv: list[str], runtime_path: str = RUNTIME_PATH,
-                   rootfs: str = ROOTFS, log: str = "") -> list[str]:
-    """The command that starts the check container through the runtime, never pulling anything. containerd's writes
-    the container's output to `log` (ctr's own stdout can drop a short-lived container's)."""
-    if engine == "docker":
-        envs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
-        return ["docker", "run", "--rm", "--pull", "never", "--runtime", "nvidia", *envs, IMAGE, *argv]
-    # a bare rootfs has no image config: PATH as docker would default it
-    envs = [a for k, v in {"PATH": "/usr/bin:/bin", **env}.items() for a in ("--env", f"{k}={v}")]
-    logs = ["--log-uri", f"file://{log}"] if log else []
-    return [*CTR, "run", "--rm", *logs, "--runc-binary", runtime_path, *envs, "--rootfs", rootfs, cid, *argv]
-
-
 def _container(h: NodeHost, name: str, env: dict[str, str], argv: list[str]) -> tuple[CheckResult | None, str]:
     if h.engine is None:
         return CheckResult(name, "fail", "no engine answers (see `engine running`)"), ""
-    why = h.prepare(h.engine)
+    why = h.prepare(h.engine.name)
     if why:
         return CheckResult(name, "fail", f"could not build the check image from this host's files: {why}"), ""
     cid = f"gpuprov-verify-{os.getpid()}"
-    log = f"{h.log_dir}/{cid}.log" if h.engine == "containerd" else ""
+    log = f"{h.log_dir}/{cid}.log" if h.engine.check_log else ""
     if log:
         h.run(["rm", "-f", log])  # the shim appends
-    rc, out, err = h.run(container_argv(h.engine, cid, env, argv, h.runtime_path, h.rootfs, log))
+    rc, out, err = h.run(h.engine.check_container_argv(cid, env, argv, h.runtime_path, h.rootfs, log))
     if log:
         out = h.run(["cat", log])[1] + out
         h.run(["rm", "-f", log])
     if rc != 0:
         last = (err or out).strip().splitlines()
-        return CheckResult(name, "fail", f"a container through runtime nvidia ({h.engine}) failed: "
+        return CheckResult(name, "fail", f"a container through runtime nvidia ({h.engine.name}) failed: "
                            f"{last[-1] if last else f'exit {rc}'}"), out
     return None, out
 
@@ -279,7 +238,7 @@ def plain_container(h: NodeHost) -> CheckResult:
         return bad
     if OK_WORD not in out:
         return CheckResult(name, "fail", f"the container ran but printed {out.strip()[-100:]!r}")
-    return CheckResult(name, "pass", f"a plain container starts through runtime nvidia ({h.engine})")
+    return CheckResult(name, "pass", f"a plain container starts through runtime nvidia ({h.engine.name})")
 
 
 def gpu_container(h: NodeHost) -> CheckResult:
@@ -296,26 +255,21 @@ def gpu_container(h: NodeHost) -> CheckResult:
 
 
 def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
-    """Kubernetes nodes (`gpuprov k8s node`): containerd's merged config (drop-ins included) or CRI-O's drop-in
-    names handler `nvidia`, and the GPU labels file for NFD is there."""
+    """Kubernetes nodes (`gpuprov k8s node`): a CRI engine's handler `nvidia` (containerd's merged config, drop-ins
+    included, or CRI-O's drop-in: its adapter's cri_handler), and the GPU labels file for NFD is there."""
 
-    if h.engine == "docker" and not h.has_command("kubelet"):
+    if h.engine is not None and not h.engine.serves_cri and not h.has_command("kubelet"):
         # docker.io brings containerd as dockerd's backend: that containerd serves no CRI clients here
-        return CheckResult("CRI handler", "skip", "a Docker node without kubelet: no CRI handler to check")
-    rc, dump, _ = h.run(["containerd", "config", "dump"])
-    if rc == 0:
-        if not containerd.runtime_in_dump(dump, name):
-            return CheckResult("CRI handler", "fail", f"containerd's merged config has no runtime {name!r}: "
-                               "run gpuprov k8s node")
-        where = "containerd"
-    elif h.run(["test", "-f", crio.dropin_path(name)])[0] == 0:
-        where = "CRI-O"
-    elif h.has_command("crio"):
-        return CheckResult("CRI handler", "fail", f"CRI-O has no gpuprov drop-in {crio.dropin_path(name)}: "
-                           "run gpuprov k8s node")
+        return CheckResult("CRI handler", "skip", f"a {h.engine.title} node without kubelet: no CRI handler to check")
+    for eng in engines.every():
+        found = eng.cri_handler(h.run, h.has_command, name) if eng.serves_cri else None
+        if found is not None:
+            break
     else:
         return CheckResult("CRI handler", "skip", "no containerd or CRI-O on this host")
-
+    status, where = found
+    if status == "fail":
+        return CheckResult("CRI handler", "fail", where)
     labels = "labels for NFD" if h.run(["test", "-s", NFD_FILE])[0] == 0 else "no NFD labels file (gpuprov k8s labels --write)"
     return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")
 

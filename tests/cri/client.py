@@ -17,22 +17,26 @@ PROTO = Path(__file__).with_name("api.proto")
 _STUBS: tuple | None = None
 
 
+def proto_stubs(proto: Path) -> tuple:
+    """(<name>_pb2, <name>_pb2_grpc) generated from `proto` into a temporary directory."""
+    from grpc_tools import protoc
+
+    out = Path(tempfile.mkdtemp(prefix="gpuprov-proto-stubs-"))
+    rc = protoc.main(["protoc", f"-I{proto.parent}", f"--python_out={out}", f"--grpc_python_out={out}", proto.name])
+    if rc != 0:
+        raise RuntimeError(f"protoc failed on {proto} ({rc})")
+    sys.path.insert(0, str(out))
+    try:
+        return importlib.import_module(f"{proto.stem}_pb2"), importlib.import_module(f"{proto.stem}_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))
+
+
 def stubs():
     """(api_pb2, api_pb2_grpc), generated once per process."""
     global _STUBS
     if _STUBS is None:
-        from grpc_tools import protoc
-
-        out = Path(tempfile.mkdtemp(prefix="gpuprov-cri-stubs-"))
-        rc = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}", f"--grpc_python_out={out}",
-                          PROTO.name])
-        if rc != 0:
-            raise RuntimeError(f"protoc failed on {PROTO} ({rc})")
-        sys.path.insert(0, str(out))
-        try:
-            _STUBS = (importlib.import_module("api_pb2"), importlib.import_module("api_pb2_grpc"))
-        finally:
-            sys.path.remove(str(out))
+        _STUBS = proto_stubs(PROTO)
     return _STUBS
 
 

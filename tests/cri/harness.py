@@ -38,9 +38,9 @@ def _mirror() -> str:
     raise RuntimeError("no Debian mirror in this host's apt sources")
 
 
-def newer_containerd(suite: str = SUITE) -> Path:
-    """The `containerd` package of `suite`, unpacked with `dpkg -x` under CACHE (apt with a private list
-    directory: the host's apt configuration and state are untouched). Returns the directory with its binaries."""
+def _private_apt(suite: str) -> list[str]:
+    """apt options for a private list and archive directory under CACHE for `suite` (the host's apt configuration
+    and state are untouched); the lists are refreshed when older than six hours."""
     work = CACHE / f"apt-{suite}"
     for d in ("lists/partial", "archives/partial", "etc"):
         (work / d).mkdir(parents=True, exist_ok=True)
@@ -52,19 +52,35 @@ def newer_containerd(suite: str = SUITE) -> Path:
     if not fresh or not any((work / "lists").glob("*Packages*")):
         subprocess.run(["apt-get", *opts, "update"], check=True, capture_output=True)
         os.utime(work / "lists")
-    ver = subprocess.run(["apt-cache", *opts, "show", "--no-all-versions", f"containerd/{suite}"], check=True,
-                         capture_output=True, text=True).stdout
-    version = next(ln.split(": ", 1)[1] for ln in ver.splitlines() if ln.startswith("Version: "))
-    dest = CACHE / f"containerd-{version}"
-    if not (dest / "usr/bin/containerd").exists():
-        subprocess.run(["apt-get", *opts, "download", f"containerd/{suite}"], check=True, capture_output=True,
-                       cwd=work)
-        deb = next(work.glob(f"containerd_{version.split(':')[-1]}_*.deb"))
-        tmp = Path(tempfile.mkdtemp(dir=CACHE))
+    return opts
+
+
+def newer_packages(suite: str, *packages: str) -> Path:
+    """`packages` of `suite`, unpacked together with `dpkg -x` under CACHE, in a directory named by their
+    versions (so a new upload is a new directory). Returns that directory (the unpacked root)."""
+    opts, work = _private_apt(suite), CACHE / f"apt-{suite}"
+    versions = []
+    for pkg in packages:
+        out = subprocess.run(["apt-cache", *opts, "show", "--no-all-versions", f"{pkg}/{suite}"], check=True,
+                             capture_output=True, text=True).stdout
+        versions.append(next(ln.split(": ", 1)[1] for ln in out.splitlines() if ln.startswith("Version: ")))
+    dest = CACHE / f"{packages[0]}-{versions[0]}" if len(packages) == 1 else CACHE / (
+        f"{packages[0]}-{versions[0]}+{len(packages) - 1}")
+    if dest.exists():
+        return dest
+    tmp = Path(tempfile.mkdtemp(dir=CACHE))
+    for pkg, version in zip(packages, versions):
+        subprocess.run(["apt-get", *opts, "download", f"{pkg}/{suite}"], check=True, capture_output=True, cwd=work)
+        deb = next(work.glob(f"{pkg}_{version.split(':')[-1]}_*.deb"))
         subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
-        tmp.rename(dest)
         deb.unlink()
-    return dest / "usr/bin"
+    tmp.rename(dest)
+    return dest
+
+
+def newer_containerd(suite: str = SUITE) -> Path:
+    """The `containerd` package of `suite`, unpacked under CACHE. Returns the directory with its binaries."""
+    return newer_packages(suite, "containerd") / "usr/bin"
 
 
 def fs_type(path: str) -> str:

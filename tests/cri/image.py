@@ -8,8 +8,8 @@ import os
 import shutil
 import tarfile
 
-from provision import checkimage
-from provision.checkimage import ldd_deps
+from provision.engines import validate
+from provision.engines.validate import ldd_deps
 
 BINARIES = ("sh", "ls", "cat", "sleep", "echo")
 NAME = "docker.io/gpuprov-test/ctrd-pause:1"  # the normalised name CRI resolves "gpuprov-test/ctrd-pause:1" to
@@ -59,5 +59,5 @@ def _layer() -> bytes:
 def oci_archive(name: str = NAME) -> bytes:
     """An OCI image layout (index.json, oci-layout, blobs) in a tar, named `name` for `ctr images import`: the
     layout bootstrap's validation step imports into containerd, with this image's layer and entrypoint."""
-    return checkimage.oci_archive(_layer(), name, {"Entrypoint": ["/bin/sleep", "infinity"], "Env": ["PATH=/bin"],
+    return validate.oci_archive(_layer(), name, {"Entrypoint": ["/bin/sleep", "infinity"], "Env": ["PATH=/bin"],
                                                  "WorkingDir": "/"})

@@ -164,7 +164,7 @@ def extra_mounts(out: str) -> dict[str, str]:
 
 
 def expected_mounts(disc: dict, env: dict[str, str]) -> set[str]:
-    return {m["destination"] for m in edits.compute_edits(disc, env, libdir=LIBDIR)["mounts"]}
+    return {m.destination for m in edits.compute_edits(disc, env, libdir=LIBDIR).mounts}
 
 
 def test_configured_through_the_dropin(node):

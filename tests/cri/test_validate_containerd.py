@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from provision import checkimage, effects
+from provision import effects
+from provision.engines import validate
 from provision.errors import StepFailed
-from provision.options import Options
 from provision.plan import steps as st
-from provision.plan.build import validate_steps
+from provision.plan.build import Options, validate_steps
 from provision.report import detect_host
 from tests import k8s_cri
 from tests.conftest import H200, make_host, needs
@@ -56,7 +56,7 @@ class Node:
 
     def ctr(self, *args: str, check: bool = True) -> str:
         """This containerd's ctr in gpuprov's namespace (the harness's own `ctr` is bound to k8s.io)."""
-        return subprocess.run([str(self.c.bindir / "ctr"), "-a", self.c.socket, *checkimage.CTR[1:], *args],
+        return subprocess.run([str(self.c.bindir / "ctr"), "-a", self.c.socket, *validate.CTR[1:], *args],
                               capture_output=True, text=True, check=check).stdout
 
     def leftovers(self) -> dict[str, list[str]]:
@@ -107,14 +107,14 @@ def test_gpu_container_through_gpuprovs_runtime(on_node):
     node, ran = on_node
     step = step_for(H200, node.runtime)
     detail = step.apply()
-    assert checkimage.OK_WORD in detail and GPU_LINE in detail, detail
+    assert validate.OK_WORD in detail and GPU_LINE in detail, detail
     # what ran is what the plan prints, argv for argv (the leftover removal included: it found none)
     assert ran == st.executed_argvs(step) == printed_argvs(step)
-    assert [a[:5] for a in ran[2:]] == [(*checkimage.CTR, "run", "--rm")] * 2
+    assert [a[:5] for a in ran[2:]] == [(*validate.CTR, "run", "--rm")] * 2
     assert all(a[a.index("--runc-binary") + 1] == node.runtime for a in ran[2:])
     # cleaned up: no container, task or active snapshot left; the image stays, as docker's validation image does
-    assert node.leftovers() == {"containers": [], "tasks": [], "active snapshots": [], "images": [checkimage.CTR_IMAGE]}
-    assert not Path(checkimage.ctr_log()).exists()  # the shim's output file, read and removed
+    assert node.leftovers() == {"containers": [], "tasks": [], "active snapshots": [], "images": [validate.CTR_IMAGE]}
+    assert not Path(validate.ctr_log()).exists()  # the shim's output file, read and removed
 
 
 def test_plain_runc_fails_it(on_node):
@@ -131,10 +131,10 @@ def test_container_left_by_a_killed_run(on_node):
     validation removes it first instead of failing on "already exists"."""
     node, _ = on_node
     step_for(H200, node.runtime).apply()  # the image is there
-    node.ctr("run", "-d", "--runtime", checkimage.RUNC_SHIM, checkimage.CTR_IMAGE, checkimage.CONTAINER, "sh", "-c", "exit 0")
-    assert node.leftovers()["containers"] == [checkimage.CONTAINER]
+    node.ctr("run", "-d", "--runtime", validate.RUNC_SHIM, validate.CTR_IMAGE, validate.CONTAINER, "sh", "-c", "exit 0")
+    assert node.leftovers()["containers"] == [validate.CONTAINER]
     detail = step_for(H200, node.runtime).apply()
-    assert checkimage.OK_WORD in detail and GPU_LINE in detail and "not found" not in detail
+    assert validate.OK_WORD in detail and GPU_LINE in detail and "not found" not in detail
     assert node.leftovers()["containers"] == []
 
 
@@ -143,7 +143,7 @@ def test_host_without_a_gpu(on_node, tmp_path):
     step = step_for(make_host(tmp_path, "debian-12", "none"), node.runtime)
     assert "no GPU on this host" in step.title
     detail = step.apply()
-    assert checkimage.OK_WORD in detail and "no GPU on this host: checked a plain container" in detail, detail
+    assert validate.OK_WORD in detail and "no GPU on this host: checked a plain container" in detail, detail
     assert ran == st.executed_argvs(step) and len(ran) == 3  # import, leftover removal, one plain container
     assert node.leftovers()["containers"] == []
 
@@ -153,11 +153,11 @@ def test_output_is_the_containers_own(on_node):
     file left holding the word by an earlier run does not pass a container that printed something else."""
     node, _ = on_node
     step_for(H200, node.runtime).apply()  # the image is there
-    log = Path(checkimage.ctr_log())
+    log = Path(validate.ctr_log())
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"{checkimage.OK_WORD}\n")
-    argv = checkimage.ctr_run_argvs(node.runtime, False)[0]
-    assert argv[-3:] == ("sh", "-c", f"echo {checkimage.OK_WORD}")
+    log.write_text(f"{validate.OK_WORD}\n")
+    argv = validate.ctr_run_argvs(node.runtime, False)[0]
+    assert argv[-3:] == ("sh", "-c", f"echo {validate.OK_WORD}")
     with pytest.raises(StepFailed, match="output lacks 'gpuprov-validate-ok': 'something else'"):
-        st.RunContainer((*argv[:-1], "echo something else"), str(log), expect=checkimage.OK_WORD).execute()
+        st.RunContainer((*argv[:-1], "echo something else"), str(log), expect=validate.OK_WORD).execute()
     assert not log.exists()

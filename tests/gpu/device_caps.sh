@@ -39,7 +39,7 @@ docker info 2>&1 | grep -iE "server version|runtimes|default runtime|cdi" > "$ou
 cat "$out/docker-info.txt"
 tar -xJf "$K/tiny.tar.xz" -C /tmp/tiny
 tar -C /tmp/tiny -c . | docker import - caps-tiny > /dev/null
-docker tag caps-tiny "$(python3 -c 'from provision.checkimage import IMAGE; print(IMAGE)')"
+docker tag caps-tiny "$(python3 -c 'from provision.engines.validate import IMAGE; print(IMAGE)')"
 docker import "$K/gfx.tar.xz" caps-gfx > /dev/null
 log "CUDA image (nvcc here)"
 cp -a /tmp/tiny /tmp/cuda-rootfs

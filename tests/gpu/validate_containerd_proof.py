@@ -12,10 +12,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from provision import checkimage
+from provision.engines import validate
 from provision.errors import StepFailed
-from provision.options import Options
-from provision.plan.build import validate_steps
+from provision.plan.build import Options, validate_steps
 from provision.report import detect_host
 from tests import k8s_cri
 from tests.cri.harness import Containerd
@@ -59,7 +58,7 @@ def main() -> None:
             res["control_plain_runc"] = "passed (it must not)"
         except StepFailed as exc:
             res["control_plain_runc"] = f"failed as it must: {str(exc)[-240:]}"
-        ctr = [str(c.bindir / "ctr"), "-a", c.socket, *checkimage.CTR[1:]]
+        ctr = [str(c.bindir / "ctr"), "-a", c.socket, *validate.CTR[1:]]
         res["left"] = {what: subprocess.run([*ctr, what, "ls", "-q"], capture_output=True, text=True).stdout.split()
                        for what in ("containers", "tasks", "images")}
     finally:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from provision.checkimage import CTR_IMAGE
+from provision.engines.validate import CTR_IMAGE
 from tests.conftest import needs
 from tests.integration.hosts import Host, steps
 

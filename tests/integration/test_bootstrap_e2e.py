@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from provision.checkimage import IMAGE
+from provision.engines.validate import IMAGE
 from tests.conftest import needs
 from tests.integration.hosts import Host, sh
 

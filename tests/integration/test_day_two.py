@@ -218,7 +218,7 @@ def test_upgrade_under_running_containers_and_concurrent_starts(host, tmp_path_f
     containers. Every start succeeds; the front-end and the editor's copy are replaced; the old editor exits; the
     containers the old runtime created are exec'd into, stopped, killed and removed."""
     h = host
-    from provision.checkimage import IMAGE
+    from provision.engines.validate import IMAGE
 
     whl, version = bumped_wheel(tmp_path_factory.mktemp("v2"))
     mk = " && ".join(f"mknod -m 666 /dev/{n} c {a} {b}" for n, (a, b) in NODES.items())

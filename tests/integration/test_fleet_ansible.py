@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from provision.checkimage import IMAGE
+from provision.engines.validate import IMAGE
 from tests.conftest import needs
 from tests.integration.fleet import playbook, write_inventory
 from tests.integration.hosts import REPO, Host

@@ -21,7 +21,7 @@ def run(*args: str) -> str:
 
 @pytest.fixture
 def started():
-    from provision.checkimage import IMAGE
+    from provision.engines.validate import IMAGE
     from provision.verify.checks import prepare_image
 
     prepare_image("docker")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from provision import checkimage
+from provision.engines import validate
 from tests.conftest import needs
 from tests.integration.hosts import Host
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", do
 FIXTURE = "/src/tests/fixtures/hosts/h200-vm"
 FAKE_DEV = "/opt/fake-gpu"
 NODES = {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (238, 0), "nvidia-uvm-tools": (238, 1)}
-IMAGE = checkimage.IMAGE  # built by bootstrap's validation step from the host's own files
+IMAGE = validate.IMAGE  # built by bootstrap's validation step from the host's own files
 
 
 @pytest.fixture(scope="module")

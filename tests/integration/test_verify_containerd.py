@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from provision import engines
 from provision.verify import checks
 from tests.conftest import needs
 
@@ -35,7 +36,7 @@ def node(tmp_path_factory):
 
     class Node(checks.LocalHost):
         """This machine's commands, aimed at the private containerd (its socket, its config)."""
-        engine = "containerd"
+        engine = engines.get("containerd")
         runtime_path = str(base / "rt/bin/gpuprov-runtime")
         rootfs = str(base / "check-rootfs")
         log_dir = str(base / "logs")

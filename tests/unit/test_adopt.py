@@ -117,9 +117,8 @@ def test_static_dockerd_with_its_own_config_file(tmp_path):
     steps = plan(root)
     assert steps["engine.present"].title == ("dockerd from static binaries (/usr/local/bin/dockerd, no package owns "
                                              "it): kept")
-    argv = steps["engine.config"].commands[0].argv
-    assert argv[argv.index("--config") + 1] == "/srv/docker.json"
-    assert steps["engine.config"].check.config == "/srv/docker.json"
+    (action,) = steps["engine.config"].actions
+    assert action.config == "/srv/docker.json" and steps["engine.config"].check.action is action
     assert "engine.service" not in steps  # running, and no unit to start it with
     assert '+      "path": "/usr/local/bin/gpuprov-runtime",' in steps["engine.config"].diffs(root)["/srv/docker.json"]
 
@@ -132,8 +131,8 @@ def test_snap_docker_config(tmp_path):
     [docker] = [e for e in detect_host(root).engines if e.name == "docker"]
     assert (docker.origin.source, docker.origin.unit) == ("snap", "snap.docker.dockerd")
     assert docker.config_path == "/var/snap/docker/current/config/daemon.json"
-    argv = plan(root)["engine.config"].commands[0].argv
-    assert argv[argv.index("--config") + 1] == "/var/snap/docker/current/config/daemon.json"
+    (action,) = plan(root)["engine.config"].actions
+    assert action.config == "/var/snap/docker/current/config/daemon.json"
 
 
 # ------------------------------------------------------------------ item 2: never remove a package by accident

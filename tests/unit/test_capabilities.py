@@ -26,7 +26,7 @@ def disc():
 
 def _dests(disc, caps: str, libdir=edits.DEBIAN_LIBDIR) -> set[str]:
     e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": caps}, libdir=libdir)
-    return {m["destination"] for m in e["mounts"]}
+    return {m.destination for m in e.mounts}
 
 
 def test_manifests_found_with_the_library_they_name(disc):
@@ -73,7 +73,7 @@ def test_all_is_every_capability(disc):
     everything = _dests(disc, "utility,compute,video,graphics,display,ngx,compat32")
     assert _dests(disc, "all") == everything
     assert GRAPHICS_MANIFESTS <= everything and f"{edits.DEBIAN_LIBDIR}/libnvcuvid.so.1" in everything
-    caps = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"})["env"]
+    caps = dict(edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"}).env)
     assert caps["NVIDIA_DRIVER_CAPABILITIES"].split(",") == list(edits.CAPABILITIES)
 
 
@@ -82,10 +82,10 @@ def test_display_adds_modeset_node_only_when_asked(tmp_path):
     dev.mkdir()
     os.mknod(dev / "nvidia-modeset", 0o666 | 0o020000, os.makedev(195, 254))
     d = discover.discover(ROOT, proc_root=str(H200), dev_root=str(tmp_path))
-    paths = [n["path"] for n in edits.compute_edits(d, {"NVIDIA_VISIBLE_DEVICES": "0",
-                                                        "NVIDIA_DRIVER_CAPABILITIES": "display"})["devices"]]
+    paths = [n.path for n in edits.compute_edits(d, {"NVIDIA_VISIBLE_DEVICES": "0",
+                                                    "NVIDIA_DRIVER_CAPABILITIES": "display"}).devices]
     assert "/dev/nvidia-modeset" in paths
-    paths = [n["path"] for n in edits.compute_edits(d, {"NVIDIA_VISIBLE_DEVICES": "0"})["devices"]]
+    paths = [n.path for n in edits.compute_edits(d, {"NVIDIA_VISIBLE_DEVICES": "0"}).devices]
     assert "/dev/nvidia-modeset" not in paths
 
 
@@ -137,11 +137,11 @@ def test_manifest_naming_an_absolute_path_gets_a_rewritten_copy(copied_root, tmp
     gen = tmp_path / "gen"
     assert discover.write_manifests(d, str(gen)) != d  # a new record: `d` itself is never changed
     d = discover.write_manifests(d, str(gen))
-    [mount] = [x for x in edits.driver_mounts(d, ["graphics"]) if x["destination"].endswith("nvidia_icd.json")]
-    assert mount["source"] == str(gen / "580.159.04" / "nvidia_icd.json")
-    assert json.loads(open(mount["source"]).read())["ICD"]["library_path"] == "libGLX_nvidia.so.0"
+    [mount] = [x for x in edits.driver_mounts(d, ["graphics"]) if x.destination.endswith("nvidia_icd.json")]
+    assert mount.source == str(gen / "580.159.04" / "nvidia_icd.json")
+    assert json.loads(open(mount.source).read())["ICD"]["library_path"] == "libGLX_nvidia.so.0"
     assert (gen / "580.159.04").stat().st_mode & 0o777 == 0o755
-    assert os.stat(mount["source"]).st_mode & 0o777 == 0o644
+    assert os.stat(mount.source).st_mode & 0o777 == 0o644
 
 
 def test_generated_manifest_dir_writable_by_others_is_refused(copied_root, tmp_path):
@@ -163,7 +163,7 @@ def test_egl_platform_manifest_brings_its_library(copied_root):
     (copied_root / "lib64/libnvidia-egl-gbm.so.1.1.2").write_text("fake")
     (copied_root / "lib64/libnvidia-egl-gbm.so.1").symlink_to("libnvidia-egl-gbm.so.1.1.2")
     d = discover.discover(str(copied_root), proc_root=str(H200), dev_root=str(H200))
-    got = {m["destination"]: m["source"] for m in edits.driver_mounts(d, ["graphics"])}
+    got = {m.destination: m.source for m in edits.driver_mounts(d, ["graphics"])}
     assert "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json" in got
     assert got[f"{edits.DEBIAN_LIBDIR}/libnvidia-egl-gbm.so.1"].endswith("libnvidia-egl-gbm.so.1.1.2")
 
@@ -225,7 +225,7 @@ def test_driver_volume_carries_manifests(tmp_path):
 
 
 def test_graphics_gbm_backend(disc):
-    got = {m["destination"]: m["source"] for m in edits.driver_mounts(disc, ["graphics"])}
+    got = {m.destination: m.source for m in edits.driver_mounts(disc, ["graphics"])}
     assert got[f"{edits.DEBIAN_LIBDIR}/gbm/nvidia-drm_gbm.so"].endswith("libnvidia-allocator.so.580.159.04")
 
 
@@ -280,7 +280,8 @@ def test_bootstrap_plans_the_cdi_spec_only_with_cdi_and_a_loaded_driver(tmp_path
         return {s["id"]: s for s in json.loads(r.stdout)["steps"]}
 
     with_cdi = steps("--cdi")
-    assert with_cdi["cdi.spec"]["commands"] == ["gpuprov cdi refresh --install-units"]
+    assert with_cdi["cdi.spec"]["commands"] == []  # gpuprov's own operation, run in-process (steps.RefreshCdi)
+    assert with_cdi["cdi.spec"]["actions"][-1].endswith("as gpuprov cdi refresh --install-units does")
     assert "/etc/cdi/nvidia.yaml" in with_cdi["cdi.spec"]["check"]
     assert "cdi.spec" not in steps()
     assert not cdi.SpecCurrent(ROOT).satisfied(tmp_path)  # a fixture tree is never the live host

@@ -67,7 +67,8 @@ def test_a_gpu_that_runs_either_flavour_gets_the_one_that_follows_the_driver():
 def test_detect_reads_the_offered_versions_from_the_apt_lists(tmp_path):
     root = make_host(tmp_path, "debian-12", "none")
     _lists(root)
-    assert archive_versions(root)["nvidia-driver"] == SECURITY["nvidia-driver"]
+    assert archive_versions(root, ("nvidia-driver", "nvidia-open-kernel-dkms")) == {
+        "nvidia-driver": SECURITY["nvidia-driver"], "nvidia-open-kernel-dkms": SECURITY["nvidia-open-kernel-dkms"]}
     (gpu,) = [d for _, d in detect_host(root, engines=False, for_gpus=(H100,)).gpus]
     assert gpu.modules == "proprietary" and "nvidia-kernel-dkms" in gpu.packages
 
@@ -169,3 +170,18 @@ def test_a_loaded_driver_is_left_alone_until_the_next_kernel_lacks_its_module(tm
     step = next(s for s in unserved if s.id == "driver.packages")
     assert f"$ dkms autoinstall -k {NEW}" in step.lines(), step.lines()
     assert NEW in step.title
+
+
+def test_lists_kept_compressed_are_read_too(tmp_path):
+    """Docker's Debian images set Acquire::GzipIndexes: apt keeps its lists compressed; .gz and .xz are read, a corrupt
+    one is skipped."""
+    import gzip
+    import lzma
+
+    lists = tmp_path / "var/lib/apt/lists"
+    lists.mkdir(parents=True)
+    (lists / "x_dists_bookworm_non-free_binary-amd64_Packages.gz").write_bytes(gzip.compress(NON_FREE.encode()))
+    (lists / "x_dists_bookworm_contrib_binary-amd64_Packages.xz").write_bytes(lzma.compress(CONTRIB.encode()))
+    (lists / "y_dists_bookworm-security_non-free_binary-amd64_Packages.xz").write_bytes(b"not xz")
+    assert archive_versions(tmp_path, ("nvidia-driver", "nvidia-open-kernel-dkms")) == {
+        "nvidia-driver": SECURITY["nvidia-driver"], "nvidia-open-kernel-dkms": SECURITY["nvidia-open-kernel-dkms"]}

@@ -56,29 +56,29 @@ def test_visible_devices(value, expect):
 
 def test_edits_all(disc):
     e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all"})
-    assert [d["path"] for d in e["devices"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+    assert [d.path for d in e.devices] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
                                                  "/dev/nvidia0"]
-    assert {(a["major"], a["minor"]) for a in e["allow"]} == {(195, 255), (238, 0), (238, 1), (195, 0)}
-    dests = {m["destination"] for m in e["mounts"]}
+    assert {(a.major, a.minor) for a in e.rules} == {(195, 255), (238, 0), (238, 1), (195, 0)}
+    dests = {m.destination for m in e.mounts}
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in dests and "/usr/bin/nvidia-smi" in dests
     assert not any("libnvidia-glcore" in d for d in dests)  # graphics not requested
-    assert all(m["options"] == ["ro", "nosuid", "nodev", "bind"] for m in e["mounts"])
-    assert e["env"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98"
+    assert all(m.options == ("ro", "nosuid", "nodev", "bind") for m in e.mounts)
+    assert e.env[0] == edits.EnvVar("NVIDIA_VISIBLE_DEVICES", "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98")
 
 
 def test_edits_none_gives_driver_without_gpu(disc):
     e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "none"})
-    assert "/dev/nvidia0" not in [d["path"] for d in e["devices"]] and e["mounts"]
+    assert "/dev/nvidia0" not in [d.path for d in e.devices] and e.mounts
 
 
 def test_edits_capabilities_and_libdir(disc):
     e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
                             libdir=edits.RHEL_LIBDIR)
-    dests = {m["destination"] for m in e["mounts"]}
+    dests = {m.destination for m in e.mounts}
     assert "/usr/lib64/libnvidia-ml.so.1" in dests and not any("libcuda" in d for d in dests)
-    assert "/dev/nvidia-uvm" not in [d["path"] for d in e["devices"]]
+    assert "/dev/nvidia-uvm" not in [d.path for d in e.devices]
     e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "video"})
-    assert any("libcuda" in m["destination"] for m in e["mounts"])  # video implies compute
+    assert any("libcuda" in m.destination for m in e.mounts)  # video implies compute
 
 
 def test_unknown_gpu_and_mig_refused(disc):

@@ -260,6 +260,7 @@ def test_verify_checks_the_cri_handler(tmp_path):
     """`gpuprov verify`'s CRI check on a node whose containerd config (a scratch one, read by the real
     `containerd config dump`) has, then lacks, gpuprov's handler."""
 
+    from provision import engines
     from provision.engines.configure import configure
     from provision.verify.checks import LocalHost, cri_handler
 
@@ -267,7 +268,7 @@ def test_verify_checks_the_cri_handler(tmp_path):
     cfg.write_text("version = 2\n")
 
     class Node(LocalHost):  # this host's commands, with containerd reading the scratch config
-        engine = "containerd"  # a containerd node (this machine's dockerd answers too: verify would call it Docker)
+        engine = engines.get("containerd")  # a containerd node (this machine's dockerd answers too: verify would call it Docker)
 
         def run(self, argv):
             scratch = ["containerd", "--config", str(cfg), "config", "dump"]

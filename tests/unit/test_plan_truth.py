@@ -1,19 +1,23 @@
 """The plan tells the truth: what `plan` prints is exactly what `apply` runs, and building a plan writes nothing.
 
-- printed == executed: every step of whole-host plans is applied with `effects.run` (and the in-process
-  `gpuprov …` dispatch, the background spawn and file writes) recorded instead of done; the recorded argvs, in
-  order, must be the ones the plan lists, each
-  printed shell-quoted so that pasting it runs the same argv.
+- printed == executed: every step of whole-host plans is applied with `effects.run` (and the background spawn, file
+  writes and gpuprov's in-process operations: the runtime's install, the CDI refresh, the engine's configure) recorded
+  instead of done; the recorded argvs, in order, must be the ones the plan lists, each printed shell-quoted so that
+  pasting it runs the same argv, and the recorded operations the ones the plan's actions name.
+- the engine's config: the step's diff is its adapter's FileEdits, and applying the step (nothing stubbed: the
+  real configure, on a config of this test's own) writes exactly those bytes.
 - no writes: plans are built (a) under a read-only view of the whole filesystem (a mount namespace where every
   mount is remounted read-only) and (b) under a Python audit hook that fails on any open-for-write, mkdir, rename,
   unlink, chmod or subprocess.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,23 +25,48 @@ from pathlib import Path
 
 import pytest
 
-import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
-from provision import checkimage, effects, paths
+from provision import effects, paths
 from provision.bundle import manifest
+from provision.engines import validate
+from provision.engines.base import FileEdit
 from provision.errors import GpuprovError
 from provision.facts.distro_facts import read_distro
 from provision.options import Options
 from provision.plan import driver
+from provision.plan import runtime as runtime_host
 from provision.plan import steps as st
 from provision.plan.apply import check_plan
 from provision.plan.build import build_plan
 from provision.report import detect_host
 from tests import bundles
 from tests.bundles import small_bundle, tar_of
-from tests.conftest import DISTROS, H200, REPO, gpuprov_bin, make_host, needs, run_cli
+from tests.conftest import DISTROS, REPO, gpuprov_bin, make_host, needs, run_cli
 from tests.unit.test_golden_plans import LEGACY_GPU
 
 KERNEL = "6.1.0-27-amd64"
+
+
+class Configured:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def lines(self):
+        return [f"configured {self.engine}"]
+
+
+def _planned_ops(step: st.Step) -> list[tuple]:
+    """gpuprov's in-process operations the step's actions name, as the Recorder records them."""
+    ops = []
+    for a in step.actions:
+        if isinstance(a, st.InstallRuntime):
+            ops.append(("runtime install", a.prefix, a.driver_root))
+        elif isinstance(a, st.RefreshCdi):
+            ops.append(("cdi refresh", a.driver_root, True))
+        elif isinstance(a, st.ConfigureEngine):
+            ops.append(("engine configure", a.engine, {"config": a.config, "runtime_name": a.runtime_name,
+                                                       "runtime_path": a.runtime_path, "default": a.default,
+                                                       "cdi": a.cdi, "replace": a.replace}))
+    return ops
 
 
 class Recorder:
@@ -63,16 +92,19 @@ class Recorder:
             if "--log-uri" in argv:  # containerd's shim writes the container's output where ctr run says
                 log = Path(argv[argv.index("--log-uri") + 1].removeprefix("file://"))
                 log.parent.mkdir(parents=True, exist_ok=True)
-                log.write_text(f"{checkimage.OK_WORD}\n")
+                log.write_text(f"{validate.OK_WORD}\n")
             return effects.CommandResult(list(argv), 1 if failing else 0, "done\n", "done\n")
 
         monkeypatch.setattr(effects, "run", run)
-        def gpuprov(args):
-            self.argvs.append(("gpuprov", *args))
-            self.envs.append({})
-            return "done\n"
-
-        monkeypatch.setattr(st, "run_gpuprov", gpuprov)
+        # gpuprov's in-process operations touch the host where these functions do: recorded there, with the
+        # arguments the step's action passes (what it printed)
+        self.ops: list[tuple] = []
+        monkeypatch.setattr(runtime_host, "install", lambda prefix, driver_root: self.ops.append(
+            ("runtime install", prefix, driver_root)) or ({}, ["done"]))
+        monkeypatch.setattr(runtime_host, "refresh_cdi", lambda driver_root, install_units: self.ops.append(
+            ("cdi refresh", driver_root, install_units)) or ["done"])
+        monkeypatch.setattr(st, "configure", lambda engine, **kw: self.ops.append(("engine configure", engine, kw)) or
+                            Configured(engine))
         monkeypatch.setattr(effects, "spawn", lambda argv, log: self.argvs.append(tuple(argv)))
         def write(path, text, **kw):
             self.writes.append((str(path), text))
@@ -147,6 +179,8 @@ def test_printed_equals_executed(tmp_path, monkeypatch, distro, sysfs, opt):
     assert ran == expected
     assert ran == [a for s in steps for a in _printed_argvs(s)]
     assert rec.writes == [w for s in steps for w in _planned_writes(s)]
+    assert rec.ops == [o for s in steps for o in _planned_ops(s)]
+    assert {o[0] for o in rec.ops} >= {"runtime install", "engine configure"}
     # a command's output written to a file (the MOK password's hash) is 0600 from its first byte, never a backup
     for (path, _), kw in zip(rec.writes, rec.write_kw):
         if path == driver.MOK_HASH:
@@ -209,8 +243,8 @@ def test_json_and_check_list_every_actions_commands(tmp_path):
         f"DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a apt-get install -y --no-install-recommends --no-remove "
         f"{pkgs}", "dkms autoinstall -k 6.1.0-27-amd64", "dkms status -k 6.1.0-27-amd64"]
     assert checked["driver.packages"]["on_failure"][-1] == "dpkg --audit"
-    assert doc["validate"]["commands"][:2] == [f"docker image inspect {checkimage.IMAGE}",
-                                               f"docker import - {checkimage.IMAGE}"]
+    assert doc["validate"]["commands"][:2] == [f"docker image inspect {validate.IMAGE}",
+                                               f"docker import - {validate.IMAGE}"]
 
 
 def test_bundle_plan_writes_its_source_list_only_when_applied(tmp_path, monkeypatch):
@@ -354,18 +388,41 @@ def test_dry_run_and_check_of_a_bundle_leave_nothing(tmp_path):
     assert not kept.exists() and not any(scratch.iterdir())
 
 
-def test_gpuprov_steps_run_through_the_command_line(tmp_path, monkeypatch):
-    """A `gpuprov …` step runs the command line's own dispatch in this process: its output is captured (not mixed
-    into bootstrap's --json) and its domain error comes back with its own code."""
-    out = st.Command(("gpuprov", "detect", "--root", str(H200), "--json")).execute()
-    assert json.loads(out)["target"] == "ubuntu-24.04"
-    monkeypatch.setenv("GPUPROV_LOCK_DIR", str(tmp_path))  # never wait for a real run on this machine
-    bad = tmp_path / "daemon.json"
-    bad.write_text("{not json\n")
-    cmd = st.Command(("gpuprov", "engine", "configure", "docker", "--config", str(bad), "--runtime-path", "/x"))
-    with pytest.raises(GpuprovError) as e:
-        cmd.execute()
-    assert e.value.exit_code == 6 and bad.read_text() == "{not json\n"
+ENGINE_CONFIGS = {"docker": '{\n  "log-driver": "journald"\n}\n',
+                  "containerd": 'version = 2\n\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:3.9"\n'}
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINE_CONFIGS))
+@pytest.mark.parametrize("cdi", [False, True])
+def test_engine_config_writes_the_diff_it_prints(tmp_path, engine, cdi):
+    """Nothing stubbed: the engine.config step of a plan, its config an operator's file of this test's own (as for
+    an engine found with --config), is printed, then applied (the real configure: the adapter's merge, its check,
+    the write); the files on disk afterwards are exactly the FileEdits printed, compared as objects, and the printed
+    diff is the diff between the file before and after. No daemon reads this config: none is signalled."""
+    if engine == "containerd" and not shutil.which("containerd"):
+        pytest.skip("no containerd binary here: its adapter's plan asks it (config dump)")
+    root = make_host(tmp_path, "debian-12", "datacenter", kernel=KERNEL)
+    step = next(s for s in build_plan(detect_host(root, engines=False), Options(engine=engine, cdi=cdi))
+                if s.id == "engine.config")
+    (action,) = step.actions
+    config = tmp_path / "operator" / ("daemon.json" if engine == "docker" else "config.toml")
+    config.parent.mkdir()
+    config.write_text(ENGINE_CONFIGS[engine])
+    action = dataclasses.replace(action, config=str(config))
+    step = dataclasses.replace(step, actions=(action,), check=st.EngineConfigured(action))
+    before = {str(p): p.read_text() for p in config.parent.rglob("*") if p.is_file()}
+    printed, diffs = action.edits(Path("/")), step.diffs(Path("/"))
+    assert printed and not step.satisfied()
+    out = action.execute()  # what step.apply() runs (it reports the last line)
+    after = {str(p): p.read_text() for p in config.parent.rglob("*") if p.is_file() and ".bak" not in p.name
+             and not p.name.endswith("~")}
+    executed = [FileEdit(e.path, before.get(str(e.path)), after[str(e.path)]) for e in printed]
+    assert executed == printed
+    assert diffs == {str(e.path): effects.unified_diff(before.get(str(e.path)) or "", after[str(e.path)], str(e.path))
+                     for e in printed}
+    assert set(after) == set(before) | {str(e.path) for e in printed}  # nothing else written
+    assert "not signalled" in out or "not running" in out
+    assert step.satisfied() is (engine != "docker")  # the merge is done; dockerd would also have to list it
 
 
 def test_plan_never_hangs_on_a_fifo_under_the_root(tmp_path):

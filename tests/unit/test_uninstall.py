@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import provision.cli  # noqa: F401 - registers the command line's dispatch, as running `gpuprov` does
-from provision import checkimage, effects, paths, record
+from provision import effects, paths, record
 from provision.engines import containerd as ctd
+from provision.engines import validate
 from provision.engines.base import undo_text
 from provision.engines.configure import configure
 from provision.engines.crio import CrioEngine, render
@@ -209,7 +209,7 @@ def host(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPROV_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(tmp_path / "etc/gpuprov/runtime.json"))
     monkeypatch.setattr(un, "lock_dirs", lambda: (str(tmp_path / "lock"),))
-    monkeypatch.setattr(checkimage, "leftover_image_argvs", lambda: [])
+    monkeypatch.setattr(validate, "leftover_image_argvs", lambda: [])
     cfg = tmp_path / "daemon.json"
     original = json.dumps(OPERATOR, indent=2) + "\n"
     cfg.write_text(original)

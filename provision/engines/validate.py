@@ -1,6 +1,5 @@
-"""The check image, and the container bootstrap's last step (and `gpuprov verify`) start from it through the
-registered runtime: an image built locally out of the host's own files (no registry needed). Both plan and verify
-use it; it imports neither. docker imports the files as a root filesystem (`docker import`);
+"""The last bootstrap step: a container started through the registered runtime, from an image built locally out
+of the host's own files (no registry needed). docker imports the files as a root filesystem (`docker import`);
 containerd gets the same files as a one-layer OCI image archive (`ctr images import`) in gpuprov's own namespace, and
 runs it with gpuprov's runtime as runc (`ctr run --runc-binary`), the binary its `nvidia` handler names."""
 from __future__ import annotations
@@ -81,25 +80,6 @@ def ctr_run_argvs(runtime_path: str, gpu: bool, log: str = "") -> list[tuple[str
     if gpu:
         cmds.append(base + ("--env", GPU_ENV, CTR_IMAGE, CONTAINER, "nvidia-smi", "-L"))
     return cmds
-
-
-def import_argvs(image: str, engine: str = "docker") -> list[tuple[str, ...]]:
-    """What imports the image: docker's inspect (the import runs only when it fails) and import; containerd's
-    import in gpuprov's namespace (run every time: importing the same content again changes nothing)."""
-    if engine == "containerd":
-        return [(*CTR, "images", "import", "-")]
-    return [("docker", "image", "inspect", image), ("docker", "import", "-", image)]
-
-
-def import_image(image: str, binaries: tuple[str, ...] = BINARIES, engine: str = "docker") -> None:
-    """Run import_argvs: the image's files, taken from this host now, fed to the engine."""
-    if engine == "containerd":
-        (imp,) = import_argvs(image, engine)
-        effects.run(list(imp), input_text=oci_archive(build_image_tar(binaries), image))
-        return
-    inspect, imp = import_argvs(image, engine)
-    if effects.run(list(inspect), check=False).returncode != 0:
-        effects.run(list(imp), input_text=build_image_tar(binaries))
 
 
 def ldd_deps(binary: str) -> list[str]:
