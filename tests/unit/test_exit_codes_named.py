@@ -21,6 +21,6 @@ def test_interrupted_is_130(monkeypatch, capsys):
     def interrupted(argv):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "command_modules", interrupted)
+    monkeypatch.setattr(cli, "fast_path", interrupted)  # the first thing main does with the arguments
     assert cli.main(["detect"]) == errors.INTERRUPTED == 130
     assert capsys.readouterr().err.startswith("Error: interrupted")
