@@ -27,8 +27,6 @@ _NAME_KEYS = (
     ("io.kubernetes.container.name", "io.kubernetes.pod.name", "io.kubernetes.pod.namespace"),
 )
 _BUNDLE_ROOTS = ("/run/containerd/io.containerd.runtime.v2.task", "/run/docker/containerd/daemon/io.containerd.runtime.v2.task")
-# Engines gpuprov has no adapter for yet: (scope prefix, engine label); the adapters' own come from engines/.
-OTHER_PREFIXES = (("libpod-", "podman"),)
 
 
 @functools.cache
@@ -40,7 +38,7 @@ def _adapters() -> tuple:
 
 @functools.cache
 def _prefixes() -> tuple[tuple[str, str], ...]:
-    return tuple(p for e in _adapters() for p in e.cgroup_prefixes) + OTHER_PREFIXES
+    return tuple(p for e in _adapters() for p in e.cgroup_prefixes)
 
 
 @functools.cache
