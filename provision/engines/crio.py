@@ -136,6 +136,7 @@ class CrioEngine(dropin.DropinEngine):
     name = "crio"
     title = "CRI-O"
     default_config = DROPIN_DIR
+    main_config = MAIN
     dropin_name = DROPIN_NAME
     header = HEADER
     daemon_names = ("crio",)

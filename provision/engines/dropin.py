@@ -14,9 +14,13 @@ from provision.errors import ConfigInvalid
 from provision.facts.rootfs import under
 
 
-def config_path(config: str | None, directory: str, name: str) -> Path:
-    """--config names the drop-in file, or the drop-in directory (then gpuprov's file `name` goes in it)."""
+def config_path(config: str | None, directory: str, name: str, main: str = "") -> Path:
+    """--config names the drop-in file, or the drop-in directory (then gpuprov's file `name` goes in it), or the
+    engine's main file `main` (by its name: the one detect reports, and an adopted engine's config): then gpuprov's
+    file goes in the drop-in directory beside it (`main`.d), never into the operator's file."""
     p = Path(config or directory)
+    if main and p.name == Path(main).name:
+        p = p.with_name(p.name + ".d")
     return p / name if p.is_dir() or p.name.endswith(".d") else p
 
 
@@ -58,14 +62,16 @@ def unplan(path: Path, root: Path, header: str, *, reload: bool) -> EnginePlan:
 
 
 class DropinEngine(Engine):
-    """An adapter whose whole configuration is gpuprov's own drop-in: `default_config` is the drop-in directory,
-    `dropin_name` gpuprov's file in it, `header` its first comment lines (what marks it gpuprov's)."""
+    """An adapter whose whole configuration is gpuprov's own drop-in: `default_config` is the drop-in directory or
+    the engine's main file `main_config` (the drop-in directory is beside it: `main_config`.d), `dropin_name`
+    gpuprov's file in that directory, `header` its first comment lines (what marks it gpuprov's)."""
     dropin_name: ClassVar[str]
     header: ClassVar[str]
+    main_config: ClassVar[str]  # the engine's own main file: never written, a --config naming it means its .d
     undo_reload: ClassVar[bool] = False  # True: taking the file out needs no restart (the engine reads it each time)
 
     def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
-        return config_path(config, self.default_config, self.dropin_name)
+        return config_path(config, self.default_config, self.dropin_name, self.main_config)
 
     def unplan(self, path: Path, entry: dict | None, *, root: Path = Path("/")) -> EnginePlan:
         """gpuprov's drop-in removed, when it is gpuprov's (its header); the operator's files are never edited."""

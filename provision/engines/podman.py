@@ -143,7 +143,8 @@ class PodmanEngine(dropin.DropinEngine):
     """Podman: installed from the distribution (or kept), no daemon to start; GPUs through CDI."""
     name = "podman"
     title = "Podman"
-    default_config = DROPIN_DIR
+    default_config = MAIN  # what detect reports and Podman reads; gpuprov's drop-in goes beside it
+    main_config = MAIN
     dropin_name = DROPIN_NAME
     header = HEADER
     undo_reload = True  # no daemon: the next podman command reads the files

@@ -149,3 +149,16 @@ def test_podman_is_not_in_dockers_repository():
     r = run_cli("plan", "--root", str(H200), "--engine", "podman", "--engine-source", "docker-ce", "--driver", "skip")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Podman comes from the distribution" \
         in r.stderr, r.stderr
+
+
+def test_config_naming_the_main_file_means_the_dropin_beside_it(tmp_path):
+    """An adopted Podman's config is the one detect reports, containers.conf: gpuprov's drop-in goes in the
+    containers.conf.d beside it, and the operator's file keeps every byte (seen: bootstrap run again on an adopted
+    podman overwrote containers.conf with the drop-in's text before this)."""
+    d = tree(tmp_path, main='[engine]\ncgroup_manager = "cgroupfs"\n')
+    before = (d.parent / "containers.conf").read_bytes()
+    res = configure("podman", config=str(d.parent / "containers.conf"), runtime_path=RT)
+    assert res.changed and res.path == str(d / "99-gpuprov.conf")
+    assert (d.parent / "containers.conf").read_bytes() == before
+    assert podman.PodmanEngine().config_path(None, RuntimeRequest("nvidia", RT)) == \
+        Path("/etc/containers/containers.conf.d/99-gpuprov.conf")
