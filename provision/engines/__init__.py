@@ -10,7 +10,8 @@ from provision.engines.docker import DockerEngine
 from provision.engines.podman import PodmanEngine
 from provision.errors import UsageError
 
-ADAPTERS: tuple[type[Engine], ...] = (DockerEngine, ContainerdEngine, CrioEngine, PodmanEngine)  # a new engine: one line here
+# a new engine: one line here
+ADAPTERS: tuple[type[Engine], ...] = (DockerEngine, ContainerdEngine, CrioEngine, PodmanEngine)
 
 
 def names() -> tuple[str, ...]:

@@ -22,19 +22,8 @@ from pathlib import Path
 import tomlkit
 
 from provision import effects
-from provision.engines import dropin, validate
-from provision.engines.base import (
-    Change,
-    ContainerRun,
-    Daemon,
-    EnginePlan,
-    FileEdit,
-    ImageImport,
-    Run,
-    RuntimeRequest,
-    Validation,
-    same_file,
-)
+from provision.engines import base, dropin, validate
+from provision.engines.base import Change, Daemon, EnginePlan, FileEdit, RuntimeRequest, same_file
 from provision.errors import RuntimeConflict, UsageError
 
 VENDOR = "/usr/share/containers/containers.conf"  # the package's defaults
@@ -161,23 +150,25 @@ class PodmanEngine(dropin.DropinEngine):
         # uidmap: newuidmap/newgidmap, for rootless users
         return ("podman", "uidmap") if target.family == "debian" else ("podman",)
 
-    def validation(self, runtime_name: str, runtime_path: str, gpu: bool) -> Validation:
+    def validation(self, runtime_name: str, runtime_path: str, gpu: bool) -> base.Validation:
         """The image imported from this host's files when missing; the engine's own OCI runtime, the GPUs through
         CDI (the spec bootstrap's cdi.spec step wrote)."""
-        image = ImageImport(validate.IMAGE, ("podman", "import", "-", validate.IMAGE),
+        image = base.ImageImport(validate.IMAGE, ("podman", "import", "-", validate.IMAGE),
                             present=("podman", "image", "exists", validate.IMAGE))
         runs = [run_argv(validate.IMAGE, ("sh", "-c", f"echo {validate.OK_WORD}"))]
         if gpu:
             runs.append(run_argv(validate.IMAGE, ("nvidia-smi", "-L"), gpu="all"))
-        return Validation(image, tuple(ContainerRun(a) for a in runs), route="through CDI (podman's own OCI runtime)")
+        return base.Validation(image, tuple(base.ContainerRun(a) for a in runs),
+                               route="through CDI (podman's own OCI runtime)")
 
     # --- gpuprov verify on a node -------------------------------------------------------------------------------
 
-    def node_probe(self, run: Run) -> str | None:
+    def node_probe(self, run: base.Run) -> str | None:
         rc, out, _ = run(list(INFO))
         return out.strip() if rc == 0 else None
 
-    def node_runtime(self, run: Run, probe: object, name: str, runtime_path: str) -> tuple[str | None, str | None]:
+    def node_runtime(self, run: base.Run, probe: object, name: str,
+                     runtime_path: str) -> tuple[str | None, str | None]:
         rc, out, _ = run(["cat", dropin_path()])
         path = registered(out, name) if rc == 0 else None
         if path is None:

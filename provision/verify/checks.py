@@ -4,10 +4,10 @@ a failure says what is wrong on that host in one line.
 The engine is the first whose daemon answers on the node, in the adapters' order (engines.ADAPTERS: dockerd's
 `docker info`, else containerd's `ctr version`, else `podman info`, which has no daemon); what is asked of it is its
 adapter's (node_probe, node_runtime, check_container_argv, check_route, prepare_check_image, cri_handler). Podman's
-check containers get the GPU through CDI (`--device nvidia.com/gpu=all`). Container checks never reach a registry: the check image
-is built on the node from its own files (`gpuprov verify --prepare`, the same image bootstrap's validation step
-imports), docker runs it with `--pull never`, containerd runs it as a plain rootfs (`ctr run --rootfs`) through the
-runtime binary (`--runc-binary`)."""
+check containers get the GPU through CDI (`--device nvidia.com/gpu=all`). Container checks never reach a registry:
+the check image is built on the node from its own files (`gpuprov verify --prepare`, the same image bootstrap's
+validation step imports), docker runs it with `--pull never`, containerd runs it as a plain rootfs (`ctr run
+--rootfs`) through the runtime binary (`--runc-binary`)."""
 from __future__ import annotations
 
 import json
