@@ -251,7 +251,7 @@ class Engine(ABC):
 
     def prepare_check_image(self, rootfs: str) -> None:
         """On this host: verify's check image, from this host's own files (no registry)."""
-        raise UsageError(f"gpuprov verify has no check image for {self.name}: --prepare takes docker or containerd")
+        raise UsageError(f"gpuprov verify has no check image for {self.name}: --prepare takes docker, containerd or podman")
 
     def cri_handler(self, run: Run, has_command: Callable[[str], bool], name: str) -> tuple[str, str] | None:
         """A CRI engine's handler `name` on the node: ("pass"|"fail", detail), None when this engine is not there."""

@@ -5,6 +5,7 @@ The container ID comes from the process's cgroup (`/proc/<pid>/cgroup`), whateve
   docker      /docker/<id>                         system.slice/docker-<id>.scope
   containerd  /kubepods/<qos>/pod<uid>/<id>         kubepods-….slice/cri-containerd-<id>.scope   /<ns>/<id> (ctr)
   CRI-O       /kubepods/…/crio-<id>                 crio-<id>.scope
+  Podman      /libpod_parent/libpod-<id>            machine.slice/libpod-<id>.scope (rootless: user.slice/…)
   runc alone  /<id>
 Names come from the container's OCI config (bundle `config.json`), whose annotations the CRI engines fill in
 (containerd: io.kubernetes.cri.*, CRI-O: io.kubernetes.*), or from Docker's own record (its labels carry the same
@@ -57,7 +58,7 @@ _SHIMS = ("containerd-shim", "conmon")
 @dataclass(frozen=True)
 class ContainerRef:
     id: str  # full ID as the engine knows it
-    engine: str  # docker | containerd | cri-o | runc
+    engine: str  # docker | containerd | cri-o | podman | runc
     container: str = ""  # Kubernetes container name, or the engine's name for the container
     pod: str = ""
     namespace: str = ""
