@@ -154,7 +154,7 @@ class PodmanEngine(dropin.DropinEngine):
         """The image imported from this host's files when missing; the engine's own OCI runtime, the GPUs through
         CDI (the spec bootstrap's cdi.spec step wrote)."""
         image = base.ImageImport(validate.IMAGE, ("podman", "import", "-", validate.IMAGE),
-                            present=("podman", "image", "exists", validate.IMAGE))
+                                 present=("podman", "image", "exists", validate.IMAGE))
         runs = [run_argv(validate.IMAGE, ("sh", "-c", f"echo {validate.OK_WORD}"))]
         if gpu:
             runs.append(run_argv(validate.IMAGE, ("nvidia-smi", "-L"), gpu="all"))
