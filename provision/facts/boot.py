@@ -23,8 +23,11 @@ from provision.versions import release_key
 
 GRUB_CFG = "/boot/grub/grub.cfg"
 GRUBENV = "/boot/grub/grubenv"
-# The main module of every packaging: nvidia, nvidia-current[-open] (Debian), nvidia-tesla-470 …; not its helpers.
-HELPER_MODULES = ("-uvm", "-modeset", "-drm", "-peermem", "-vgpu-vfio")
+# The main module of every packaging, by its file's stem: nvidia (NVIDIA's .run installer, Ubuntu's and ELRepo's
+# packages), nvidia-current[-open], nvidia-tesla-470, nvidia-legacy-390xx (Debian). Not its helpers (-uvm, -drm …)
+# and not the kernel's own modules that share the prefix (nvidiafb, nvidia-wmi-ec-backlight: every Debian kernel
+# has them, so a prefix match saw a module on a kernel that had none).
+MAIN_MODULE_RE = re.compile(r"^nvidia(?:-current|-tesla-\d+|-legacy-\d+xx)?(?:-open)?$")
 DEP_NVIDIA = re.compile(r"^([^:\n]*/nvidia[^/:\n]*\.ko[^/:\n]*):", re.M)  # a modules.dep line's nvidia* module
 MODULE_DIRS = ("updates", "extra", "kernel/drivers/video", "kernel")  # without modules.dep: where modules land
 
@@ -163,8 +166,7 @@ def next_boot_kernel(root: Path) -> tuple[str | None, str]:
 
 
 def _is_main_module(name: str) -> bool:
-    stem = name.split(".ko", 1)[0]
-    return stem.startswith("nvidia") and ".ko" in name and not stem.endswith(HELPER_MODULES)
+    return ".ko" in name and MAIN_MODULE_RE.match(name.split(".ko", 1)[0]) is not None
 
 
 def nvidia_module(root: Path, kernel: str) -> str | None:

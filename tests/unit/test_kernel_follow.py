@@ -103,6 +103,14 @@ def test_module_by_modules_dep_and_its_file(tmp_path):
     assert nvidia_module(root, OLD) is None
     _module(root, OLD, "updates/dkms/nvidia-current-uvm.ko")  # a helper module alone is no driver
     assert nvidia_module(root, OLD) is None
+    # nor are the kernel's own modules that share the prefix: every Debian kernel has these (a real 6.1.0-56 with
+    # no NVIDIA driver built was called served by nvidia-wmi-ec-backlight.ko)
+    bare = _kernels(tmp_path / "bare", OLD)  # the same without modules.dep (the directory walk)
+    for own in ("kernel/drivers/platform/x86/nvidia-wmi-ec-backlight.ko",
+                "kernel/drivers/video/fbdev/nvidia/nvidiafb.ko", "kernel/nvidia-wmi/nvidia-wmi-ec-backlight.ko"):
+        _module(root, OLD, own)
+        _module(bare, OLD, own, dep=False)
+    assert nvidia_module(root, OLD) is None and nvidia_module(bare, OLD) is None
     _module(root, OLD)
     assert nvidia_module(root, OLD) == f"/lib/modules/{OLD}/updates/dkms/nvidia-current-open.ko"
     (root / f"lib/modules/{OLD}/updates/dkms/nvidia-current-open.ko").unlink()  # removed by hand, depmod not run
