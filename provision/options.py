@@ -29,6 +29,7 @@ class DriverSource(str, Enum):
 class Engine(str, Enum):
     DOCKER = "docker"
     CONTAINERD = "containerd"
+    PODMAN = "podman"
     NONE = "none"
 
 

@@ -1,4 +1,4 @@
-"""`gpuprov engine configure docker|containerd|crio`."""
+"""`gpuprov engine configure docker|containerd|crio|podman`."""
 from __future__ import annotations
 
 import os
@@ -26,7 +26,7 @@ def default_runtime_path() -> str:
 
 @engine_app.command("configure")
 def configure_cmd(
-    engine: str = typer.Argument(..., help="docker | containerd | crio"),
+    engine: str = typer.Argument(..., help="docker | containerd | crio | podman"),
     config: Optional[str] = typer.Option(None, "--config", callback=rule("path"),
                                          help="Config file (default: the engine's own)."),
     runtime_name: str = typer.Option("nvidia", "--runtime-name", callback=rule("runtime_name"),

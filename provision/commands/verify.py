@@ -14,7 +14,8 @@ from provision.verify.checks import LocalHost, prepare_image, run_checks
 def verify_cmd(json_out: bool = typer.Option(False, "--json"),
                prepare: Optional[str] = typer.Option(None, "--prepare", hidden=True,
                                                      help="Only build the check image for ENGINE (docker | "
-                                                     "containerd) from this host's files (the fleet suite uses it).")
+                                                     "containerd | podman) from this host's files (the fleet suite "
+                                                     "uses it).")
                ) -> None:
     """Driver loaded, versions coherent, engine running, runtime registered, containers (GPU where present).
     Nothing is pulled: the check image is built from this host's own files."""

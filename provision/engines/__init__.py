@@ -7,9 +7,11 @@ from provision.engines.base import Engine
 from provision.engines.containerd import ContainerdEngine
 from provision.engines.crio import CrioEngine
 from provision.engines.docker import DockerEngine
+from provision.engines.podman import PodmanEngine
 from provision.errors import UsageError
 
-ADAPTERS: tuple[type[Engine], ...] = (DockerEngine, ContainerdEngine, CrioEngine)  # a new engine: one line here
+# a new engine: one line here
+ADAPTERS: tuple[type[Engine], ...] = (DockerEngine, ContainerdEngine, CrioEngine, PodmanEngine)
 
 
 def names() -> tuple[str, ...]:

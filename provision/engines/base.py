@@ -22,9 +22,10 @@ Adding an engine (podman, …) = one module here with a subclass of Engine, and 
   for people), `pending_restart` (optional), `verify` (does the live daemon list the runtime; optional),
   `lists_runtimes` + `listed_runtimes` (an engine that lists its runtimes: the plan's check asks it too);
 - installing and starting it: `unit`, `ready_argv`, `packages`, `default_source` (bootstrap offers the engines
-  options.Engine lists: offering a new one is a line there too);
+  options.Engine lists: offering a new one is a line there too), `gpus_through_cdi` (an engine whose containers
+  get GPUs through CDI, not a runtime of gpuprov's: bootstrap writes the CDI spec and leaves its default runtime);
 - bootstrap's validation container: `validation` (image import, commands, containers through the runtime);
-- `gpuprov verify` on a node: `node_probe`, `node_runtime`, `check_container_argv`, `check_log`,
+- `gpuprov verify` on a node: `node_probe`, `node_runtime`, `check_container_argv`, `check_log`, `check_route`,
   `prepare_check_image`, and for a CRI engine `serves_cri` + `cri_handler`;
 - k8s and metrics: `has_cdi`, `cgroup_prefixes`, `cgroup_parents`, `container_store` + `stored_container`.
 The identity, `plan`, `unplan`, `daemon_config` and `apply` are required; everything else has a default that means
@@ -179,6 +180,7 @@ class Validation:
     image: ImageImport
     runs: tuple[ContainerRun, ...]
     where: str = ""  # appended to the step's title, e.g. " (containerd, namespace gpuprov)"
+    route: str = "through the runtime"  # how its containers get the GPU, in the step's title
 
 
 Run = Callable[[list], "tuple[int, str, str]"]  # a node's command runner (verify: local, or testinfra's host)
@@ -200,6 +202,7 @@ class Engine(ABC):
     cgroup_prefixes: ClassVar[tuple[tuple[str, str], ...]] = ()  # (scope prefix, engine label) in /proc/PID/cgroup
     cgroup_parents: ClassVar[tuple[str, ...]] = ()  # cgroup directories whose children are this engine's containers
     container_store: ClassVar[str | None] = None  # where it keeps its containers' names and labels (stored_container)
+    gpus_through_cdi: ClassVar[bool] = False  # its containers get GPUs through CDI (--device), not gpuprov's runtime
 
     @property
     def daemon(self) -> str:
@@ -242,9 +245,13 @@ class Engine(ABC):
         """The command that starts verify's check container through the runtime, never pulling anything."""
         raise UsageError(f"gpuprov verify has no check container for {self.name}")
 
+    def check_route(self) -> str:
+        """How verify's check containers start (and get the GPU), for people."""
+        return f"runtime nvidia ({self.name})"
+
     def prepare_check_image(self, rootfs: str) -> None:
         """On this host: verify's check image, from this host's own files (no registry)."""
-        raise UsageError(f"gpuprov verify has no check image for {self.name}: --prepare takes docker or containerd")
+        raise UsageError(f"gpuprov verify has no check image for {self.name}: --prepare takes docker, containerd or podman")
 
     def cri_handler(self, run: Run, has_command: Callable[[str], bool], name: str) -> tuple[str, str] | None:
         """A CRI engine's handler `name` on the node: ("pass"|"fail", detail), None when this engine is not there."""

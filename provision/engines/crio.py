@@ -18,20 +18,17 @@ from pathlib import Path
 import tomlkit
 
 from provision import effects
-from provision.engines import cri as cri_names
+from provision.engines import dropin
 from provision.engines.base import (
     Change,
     Daemon,
-    Engine,
     EnginePlan,
     FileEdit,
     RuntimeRequest,
     flag_value,
-    read_config,
     same_file,
 )
-from provision.errors import ConfigInvalid, RuntimeConflict
-from provision.facts.rootfs import under
+from provision.errors import RuntimeConflict
 
 MAIN = "/etc/crio/crio.conf"
 DROPIN_DIR = "/etc/crio/crio.conf.d"
@@ -50,10 +47,7 @@ def dropin_path(runtime_name: str = "nvidia") -> str:
 
 
 def render(*, runtime_name: str = "nvidia", runtime_path: str, default: bool = False, cdi: bool = False) -> str:
-    cri_names.validate(runtime_name, runtime_path)
-    doc = tomlkit.document()
-    for line in HEADER.splitlines():
-        doc.add(tomlkit.comment(line))
+    doc = dropin.document(HEADER, RuntimeRequest(runtime_name, runtime_path))
     runtime = tomlkit.table()
     if default:
         runtime["default_runtime"] = runtime_name
@@ -66,13 +60,7 @@ def render(*, runtime_name: str = "nvidia", runtime_path: str, default: bool = F
     return tomlkit.dumps(doc)
 
 
-def _load(path: Path) -> dict:
-    text = read_config(path)
-    try:
-        return tomlkit.parse(text or "").unwrap()
-    except Exception as exc:  # tomlkit's ParseError subclasses (duplicate keys included)
-        raise ConfigInvalid(f"{path} is not valid TOML ({exc}); fix it, then run again (nothing was "
-                            "changed)") from None
+_load = dropin.load
 
 
 def operator_files(dropin: Path) -> list[Path]:
@@ -143,11 +131,14 @@ def conflicts(dropin: Path, req: RuntimeRequest) -> None:
                                   "leaves it; drop --default, or add --replace-runtime (nothing was changed)")
 
 
-class CrioEngine(Engine):
+class CrioEngine(dropin.DropinEngine):
     """CRI-O: configured on an existing Kubernetes node (its drop-in), never installed or started by gpuprov."""
     name = "crio"
     title = "CRI-O"
     default_config = DROPIN_DIR
+    main_config = MAIN
+    dropin_name = DROPIN_NAME
+    header = HEADER
     daemon_names = ("crio",)
     unit = "crio"
     serves_cri = True
@@ -163,16 +154,8 @@ class CrioEngine(Engine):
     def has_cdi(self) -> bool:
         return True  # CRI-O always applies CDI devices
 
-    def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
-        """--config names the drop-in file, or the drop-in directory (then gpuprov's file goes in it)."""
-        p = Path(config or DROPIN_DIR)
-        return p / DROPIN_NAME if p.is_dir() or p.name.endswith(".d") else p
-
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
-        cri_names.validate(req.name, req.path)
-        old = read_config(path)
-        if old is not None:
-            _load(path)  # ours, but edited by hand into something CRI-O cannot read: refuse, untouched
+        old = dropin.read_ours(path, req)
         text = render(runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi)
         late = overridden(path, tomlkit.parse(text).unwrap(), req)
         if late:
@@ -203,13 +186,6 @@ class CrioEngine(Engine):
 
     def daemon_config(self, argv: list[str]) -> str:
         return flag_value(argv, ("--config-dir", "-d")) or DROPIN_DIR
-
-    def unplan(self, path: Path, entry: dict | None, *, root: Path = Path("/")) -> EnginePlan:
-        """gpuprov's drop-in removed, when it is gpuprov's (its header); the operator's files are never edited."""
-        text = read_config(under(root, str(path)))
-        if text is None or not text.startswith("# " + HEADER.splitlines()[0]):
-            return EnginePlan([], [])
-        return EnginePlan([], [Change(str(path), "removed", reload=False)], removals=[path])
 
     def apply_how(self, restart: bool) -> str:
         return "systemctl restart crio (it reads its drop-ins only at start)"

@@ -46,14 +46,16 @@ def run_argvs(runtime: str, gpu: bool) -> list[tuple[str, ...]]:
 
 def leftover_image_argvs() -> list[tuple[tuple[str, ...], bool]]:
     """(argv, may fail) removing every gpuprov validation image (any gpuprov version's tag) from each engine that
-    answers now: docker's, then containerd's in gpuprov's namespace with the namespace itself (the operator's
-    namespaces are never touched). For `gpuprov uninstall`; reads only."""
+    answers now: Podman's (rootful store) and docker's, then containerd's in gpuprov's namespace with the namespace
+    itself (the operator's namespaces, and rootless users' Podman stores, are never touched). For `gpuprov
+    uninstall`; reads only."""
     out: list[tuple[tuple[str, ...], bool]] = []
-    r = effects.try_run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", IMAGE.split(":")[0]],
-                        timeout=20)
-    tags = sorted(set(r.stdout.split())) if r and r.returncode == 0 else []
-    if tags:
-        out.append((("docker", "image", "rm", *tags), False))
+    for client in ("podman", "docker"):
+        r = effects.try_run([client, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", IMAGE.split(":")[0]],
+                            timeout=30)
+        tags = sorted(set(r.stdout.split())) if r and r.returncode == 0 else []
+        if tags:
+            out.append(((client, "image", "rm", *tags), False))
     r = effects.try_run(["ctr", "namespaces", "ls", "-q"], timeout=20)
     if r and r.returncode == 0 and CTR_NAMESPACE in r.stdout.split():
         r = effects.try_run([*CTR, "images", "ls", "-q"], timeout=20)

@@ -96,7 +96,8 @@ ENGINES = (
     EngineSpec("containerd", "containerd", "/etc/containerd/config.toml", ("--version",), ("--config", "-c"),
                (Origin("containerd.io", "docker-ce", "containerd.io (Docker CE)"),
                 Origin("containerd", "distro", "containerd")), "containerd", read=_containerd_toml, imports=True),
-    EngineSpec("podman", "podman", "/etc/containers/containers.conf", ("--version",)),
+    EngineSpec("podman", "podman", "/etc/containers/containers.conf", ("--version",),
+               packages=(Origin("podman", "distro", "Podman"),)),  # no daemon, no unit
     EngineSpec("cri-o", "crio", "/etc/crio/crio.conf", ("--version",), ("--config", "-c"),
                (Origin("cri-o", "distro", "CRI-O"),), "crio", read=_crio_toml),
 )

@@ -5,6 +5,7 @@ The container ID comes from the process's cgroup (`/proc/<pid>/cgroup`), whateve
   docker      /docker/<id>                         system.slice/docker-<id>.scope
   containerd  /kubepods/<qos>/pod<uid>/<id>         kubepods-….slice/cri-containerd-<id>.scope   /<ns>/<id> (ctr)
   CRI-O       /kubepods/…/crio-<id>                 crio-<id>.scope
+  Podman      /libpod_parent/libpod-<id>            machine.slice/libpod-<id>.scope (rootless: user.slice/…)
   runc alone  /<id>
 Names come from the container's OCI config (bundle `config.json`), whose annotations the CRI engines fill in
 (containerd: io.kubernetes.cri.*, CRI-O: io.kubernetes.*), or from Docker's own record (its labels carry the same
@@ -27,8 +28,6 @@ _NAME_KEYS = (
     ("io.kubernetes.container.name", "io.kubernetes.pod.name", "io.kubernetes.pod.namespace"),
 )
 _BUNDLE_ROOTS = ("/run/containerd/io.containerd.runtime.v2.task", "/run/docker/containerd/daemon/io.containerd.runtime.v2.task")
-# Engines gpuprov has no adapter for yet: (scope prefix, engine label); the adapters' own come from engines/.
-OTHER_PREFIXES = (("libpod-", "podman"),)
 
 
 @functools.cache
@@ -40,7 +39,7 @@ def _adapters() -> tuple:
 
 @functools.cache
 def _prefixes() -> tuple[tuple[str, str], ...]:
-    return tuple(p for e in _adapters() for p in e.cgroup_prefixes) + OTHER_PREFIXES
+    return tuple(p for e in _adapters() for p in e.cgroup_prefixes)
 
 
 @functools.cache
@@ -59,7 +58,7 @@ _SHIMS = ("containerd-shim", "conmon")
 @dataclass(frozen=True)
 class ContainerRef:
     id: str  # full ID as the engine knows it
-    engine: str  # docker | containerd | cri-o | runc
+    engine: str  # docker | containerd | cri-o | podman | runc
     container: str = ""  # Kubernetes container name, or the engine's name for the container
     pod: str = ""
     namespace: str = ""

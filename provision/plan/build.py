@@ -106,7 +106,7 @@ def service_steps(report: HostReport, target: Target, opt: Options) -> list[Step
     """The engine's daemon started (and enabled at boot) once its runtime is configured; without systemd the
     daemon in the background, so a host without an init still gets a daemon to validate against."""
     eng = adapter(opt)
-    if eng is None:
+    if eng is None or eng.unit is None:  # no engine, or one without a daemon (each command is the engine)
         return []
     found = adopted(report, opt)
     if found and not found.unit:  # static binaries: no unit to start them with, and their flags are the operator's
@@ -128,16 +128,18 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                   "Install gpuprov-runtime (+ --gpus hook) and its discovery cache",
                   actions=(InstallRuntime(droot),), check=RuntimeInstalled(droot))]
     eng = adapter(opt)
+    cdi = opt.cdi or bool(eng and eng.gpus_through_cdi)  # an engine whose GPUs come through CDI needs the spec
     if eng is not None:
         found = adopted(report, opt)
         config = found.config if found and found.config != eng.default_config else None
-        action = ConfigureEngine(opt.engine, opt.runtime_name, RUNTIME_PATH, opt.default_runtime, opt.cdi,
-                                 opt.replace_runtime, config)
+        default = opt.default_runtime and not eng.gpus_through_cdi  # its own OCI runtime stays its default
+        action = ConfigureEngine(opt.engine, opt.runtime_name, RUNTIME_PATH, default, opt.cdi, opt.replace_runtime,
+                                 config)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
                           actions=(action,), check=EngineConfigured(action)))
-    if opt.cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
+    if cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
                           actions=(RefreshCdi(droot),), check=SpecCurrent(droot)))
     return steps
@@ -155,7 +157,7 @@ def validate_steps(report: HostReport, target: Target, opt: Options, runtime_pat
     actions = (ImportImage(val.image, validate.BINARIES),
                *(RunContainer(r.argv, r.log, r.expect) if r.log else Command(r.argv, may_fail=r.may_fail)
                  for r in val.runs))
-    return [Step("validate", Stage.VALIDATE, "Start a validation container through the runtime"
+    return [Step("validate", Stage.VALIDATE, f"Start a validation container {val.route}"
                  + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)") + val.where,
                  actions=actions, check=Never("always runs: it proves the node works"), verify_only=True,
                  notes=() if has_gpu else ("no GPU on this host: checked a plain container",))]

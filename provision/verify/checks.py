@@ -2,11 +2,12 @@
 a failure says what is wrong on that host in one line.
 
 The engine is the first whose daemon answers on the node, in the adapters' order (engines.ADAPTERS: dockerd's
-`docker info`, else containerd's `ctr version`); what is asked of it is its adapter's (node_probe, node_runtime,
-check_container_argv, prepare_check_image, cri_handler). Container checks never reach a registry: the check image
-is built on the node from its own files (`gpuprov verify --prepare`, the same image bootstrap's validation step
-imports), docker runs it with `--pull never`, containerd runs it as a plain rootfs (`ctr run --rootfs`) through the
-runtime binary (`--runc-binary`)."""
+`docker info`, else containerd's `ctr version`, else `podman info`, which has no daemon); what is asked of it is its
+adapter's (node_probe, node_runtime, check_container_argv, check_route, prepare_check_image, cri_handler). Podman's
+check containers get the GPU through CDI (`--device nvidia.com/gpu=all`). Container checks never reach a registry:
+the check image is built on the node from its own files (`gpuprov verify --prepare`, the same image bootstrap's
+validation step imports), docker runs it with `--pull never`, containerd runs it as a plain rootfs (`ctr run
+--rootfs`) through the runtime binary (`--runc-binary`)."""
 from __future__ import annotations
 
 import json
@@ -192,8 +193,9 @@ def next_boot_module(h: NodeHost) -> CheckResult:
 
 def engine_running(h: NodeHost) -> CheckResult:
     if h.engine is None:
-        return CheckResult("engine running", "fail", "neither `docker info` nor `ctr version` reaches a daemon: "
-                           "the engine is not running or not installed (gpuprov bootstrap starts it)")
+        return CheckResult("engine running", "fail", "neither `docker info` nor `ctr version` reaches a daemon, and "
+                           "`podman info` fails: the engine is not running or not installed (gpuprov bootstrap "
+                           "starts it)")
     return CheckResult("engine running", "pass", f"{h.engine.daemon} answers")
 
 
@@ -226,7 +228,7 @@ def _container(h: NodeHost, name: str, env: dict[str, str], argv: list[str]) -> 
         h.run(["rm", "-f", log])
     if rc != 0:
         last = (err or out).strip().splitlines()
-        return CheckResult(name, "fail", f"a container through runtime nvidia ({h.engine.name}) failed: "
+        return CheckResult(name, "fail", f"a container through {h.engine.check_route()} failed: "
                            f"{last[-1] if last else f'exit {rc}'}"), out
     return None, out
 
@@ -238,7 +240,7 @@ def plain_container(h: NodeHost) -> CheckResult:
         return bad
     if OK_WORD not in out:
         return CheckResult(name, "fail", f"the container ran but printed {out.strip()[-100:]!r}")
-    return CheckResult(name, "pass", f"a plain container starts through runtime nvidia ({h.engine.name})")
+    return CheckResult(name, "pass", f"a plain container starts through {h.engine.check_route()}")
 
 
 def gpu_container(h: NodeHost) -> CheckResult:

@@ -37,6 +37,8 @@ def test_fixed_name_in_the_dropin_dir(tmp_path):
     assert crio.dropin_path("anything") == "/etc/crio/crio.conf.d/99-gpuprov.conf"
     assert eng.config_path(str(tmp_path / "new/crio.conf.d"), None) == tmp_path / "new/crio.conf.d/99-gpuprov.conf"
     assert eng.config_path(str(tmp_path / "mine.conf"), None) == tmp_path / "mine.conf"
+    # crio.conf itself (what detect reports, and a daemon's --config) is the operator's: the drop-in goes beside it
+    assert eng.config_path(str(tmp_path / "crio.conf"), None) == tmp_path / "crio.conf.d/99-gpuprov.conf"
 
 
 @pytest.mark.parametrize("name,path", [('nv"idia', RT), ("../../../etc/cron.d/x", RT), ("a/b", RT), ("..", RT),

@@ -82,6 +82,27 @@ def test_golden_containerd_on_debian(tmp_path):
         '+config_path = "/etc/containerd/certs.d"' in dropin
 
 
+PODMAN_CONF = {"/etc/containers/containers.conf": '[engine]\ncgroup_manager = "cgroupfs"\n\n[engine.runtimes]\n'
+                                                   'kata = ["/opt/kata/bin/kata-runtime"]\n'}
+
+
+def test_golden_podman_on_debian(tmp_path):
+    doc = plan_doc(tmp_path, "debian-12", "datacenter", Options(engine="podman"), PODMAN_CONF)
+    path = GOLDEN / "debian-12-podman.json"
+    if os.environ.get("GPUPROV_UPDATE_GOLDEN"):
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    assert doc == json.loads(path.read_text())
+    by_id = {s["id"]: s for s in doc["steps"]}
+    assert "engine.service" not in by_id and any("podman uidmap" in a for a in by_id["engine.packages"]["actions"])
+    assert "+nvidia = [\"/usr/local/bin/gpuprov-runtime\"]" in \
+        by_id["engine.config"]["files"]["/etc/containers/containers.conf.d/99-gpuprov.conf"]
+    # the host tree's own containers.conf is the one read: its runtime `nvidia` elsewhere is the operator's (14)
+    theirs = {"/etc/containers/containers.conf": '[engine.runtimes]\nnvidia = ["/opt/theirs/runtime"]\n'}
+    with pytest.raises(GpuprovError) as e:  # (raised by the plan's preview of the drop-in, as `plan --root` shows it)
+        plan_doc(tmp_path / "theirs", "debian-12", "datacenter", Options(engine="podman"), theirs)
+    assert e.value.exit_code == 14 and "/opt/theirs/runtime" in str(e.value)
+
+
 def test_golden_docker_ce_on_debian(tmp_path):
     doc = plan_doc(tmp_path, "debian-12", "none", Options(engine_source="docker-ce"))
     repo = next(s for s in doc["steps"] if s["id"] == "engine.repo")

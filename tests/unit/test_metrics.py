@@ -95,6 +95,9 @@ def test_cgroup_paths_of_every_engine():
             (h, "containerd"),
         f"3:cpu:/kubepods/besteffort/pod0a1b/{h}\n": (h, "containerd"),
         f"0::/kubepods.slice/kubepods-pody.slice/crio-{h}.scope\n": (h, "cri-o"),
+        f"0::/machine.slice/libpod-{h}.scope\n": (h, "podman"),  # the podman adapter's prefix
+        f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{h}.scope\n": (h, "podman"),  # rootless
+        f"0::/libpod_parent/libpod-{h}\n": (h, "podman"),  # cgroupfs manager
         "0::/default/myctr\n": ("myctr", "containerd"),
         "0::/gpuprov-test-1\n": ("gpuprov-test-1", "runc"),
     }

@@ -139,7 +139,7 @@ def test_mirror_names_are_the_repository_table():
     assert set(values(Mirror)) == set(repos.BASES)
 
 
-@pytest.mark.parametrize("option,bad", [("--engine", "podman"), ("--kernel-modules", "closed"),
+@pytest.mark.parametrize("option,bad", [("--engine", "cri-o"), ("--kernel-modules", "closed"),
                                         ("--engine-source", "snap"), ("--only", "kernel"),
                                         ("--mirror", "pypi=https://x.invalid")])
 def test_cli_rejects_what_the_enums_do_not_list(option, bad):

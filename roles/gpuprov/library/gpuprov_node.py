@@ -26,7 +26,7 @@ options:
   driver: {type: str, default: auto, description: "auto, skip, or a driver branch to pin (535, 570, ...)."}
   kernel_modules: {type: str, default: auto, choices: [auto, open, proprietary], description: Kernel modules.}
   driver_source: {type: str, default: distro, choices: [distro, elrepo, nvidia], description: Driver source.}
-  engine: {type: str, default: docker, choices: [docker, containerd, none], description: Container engine.}
+  engine: {type: str, default: docker, choices: [docker, containerd, podman, none], description: Container engine.}
   engine_source: {type: str, default: auto, choices: [auto, distro, docker-ce], description: Engine source.}
   runtime_name: {type: str, default: nvidia, description: Name of the runtime in the engine.}
   default_runtime: {type: bool, default: true, description: Make it the default runtime.}
@@ -73,7 +73,7 @@ ARGUMENT_SPEC = dict(
     driver=dict(type="str", default="auto"),
     kernel_modules=dict(type="str", default="auto", choices=["auto", "open", "proprietary"]),
     driver_source=dict(type="str", default="distro", choices=["distro", "elrepo", "nvidia"]),
-    engine=dict(type="str", default="docker", choices=["docker", "containerd", "none"]),
+    engine=dict(type="str", default="docker", choices=["docker", "containerd", "podman", "none"]),
     engine_source=dict(type="str", default="auto", choices=["auto", "distro", "docker-ce"]),
     runtime_name=dict(type="str", default="nvidia"),
     default_runtime=dict(type="bool", default=True),

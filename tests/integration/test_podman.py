@@ -1,0 +1,130 @@
+"""`gpuprov bootstrap --engine podman` on a fresh Debian 12 systemd host (a container; /var/lib/containers and /home on
+tmpfs, as on a real disk) made a GPU host from the H200 capture (its /proc/driver, driver root and real device nodes):
+Debian's podman 4.3 installed from the archive, the CDI spec written, the validation container from the host's own
+files (no registry). Then Podman itself, rootful and rootless, asks for GPUs through CDI: `--device nvidia.com/gpu=0`
+(and by UUID) gets that GPU's device nodes and the driver's files, no request gets none, an unknown device and a
+conflicting runtime are refused in one line; `verify` passes; `uninstall` takes gpuprov out and leaves Podman and the
+user's own images. A rootless user's run writes nothing as root under that user's home.
+
+Two things only a nested host needs (a real host has neither): Docker mounts the outer /proc/sys read-only (crun
+writes the container's net.ipv4.ping_group_range there), and masks parts of /proc with mounts that keep an
+unprivileged user namespace from mounting its own proc (the rootless container's); the test remounts the first and
+lifts the masks before the rootless part."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import needs
+from tests.integration.hosts import Host, steps
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
+FIXTURE = "/src/tests/fixtures/hosts/h200-vm"
+NODES = {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (238, 0), "nvidia-uvm-tools": (238, 1)}
+UUID = "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98"  # the capture's GPU (commands/nvidia-smi-L.txt)
+DROPIN = "/etc/containers/containers.conf.d/99-gpuprov.conf"
+CHECK = "gpuprov-check"  # the image both users import from the same tar (the validation image's files)
+LOOK = "ls /dev; test -x /usr/bin/nvidia-smi && echo smi; test -e /usr/lib/x86_64-linux-gnu/libcuda.so.1 && echo cuda; true"
+USER = "alice"
+AS_USER = f"runuser -l {USER} -c 'export XDG_RUNTIME_DIR=/tmp/run-{USER}; mkdir -p -m 700 $XDG_RUNTIME_DIR; {{}}'"
+
+
+def run(argv: str, gpu: str | None = None) -> str:
+    """A podman run as the tests spell it (no network, never a pull)."""
+    return f"podman run --rm --network none --pull never {f'--device nvidia.com/gpu={gpu} ' if gpu else ''}{argv}"
+
+
+@pytest.fixture(scope="module")
+def host():
+    h = Host(systemd=True, tmpfs=("/var/lib/containers", "/home"))
+    try:
+        r = h.install_gpuprov()
+        assert r.returncode == 0, r.stdout + r.stderr
+        mk = " && ".join(f"mknod -m 666 /dev/{n} c {a} {b}" for n, (a, b) in NODES.items())
+        h.exec(f"useradd -m -s /bin/bash {USER} && mount --bind {FIXTURE}/proc/driver /proc/driver && {mk} && "
+               f"cp -a {FIXTURE}/usr/local/nvidia /usr/local/nvidia && mount -o remount,rw /proc/sys", check=True)
+        h.exec("/opt/gpuprov/bin/python -c 'import sys; from provision.engines.validate import build_image_tar; "
+               "sys.stdout.buffer.write(build_image_tar())' > /tmp/check.tar && chmod 644 /tmp/check.tar", check=True)
+        yield h
+    finally:
+        h.remove()
+
+
+def test_1_bootstrap_installs_podman_and_validates(host):
+    r = host.exec("gpuprov bootstrap --yes --driver skip --engine podman --json")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    by_id = steps(r.stdout)
+    assert by_id["engine.packages"]["status"] == "changed" and "engine.service" not in by_id
+    assert by_id["cdi.spec"]["status"] == "changed" and by_id["engine.config"]["status"] == "changed"
+    assert by_id["validate"]["status"] == "verified" and "gpuprov-validate-ok" in by_id["validate"]["detail"]
+    assert host.exec("podman --version").stdout.split()[-1].startswith("4.3.")
+    assert host.exec("dpkg-query -W -f '${Status}' podman uidmap").stdout == "install ok installedinstall ok installed"
+    assert host.exec("dpkg -s docker.io").returncode != 0  # podman alone
+    assert "/usr/local/bin/gpuprov-runtime" in host.read(DROPIN).decode()
+    again = host.exec("gpuprov bootstrap --yes --driver skip --engine podman --json")
+    assert [i for i, s in steps(again.stdout).items() if s["status"] == "changed"] == [], again.stdout[-2000:]
+    assert "Podman 4.3" in steps(again.stdout)["engine.present"]["title"]  # the one there now: kept
+
+
+def test_2_rootful_gpu_through_cdi(host):
+    assert host.exec(f"podman import -q /tmp/check.tar {CHECK}").returncode == 0
+    for gpu in ("0", UUID, "all"):
+        r = host.exec(run(f"{CHECK} sh -c '{LOOK}'", gpu))
+        assert r.returncode == 0 and {"nvidia0", "nvidiactl", "smi", "cuda"} <= set(r.stdout.split()), r.stderr
+    r = host.exec(run(f"{CHECK} sh -c '{LOOK}'"))
+    assert r.returncode == 0 and not {"nvidia0", "nvidiactl", "smi", "cuda"} & set(r.stdout.split()), r.stdout
+    r = host.exec(run(f"{CHECK} true", "7"))
+    assert r.returncode == 126 and r.stderr.strip().splitlines() == [
+        "Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=7"], r.stderr
+
+
+def test_3_verify_passes(host):
+    r = host.exec("gpuprov verify --json")
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert r.returncode == 0, checks
+    assert checks["engine running"]["status"] == "pass" and "podman" in checks["engine running"]["detail"]
+    assert checks["container through the runtime"]["status"] == "pass"
+    assert "CDI (podman" in checks["container through the runtime"]["detail"]
+
+
+def test_4_refusals_in_one_line(host):
+    host.write("/etc/containers/containers.conf.d/50-site.conf", '[engine.runtimes]\nnvidia = ["/opt/site/rt"]\n')
+    try:
+        host.exec(f"rm -f {DROPIN}", check=True)
+        r = host.exec("gpuprov engine configure podman")
+        assert r.returncode == 14 and len(r.stderr.strip().splitlines()) == 1 and "/opt/site/rt" in r.stderr, r.stderr
+        assert host.exec(f"test -e {DROPIN}").returncode != 0  # nothing written
+        host.write("/etc/containers/containers.conf.d/zz-late.conf", '[engine]\nruntime = "crun"\n')
+        r = host.exec("gpuprov engine configure podman --default --replace-runtime")
+        assert r.returncode == 14 and len(r.stderr.strip().splitlines()) == 1 and "zz-late.conf" in r.stderr, r.stderr
+    finally:
+        host.exec("rm -f /etc/containers/containers.conf.d/50-site.conf /etc/containers/containers.conf.d/zz-late.conf")
+    assert host.exec("gpuprov engine configure podman").returncode == 0
+
+
+def test_5_rootless_gpu_through_cdi(host):
+    # (a nested host's masks over /proc, see the module's docstring; the driver's /proc/driver goes too)
+    host.exec("for m in $(awk '$5 ~ \"^/proc/\" {print $5}' /proc/self/mountinfo | sort -r); do umount -l $m; done",
+              check=True)
+    assert host.exec(AS_USER.format(f"podman import -q /tmp/check.tar {CHECK}")).returncode == 0
+    r = host.exec(AS_USER.format(run(f"{CHECK} sh -c \"{LOOK}; cat /proc/self/uid_map\"", "0")))
+    out = r.stdout.split()
+    assert r.returncode == 0 and {"nvidia0", "nvidiactl", "smi", "cuda"} <= set(out), r.stdout + r.stderr
+    assert out[-6:-3] == ["0", host.exec(f"id -u {USER}").stdout.strip(), "1"], out  # a user namespace: rootless
+    r = host.exec(AS_USER.format(run(f"{CHECK} ls /dev")))
+    assert r.returncode == 0 and "nvidia0" not in r.stdout.split()
+    r = host.exec(AS_USER.format(run(f"{CHECK} true", "7")))
+    assert r.returncode == 126 and r.stderr.strip().splitlines()[-1] == \
+        "Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=7", r.stderr
+    assert host.exec(f"find /home/{USER} ! -user {USER}").stdout == ""  # nothing under the home written by root
+
+
+def test_6_uninstall_keeps_podman_and_the_users_images(host):
+    r = host.exec("gpuprov uninstall --yes --json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert host.exec(f"test -e {DROPIN} || test -e /etc/cdi/nvidia.yaml").returncode != 0
+    assert "gpuprov-validate" not in host.exec("podman image ls").stdout
+    assert CHECK in host.exec("podman image ls").stdout  # the operator's image stays
+    assert CHECK in host.exec(AS_USER.format("podman image ls")).stdout  # and the user's own store is not touched
+    assert host.exec("dpkg-query -W -f '${Status}' podman").stdout == "install ok installed"  # not without --engine
