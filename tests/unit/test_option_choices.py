@@ -152,7 +152,7 @@ def test_options_hold_only_their_choices():
     named), whether from the command line (Options.parse) or from code."""
     from provision.errors import UsageError
 
-    for kw, words in (({"engine": "crio"}, "--engine must be one of docker, containerd, none"),
+    for kw, words in (({"engine": "crio"}, "--engine must be one of " + ", ".join(CHOICES["engine"])),
                       ({"kernel_modules": "both"}, "--kernel-modules must be one of auto, open, proprietary")):
         for make in (Options, Options.parse):
             with pytest.raises(UsageError, match=words):
