@@ -214,11 +214,13 @@ def test_bookworm_kernel_upgrade_is_followed_by_the_driver_within_its_branch(boo
     assert rc == 10 and check["status"] == "fail" and f"kernel {new} boots next" in check["detail"], (rc, check)
 
 
-# Found by the session-6 CI pre-run: after the in-branch update (stage 2) and its reboot, this stage fails; its cause
-# was not read before the session ended (issue 18 stays open for it). The branch change itself: unit tests
-# (test_kernel_follow.py) and session 5's probe host (535 -> 470 built for 6.1.0-50 and 6.1.0-56).
-@pytest.mark.skip(reason="fails after the in-branch update and its reboot (session 6 CI pre-run); cause not yet read, "
-                         "issue 18")
+# The session-6 CI pre-run ran this stage after the in-branch update and its reboot: the branch change itself held
+# (exit 7, dpkg consistent, the 535 series gone and nothing of it held, 470 installed and held, DKMS `installed` for
+# both kernels, 221 s); the check below that every nvidia-tesla-470*.ko carries the driver's version failed on a helper
+# module (nvidia-peermem carries its own) and now checks the main module. The checks after it have not run since:
+# skipped until they do (issue 18).
+@pytest.mark.skip(reason="the branch change held in the session-6 pre-run; its module-version check was wrong (fixed) "
+                         "and the checks after it have not run yet: issue 18")
 def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
     h = bookworm
     kernels = h.exec("ls /lib/modules").stdout.split()
@@ -257,7 +259,8 @@ def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
         assert re.search(rf"nvidia-tesla-470/{re.escape(tesla)}, {re.escape(k)}, x86_64: installed",
                          h.exec(f"dkms status -k {k}").stdout), h.exec("dkms status").stdout
         mods = h.exec(f"find /lib/modules/{k}/updates/dkms -name 'nvidia*.ko*'").stdout.split()
-        assert mods and all(h.exec(f"modinfo -F version {m}").stdout.strip() == tesla for m in mods), mods
+        main = [m for m in mods if m.rsplit("/", 1)[-1].split(".ko")[0] == "nvidia-tesla-470"]  # not its helpers
+        assert main and h.exec(f"modinfo -F version {main[0]}").stdout.strip() == tesla, mods
     assert "tesla-470" in h.exec("cat /etc/modprobe.d/nvidia.conf").stdout
     state = json.loads(h.exec("cat /var/lib/gpuprov/state.json").stdout)
     assert state["reboot_required"] is True and "replaced" in state["reason"], state
