@@ -14,6 +14,16 @@ FIXTURES = Path(__file__).parent / "fixtures"
 DISTROS = FIXTURES / "distros"
 H200 = FIXTURES / "hosts" / "h200-vm"
 REPO = Path(__file__).resolve().parents[1]
+
+
+def arch_report():
+    """scripts/arch_report.py as a module (the layer rules, the import graph, its cycle finder)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("arch_report", REPO / "scripts/arch_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 # gpuprov's host lock for every gpuprov these tests start: a private one, so that the suite never queues behind (or
 # makes wait) a real gpuprov run, or another checkout's test run, on the same machine. Hosts in containers have
 # their own /run. Tests of the lock itself set their own.

@@ -137,11 +137,11 @@ def series_update(installed: Mapping, new_packages: Iterable[str], needed: froze
     module = next((p for p in wanted if MODULE_PACKAGE_RE.match(p)), None)
     flavour_gone = sorted(p.name for p in series if module and MODULE_PACKAGE_RE.match(p.name)
                           and ("-open-" in p.name) != ("-open-" in module) and p.name not in needed)
-    newer = sorted(offered.get(meta, frozenset()) - {cur.upstream})
-    if not flavour_gone and not newer:
+    other = sorted(offered.get(meta, frozenset()) - {cur.upstream})  # what apt would install instead
+    if not flavour_gone and not other:
         return None
     why = (f"kernel {', '.join(missing)} has no nvidia module; the archive offers {meta} "
-           f"{', '.join(newer) or cur.upstream} in the same branch"
+           f"{', '.join(other) or cur.upstream} in the same branch"
            + (f", with the other module flavour ({', '.join(flavour_gone)} goes)" if flavour_gone else ""))
     return Replacement(tuple(sorted(p.name for p in series if p.held)), tuple(flavour_gone),
                        f"{meta} {cur.upstream}", why)

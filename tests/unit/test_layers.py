@@ -3,16 +3,13 @@ above its own (bundle and verify never import plan), plan and bundle stay apart,
 no two modules import each other, directly or around a circle, beyond the known cycles listed with their reason."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import REPO, arch_report
 
 SCRIPT = REPO / "scripts/arch_report.py"
-_spec = importlib.util.spec_from_file_location("arch_report", SCRIPT)
-arch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(arch)
+arch = arch_report()
 
 
 def test_no_forbidden_arrow_and_no_cycle():
