@@ -1,8 +1,8 @@
 """What each driver capability needs inside a container (REFERENCE.md §4). The one table for runtime, CDI and
 docker-args."""
 
-from provision.facts.driver_facts import DRIVER_LIB_DIRS  # noqa: F401 - where a driver root keeps its libraries
-
+# Where a driver root keeps its 64-bit libraries: facts.driver_facts.DRIVER_LIB_DIRS (discovery reads it when it
+# refreshes; not imported here: every cold GPU start imports this table, never the detect layer).
 # Where it keeps 32-bit ones (the `compat32` capability; a datacentre driver root such as the H200 capture has none).
 DRIVER_LIB32_DIRS = ("lib32", "usr/lib/i386-linux-gnu", "usr/lib32", "usr/lib")
 # compat32 libraries go where the image's 32-bit loader looks: Debian's multiarch dir, else /usr/lib (RHEL).

@@ -11,8 +11,6 @@ from pathlib import Path
 from types import MappingProxyType
 
 from provision import paths
-from provision.facts.driver_facts import DRIVER_LIB_DIRS as LIB_DIRS
-from provision.facts.driver_facts import parse_nvrm, userspace_version
 from provision.fsutil import make_dirs, open_trusted, write_file
 from provision.inject.capabilities import (
     BINARIES,
@@ -284,8 +282,7 @@ def elf_soname(path: str) -> str | None:
     return None
 
 
-def _libraries(root: str, version: str, dirs: tuple[str, ...] = LIB_DIRS, elf64: bool = True
-               ) -> dict[str, list[Library]]:
+def _libraries(root: str, version: str, dirs: tuple[str, ...], elf64: bool = True) -> dict[str, list[Library]]:
     """Per capability, the driver's libraries of this version found under `dirs`."""
     wanted: dict[str, list[str]] = {}
     for cap, libs in LIBRARIES.items():
@@ -378,7 +375,8 @@ def _manifests(root: str) -> tuple[Manifest, ...]:
     return tuple(out)
 
 
-def _platform_libraries(root: str, manifests: tuple[Manifest, ...], have: set[str]) -> list[Library]:
+def _platform_libraries(root: str, manifests: tuple[Manifest, ...], have: set[str], lib_dirs: tuple[str, ...]
+                        ) -> list[Library]:
     """Libraries that EGL external-platform manifests name (libnvidia-egl-gbm.so.1, -wayland, -xcb…): they carry
     their own version, not the driver's, so the version scan does not see them."""
     out = []
@@ -386,7 +384,7 @@ def _platform_libraries(root: str, manifests: tuple[Manifest, ...], have: set[st
         name = os.path.basename(m.library or "")
         if m.cap != "graphics" or not name.startswith("libnvidia-egl-") or name in have:
             continue
-        for d in LIB_DIRS:
+        for d in lib_dirs:
             p = _join(root, f"{d}/{name}")
             if os.path.exists(p):
                 real = os.path.realpath(p)
@@ -472,12 +470,17 @@ def _drm_nodes(sys_root: str, dev_root: str, bus_id: str) -> tuple[Node, ...]:
 
 def driver_version(proc_root: str, driver_root: str) -> str | None:
     """The loaded module's version, else the driver root's userspace version (only on a cache refresh)."""
+    # The detect layer's driver facts: a refresh needs them, a cold GPU start that reads the cache does not.
+    from provision.facts.driver_facts import parse_nvrm, userspace_version  # lazy: 7 ms (-X importtime -I -S, min of 15)
+
     return parse_nvrm(_read(_join(proc_root, "proc/driver/nvidia/version")))[0] or userspace_version(Path(driver_root))
 
 
 def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/", arch: bool = False) -> Discovery:
     """Everything the runtime, CDI and docker-args need from this driver root. arch: also ask the driver for each
     GPU's compute capability (gpu_arches; the runtime's discovery, for NVIDIA_REQUIRE_ARCH)."""
+    from provision.facts.driver_facts import DRIVER_LIB_DIRS  # lazy: 7 ms, loaded by driver_version() just before
+
     version = driver_version(proc_root, driver_root)
     majors = char_majors(_read(_join(proc_root, "proc/devices")))
     nvidia_major = majors.get("nvidia-frontend", majors.get("nvidia", 195))
@@ -499,9 +502,10 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
                                  for n in sorted(os.listdir(fwdir)) if n.startswith("gsp"))
                 break
     sock = _join(dev_root, "var/run/nvidia-persistenced/socket")
-    libraries = _libraries(driver_root, version) if version else {}
+    libraries = _libraries(driver_root, version, DRIVER_LIB_DIRS) if version else {}
     manifests = _manifests(driver_root)
-    extra = _platform_libraries(driver_root, manifests, {lib.soname for v in libraries.values() for lib in v})
+    extra = _platform_libraries(driver_root, manifests, {lib.soname for v in libraries.values() for lib in v},
+                                DRIVER_LIB_DIRS)
     if extra:
         libraries.setdefault("graphics", []).extend(extra)
     disc = Discovery(
