@@ -1,0 +1,62 @@
+"""What the runtime's cold editor loads: `python3 -I -S provision/inject/modify_main.py BUNDLE`, which the compiled
+front-end runs for a GPU create when no warm editor answers, imports only what such a create uses. Not the detect
+layer (provision.facts: discovery needs it only when it rebuilds its cache), not the modules that only a copy, a
+process or the warm editor's server need. bench/detect_bench.py times this start against a bare start of the same
+interpreter (issue 20: <= 5x); this test holds the imports that got it there, not the time."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+# Never on a cold GPU create that finds the discovery cache current (prefixes: a package and all below it).
+NOT_LOADED = ("provision.facts", "provision.effects", "provision.inject.server", "provision.share.state", "typing",
+              "shutil", "subprocess", "bz2", "lzma", "glob", "struct")
+
+# modify_main.py's own steps, in a child started as the front-end starts it (-I -S), then the modules it loaded.
+COLD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from provision.inject.shim import run_create_edits
+rc = run_create_edits(sys.argv[2]) if len(sys.argv) > 2 else None
+from provision.inject import modify, settings  # what a GPU create loads (shim.create_edits), also without a bundle
+print(json.dumps({"rc": rc, "modules": sorted(sys.modules)}))
+"""
+
+
+def cold_modules(*bundle: str, env: dict | None = None) -> tuple[int | None, set[str]]:
+    p = subprocess.run([sys.executable, "-I", "-S", "-c", COLD, str(REPO), *bundle], capture_output=True, text=True,
+                       env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    return out["rc"], set(out["modules"])
+
+
+def loaded(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in NOT_LOADED))
+
+
+def test_cold_editor_imports_nothing_a_create_does_not_use():
+    _, modules = cold_modules()
+    assert {"provision.inject.modify", "provision.inject.discover", "provision.fsutil"} <= modules  # it did load
+    assert loaded(modules) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod (the fake H200 host's device nodes)")
+def test_cold_create_loads_the_detect_layer_only_to_rebuild_discovery(tmp_path):
+    """A real create on the fake H200 host: the first one rebuilds the discovery cache (and so loads the driver facts:
+    the check sees what it looks for), the next one reads the cache and loads none of NOT_LOADED."""
+    from tests.inject_helpers import edited, gpu_bundle, write_settings
+
+    env = {"PATH": "/usr/bin:/bin", "GPUPROV_RUNTIME_CONFIG": str(write_settings(tmp_path))}
+    first = gpu_bundle(tmp_path, "first")
+    rc, modules = cold_modules(str(first), env=env)
+    assert rc == 0 and "provision.facts.driver_facts" in modules and (tmp_path / "discovery.json").exists()
+    second = gpu_bundle(tmp_path, "second")
+    rc, modules = cold_modules(str(second), env=env)
+    assert rc == 0 and edited(second) and loaded(modules) == []
