@@ -76,10 +76,11 @@ def run_once(argv: list[str], env: dict | None = None) -> tuple[float, float]:
 
 
 def editor_file(side: str, py: str) -> str:
-    """This checkout's modify_main.py; for another side, the one of the provision package its interpreter imports."""
+    """This checkout's modify_main.py; for another side, the one of the provision package its interpreter imports
+    (-I: not this checkout's, which a plain `-c` would find first, in the current directory)."""
     if side == "this":
         return str(REPO / "provision/inject/modify_main.py")
-    where = subprocess.run([py, "-c", "import os, provision; print(os.path.dirname(provision.__file__))"],
+    where = subprocess.run([py, "-I", "-c", "import os, provision; print(os.path.dirname(provision.__file__))"],
                            capture_output=True, text=True, check=True, env=CHILD_ENV).stdout.strip()
     return os.path.join(where, "inject/modify_main.py")
 
