@@ -137,7 +137,7 @@ def create_edits(bundle: str, warn: Callable[[str], None]) -> None:
     Raises only Refused, SettingsInvalid (fail closed: no GPU container under a policy the file does not say) or
     EditFailed (anything else: an unreadable bundle, a config.json with wrong types), each with its exit_code."""
     # The Python front-end loads this module for every container start; only GPU creates edit (main's no-GPU path)
-    from provision.inject.modify import modify_bundle  # lazy: 16.5 ms (-X importtime -I -S, min of 15) per no-GPU start
+    from provision.inject.modify import modify_bundle  # lazy: 18 ms (-X importtime -I -S, min of 30) per no-GPU start
     from provision.inject.settings import load_settings  # lazy: 13.5 ms (its dataclasses, -X importtime), the same
 
     try:
