@@ -35,8 +35,8 @@ import shutil
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from provision.errors import ConcurrentEdit, ConfigInvalid, UntrustedPath, WriteFailed
 
@@ -309,8 +309,8 @@ def edit_file(path: str | os.PathLike, merge: Callable[[str | None], str | None]
 
 # --- the write ---------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Owner:
+class _Owner(NamedTuple):
+    """A file's mode and owner, kept across a rewrite (a NamedTuple: `gpuprov detect` loads this module, issue 20)."""
     mode: int
     uid: int | None
     gid: int | None
