@@ -162,8 +162,7 @@ def test_detect_loads_only_what_it_needs():
     """Deterministic stand-in for the timing (bench/detect_bench.py): none of the other commands' modules and
     libraries load for `gpuprov detect`, and every command module but detect's stays unloaded."""
     for args in (["--pci-id", "10de:2330", "--target", "debian-12"], ["--root", str(FIXTURE_HOST)]):
-        code = (f"import sys, runpy; sys.argv = ['gpuprov', 'detect', '--json', *{args!r}]\ntry:\n"
-                "    runpy.run_module('provision', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        code = (f"import sys\nfrom provision.cli import main\nmain(['detect', '--json', *{args!r}])\n"
                 "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert '"schema": "gpuprov.detect/v1"' in r.stdout, r.stderr[-2000:]
