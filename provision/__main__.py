@@ -1,3 +1,3 @@
-from provision.cli import main
+from provision.cli import script
 
-raise SystemExit(main())
+raise SystemExit(script())

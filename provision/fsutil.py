@@ -33,8 +33,8 @@ import io
 import os
 import stat
 import time
+from collections import namedtuple
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from provision.errors import ConcurrentEdit, ConfigInvalid, UntrustedPath, WriteFailed
@@ -308,14 +308,11 @@ def edit_file(path: str | os.PathLike, merge: Callable[[str | None], str | None]
 
 # --- the write ---------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Owner:
-    """The mode and owner a staged file gets; `times_ns`: the atime/mtime it gets too (a backup keeps the old file's). The
-    docstring saves the dataclass from building one with inspect.signature on every cold GPU start (~0.3 ms)."""
-    mode: int
-    uid: int | None
-    gid: int | None
-    times_ns: tuple[int, int] | None = None
+class _Owner(namedtuple("_Owner", "mode uid gid times_ns", defaults=(None,))):
+    """A file's mode and owner, kept across a rewrite (mode: int, uid and gid: int or None), and the (atime, mtime)
+    a backup keeps (`times_ns`). A NamedTuple from collections, not typing's: `gpuprov detect` loads this module (no
+    dataclasses module, issue 20), and so does every cold GPU start (no typing module: ~2 ms, -X importtime -I -S)."""
+    __slots__ = ()
 
 
 class _How:

@@ -2,8 +2,8 @@
 for each GPU found (provision.decide, pure). It sits above both layers, so facts never import decisions."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from provision.decide.debian import debian_driver_packages
 from provision.decide.driver import FleetDecision, GpuDecision, decide_fleet, decide_gpu
@@ -19,8 +19,8 @@ from provision.facts.pci import PciDisplayDevice, scan_pci
 SCHEMA = "gpuprov.detect/v1"
 
 
-@dataclass
-class HostReport:
+class HostReport(NamedTuple):
+    """What detect found on a host and what it decided for each GPU (a frozen value: plan and verify read it)."""
     root: str
     distro: DistroFacts | None
     target: Target | None
@@ -29,7 +29,7 @@ class HostReport:
     driver: DriverFacts | None
     engines: list[EngineFacts]
     fleet: FleetDecision | None
-    warnings: list[str] = field(default_factory=list)
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         gpus = []
@@ -49,7 +49,7 @@ class HostReport:
             "driver": self.driver.to_dict() if self.driver else None,
             "engines": [e.to_dict() for e in self.engines],
             "fleet": self.fleet.to_dict() if self.fleet else None,
-            "warnings": self.warnings + [w for _, d in self.gpus for w in d.warnings],
+            "warnings": [*self.warnings, *(w for _, d in self.gpus for w in d.warnings)],
         }
 
 
@@ -84,7 +84,7 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
     return HostReport(
         root=str(root), distro=distro, target=target, gpus=gpus,
         other_display=[d for d in devices if not d.is_nvidia], driver=read_driver(root),
-        engines=read_engines(root) if engines else [], fleet=decide_fleet([d for _, d in gpus]), warnings=warnings,
+        engines=read_engines(root) if engines else [], fleet=decide_fleet([d for _, d in gpus]), warnings=tuple(warnings),
     )
 
 

@@ -14,10 +14,11 @@ from provision.decide.gputable import parse_pci_id
 from provision.decide.targets import parse_target
 from provision.errors import BundleInvalid, UsageError
 from provision.hostlock import changes_host
-from provision.options import Options, rule
+from provision.options import rule
 from provision.output import emit_json, kv
 from provision.plan import apply as ap
 from provision.plan.build import build_plan
+from provision.plan.options import Options
 from provision.plan.repos import dnf_install_cmd
 from provision.report import detect_host
 

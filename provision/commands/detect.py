@@ -95,7 +95,7 @@ def run(root: Path = Path("/"), json_out: bool = False, pci_id: Optional[List[st
             raise HostUnreadable(f"--root {root} is not a directory")
         report = detect_host(root, target=tgt, kernel_modules=kernel_modules, source=driver_source)
         if is_live(root):  # versions take running each engine binary: the probe layer, live host only
-            report.engines = with_versions(report.engines)
+            report = report._replace(engines=with_versions(report.engines))
     if json_out:
         emit_json(report.to_dict())
     else:

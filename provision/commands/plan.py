@@ -17,11 +17,12 @@ from provision.decide.targets import parse_target
 from provision.errors import UsageError
 from provision.facts.rootfs import is_live
 from provision.hostlock import host_lock
-from provision.options import CHOICES, Options, param_rule, rule
+from provision.options import CHOICES, param_rule, rule
 from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan import resume as rs
 from provision.plan.build import build_plan
+from provision.plan.options import Options
 from provision.plan.resume import Resume
 from provision.report import detect_host
 

@@ -8,15 +8,14 @@ script over every id in them and holds `recommend` against it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 IDS_PATH = Path(__file__).resolve().parent.parent / "data" / "debian_nvidia_ids.json"
 
 
-@dataclass(frozen=True)
-class DebianDriver:
+class DebianDriver(NamedTuple):
     branch: str  # the driver major this package ships ("535", "470", "390")
     package: str  # the metapackage Debian's nvidia-detect names
     kernel_dkms: str  # its proprietary kernel module, built by DKMS
@@ -35,8 +34,7 @@ class DebianDriver:
         return (f"{series}-smi", f"lib{series}-cuda1")
 
 
-@dataclass(frozen=True)
-class DebianSuite:
+class DebianSuite(NamedTuple):
     codename: str
     version: str
     drivers: tuple[DebianDriver, ...]  # nvidia-detect's order of preference first, then pin-only packages

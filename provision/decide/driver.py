@@ -6,7 +6,6 @@ Every per-distro table lives here, once; the CLI, the planner and the Ansible ro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -42,8 +41,7 @@ NVIDIA_REPO_BRANCHES: tuple[int, ...] = (470, 515, 520, 525, 530, 535, 545, 550,
 LEGACY_ORDER = ("current", "580", "470", "390", "367", "340", "304", "173", "96", "71", "unknown-legacy")
 
 
-@dataclass(frozen=True)
-class GpuDecision:
+class GpuDecision(NamedTuple):
     pci_id: str
     subsystem: str | None
     name: str
@@ -60,20 +58,19 @@ class GpuDecision:
     pin: str | None = None  # the branch asked for with --driver <branch>
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = self._asdict()
         d["packages"] = list(self.packages)
         d["warnings"] = list(self.warnings)
         return d
 
 
-@dataclass(frozen=True)
-class FleetDecision:
+class FleetDecision(NamedTuple):
     """Several GPUs on one host: does one branch serve all of them?"""
 
     branches: tuple[str, ...]
     common_branch: str | None
     common_modules: str | None
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"branches": list(self.branches), "common_branch": self.common_branch,

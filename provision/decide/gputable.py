@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from provision.errors import UsageError
 from provision.values import PCI_ID
@@ -14,8 +14,7 @@ TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "gpu_table.json"
 PCI_ID_RE = re.compile(f"^{PCI_ID}$")  # the CLI's options check the same rule (provision/values.py)
 
 
-@dataclass(frozen=True)
-class PciId:
+class PciId(NamedTuple):
     vendor: int
     device: int
     subvendor: int | None = None

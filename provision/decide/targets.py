@@ -1,13 +1,12 @@
 """Target releases gpuprov has rules for, and how a host's distro facts map onto one."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from provision.errors import Unsupported
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     name: str  # "debian-12", "ubuntu-24.04", "rocky-9", "centos-7", "amzn-2023"
     os_id: str
     version: str

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from provision.facts.rootfs import read_text, under
 from provision.versions import release_key
@@ -32,8 +32,7 @@ DEP_NVIDIA = re.compile(r"^([^:\n]*/nvidia[^/:\n]*\.ko[^/:\n]*):", re.M)  # a mo
 MODULE_DIRS = ("updates", "extra", "kernel/drivers/video", "kernel")  # without modules.dep: where modules land
 
 
-@dataclass(frozen=True)
-class NextBoot:
+class NextBoot(NamedTuple):
     kernel: str | None  # its release (uname -r form); None when no kernel is installed
     source: str  # how it was found: "GRUB's default (…)", "/vmlinuz", "the newest installed kernel"
     module: str | None  # the NVIDIA module file for it (host path), None when there is none
@@ -49,8 +48,7 @@ def installed_kernels(root: Path) -> list[str]:
 # ---------------------------------------------------------------- GRUB
 
 
-@dataclass(frozen=True)
-class MenuEntry:
+class MenuEntry(NamedTuple):
     title: str
     id: str | None
     kernel: str | None  # the release its `linux` line boots (None for a submenu or a non-Linux entry)

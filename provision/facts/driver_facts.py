@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from provision.facts.boot import read_next_boot
 from provision.facts.packages import dpkg_installed
@@ -31,8 +31,7 @@ RUN_INSTALLER = "usr/bin/nvidia-installer"  # NVIDIA's .run installer leaves its
 REBOOT_FLAGS = ("run/reboot-required", "var/run/reboot-required")
 
 
-@dataclass(frozen=True)
-class InstalledDriver:
+class InstalledDriver(NamedTuple):
     """An NVIDIA driver on disk, loaded or not, and where it came from: gpuprov keeps one it did not install."""
     source: str  # cuda-repo (NVIDIA's CUDA repository packages) | distro (the distribution's) | run-installer
     packages: tuple[str, ...]  # the driver packages installed (none for the .run installer)
@@ -76,8 +75,7 @@ def read_installed_driver(root: Path) -> InstalledDriver | None:
     return None
 
 
-@dataclass(frozen=True)
-class DriverFacts:
+class DriverFacts(NamedTuple):
     loaded: bool
     version: str | None
     kernel_module: str | None  # "open" | "proprietary" | None
@@ -95,10 +93,10 @@ class DriverFacts:
     module_kernels: tuple[str, ...] = ()  # installed kernels with an NVIDIA module (a driver the package manager put in)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = self._asdict()
         d["modules"] = list(self.modules)
         if self.installed:
-            d["installed"] = {**asdict(self.installed), "packages": list(self.installed.packages),
+            d["installed"] = {**self.installed._asdict(), "packages": list(self.installed.packages),
                               "modules": list(self.installed.modules), "description": self.installed.describe()}
         d["module_kernels"] = list(self.module_kernels)
         return d

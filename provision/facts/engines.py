@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from provision.facts.packages import InstalledPackage, dpkg_installed, dpkg_owns
 from provision.facts.rootfs import read_bytes_bounded, under
@@ -16,8 +15,7 @@ CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1
 BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     """A package an engine comes in: its name, where that package comes from, and what people call it."""
     package: str
     source: str  # docker-ce (Docker's own packages) | distro (the distribution's)
@@ -69,8 +67,7 @@ def _containers_conf(text: str) -> tuple[tuple[str, ...], str | None, dict]:
     return tuple(eng.get("runtimes", {})), eng.get("runtime"), {}
 
 
-@dataclass(frozen=True)
-class EngineSpec:
+class EngineSpec(NamedTuple):
     """What tells an engine on a host: its daemon binary, the config file it reads by default and the flags that
     name another one, the packages it comes in (most specific first), its systemd unit, and Ubuntu's snap."""
     name: str
@@ -107,8 +104,7 @@ def spec(name: str) -> EngineSpec:
     return next(s for s in ENGINES if s.name == name)
 
 
-@dataclass(frozen=True)
-class EngineOrigin:
+class EngineOrigin(NamedTuple):
     """Where an engine on the host came from and what its daemon really reads: gpuprov keeps an engine it found
     (the plan says "Docker CE 28.0.1 (docker-ce): kept" and configures that config, unit and daemon), and an
     uninstall removes only an engine gpuprov installed itself, never one recorded here as found."""
@@ -131,14 +127,13 @@ class EngineOrigin:
         return f"{self.label} ({self.binary})"
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = self._asdict()
         d["argv"] = list(self.argv)
         d["description"] = self.describe()
         return d
 
 
-@dataclass(frozen=True)
-class EngineFacts:
+class EngineFacts(NamedTuple):
     name: str
     binary: str | None
     version: str | None
@@ -148,11 +143,11 @@ class EngineFacts:
     config_error: str | None
     runtimes: tuple[str, ...]
     default_runtime: str | None
-    extra: dict = field(default_factory=dict)
+    extra: dict  # the engine's own facts (docker: cdi; containerd: the config version)
     origin: EngineOrigin | None = None  # None: no daemon binary, package, snap or running daemon (a config alone)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = self._asdict()
         d["runtimes"] = list(self.runtimes)
         d["origin"] = self.origin.to_dict() if self.origin else None
         return d
@@ -185,6 +180,16 @@ def _link(path: Path) -> str | None:
         return None
 
 
+def _proc_comm(path: str) -> str:
+    """A process's name from its `comm` (at most 16 bytes): os.open/os.read, not open(), since every process on the
+    node is read (a file object costs twice the time: 12 ms against 6 for a node of 1,000 processes)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 64).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
+
+
 def processes_by_name(names: tuple[str, ...], root: Path = Path("/")) -> dict[str, list[tuple[int, list[str]]]]:
     """(pid, argv) of every process whose name (`comm`) is one of `names`, by name, oldest first, from `proc` under
     `root` (the one /proc scan: the adapters find their live daemon with it; pid files can be stale or another's)."""
@@ -197,10 +202,9 @@ def processes_by_name(names: tuple[str, ...], root: Path = Path("/")) -> dict[st
         if not entry.name.isdigit():
             continue
         try:
-            with open(f"{entry.path}/comm") as fh:
-                name = fh.read().strip()
-                if name not in names:
-                    continue
+            name = _proc_comm(f"{entry.path}/comm")
+            if name not in names:
+                continue
             with open(f"{entry.path}/cmdline", "rb") as fh:
                 argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
         except OSError:
@@ -255,7 +259,7 @@ def read_origin(root: Path, sp: EngineSpec, binary: str | None,
     known = dpkg_installed(root, {o.package for o in sp.packages}.__contains__, partly=True)
     for o in sp.packages:
         pkg = known.get(o.package)
-        if pkg and (binary is None or dpkg_owns(root, o.package, binary)):
+        if pkg and (binary is None or dpkg_owns(root, pkg, binary)):
             if not pkg.installed:
                 return None  # left half-installed (a killed run): the plan's install step completes it
             return EngineOrigin(o.source, o.label, o.package, pkg.version, binary, config, sp.unit, pid, tuple(argv))

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 from provision.facts.rootfs import read_bytes_bounded, read_text_file, under
 
@@ -19,7 +18,7 @@ DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound
 APT_LISTS = "/var/lib/apt/lists"
 LIST_MAX = 256 << 20
 # The fields read, each at a line start; one pass over the whole file (dpkg writes Package first in a stanza).
-FIELD_RE = re.compile(r"\n(Package|Status|Version|Maintainer|Source): ([^\n]*)")
+FIELD_RE = re.compile(r"\n(Package|Status|Version|Maintainer|Source|Architecture): ([^\n]*)")
 # Ubuntu ships its precompiled NVIDIA modules in `restricted`; one line per package name in a Packages index.
 MODULES_RE = re.compile(r"^Package: (linux-modules-nvidia-\S+)$", re.M)
 # Where Debian and Ubuntu keep the NVIDIA driver packages (and what they depend on beyond main).
@@ -33,14 +32,14 @@ def upstream_version(version: str) -> str:
     return v.rsplit("-", 1)[0] if "-" in v else v
 
 
-@dataclass(frozen=True)
-class InstalledPackage:
+class InstalledPackage(NamedTuple):
     name: str
     version: str  # the package manager's full version: "5:28.0.1-1~debian.12~bookworm"
     maintainer: str = ""
     source: str = ""  # the source package's name (dpkg's Source field without its version; the name when absent)
     held: bool = False
     installed: bool = True  # False: known to dpkg but not fully installed (unpacked, half-configured: a killed run)
+    architecture: str = ""  # dpkg's Architecture field: "amd64", "all"
 
     @property
     def upstream(self) -> str:
@@ -89,15 +88,19 @@ def dpkg_installed(root: Path, wanted=None, *, partly: bool = False) -> dict[str
                 (status[-1:] or [""])[0] in ("not-installed", "config-files", ""):
             continue
         found[name] = InstalledPackage(name, f.get("Version", ""), f.get("Maintainer", ""),
-                                       f.get("Source", name).split(" ", 1)[0], status[:1] == ["hold"], whole)
+                                       f.get("Source", name).split(" ", 1)[0], status[:1] == ["hold"], whole,
+                                       f.get("Architecture", ""))
     return found
 
 
-def dpkg_owns(root: Path, package: str, path: str) -> bool:
-    """Whether dpkg's file list of `package` holds `path` (also through the /usr merge: /bin is /usr/bin)."""
+def dpkg_owns(root: Path, package: InstalledPackage, path: str) -> bool:
+    """Whether dpkg's file list of `package` holds `path` (also through the /usr merge: /bin is /usr/bin). The list is
+    info/NAME.list, or info/NAME:ARCH.list for a Multi-Arch: same package: both names are tried, not the directory
+    listed (thousands of files: 5 ms per engine)."""
     alts = {path, path.removeprefix("/usr")} | ({"/usr" + path} if not path.startswith("/usr/") else set())
     info = under(root, "var/lib/dpkg/info")
-    for lst in (info / f"{package}.list", *info.glob(f"{package}:*.list")):
+    names = [package.name] + ([f"{package.name}:{package.architecture}"] if package.architecture else [])
+    for lst in (info / f"{n}.list" for n in names):
         try:
             lines = set(read_bytes_bounded(lst, DPKG_STATUS_MAX).decode(errors="replace").splitlines())
         except OSError:
@@ -141,8 +144,7 @@ def offered_module_packages(root: Path) -> frozenset[str]:
     return frozenset(n for text in list_texts(root, "restricted") for n in MODULES_RE.findall(text))
 
 
-@dataclass(frozen=True)
-class ArchivePackage:
+class ArchivePackage(NamedTuple):
     """One package version in an apt list."""
     name: str
     version: str  # the full version: "535.309.01-0+deb12u1"

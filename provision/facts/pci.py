@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from provision.facts.rootfs import read_text_file, under
 
@@ -13,8 +13,7 @@ NVIDIA_VENDOR = 0x10DE
 DISPLAY_CLASSES = (0x0300, 0x0302, 0x0380)
 
 
-@dataclass(frozen=True)
-class PciDisplayDevice:
+class PciDisplayDevice(NamedTuple):
     address: str  # 0000:00:06.0
     vendor_id: int
     device_id: int
@@ -33,7 +32,7 @@ class PciDisplayDevice:
         return f"{self.vendor_id:04x}:{self.device_id:04x}"
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = self._asdict()
         d.update(
             pci_id=self.pci_id,
             vendor_id=f"{self.vendor_id:04x}",
@@ -68,8 +67,8 @@ def _modalias(d: Path) -> dict[str, int]:
             "class": (bc << 16) | (sc << 8) | pi}
 
 
-@dataclass
-class PciScan:
+class PciScan(NamedTuple):
+    """The display devices found and what could not be read about them."""
     devices: list[PciDisplayDevice]
     warnings: list[str]
 

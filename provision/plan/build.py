@@ -12,9 +12,10 @@ from provision.errors import Unsupported
 from provision.facts.engines import EngineOrigin
 from provision.facts.rootfs import under
 from provision.inject.cdi import SpecCurrent
-from provision.options import Options, Stage
+from provision.options import Stage
 from provision.plan import repos
 from provision.plan.driver import driver_steps
+from provision.plan.options import Options
 from provision.plan.packages import APT_ENV, package_step
 from provision.plan.steps import (
     Already,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from provision.fsutil import read_trusted, write_file
 
@@ -17,8 +17,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GPUPROV_CACHE_DIR", DEFAULT_DIR))
 
 
-@dataclass(frozen=True)
-class FileKey:
+class FileKey(NamedTuple):
     """What changes when a binary is upgraded: its path, inode, size and mtime."""
     path: str
     ino: int

@@ -1,7 +1,6 @@
 """Engine versions: each engine binary's `--version`, run only on the live host, cached per binary (FileKey)."""
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from provision.facts.engines import ENGINES, EngineFacts
@@ -39,4 +38,4 @@ def with_versions(engines: list[EngineFacts]) -> list[EngineFacts]:
         kept = [{"key": k.to_json(), "version": v} for k, v in known.items()
                 if k.path not in {f.path for f in fresh}]
         cache.store(CACHE, {"entries": kept + [{"key": k.to_json(), "version": v} for k, v in fresh.items()]})
-    return [dataclasses.replace(e, version=versions.get(e.name)) for e in engines]
+    return [e._replace(version=versions.get(e.name)) for e in engines]

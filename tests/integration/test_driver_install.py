@@ -16,7 +16,8 @@ one before left the host, so the DKMS builds are the only ones these claims need
    (exit 10) naming the kernel and the fix. `gpuprov bootstrap` then updates the series within its branch (the
    archive's 535, in the proprietary flavour, since bookworm's open module does not follow the driver's updates),
    built for both kernels and held again; verify is green; with that module removed by hand it is red again.
-3. Branch change: `bootstrap --driver 470` for a Tesla T4 (10de:1eb8, which both 535 and 470 drive): the held 535
+3. Branch change, after the reboot the update recorded (bootstrap exit 7 until then, the resume exit 15 after):
+   `bootstrap --driver 470` for a Tesla T4 (10de:1eb8, which both 535 and 470 drive): the held 535
    series unheld and swapped for nvidia-tesla-470-driver in one apt transaction, the 470 module built for both
    installed kernels, the new series held, the reboot recorded; verify's next-boot check green again.
 
@@ -214,13 +215,6 @@ def test_bookworm_kernel_upgrade_is_followed_by_the_driver_within_its_branch(boo
     assert rc == 10 and check["status"] == "fail" and f"kernel {new} boots next" in check["detail"], (rc, check)
 
 
-# The session-6 CI pre-run ran this stage after the in-branch update and its reboot: the branch change itself held
-# (exit 7, dpkg consistent, the 535 series gone and nothing of it held, 470 installed and held, DKMS `installed` for
-# both kernels, 221 s); the check below that every nvidia-tesla-470*.ko carries the driver's version failed on a helper
-# module (nvidia-peermem carries its own) and now checks the main module. The checks after it have not run since:
-# skipped until they do (issue 18).
-@pytest.mark.skip(reason="the branch change held in the session-6 pre-run; its module-version check was wrong (fixed) "
-                         "and the checks after it have not run yet: issue 18")
 def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
     h = bookworm
     kernels = h.exec("ls /lib/modules").stdout.split()

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from provision.errors import CONFLICT, GpuprovError
-from provision.options import Options
 from provision.plan import steps as st
 from provision.plan.build import build_plan
+from provision.plan.options import Options
 from provision.plan.packages import PackageInstall, removals
 from provision.report import detect_host
 from tests.conftest import make_host
@@ -287,3 +287,16 @@ def test_the_plans_own_driver_packages_are_not_kept(tmp_path):
     steps = driver_plan(root)
     assert "driver.installed" not in steps and "driver.packages" in steps
     assert "driver.installed" not in driver_plan(gpu_host(tmp_path / "bare"))  # nothing installed
+
+
+def test_owner_found_through_a_multi_arch_file_list(tmp_path):
+    """dpkg names a Multi-Arch: same package's file list info/NAME:ARCH.list: the origin is still that package (the
+    list is looked up by name, not found by listing info/)."""
+    root = docker_ce_host(tmp_path)
+    info = root / "var/lib/dpkg/info"
+    (info / "containerd.io.list").rename(info / "containerd.io:amd64.list")
+    origin = next(e for e in detect_host(root).engines if e.name == "containerd").origin
+    assert (origin.source, origin.package) == ("docker-ce", "containerd.io"), origin
+    (info / "containerd.io:amd64.list").write_text("/usr/bin/something-else\n")
+    origin = next(e for e in detect_host(root).engines if e.name == "containerd").origin
+    assert origin.source == "static", origin  # no package owns it

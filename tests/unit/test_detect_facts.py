@@ -6,6 +6,7 @@ import json
 import pytest
 
 from provision.errors import HostUnreadable
+from provision.facts import distro_facts as df
 from provision.facts.distro_facts import read_distro
 from provision.facts.driver_facts import parse_nvrm, read_driver
 from provision.facts.pci import scan_display_devices
@@ -50,6 +51,42 @@ def test_distro_facts(name):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_detect_host_maps_target(name):
     assert detect_host(DISTROS / name, engines=False).target.name == EXPECTED[name][4]
+
+
+ODD_OS_RELEASE = {  # what the os-release reader must read as `distro` does, or leave to it
+    "comments-and-quotes": 'ID="debian" # a comment\nVERSION_ID=\'12\'\nPRETTY_NAME="Debian \\"GNU\\"/Linux 12"\n'
+                           "NAME=Debian GNU/Linux\nVERSION_CODENAME=bookworm\n",
+    "no-pretty-name": "ID=debian\nVERSION_ID=12\nNAME=Debian\n",
+    "no-version-id": 'ID=debian\nPRETTY_NAME="Debian GNU/Linux trixie/sid"\nVERSION_CODENAME=trixie\n',
+    "unclosed-quote": 'ID=rocky\nVERSION_ID="9.3\nPRETTY_NAME="Rocky Linux"\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(ODD_OS_RELEASE))
+def test_os_release_read_here_as_distro_reads_it(name, tmp_path):
+    """The os-release reader (distro_facts.read_distro, no `distro` import) and `distro` make the same facts of every
+    fixture release and of odd files (quotes, comments, missing fields: those go to `distro` itself)."""
+    root = DISTROS / name
+    if name in ODD_OS_RELEASE:
+        root = tmp_path
+        (root / "etc").mkdir()
+        (root / "etc/os-release").write_text(ODD_OS_RELEASE[name])
+    files = df._release_files(root)
+    os_rel = next((c for c in ("etc/os-release", "usr/lib/os-release") if c in files), None)
+    try:
+        by_distro = df._facts_by_distro(root, files, os_rel)
+    except (HostUnreadable, ValueError) as exc:
+        with pytest.raises(type(exc)):
+            read_distro(root)
+        return
+    assert read_distro(root) == by_distro
+
+
+def test_os_release_fields_tokenised_as_a_shell_does():
+    text = b'ID="rocky" # comment\nID_LIKE="rhel centos fedora"\nNAME=Rocky Linux\nEMPTY=\n\n# note\nX=\'a b\'\n'
+    assert df.os_release_fields(text) == {"id": "rocky", "id_like": "rhel centos fedora", "name": "Rocky",
+                                          "empty": "", "x": "a b"}
+    assert df.os_release_fields(b'ID="open') == {}  # unclosed quote: left to `distro`
 
 
 def test_debian_codenames():

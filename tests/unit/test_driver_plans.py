@@ -10,9 +10,9 @@ import pytest
 
 from provision.errors import GpuprovError, Unsupported
 from provision.facts.driver_facts import SECURE_BOOT_VAR
-from provision.options import Options
 from provision.plan.build import build_plan
 from provision.plan.driver import choose_kernels, loads
+from provision.plan.options import Options
 from provision.report import detect_host
 from tests.conftest import make_host, run_cli
 

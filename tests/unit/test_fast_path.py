@@ -148,3 +148,20 @@ def test_the_installed_command_takes_the_fast_path():
     via_script = subprocess.run([*gpuprov_bin(), "detect", "--json", "--root", ROOT], capture_output=True, text=True,
                                 timeout=60)
     assert (via_script.returncode, via_script.stdout) == (0, r.stdout)
+
+
+def test_the_script_ends_without_teardown_but_says_everything(tmp_path):
+    """cli.script ends a fast-path command with os._exit once its output is flushed: the whole JSON document and the
+    exit code arrive through a pipe as main gives them, an error's line and code too, and a command typer parsed
+    (here a usage error) ends the interpreter's ordinary way with its own code."""
+    from provision.errors import HOST_UNREADABLE, USAGE
+
+    whole = subprocess.run([*gpuprov_bin(), "detect", "--json", "--root", ROOT], capture_output=True, text=True,
+                           timeout=60)
+    assert whole.returncode == 0 and json.loads(whole.stdout)["schema"] == "gpuprov.detect/v1", whole.stderr
+    missing = subprocess.run([*gpuprov_bin(), "detect", "--root", str(tmp_path / "none")], capture_output=True,
+                             text=True, timeout=60)
+    assert (missing.returncode, missing.stdout) == (HOST_UNREADABLE, ""), missing
+    assert missing.stderr.startswith("Error: --root ") and missing.stderr.count("\n") == 1, missing.stderr
+    bad = subprocess.run([*gpuprov_bin(), "detect", "--bogus"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == USAGE and "No such option: --bogus" in bad.stderr, bad

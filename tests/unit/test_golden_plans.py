@@ -10,8 +10,8 @@ import pytest
 
 from provision import paths
 from provision.errors import GpuprovError
-from provision.options import Options
 from provision.plan.build import build_plan
+from provision.plan.options import Options
 from provision.report import detect_host
 from tests.conftest import DISTROS, make_host
 

@@ -17,6 +17,7 @@ from provision import cli
 from provision.commands import COMMANDS
 from tests.conftest import REPO, arch_report
 
+FIXTURE_HOST = REPO / "tests/fixtures/hosts/h200-vm"  # a captured GPU host: os-release, PCI, driver
 LAZY = re.compile(r"#\s*lazy:.*\d+(\.\d+)?\s*ms")
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
@@ -151,17 +152,20 @@ def test_help_loads_no_command_module():
 
 
 HEAVY = ("typer", "click", "jinja2", "yaml", "tomlkit", "pynvml", "http.server", "provision.plan", "provision.inject",
-         "provision.bundle", "provision.k8s", "provision.engines", "provision.verify", "provision.share")
+         "provision.bundle", "provision.k8s", "provision.engines", "provision.verify", "provision.share",
+         # what detect's own records and readers avoid (issue 20, item 7): frozen dataclasses cost ~1 ms a class and
+         # their module 6 ms; `distro` 11 ms (read only for CentOS, legacy release files, incomplete os-release)
+         "dataclasses", "distro")
 
 
 def test_detect_loads_only_what_it_needs():
     """Deterministic stand-in for the timing (bench/detect_bench.py): none of the other commands' modules and
     libraries load for `gpuprov detect`, and every command module but detect's stays unloaded."""
-    code = ("import sys, runpy; sys.argv = ['gpuprov', 'detect', '--json', '--pci-id', '10de:2330', '--target', "
-            "'debian-12']\ntry:\n    runpy.run_module('provision', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert '"schema": "gpuprov.detect/v1"' in r.stdout, r.stderr[-2000:]
-    loaded = set(r.stderr.split())
-    assert {m for m in loaded if m.startswith("provision.commands.")} == {"provision.commands.detect"}
-    assert sorted(m for m in loaded if m.startswith(HEAVY)) == []
+    for args in (["--pci-id", "10de:2330", "--target", "debian-12"], ["--root", str(FIXTURE_HOST)]):
+        code = (f"import sys\nfrom provision.cli import main\nmain(['detect', '--json', *{args!r}])\n"
+                "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert '"schema": "gpuprov.detect/v1"' in r.stdout, r.stderr[-2000:]
+        loaded = set(r.stderr.split())
+        assert {m for m in loaded if m.startswith("provision.commands.")} == {"provision.commands.detect"}
+        assert sorted(m for m in loaded if m.startswith(HEAVY)) == [], args

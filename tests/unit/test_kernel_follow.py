@@ -24,9 +24,9 @@ from provision.decide.kernel import (
 )
 from provision.facts.boot import next_boot_kernel, nvidia_module, parse_grub_menu, read_next_boot, resolve_entry
 from provision.facts.packages import InstalledPackage, archive_depends, closure, dpkg_installed, offered_module_packages
-from provision.options import Options
 from provision.plan import driver as drv
 from provision.plan.build import build_plan
+from provision.plan.options import Options
 from provision.plan.steps import packages_installed
 from provision.report import detect_host
 from provision.verify.checks import NodeHost, next_boot_module

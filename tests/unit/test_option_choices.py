@@ -13,8 +13,9 @@ import typer.main
 import yaml
 
 from provision.cli import load_commands
-from provision.options import CHOICES, MODULE_PARAMS, Mirror, Options, Stage, values
+from provision.options import CHOICES, MODULE_PARAMS, Mirror, Stage, values
 from provision.plan import repos
+from provision.plan.options import Options
 from tests.conftest import REPO, run_cli
 
 app = load_commands(["plan"])  # gpuprov imports only the invoked command's module: bootstrap's

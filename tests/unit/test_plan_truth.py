@@ -31,12 +31,12 @@ from provision.engines import validate
 from provision.engines.base import FileEdit
 from provision.errors import GpuprovError
 from provision.facts.distro_facts import read_distro
-from provision.options import Options
 from provision.plan import driver
 from provision.plan import runtime as runtime_host
 from provision.plan import steps as st
 from provision.plan.apply import check_plan
 from provision.plan.build import build_plan
+from provision.plan.options import Options
 from provision.report import detect_host
 from tests import bundles
 from tests.bundles import small_bundle, tar_of
