@@ -4,7 +4,10 @@ configured by `gpuprov k8s node --default`, NVIDIA's k8s-device-plugin (built fr
 DaemonSet would run it, with the config `gpuprov k8s manifests` wrote) registering nvidia.com/gpu with kubelet.
 A static pod asking for nvidia.com/gpu: 1 sees exactly the GPU kubelet allocated (read back through PodResources),
 runs a CUDA program, and `gpuprov metrics` reports its memory under the pod's labels. Then with `gpuprov share`
-on, the plugin's timeSlicing replicas let two pods share one GPU, each held to its own MPS memory cap."""
+on, the plugin's timeSlicing replicas let two pods share one GPU, each held to its own MPS memory cap. Last, a
+multi-tenant node (`runtime install --no-env-unprivileged`, so `k8s manifests` picks the volume-mounts strategy): each
+pod asking for one GPU sees exactly the one kubelet allocated (two pods, two different GPUs on a host with two or
+more), and a pod asking for none but setting NVIDIA_VISIBLE_DEVICES=all sees no GPU."""
 from __future__ import annotations
 
 import json
@@ -19,9 +22,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import k8s_cri
-from tests.cri.client import log_text
+from tests.cri.client import CRI, log_text
 from tests.cri.harness import Containerd
-from tests.k8s.kubelet import Kubelet
+from tests.k8s.kubelet import NODE, Kubelet
 
 OUT = Path(os.environ.get("OUT", "/tmp/k8s-kubelet"))
 KIT = Path(os.environ.get("KIT", "/tmp/kkit/bin"))
@@ -134,6 +137,59 @@ def shared(k: Kubelet, img: str, plugin: Plugin) -> None:
     save()
 
 
+def fresh_kubelet(k: Kubelet, pods: list[str]) -> None:
+    """A standalone kubelet (no API server) never frees a finished pod's devices: its device manager waits until every
+    pod source is ready, and the API server's never is ("skipping delete because sources aren't ready yet"). The
+    multi-tenant pods need both GPUs, so kubelet is stopped with its pods, the earlier pods' manifests and its device
+    checkpoint are removed, and it starts again (containerd, its config and the runtime stay)."""
+    k.stop()
+    for pod in pods:
+        (k.base / "manifests" / f"{pod.removesuffix(f'-{NODE}')}.yaml").unlink(missing_ok=True)
+    (k.device_plugin_dir / "kubelet_internal_checkpoint").unlink(missing_ok=True)
+    k.cri = CRI(k.ctrd.socket)
+    k.start()
+
+
+def plain_pod(k: Kubelet, img: str, name: str, cmd: str, env: list[dict]) -> str:
+    """A pod that asks for no GPU."""
+    return k.static_pod(name, [{"name": "main", "image": img, "imagePullPolicy": "Never", "command": ["sh", "-c", cmd],
+                                "env": CAPS + env}])
+
+
+def multi_tenant(k: Kubelet, img: str, plugin: Plugin, uuids: list[str], earlier: list[str]) -> None:
+    plugin.stop()
+    fresh_kubelet(k, earlier)
+    k8s_cri.gpuprov("share", "disable")
+    r = k8s_cri.gpuprov("runtime", "install", "--prefix", "/tmp/rt", "--no-env-unprivileged", "--json")
+    man = OUT / "manifests-multitenant"
+    m = k8s_cri.gpuprov("k8s", "manifests", "--output", str(man))
+    RESULT["multitenant_setup"] = {"install_rc": r.returncode, "manifests_rc": m.returncode,
+                                   "plugin_config": (man / "device-plugin-config.yaml").read_text()}
+    plugin.config = man / "device-plugin-config.yaml"
+    time.sleep(2)
+    RESULT["allocatable_multitenant"] = plugin.start("multitenant")
+    save()
+    smi = "nvidia-smi -L; gpuprov-hold 1000 20"
+    asking = [gpu_pod(k, img, f"mt-{c}", smi) for c in "ab"[:min(2, len(uuids))]]
+    none = plain_pod(k, img, "mt-none", "ls -1 /dev; nvidia-smi -L 2>&1; echo done",
+                     [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+    logs = {n: wait_log(k, n, "holding" if n != none else "done") for n in (*asking, none)}
+    pods = {}
+    for n, (lg, _) in logs.items():
+        seen = [ln.split("UUID: ")[1].rstrip(")") for ln in lg.splitlines() if "UUID: " in ln]
+        pods[n] = {"log": lg, "podresources_devices": allocated(k, n), "uuids_seen_in_pod": seen}
+    mine = [pods[n] for n in asking]
+    RESULT["multitenant"] = {
+        "pods": pods, "host_gpus": uuids,
+        "each_sees_exactly_its_gpu": all(p["uuids_seen_in_pod"] == p["podresources_devices"] and
+                                         len(p["podresources_devices"]) == 1 for p in mine),
+        "different_gpus": len({d for p in mine for d in p["podresources_devices"]}) == len(mine),
+        "no_request_sees_no_gpu": pods[none]["uuids_seen_in_pod"] == [] and "done" in pods[none]["log"] and
+        not [ln for ln in pods[none]["log"].splitlines() if ln.startswith("nvidia")],  # ls -1 /dev: no nvidia* node
+    }
+    save()
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ.update(ENV)
@@ -164,7 +220,9 @@ def main() -> None:
         RESULT["kubelet_start_s"] = round(time.monotonic() - t0, 1)
         RESULT["allocatable"] = plugin.start("single")
         save()
-        for step in (lambda: single(k, img, uuids), lambda: shared(k, img, plugin)):
+        earlier = [f"{n}-{NODE}" for n in ("cuda", "mps-a", "mps-b", "mps-c")]
+        for step in (lambda: single(k, img, uuids), lambda: shared(k, img, plugin),
+                     lambda: multi_tenant(k, img, plugin, uuids, earlier)):
             try:
                 step()
             except Exception:  # noqa: BLE001 - record and go on to the next proof

@@ -8,4 +8,4 @@ mkdir -p /tmp/kkit && tar -xJf .gpu-kubelet/bin.tar.xz -C /tmp/kkit
 mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m provision "$@"\n' > /tmp/bin/gpuprov && chmod +x /tmp/bin/gpuprov
 export PATH=/tmp/bin:/tmp/kkit/bin:$PATH KIT=/tmp/kkit/bin LD_LIBRARY_PATH=/tmp/kkit/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 { nvidia-smi -L; uname -r; python3 --version; } > "$OUT/host.txt" 2>&1
-timeout 300 python3 tests/gpu/k8s_kubelet.py 2>&1 | tee "$OUT/proof-log.txt" | tail -60
+timeout 480 python3 tests/gpu/k8s_kubelet.py 2>&1 | tee "$OUT/proof-log.txt" | tail -60
