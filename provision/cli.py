@@ -294,8 +294,9 @@ def script() -> int:
     code = main()
     if "typer" not in sys.modules:
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:  # None: started with that descriptor closed (`gpuprov --version >&-`)
+                    stream.flush()
         except OSError:
             return code
         os._exit(code)

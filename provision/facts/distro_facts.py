@@ -96,7 +96,11 @@ def _release_files(root: Path) -> dict[str, bytes]:
 def os_release_fields(data: bytes) -> dict[str, str]:
     """os-release(5)'s assignments, keys lower-cased, values as a POSIX shell reads them: `distro`'s own reading (shlex,
     whitespace-split; `#` starts a comment; a word without `=` is ignored)."""
-    lexer = shlex.shlex(data.decode(errors="replace"), posix=True)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:  # `distro` reads it as UTF-8 too, and says what it makes of bytes that are not
+        return {}
+    lexer = shlex.shlex(text, posix=True)
     lexer.whitespace_split = True
     try:
         words = list(lexer)

@@ -25,7 +25,8 @@ if "--spawn-server" in sys.argv[4:]:
 # the standard streams' buffers remain, written out here as at a normal exit (a failing one is ignored, as there).
 for stream in (sys.stdout, sys.stderr):
     try:
-        stream.flush()
+        if stream is not None:  # None: started with that descriptor closed
+            stream.flush()
     except (OSError, ValueError):
         pass
 os._exit(rc)

@@ -101,14 +101,20 @@ def parse_argv(argv: list[str]) -> Invocation:
 
 
 def to_stderr(line: str) -> None:
-    sys.stderr.write(line + "\n")
+    """A line on stderr, if there is one: a runtime started with it closed (None) or a stderr nobody reads any more
+    still ends with its own exit code, and the log file has the line."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(line + "\n")
+    except OSError:
+        pass
 
 
 def report_error(msg: str, log: str | None, log_format: str | None, emit: Callable[[str], None] = to_stderr) -> None:
-    """Where the engine looks: runc's --log file (containerd shows its last error), and stderr (`emit`: the warm
-    editor sends the line back to the front-end, which prints it)."""
-    emit(f"gpuprov-runtime: {msg}")
+    """Where the engine looks: runc's --log file (containerd shows its last error), written first, and stderr (`emit`:
+    the warm editor sends the line back to the front-end, which prints it)."""
     _log(msg, log, log_format, "error")
+    emit(f"gpuprov-runtime: {msg}")
 
 
 def report_warning(msg: str, log: str | None, log_format: str | None, emit: Callable[[str], None] = to_stderr

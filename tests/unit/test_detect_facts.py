@@ -59,6 +59,7 @@ ODD_OS_RELEASE = {  # what the os-release reader must read as `distro` does, or 
     "no-pretty-name": "ID=debian\nVERSION_ID=12\nNAME=Debian\n",
     "no-version-id": 'ID=debian\nPRETTY_NAME="Debian GNU/Linux trixie/sid"\nVERSION_CODENAME=trixie\n',
     "unclosed-quote": 'ID=rocky\nVERSION_ID="9.3\nPRETTY_NAME="Rocky Linux"\n',
+    "not-utf-8": b'ID=debian\nVERSION_ID="12"\nPRETTY_NAME="D\xe9bian 12"\n',  # distro refuses it: so does read_distro
 }
 
 
@@ -70,7 +71,8 @@ def test_os_release_read_here_as_distro_reads_it(name, tmp_path):
     if name in ODD_OS_RELEASE:
         root = tmp_path
         (root / "etc").mkdir()
-        (root / "etc/os-release").write_text(ODD_OS_RELEASE[name])
+        text = ODD_OS_RELEASE[name]
+        (root / "etc/os-release").write_bytes(text if isinstance(text, bytes) else text.encode())
     files = df._release_files(root)
     os_rel = next((c for c in ("etc/os-release", "usr/lib/os-release") if c in files), None)
     try:
@@ -87,6 +89,7 @@ def test_os_release_fields_tokenised_as_a_shell_does():
     assert df.os_release_fields(text) == {"id": "rocky", "id_like": "rhel centos fedora", "name": "Rocky",
                                           "empty": "", "x": "a b"}
     assert df.os_release_fields(b'ID="open') == {}  # unclosed quote: left to `distro`
+    assert df.os_release_fields(b"ID=d\xe9bian") == {}  # not UTF-8: left to `distro` (which refuses it)
 
 
 def test_debian_codenames():

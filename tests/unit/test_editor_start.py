@@ -60,3 +60,23 @@ def test_cold_create_loads_the_detect_layer_only_to_rebuild_discovery(tmp_path):
     second = gpu_bundle(tmp_path, "second")
     rc, modules = cold_modules(str(second), env=env)
     assert rc == 0 and edited(second) and loaded(modules) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod (the fake H200 host's device nodes)")
+@pytest.mark.parametrize("closed", ["", ">&-", "2>&-"])
+def test_modify_main_exits_with_the_create_code_whatever_its_streams(tmp_path, closed):
+    """modify_main.py itself, as the front-end runs it (-I -S, a bundle, runc's log and format), ends through
+    os._exit with the create's code: 0 for a GPU create, 10 for a refusal (settings that do not exist), also when it
+    was started with stdout or stderr closed (the stream is None then: nothing to flush, nothing to print to)."""
+    from tests.inject_helpers import edited, gpu_bundle, write_settings
+
+    main = str(REPO / "provision/inject/modify_main.py")
+    for settings, want in ((write_settings(tmp_path), 0), (tmp_path / "none.json", 10)):
+        bundle = gpu_bundle(tmp_path, f"b{want}")
+        env = {"PATH": "/usr/bin:/bin", "GPUPROV_RUNTIME_CONFIG": str(settings)}
+        p = subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", sys.executable, "-I", "-S", main, str(bundle),
+                            str(tmp_path / "runc.log"), "json"], capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == want, (closed, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr and edited(bundle) == (want == 0)
+        if want:  # the refusal reaches runc's log (where containerd reads it) whatever became of stderr
+            assert "gpuprov-runtime: " in (tmp_path / "runc.log").read_text(), closed

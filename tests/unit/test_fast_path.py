@@ -165,3 +165,7 @@ def test_the_script_ends_without_teardown_but_says_everything(tmp_path):
     assert missing.stderr.startswith("Error: --root ") and missing.stderr.count("\n") == 1, missing.stderr
     bad = subprocess.run([*gpuprov_bin(), "detect", "--bogus"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == USAGE and "No such option: --bogus" in bad.stderr, bad
+    for closed in (">&-", "2>&-"):  # started with stdout or stderr closed: that stream is None, nothing to flush
+        r = subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", *gpuprov_bin(), "--version"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (closed, r)
