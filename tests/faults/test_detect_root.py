@@ -17,7 +17,7 @@ NVRM = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Rel
 # Every file detect opens on a Debian host with one H100 (engine configs from the engines table itself).
 READ_PATHS = [f"{GPU}/class", f"{GPU}/vendor", f"{GPU}/device", f"{GPU}/subsystem_device", f"{GPU}/numa_node",
               "proc/driver/nvidia/version", "proc/modules", "proc/sys/kernel/osrelease", "sys/module/nvidia/version",
-              SECURE_BOOT_VAR, "etc/redhat-release",
+              SECURE_BOOT_VAR, "etc/redhat-release", "proc/4242/comm",  # the engines' process scan reads every comm
               *[e.config.lstrip("/") for e in ENGINES]]
 LIMIT_S = 30  # detect takes about a second here; a hang is what this catches
 
