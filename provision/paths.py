@@ -35,3 +35,6 @@ MPS_PIPE_DIR = f"{RUN_DIR}/mps"  # `gpuprov share`: the MPS control daemon's pip
 MPS_LOG_DIR = f"{LOG_DIR}/mps"  # `gpuprov share`: the MPS control daemon's and servers' logs
 SHARE_STATE = f"{RUN_DIR}/share.json"  # `gpuprov share`: what runs where (the runtime reads it)
 DRIVER_VOLUMES = f"{STATE_DIR}/driver"  # `gpuprov driver-volume`: versioned copies and `current`
+# DKMS builds that failed when a kernel was installed (one file per kernel: the failure, its log), written by the
+# autoinstall guard of the driver's kernel-hook step (provision/templates/dkms-sysconfig.j2)
+DKMS_FAILED = f"{STATE_DIR}/dkms-failed"

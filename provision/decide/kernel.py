@@ -145,3 +145,37 @@ def series_update(installed: Mapping, new_packages: Iterable[str], needed: froze
            + (f", with the other module flavour ({', '.join(flavour_gone)} goes)" if flavour_gone else ""))
     return Replacement(tuple(sorted(p.name for p in series if p.held)), tuple(flavour_gone),
                        f"{meta} {cur.upstream}", why)
+
+
+# ---------------------------------------------------------------- the branch pin
+
+
+# The apt preferences file that keeps the driver series on its branch (plan/driver.py's hold step writes it): per
+# source package of the series, its branch's versions at 990 (updates within the branch are installed, with the
+# kernel that needs them, in the same transaction) and every other version at -1 (never installed: a branch change
+# is `gpuprov bootstrap --driver B`, which rewrites it). Written instead of `apt-mark hold`, which keeps even the
+# security suite's in-branch update out, so the kernel that needs it arrives alone and its DKMS build fails.
+PIN_FILE = "/etc/apt/preferences.d/gpuprov-nvidia"
+PIN_PRIORITY = 990
+PIN_STANZA_RE = re.compile(r"^Package: src:(\S+?)(?::any)?\nPin: version (\S+)\nPin-Priority: (-?\d+)$", re.M)
+
+
+def pinned_branches(text: str) -> dict[str, str]:
+    """source package -> the version pattern pinned at PIN_PRIORITY ("535.*") in a pin file's text."""
+    out: dict[str, str] = {}
+    for src, version, prio in PIN_STANZA_RE.findall(text):
+        if int(prio) == PIN_PRIORITY and src not in out:
+            out[src] = version
+    return out
+
+
+def branch_of(version: str) -> str:
+    """The branch pattern of a driver version, epoch kept: "535.261.03-1~deb12u1" -> "535.*", "1:470.2-1" ->
+    "1:470.*"."""
+    return version.split(".", 1)[0] + ".*"
+
+
+def pinned_series(installed: Mapping, pins: Mapping[str, str]) -> dict:
+    """dpkg's packages with those of a pinned source (gpuprov's pin file) marked held: held (`apt-mark hold`, as
+    gpuprov left a series before the pin) or pinned, the series is gpuprov's, which it keeps following."""
+    return {n: (p._replace(held=True) if p.source in pins and not p.held else p) for n, p in installed.items()}

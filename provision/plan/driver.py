@@ -29,10 +29,15 @@ from provision import effects, paths
 from provision.decide.driver import ubuntu_dkms_package
 from provision.decide.kernel import (
     METAPACKAGE_RE,
+    PIN_FILE,
+    PIN_PRIORITY,
     Replacement,
+    branch_of,
     branch_replacement,
     headers_metapackages,
     kernel_metapackages,
+    pinned_branches,
+    pinned_series,
     series_update,
     ubuntu_precompiled,
 )
@@ -74,14 +79,22 @@ DKMS_KEY = "/var/lib/dkms/mok.pub"
 MOK_HASH = paths.MOK_HASH
 ONE_TIME_PASSWORD = "<one-time password, shown once>"  # what a printed plan shows in its place
 LOG_DIR = "/var/log/gpuprov"
+DKMS_SYSCONFIG = "/etc/sysconfig/dkms"  # read by DKMS's autoinstaller, which its kernel hooks run
 # Debian's kernel module names per flavour: `install nvidia modprobe -i <name>` in /etc/modprobe.d/nvidia.conf,
 # chosen by the `nvidia` alternative (/usr/lib/nvidia/<flavour dir>).
 DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open"),
                    "proprietary": ("nvidia-current", "/usr/lib/nvidia/current")}
-# apt-mark hold for the packages named ("$@") and every installed package built from their source packages.
-HOLD_SERIES = ("apt-mark hold \"$@\" $(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
-               "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
-               "'$1 ~ /^[ih]i$/ && index(want, \" \" $2 \" \") {print $3}')")
+# The branch pin (decide/kernel.py: PIN_FILE) for the source packages of the packages named ("$@"), each at the
+# branch of its installed version (epoch kept, "535.*"), written whole then renamed; then the `apt-mark hold`s an
+# earlier gpuprov left on those sources' packages are taken off (the pin holds the branch from then on).
+PIN_SERIES = ("set -e; f=" + PIN_FILE + "; dpkg-query -W -f '${source:Package} ${Version}\\n' \"$@\" | sort -u -k1,1 | "
+              "while read -r s v; do printf 'Package: src:%s:any\\nPin: version %s.*\\nPin-Priority: "
+              + str(PIN_PRIORITY) + "\\n\\nPackage: src:%s:any\\nPin: version *\\nPin-Priority: -1\\n\\n' "
+              "\"$s\" \"${v%%.*}\" \"$s\"; done > \"$f.tmp\"; mv \"$f.tmp\" \"$f\"; "
+              "held=$(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
+              "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
+              "'$1 == \"hi\" && index(want, \" \" $2 \" \") {print $3}'); "
+              "if [ -n \"$held\" ]; then apt-mark unhold $held; fi")
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -220,23 +233,43 @@ class InitramfsHas:
 
 @dataclass(frozen=True)
 class Held:
-    """Packages held against upgrades: `hold` in dpkg's status (with every installed package built from their
-    source packages), or listed in dnf/yum's versionlock list."""
+    """Packages held against upgrades: on apt, the branch pin (PIN_FILE) names the source package of each, at the
+    branch of its installed version, and no package of those sources is still on `apt-mark hold` (the hold keeps the
+    security suite's in-branch update away from the kernel that needs it); elsewhere, listed in dnf/yum's
+    versionlock list."""
     manager: str
     packages: tuple[str, ...]
 
     def satisfied(self, root: Path) -> bool:
-        if self.manager == "apt":  # the packages and every installed package of their source packages
-            installed = dpkg_installed(root)
-            sources = {installed[p].source for p in self.packages if p in installed}
-            series = {*self.packages, *(p.name for p in installed.values() if p.source in sources)}
-            return all(p in installed and installed[p].held for p in series)
+        if self.manager == "apt":
+            return apt_pinned(root, self.packages)
         locks = read_or_empty(under(root, versionlock_list(self.manager)))
         return all(re.search(rf"^\d*:?{re.escape(p)}-\d", locks, re.M) for p in self.packages)
 
     def describe(self) -> str:
-        return (f"skipped when {' '.join(self.packages)} are held"
-                + (", and every installed package of their source packages" if self.manager == "apt" else ""))
+        if self.manager == "apt":
+            return (f"skipped when {PIN_FILE} pins the source package of each of {' '.join(self.packages)} to the "
+                    "branch installed, and none of their packages is on apt-mark hold")
+        return f"skipped when {' '.join(self.packages)} are held"
+
+
+def read_pins(root: Path) -> dict[str, str]:
+    """The branch pin's sources and their version patterns ({} without the file)."""
+    return pinned_branches(read_or_empty(under(root, PIN_FILE)))
+
+
+def apt_pinned(root: Path, packages: tuple[str, ...]) -> bool:
+    installed = dpkg_installed(root)
+    pins = read_pins(root)
+    if not all(p in installed and pins.get(installed[p].source) == branch_of(installed[p].version)
+               for p in packages):
+        return False
+    return not any(p.held for p in installed.values() if p.source in pins)
+
+
+def series_installed(root: Path) -> dict:
+    """dpkg's packages, those of the sources gpuprov pinned counted as held (decide/kernel.py: pinned_series)."""
+    return pinned_series(dpkg_installed(root), read_pins(root))
 
 
 def versionlock_list(manager: str) -> str:
@@ -276,8 +309,9 @@ class DriverInstall(Action):
     headers: tuple[str, ...]  # each kernel's own headers package, asked of apt before the install
     ways_out: str
     allow_remove: bool = False
-    unhold: tuple[str, ...] = ()  # a change of branch: the old series' held packages
+    unhold: tuple[str, ...] = ()  # a change of branch: the old series' held (or pinned) packages
     remove: tuple[str, ...] = ()  # … and every package of the old series, removed in the same transaction
+    unpin: bool = False  # a change of branch: the branch pin goes first (the new branch may share its sources)
 
     def _install(self) -> PackageInstall:
         return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV, remove=self.remove)
@@ -286,7 +320,8 @@ class DriverInstall(Action):
         return [Command(("apt-cache", "show", "--no-all-versions", h)) for h in self.headers]
 
     def _unhold(self) -> list[Command]:
-        return [Command(("apt-mark", "unhold", *self.unhold))] if self.unhold else []
+        return ([Command(("apt-mark", "unhold", *self.unhold))] if self.unhold else []) + \
+            ([Command(("rm", "-f", PIN_FILE))] if self.unpin else [])
 
     def _autoinstall(self) -> list[Command]:
         """The module package's own build covers the running and the newest kernel only; DKMS's autoinstall builds
@@ -341,8 +376,8 @@ class DriverInstall(Action):
         try:  # exit 14 before anything is installed when apt would remove a package it was not asked to
             install.check_removals()
         except RemovalRefused:
-            if self.unhold:  # nothing changed: the old series is held again
-                Command(("apt-mark", "hold", *self.unhold)).execute()
+            if self.unhold:  # nothing changed: the old series is pinned again
+                Command(("sh", "-c", PIN_SERIES, "pin-series", *self.unhold)).execute()
             raise
         install = install.install()
         res = install.run()
@@ -452,7 +487,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     running, asked = (drv.kernel_release if drv else None), tuple(getattr(opt, "kernels", ()))
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
     if apt.replacement is None and dkms and target.package_manager == "apt" and not opt.bundle:
-        update = series_update(dpkg_installed(root), packages, closure(packages, archive_depends(root)),
+        update = series_update(series_installed(root), packages, closure(packages, archive_depends(root)),
                                archive_versions(root, packages), tuple(k for k in kernels.releases if not module_built(root, k)))
         if update:  # the held series follows the kernel within its branch: built for every installed kernel
             apt = replace(apt, replacement=update)
@@ -483,6 +518,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
                           check=ModprobeLoads(mod)))
     steps.append(_initramfs_step(target, kernels.releases))
     steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith("firmware-"))))
+    if target.package_manager == "apt" and dkms_pkg and dkms:
+        steps.append(_kernel_hook_step(root))
     if drv and drv.secure_boot and dkms:
         steps.append(Step("driver.mok", Stage.DRIVER,
                           "Secure Boot is on: stage the DKMS signing key for enrolment (one-time "
@@ -512,7 +549,7 @@ def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
     step), which it keeps following (another module flavour, an update within the branch for a new kernel)."""
     if target.package_manager != "apt":
         return False
-    installed = dpkg_installed(root)
+    installed = series_installed(root)
     return any(METAPACKAGE_RE.match(p) and p in installed and installed[p].held for p in packages)
 
 
@@ -522,8 +559,7 @@ def _boot_kernel_unserved(root: Path, running: str | None) -> bool:
     boot = boot_kernel(root)
     if not boot or boot == running or module_built(root, boot):
         return False
-    installed = dpkg_installed(root)
-    return any(METAPACKAGE_RE.match(p.name) and p.held for p in installed.values())
+    return any(METAPACKAGE_RE.match(p.name) and p.held for p in series_installed(root).values())
 
 
 def _keep_installed(drv, packages: list[str], opt, baking: bool, ours: bool = False) -> Step | None:
@@ -602,7 +638,7 @@ class AptFacts:
 def _apt_facts(root: Path, target: Target, opt, packages: list[str]) -> AptFacts:
     if target.package_manager != "apt" or opt.bundle:
         return AptFacts()
-    installed = dpkg_installed(root)
+    installed = series_installed(root)
     pinned = str(getattr(opt, "driver", "auto")).isdigit()  # only a branch asked for replaces what is there
     return AptFacts(kernel_metapackages(installed),
                     offered_module_packages(root) if target.os_id == "ubuntu" else frozenset(),
@@ -653,7 +689,7 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
         install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
                                 tuple(h for h in kp.headers if h.startswith("linux-headers-")), "; ".join(ways),
                                 allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
-                                remove=rep.remove if rep else ())
+                                remove=rep.remove if rep else (), unpin=bool(rep and not rep.why))
         return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
                     reboot=True, reboot_reason=why, notes=tuple(notes))
@@ -675,13 +711,15 @@ def _initramfs_step(target: Target, releases: tuple[str, ...]) -> Step:
 
 
 def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
-    """An unattended upgrade of the driver's userspace under a loaded module is "Driver/library version
-    mismatch": hold the packages until the operator upgrades them (and reboots) on purpose."""
+    """apt: pin the series to its branch (updates within it come with the kernels that need them; a userspace newer
+    than the loaded module until the reboot is the price). dnf/yum: versionlock the packages (a userspace upgrade
+    under a loaded module is "Driver/library version mismatch" until the reboot) until the operator upgrades them."""
     if target.package_manager == "apt":
-        # The whole series, not the named packages alone: with only those held, `apt-get full-upgrade` meets a newer
-        # series in the archive (bookworm-security's 535.309) and stops ("held broken packages"), kernel and all.
-        acts: tuple = (Command(("sh", "-c", HOLD_SERIES, "hold-series", *packages)),)
-        how = "apt-mark unhold"
+        # The branch, not one version: an `apt-mark hold` keeps the security suite's driver update (bookworm-security:
+        # 535.309.01) from the kernel that needs it (6.1.0-56, which 535.261.03 cannot build for), so that kernel
+        # arrived alone and its DKMS build failed. Pinned by source package, the whole series moves together.
+        acts: tuple = (Command(("sh", "-c", PIN_SERIES, "pin-series", *packages)),)
+        how = "gpuprov bootstrap --driver BRANCH"
     else:
         pm = target.package_manager
         plugin = "python3-dnf-plugin-versionlock" if pm == "dnf" else "yum-plugin-versionlock"
@@ -689,11 +727,40 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         acts = (PackageInstall(pm, (plugin,)), Command((pm, "versionlock", "add", *names)))
         packages = names
         how = f"{pm} versionlock delete"
-    title = (f"Hold the driver packages against upgrades: {' '.join(packages)}"
-             + (", and every installed package built from their source packages" if target.package_manager == "apt"
-                else ""))
+    if target.package_manager == "apt":
+        title = (f"Pin the driver to its branch ({PIN_FILE}): the source packages of {' '.join(packages)}, at the "
+                 f"branch installed (priority {PIN_PRIORITY}; other versions -1)")
+        notes: tuple[str, ...] = (
+            "updates within the branch install with apt's other upgrades (unattended-upgrades included), with the "
+            "kernel that needs them; the userspace is newer than the loaded module until the reboot",
+            f"another branch: `{how}`",
+            "`apt-mark hold`s of an earlier gpuprov on these packages are taken off (the pin replaces them)")
+    else:
+        title = f"Hold the driver packages against upgrades: {' '.join(packages)}"
+        notes = (f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",)
     return Step("driver.hold", Stage.DRIVER, title, actions=acts, check=Held(target.package_manager, packages),
-                notes=(f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",))
+                notes=notes)
+
+
+def _kernel_hook_step(root: Path) -> Step:
+    """A module that cannot build for a kernel apt installs later must not fail that kernel's configuration (its
+    initramfs and boot entry, and every apt run after it): DKMS's kernel hooks run its autoinstaller, which reads
+    /etc/sysconfig/dkms (bookworm's dkms 3.0.10; its own options cannot: a BUILD_EXCLUSIVE mismatch is an
+    autoinstall failure too); gpuprov's file there records the failure instead of passing it on. The default boot
+    entry is left to the kernel's own hooks: `gpuprov verify` is red for a kernel that boots next without its module,
+    and the plan's driver step builds one (the README says so). An operator's own file there is kept."""
+    guard = WriteFile(DKMS_SYSCONFIG, render("dkms-sysconfig.j2", failed_dir=paths.DKMS_FAILED))
+    old = read_or_empty(under(root, DKMS_SYSCONFIG))
+    title = "Keep a failed DKMS build from failing a kernel update: DKMS's kernel hooks record it instead"
+    if old and not old.startswith(guard.content.split("\n", 1)[0]):
+        return Step("driver.kernel-hook", Stage.DRIVER, f"{title}: not installed, {DKMS_SYSCONFIG} is the operator's",
+                    check=Already("an operator's file"), verify_only=True,
+                    notes=(f"{DKMS_SYSCONFIG} is kept as it is: a kernel whose module cannot build fails its "
+                           "configuration (apt exits 100) until the module builds or the kernel is removed",))
+    return Step("driver.kernel-hook", Stage.DRIVER, title, actions=(guard,),
+                check=FilesMatch(((guard.path, guard.content),)),
+                notes=(f"a kernel whose module cannot build still installs completely (initramfs, boot entry); the "
+                       f"failure is recorded in {paths.DKMS_FAILED}/KERNEL and `gpuprov verify` names the kernel",))
 
 
 def _el_repo_steps(target: Target, opt) -> list[Step]:

@@ -39,9 +39,9 @@ def install_line(steps: dict) -> str:
 
 # family -> (distro, gpu setup, pinned branch, the install line must name, the hold command)
 FAMILIES = {
-    "debian-tesla": ("debian-12", "volta", "470", "nvidia-tesla-470-driver", "apt-mark hold"),
-    "debian-main": ("debian-13", "datacenter", "550", "nvidia-driver", "apt-mark hold"),
-    "ubuntu": ("ubuntu-22.04", "datacenter", "535", "nvidia-headless-535-server-open", "apt-mark hold"),
+    "debian-tesla": ("debian-12", "volta", "470", "nvidia-tesla-470-driver", "pin-series"),
+    "debian-main": ("debian-13", "datacenter", "550", "nvidia-driver", "pin-series"),
+    "ubuntu": ("ubuntu-22.04", "datacenter", "535", "nvidia-headless-535-server-open", "pin-series"),
     "elrepo": ("rocky-9", "volta", "580", "kmod-nvidia-580xx", "dnf versionlock add"),
     "elrepo-el7": ("centos-7", "kepler", "470", "kmod-nvidia-470xx", "yum versionlock add"),
 }

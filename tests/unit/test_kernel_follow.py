@@ -415,24 +415,6 @@ def test_archive_depends_and_the_new_series_closure(tmp_path):
     assert not {"nvidia-driver-libs", "nvidia-legacy-check"} & need
 
 
-def test_hold_is_the_whole_series(tmp_path):
-    """With only the named packages held, `apt-get full-upgrade` stops on a newer series in the archive ("held
-    broken packages", seen on bookworm with its security suite): the hold step holds every installed package of
-    their source packages, and its check asks for that."""
-    root = make_host(tmp_path, "debian-12", "datacenter", kernel=OLD)
-    named = ("nvidia-open-kernel-dkms", "nvidia-driver", "nvidia-smi", "libcuda1")
-    series = {"nvidia-driver": "nvidia-graphics-drivers", "nvidia-driver-libs": "nvidia-graphics-drivers",
-              "nvidia-smi": "nvidia-graphics-drivers", "libcuda1": "nvidia-graphics-drivers",
-              "nvidia-open-kernel-dkms": "nvidia-open-gpu-kernel-modules"}
-    dpkg_status(root, series, held=named)
-    step = next(s for s in build_plan(detect_host(root, engines=False), Options()) if s.id == "driver.hold")
-    assert step.actions[0].argv == ("sh", "-c", drv.HOLD_SERIES, "hold-series", *named)
-    assert not step.check.satisfied(root)  # nvidia-driver-libs, built from nvidia-graphics-drivers, is not held
-    (root / "var/lib/dpkg/status").write_text("")
-    dpkg_status(root, series, held=tuple(series))
-    assert step.check.satisfied(root)
-
-
 def test_debian_driver_with_its_module_on_the_old_kernel_only_is_red(tmp_path):
     """As on the real bookworm host: Debian keeps libnvidia-ml.so.<version> under nvidia/current/ (the userspace
     probe finds no version) and no GPU is there; the driver is still known to be installed by its module on the
@@ -453,7 +435,7 @@ def test_debian_driver_with_its_module_on_the_old_kernel_only_is_red(tmp_path):
 def test_branch_change_that_would_remove_more_stops_and_holds_again(monkeypatch):
     """The change of branch removes the old series by name, so apt's --no-remove cannot guard it: its dry run does.
     A dry run that would remove anything else stops with exit 14 before the install, and the old series is held
-    again (nothing changed)."""
+    again (nothing changed): pinned to its branch."""
     from provision.errors import RemovalRefused
 
     ran: list[tuple[str, ...]] = []
@@ -470,4 +452,4 @@ def test_branch_change_that_would_remove_more_stops_and_holds_again(monkeypatch)
     with pytest.raises(RemovalRefused, match="docker.io"):
         act.execute()
     assert not any(a[:2] == ("apt-get", "install") for a in ran)
-    assert ran[-1] == ("apt-mark", "hold", "nvidia-driver")
+    assert ran[-1] == ("sh", "-c", drv.PIN_SERIES, "pin-series", "nvidia-driver")  # pinned again
