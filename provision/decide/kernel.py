@@ -88,6 +88,7 @@ class Replacement:
     remove: tuple[str, ...]  # every installed package of the old series, removed in the install's transaction
     old: str  # the old series, in words ("nvidia-driver 535.261.03")
     why: str = ""  # an update within the branch: why it is needed ("kernel 6.1.0-56-amd64 has no nvidia module")
+    previous: tuple[str, ...] = ()  # … and the series as installed (name=version): what a failed update goes back to
 
 
 def branch_replacement(installed: dict, new_packages: Iterable[str], needed: frozenset[str] = frozenset()
@@ -144,7 +145,7 @@ def series_update(installed: Mapping, new_packages: Iterable[str], needed: froze
            f"{', '.join(other) or cur.upstream} in the same branch"
            + (f", with the other module flavour ({', '.join(flavour_gone)} goes)" if flavour_gone else ""))
     return Replacement(tuple(sorted(p.name for p in series if p.held)), tuple(flavour_gone),
-                       f"{meta} {cur.upstream}", why)
+                       f"{meta} {cur.upstream}", why, tuple(sorted(f"{p.name}={p.version}" for p in series)))
 
 
 # ---------------------------------------------------------------- the branch pin

@@ -87,14 +87,24 @@ DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open
 # The branch pin (decide/kernel.py: PIN_FILE) for the source packages of the packages named ("$@"), each at the
 # branch of its installed version (epoch kept, "535.*"), written whole then renamed; then the `apt-mark hold`s an
 # earlier gpuprov left on those sources' packages are taken off (the pin holds the branch from then on).
-PIN_SERIES = ("set -e; f=" + PIN_FILE + "; dpkg-query -W -f '${source:Package} ${Version}\\n' \"$@\" | sort -u -k1,1 | "
-              "while read -r s v; do printf 'Package: src:%s:any\\nPin: version %s.*\\nPin-Priority: "
-              + str(PIN_PRIORITY) + "\\n\\nPackage: src:%s:any\\nPin: version *\\nPin-Priority: -1\\n\\n' "
-              "\"$s\" \"${v%%.*}\" \"$s\"; done > \"$f.tmp\"; mv \"$f.tmp\" \"$f\"; "
-              "held=$(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
-              "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
-              "'$1 == \"hi\" && index(want, \" \" $2 \" \") {print $3}'); "
-              "if [ -n \"$held\" ]; then apt-mark unhold $held; fi")
+
+
+def _pin_script(pattern: str) -> str:
+    """The pin writer (see above); `pattern`: the shell expression of the pinned version, from $v, the installed one."""
+    return ("set -e; f=" + PIN_FILE + "; dpkg-query -W -f '${source:Package} ${Version}\\n' \"$@\" | sort -u -k1,1 | "
+            "while read -r s v; do printf 'Package: src:%s:any\\nPin: version %s\\nPin-Priority: "
+            + str(PIN_PRIORITY) + "\\n\\nPackage: src:%s:any\\nPin: version *\\nPin-Priority: -1\\n\\n' "
+            f"\"$s\" {pattern} \"$s\"; done > \"$f.tmp\"; mv \"$f.tmp\" \"$f\"; "
+            "held=$(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
+            "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
+            "'$1 == \"hi\" && index(want, \" \" $2 \" \") {print $3}'); "
+            "if [ -n \"$held\" ]; then apt-mark unhold $held; fi")
+
+
+PIN_SERIES = _pin_script('"${v%%.*}.*"')  # the branch installed: 535.*
+# The version installed, exactly: what a rolled-back update leaves (the update that failed to build is not offered
+# to apt again; the next `gpuprov bootstrap` that updates the series pins the branch again).
+PIN_EXACT = _pin_script('"$v"')
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -261,8 +271,9 @@ def read_pins(root: Path) -> dict[str, str]:
 def apt_pinned(root: Path, packages: tuple[str, ...]) -> bool:
     installed = dpkg_installed(root)
     pins = read_pins(root)
-    if not all(p in installed and pins.get(installed[p].source) == branch_of(installed[p].version)
-               for p in packages):
+    # the branch, or exactly the version installed (a rolled-back update's pin, kept until an update builds)
+    if not all(p in installed and pins.get(installed[p].source) in (branch_of(installed[p].version),
+                                                                      installed[p].version) for p in packages):
         return False
     return not any(p.held for p in installed.values() if p.source in pins)
 
@@ -312,6 +323,7 @@ class DriverInstall(Action):
     unhold: tuple[str, ...] = ()  # a change of branch: the old series' held (or pinned) packages
     remove: tuple[str, ...] = ()  # … and every package of the old series, removed in the same transaction
     unpin: bool = False  # a change of branch: the branch pin goes first (the new branch may share its sources)
+    previous: tuple[str, ...] = ()  # an update within the branch: the series as installed before (name=version)
 
     def _install(self) -> PackageInstall:
         return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV, remove=self.remove)
@@ -340,9 +352,19 @@ class DriverInstall(Action):
     def on_failure(self) -> list[Command]:
         """The rollback of a failed DKMS build: purge the module package together with the packages that need a
         kernel module (left to itself, apt would keep the metapackage by installing the other flavour's module: a
-        silent switch, another build), finish what dpkg left, and ask dpkg whether anything is still broken."""
+        silent switch, another build), finish what dpkg left, and ask dpkg whether anything is still broken.
+        An update within the branch keeps the driver that worked instead: the series reinstalled at its versions
+        before (from apt's cache or the archive; the new module package purged), built for every kernel, pinned at
+        exactly those versions; then dpkg asked."""
         if not self.dkms_package:
             return []
+        if self.previous:
+            names = tuple(p.split("=", 1)[0] for p in self.previous)
+            gone = (f"{self.dkms_package}-",) if self.dkms_package not in names else ()
+            return [Command(("apt-get", "install", "-y", "--allow-downgrades", *self.previous, *gone), APT_ENV),
+                    Command(("dpkg", "--configure", "-a"), APT_ENV), *self._autoinstall(),
+                    Command(("sh", "-c", PIN_EXACT, "pin-exact", *names)), *self._dkms_status(),
+                    Command(("dpkg", "--audit"))]
         purge = [p for p in self.packages if not p.startswith(("linux-headers-", "firmware-"))]
         purge += [self.dkms_package] if self.dkms_package not in purge else []  # Ubuntu's: a dependency
         return [Command(("apt-get", "purge", "-y", *purge), APT_ENV), Command(("dpkg", "--configure", "-a"), APT_ENV),
@@ -396,6 +418,8 @@ class DriverInstall(Action):
 
     def _rollback(self, kernel: str) -> DkmsBuildFailed:
         first, kept = first_build_error(kernel)
+        if self.previous:
+            return self._restore(kernel, first, kept)
         purge, configure, audit_cmd = self.on_failure()
         purged = purge.run()
         configure.run()
@@ -406,6 +430,31 @@ class DriverInstall(Action):
             f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
             f"{f' (full log: {kept})' if kept else ''}. Rolled back: purged {' '.join(purge.argv[3:])}; {state}. "
             f"Ways out: {self.ways_out}")
+
+
+    def _restore(self, kernel: str, first: str | None, kept: str | None) -> DkmsBuildFailed:
+        """The failed update's rollback (on_failure, in order): the driver that worked, reinstalled, built, pinned;
+        the kernels that still lack a module named."""
+        cmds = self.on_failure()
+        install, rest = cmds[0], cmds[1:]
+        done = install.run()
+        lacking, audit = [], ""
+        for c in rest:
+            r = c.run()
+            if c.argv[:2] == ("dkms", "status") and not any(
+                    ln.rstrip().endswith(": installed") for ln in r.output.splitlines()):
+                lacking.append(c.argv[-1])
+            if c.argv == ("dpkg", "--audit"):
+                audit = r.output.strip()
+        state = ("dpkg is consistent (`dpkg --audit` is empty)" if not audit and done.returncode == 0 else
+                 f"dpkg still reports: {audit.splitlines()[0] if audit else done.output.strip()[-200:]}")
+        old = " ".join(self.previous)
+        modules = (f"kernel {', '.join(lacking)} still has no nvidia module (`gpuprov verify` names it; boot another "
+                   "kernel or fix the build)" if lacking else f"every kernel ({', '.join(self.kernels)}) has its module")
+        return DkmsBuildFailed(
+            f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
+            f"{f' (full log: {kept})' if kept else ''}. Rolled back to the driver that worked: reinstalled and pinned "
+            f"{old}; {modules}; {state}. Ways out: {self.ways_out}")
 
 
 def build_logs() -> list[Path]:
@@ -689,7 +738,8 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
         install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
                                 tuple(h for h in kp.headers if h.startswith("linux-headers-")), "; ".join(ways),
                                 allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
-                                remove=rep.remove if rep else (), unpin=bool(rep and not rep.why))
+                                remove=rep.remove if rep else (), unpin=bool(rep and not rep.why),
+                                previous=rep.previous if rep and rep.why else ())
         return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
                     reboot=True, reboot_reason=why, notes=tuple(notes))

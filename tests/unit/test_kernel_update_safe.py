@@ -190,3 +190,59 @@ def test_the_guard_records_a_failed_autoinstall_instead_of_failing_the_kernel(tm
     rc, _, _ = _guard_run(tmp_path, 3, "status", "-k", NEW)
     assert rc == 3
     assert paths.DKMS_FAILED.endswith("/dkms-failed")
+
+
+# ---------------------------------------------------------------- a failed update keeps the driver that worked
+
+
+def test_the_update_plan_rolls_back_to_the_series_installed_not_a_purge(tmp_path):
+    """Issue 27 item 4: the update within the branch prints, as its rollback, the series reinstalled at the versions
+    installed now (apt's cache or the archive), built for every kernel, pinned at exactly those versions; no purge
+    (on main the rollback purged the series: no driver after the next reboot)."""
+    root = _unserved_host(tmp_path, held=())
+    _pin(root)
+    step = _steps(root)["driver.packages"]
+    act = step.actions[0]
+    assert "nvidia-driver=1.0-1" in act.previous and "nvidia-open-kernel-dkms=1.0-1" in act.previous
+    rollback = [c.argv for c in act.on_failure()]
+    assert rollback[0][:4] == ("apt-get", "install", "-y", "--allow-downgrades")
+    assert "nvidia-kernel-dkms-" in rollback[0]  # the new flavour's module package, which failed, goes
+    assert ("dkms", "autoinstall", "-k", OLD) in rollback and ("dkms", "autoinstall", "-k", NEW) in rollback
+    assert any(a[:4] == ("sh", "-c", drv.PIN_EXACT, "pin-exact") for a in rollback)
+    assert not any(a[:2] == ("apt-get", "purge") for a in rollback)
+    assert "--allow-downgrades" in "\n".join(step.lines())  # printed as it runs
+
+
+def test_a_failed_update_reinstalls_builds_pins_and_names_the_kernel_without_a_module(monkeypatch):
+    """Run as printed: the new version does not build for NEW; the rollback reinstalls the old versions, builds for
+    both kernels (OLD gets its module back, NEW still has none), pins them exactly; exit 16 names NEW."""
+    from provision.errors import DkmsBuildFailed
+
+    ran: list[tuple[str, ...]] = []
+    restored = []
+
+    def run(argv, check=True, **kw):
+        ran.append(tuple(argv))
+        if argv[:3] == ["apt-get", "install", "-y"] and "--allow-downgrades" in argv:
+            restored.append(True)
+        if argv[:2] == ["dkms", "status"]:
+            ok = argv[-1] == OLD
+            return effects.CommandResult(list(argv), 0, f"nvidia/535, {argv[-1]}, x86_64: installed\n" if ok else "",
+                                         "")
+        return effects.CommandResult(list(argv), 0, "" if argv[0] == "dpkg" else "Package: x\n", "")
+
+    monkeypatch.setattr(effects, "run", run)
+    monkeypatch.setattr(drv, "build_logs", lambda: [])
+    prev = ("nvidia-driver=535.261.03-1~deb12u1", "nvidia-open-kernel-dkms=535.261.03-1~deb12u1")
+    act = drv.DriverInstall((f"linux-headers-{OLD}", f"linux-headers-{NEW}", "nvidia-kernel-dkms", "nvidia-driver"),
+                            (OLD, NEW), "nvidia-kernel-dkms", (f"linux-headers-{OLD}", f"linux-headers-{NEW}"), "x",
+                            unhold=("nvidia-driver",), remove=("nvidia-open-kernel-dkms",), previous=prev)
+    with pytest.raises(DkmsBuildFailed) as exc:
+        act.execute()
+    msg = str(exc.value)
+    assert "Rolled back to the driver that worked: reinstalled and pinned " + " ".join(prev) in msg, msg
+    assert f"kernel {NEW} still has no nvidia module" in msg and "`dpkg --audit` is empty" in msg
+    rollback = [c.argv for c in act.on_failure()]
+    assert ran[-len(rollback):] == rollback  # what ran is what the plan prints, in order
+    assert ran[-len(rollback)][-1] == "nvidia-kernel-dkms-" and restored
+    assert f"for kernel {NEW}:" in msg
