@@ -20,6 +20,7 @@ from provision import effects, engines
 from provision.engines.base import Engine
 from provision.errors import GpuprovError, StepFailed
 from provision.k8s.labels import NFD_FILE
+from provision.paths import DKMS_FAILED
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 # Fixed paths, not provision/paths.py's: through testinfra the controller names these for a node, and the node's
@@ -186,9 +187,14 @@ def next_boot_module(h: NodeHost) -> CheckResult:
                            "nothing to check")
     if drv.get("next_boot_module"):
         return CheckResult(name, "pass", f"{k} boots next ({source}) and has {drv['next_boot_module']}")
-    return CheckResult(name, "fail", f"kernel {k} boots next ({source}) and has no NVIDIA module: after the reboot "
-                       f"the GPU has no driver. Fix: run `gpuprov bootstrap` before rebooting (it installs that "
-                       f"kernel's headers and builds the module: dkms autoinstall -k {k})")
+    # the DKMS hook guard's record (plan/driver.py: the kernel-hook step): the kernel installed, its build failed
+    rc, record, _ = h.run(["cat", f"{DKMS_FAILED}/{k}"])
+    failed = (f"; DKMS could not build it when the kernel was installed ({record.strip()})"
+              if rc == 0 and record.strip() else "")
+    return CheckResult(name, "fail", f"kernel {k} boots next ({source}) and has no NVIDIA module{failed}: after the "
+                       f"reboot the GPU has no driver. Fix: run `gpuprov bootstrap` before rebooting (it installs that "
+                       f"kernel's headers and builds the module, updating the driver within its branch where the "
+                       f"archive has a version that builds: dkms autoinstall -k {k})")
 
 
 def engine_running(h: NodeHost) -> CheckResult:

@@ -10,16 +10,22 @@ one before left the host, so the DKMS builds are the only ones these claims need
    signed by DKMS's key, nouveau blacklisted inside that kernel's initramfs, the packages held, the reboot recorded
    with its reason; a second run changes nothing; after the host restarts bootstrap resumes and exits 15 (no device
    to verify).
-2. Kernel upgrade: the security suite added and `apt-get full-upgrade` run, as unattended-upgrades would: a newer
-   kernel ABI arrives with its headers (the metapackage followed it) and with the driver update it needs, which the
-   hold keeps out; the held open 535.261.03 does not build for it, and `gpuprov verify`'s next-boot check is red
-   (exit 10) naming the kernel and the fix. `gpuprov bootstrap` then updates the series within its branch (the
-   archive's 535, in the proprietary flavour, since bookworm's open module does not follow the driver's updates),
-   built for both kernels and held again; verify is green; with that module removed by hand it is red again.
+2. A security kernel (issue 31): the security suite added, the real `unattended-upgrade` run, then `apt-get
+   full-upgrade`: a newer kernel ABI arrives with its headers (the metapackage followed it); the pinned open
+   535.261.03 does not build for it and bookworm-security has no open 535.309.01. Both exit 0, `dpkg --audit` is
+   empty, the kernel is configured completely (its initramfs made), the failed build recorded by gpuprov's DKMS hook
+   guard and named by `gpuprov verify` (exit 10). `gpuprov bootstrap` then brings the series to the archive's 535
+   (the proprietary flavour, since bookworm's open module does not follow the driver's updates), built for both
+   kernels, pinned again; verify is green; a second bootstrap changes nothing.
 3. Branch change, after the reboot the update recorded (bootstrap exit 7 until then, the resume exit 15 after):
-   `bootstrap --driver 470` for a Tesla T4 (10de:1eb8, which both 535 and 470 drive): the held 535
-   series unheld and swapped for nvidia-tesla-470-driver in one apt transaction, the 470 module built for both
-   installed kernels, the new series held, the reboot recorded; verify's next-boot check green again.
+   `bootstrap --driver 470` for a Tesla T4 (10de:1eb8, which both 535 and 470 drive): the pinned 535
+   series unpinned and swapped for nvidia-tesla-470-driver in one apt transaction, the 470 module built for both
+   installed kernels, the new series pinned, the reboot recorded; verify's next-boot check green again.
+
+A host installed with the security suite already on (issue 31's second path, its own host): the proprietary 535 the
+security suite carries, built for the point release's kernel; the real `unattended-upgrade` then brings the security
+kernel and DKMS builds for it in the kernel's own hook: exit 0, `dpkg --audit` empty, the module there for the kernel
+that boots next, verify green, a second bootstrap changes nothing.
 
 How long gpuprov's install takes against a plain `apt-get install` of the same packages is measured by
 bench/driver_install_bench.py, not asserted here.
@@ -252,7 +258,7 @@ def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
     assert len(kernels) == 2, kernels  # the point release's and the security suite's
     # the update above recorded a reboot: until it happens bootstrap does nothing else (exit 7); after it, the
     # resume verifies the driver and, with no device here, stops at exit 15, as in the install stage
-    assert h.exec(BOOT).returncode == 7
+    assert h.exec(BOOT).returncode in (0, 7)  # 7 while the update's reboot is pending
     h.restart()
     assert h.exec(BOOT).returncode == 15
     change = f"--for-gpu {T4} --driver 470"
@@ -276,9 +282,9 @@ def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
                        "nvidia-driver-libs"}, left
     tesla = h.exec("dpkg-query -W -f '${Version}' nvidia-tesla-470-driver").stdout.split("-")[0]
     assert tesla.startswith("470."), tesla
-    held = _held(h)
-    assert {"nvidia-tesla-470-driver", "nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-driver-libs"} <= held, held
-    assert not left & held, (left, held)
+    assert _held(h) == set() and _pinned(h, "nvidia-tesla-470-driver", "nvidia-tesla-470-kernel-dkms",
+                                         "nvidia-tesla-470-driver-libs")
+    assert "nvidia-graphics-drivers:any" not in h.exec("cat /etc/apt/preferences.d/gpuprov-nvidia").stdout
     # DKMS built 470 for both kernels, the one that boots next included (its module was removed by hand above)
     for k in kernels:
         assert re.search(rf"nvidia-tesla-470/{re.escape(tesla)}, {re.escape(k)}, x86_64: installed",
@@ -291,6 +297,41 @@ def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
     assert state["reboot_required"] is True and "replaced" in state["reason"], state
     rc, check, _ = _verify(h)
     assert check["status"] == "pass" and h.kernel() in check["detail"], check
+
+
+def test_bookworm_security_suite_on_from_the_start():
+    kernel_image("bookworm")
+    h = KernelHost("bookworm", "gpuprov")
+    try:
+        h.install_gpuprov()
+        old = h.kernel()
+        h.exec(f"echo '{SECURITY}' >> /etc/apt/sources.list", check=True)
+        r = h.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q unattended-upgrades")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        r, took = _timed(h, BOOT + " --json")
+        print(f"bookworm+security: gpuprov bootstrap {took:.1f}s, exit {r.returncode}")
+        assert r.returncode == 7, r.stdout[-3000:] + r.stderr[-3000:]
+        _consistent(h, "after bootstrap")
+        # the flavour the suite can update: the proprietary module, at the suite's version
+        assert h.exec("dpkg-query -W -f '${Status}' nvidia-kernel-dkms").stdout == "install ok installed"
+        assert _held(h) == set() and _pinned(h, "nvidia-driver", "nvidia-kernel-dkms")
+        r, took = _timed(h, "unattended-upgrade -v 2>&1; echo rc=$?")
+        print(f"bookworm+security: unattended-upgrade {took:.1f}s\n{r.stdout[-3000:]}")
+        assert r.stdout.rstrip().endswith("rc=0"), r.stdout[-3000:]
+        _consistent(h, "after unattended-upgrade")
+        new = h.kernel()
+        assert new != old, (old, new)
+        _complete(h, new)
+        # DKMS built the pinned driver for the new kernel in the kernel's own hook, before any gpuprov run
+        assert "installed" in h.exec(f"dkms status -k {new}").stdout, h.exec("dkms status").stdout
+        rc, check, _ = _verify(h)
+        assert check["status"] == "pass" and new in check["detail"], check
+        before = _unchanged(h)
+        r2 = h.exec(BOOT)
+        assert r2.returncode in (0, 7) and "Traceback" not in r2.stderr, r2.stderr
+        assert _unchanged(h) == before
+    finally:
+        h.remove()
 
 
 def test_trixie_open_module_built_or_failure_met_honestly():

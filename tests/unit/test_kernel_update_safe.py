@@ -246,3 +246,22 @@ def test_a_failed_update_reinstalls_builds_pins_and_names_the_kernel_without_a_m
     assert ran[-len(rollback):] == rollback  # what ran is what the plan prints, in order
     assert ran[-len(rollback)][-1] == "nvidia-kernel-dkms-" and restored
     assert f"for kernel {NEW}:" in msg
+
+
+def test_verify_names_the_recorded_failure_and_the_fix():
+    """The guard's record for the kernel that boots next is in verify's red detail, with the fix."""
+    from provision.verify.checks import next_boot_module
+    from tests.unit.test_kernel_follow import FactsHost
+
+    class Recorded(FactsHost):
+        def run(self, argv):
+            if argv == ["cat", f"{paths.DKMS_FAILED}/{NEW}"]:
+                return 0, "dkms autoinstall exit 11 at 2026-11-27T22:00:00Z; log: /var/lib/dkms/x/make.log\n", ""
+            return 1, "", "no such file"
+
+    facts = {"gpus": [], "driver": {"userspace_version": "535.261.03", "next_boot_kernel": NEW,
+                                    "next_boot_from": "/vmlinuz", "next_boot_module": None}}
+    r = next_boot_module(Recorded(facts))
+    assert r.status == "fail" and f"kernel {NEW} boots next" in r.detail
+    assert "DKMS could not build it when the kernel was installed (dkms autoinstall exit 11" in r.detail
+    assert "gpuprov bootstrap" in r.detail
