@@ -813,6 +813,14 @@ def _kernel_hook_step(root: Path) -> Step:
                        f"failure is recorded in {paths.DKMS_FAILED}/KERNEL and `gpuprov verify` names the kernel",))
 
 
+def gpuprov_files(root: Path) -> tuple[str, ...]:
+    """The driver stage's own files that are there (uninstall --driver removes them): the nouveau blacklist, the
+    branch pin, and the DKMS hook guard when it is gpuprov's (an operator's /etc/sysconfig/dkms is not)."""
+    guard = read_or_empty(under(root, DKMS_SYSCONFIG)).startswith("# Written by gpuprov")
+    return tuple(f for f in (NOUVEAU_CONF, PIN_FILE, DKMS_SYSCONFIG)
+                 if os.path.lexists(under(root, f)) and (f != DKMS_SYSCONFIG or guard))
+
+
 def _el_repo_steps(target: Target, opt) -> list[Step]:
     el = target.el_major
     if opt.bundle:

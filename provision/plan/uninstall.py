@@ -28,7 +28,7 @@ from provision.inject.settings import settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
 from provision.plan.apply import LOG_FILE
-from provision.plan.driver import NOUVEAU_CONF
+from provision.plan.driver import gpuprov_files
 from provision.plan.packages import APT_ENV
 from provision.plan.steps import (
     Command,
@@ -211,7 +211,7 @@ def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list
     for stage, asked in ((Stage.DRIVER, opt.driver), (Stage.ENGINE, opt.engine)):
         pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed("apt", (p,), root))
         holds = tuple(p for p in rec.holds if p in pkgs) if stage == Stage.DRIVER else ()
-        extra = (NOUVEAU_CONF,) if stage == Stage.DRIVER and _exists(root, NOUVEAU_CONF) else ()
+        extra = gpuprov_files(root) if stage == Stage.DRIVER else ()
         if not asked or not (pkgs or extra):
             continue
         acts: list = [Command(("apt-mark", "unhold", *holds))] if holds else []

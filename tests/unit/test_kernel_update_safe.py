@@ -265,3 +265,14 @@ def test_verify_names_the_recorded_failure_and_the_fix():
     assert r.status == "fail" and f"kernel {NEW} boots next" in r.detail
     assert "DKMS could not build it when the kernel was installed (dkms autoinstall exit 11" in r.detail
     assert "gpuprov bootstrap" in r.detail
+
+
+def test_uninstall_takes_the_pin_and_gpuprovs_guard_not_an_operators(tmp_path):
+    root = make_host(tmp_path, "debian-12", "none")
+    assert drv.gpuprov_files(root) == ()
+    _pin(root)
+    (root / "etc/sysconfig").mkdir()
+    (root / "etc/sysconfig/dkms").write_text("MAKEFLAGS=-j8\n")  # the operator's
+    assert drv.gpuprov_files(root) == (PIN_FILE,)
+    (root / "etc/sysconfig/dkms").write_text(render("dkms-sysconfig.j2", failed_dir=paths.DKMS_FAILED))
+    assert drv.gpuprov_files(root) == (PIN_FILE, "/etc/sysconfig/dkms")
