@@ -36,5 +36,6 @@ MPS_LOG_DIR = f"{LOG_DIR}/mps"  # `gpuprov share`: the MPS control daemon's and 
 SHARE_STATE = f"{RUN_DIR}/share.json"  # `gpuprov share`: what runs where (the runtime reads it)
 DRIVER_VOLUMES = f"{STATE_DIR}/driver"  # `gpuprov driver-volume`: versioned copies and `current`
 # DKMS builds that failed when a kernel was installed (one file per kernel: the failure, its log), written by the
-# autoinstall guard of the driver's kernel-hook step (provision/templates/dkms-sysconfig.j2)
-DKMS_FAILED = f"{STATE_DIR}/dkms-failed"
+# autoinstall guard of the driver's kernel-hook step (provision/templates/dkms-sysconfig.j2). Fixed on purpose, not
+# under STATE_DIR: the kernel's hooks write it from dpkg, outside any gpuprov run and its environment.
+DKMS_FAILED = "/var/lib/gpuprov/dkms-failed"

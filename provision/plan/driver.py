@@ -568,7 +568,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     steps.append(_initramfs_step(target, kernels.releases))
     steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith("firmware-"))))
     if target.package_manager == "apt" and dkms_pkg and dkms:
-        steps.append(_kernel_hook_step(root))
+        steps.append(_kernel_hook_step(root, target))
     if drv and drv.secure_boot and dkms:
         steps.append(Step("driver.mok", Stage.DRIVER,
                           "Secure Boot is on: stage the DKMS signing key for enrolment (one-time "
@@ -792,16 +792,23 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
                 notes=notes)
 
 
-def _kernel_hook_step(root: Path) -> Step:
+def _kernel_hook_step(root: Path, target: Target) -> Step:
     """A module that cannot build for a kernel apt installs later must not fail that kernel's configuration (its
     initramfs and boot entry, and every apt run after it): DKMS's kernel hooks run its autoinstaller, which reads
     /etc/sysconfig/dkms (bookworm's dkms 3.0.10; its own options cannot: a BUILD_EXCLUSIVE mismatch is an
     autoinstall failure too); gpuprov's file there records the failure instead of passing it on. The default boot
     entry is left to the kernel's own hooks: `gpuprov verify` is red for a kernel that boots next without its module,
-    and the plan's driver step builds one (the README says so). An operator's own file there is kept."""
+    and the plan's driver step builds one (the README says so). An operator's own file there is kept.
+    Debian 13's dkms (3.2) no longer reads that file from its autoinstaller: there the plan names the risk instead."""
     guard = WriteFile(DKMS_SYSCONFIG, render("dkms-sysconfig.j2", failed_dir=paths.DKMS_FAILED))
     old = read_or_empty(under(root, DKMS_SYSCONFIG))
     title = "Keep a failed DKMS build from failing a kernel update: DKMS's kernel hooks record it instead"
+    if target.os_id == "debian" and target.version.isdigit() and int(target.version) >= 13:
+        return Step("driver.kernel-hook", Stage.DRIVER, f"{title}: not available with {target.name}'s DKMS",
+                    check=Already("DKMS 3.2's autoinstaller reads no /etc/sysconfig/dkms"), verify_only=True,
+                    notes=("a kernel whose module cannot build fails its configuration (apt exits 100, the kernel "
+                           "left without initramfs and boot entry) until the module builds: run `gpuprov verify` "
+                           "after kernel updates; `gpuprov bootstrap` builds for the kernel that boots next",))
     if old and not old.startswith(guard.content.split("\n", 1)[0]):
         return Step("driver.kernel-hook", Stage.DRIVER, f"{title}: not installed, {DKMS_SYSCONFIG} is the operator's",
                     check=Already("an operator's file"), verify_only=True,

@@ -276,3 +276,12 @@ def test_uninstall_takes_the_pin_and_gpuprovs_guard_not_an_operators(tmp_path):
     assert drv.gpuprov_files(root) == (PIN_FILE,)
     (root / "etc/sysconfig/dkms").write_text(render("dkms-sysconfig.j2", failed_dir=paths.DKMS_FAILED))
     assert drv.gpuprov_files(root) == (PIN_FILE, "/etc/sysconfig/dkms")
+
+
+def test_debian_13_plan_names_the_risk_its_dkms_leaves(tmp_path):
+    """trixie's dkms 3.2.2 autoinstaller no longer sources /etc/sysconfig/dkms (read from the real package): no
+    guard is written there, the plan says what a failed build does to a kernel update instead."""
+    root = make_host(tmp_path, "debian-13", "datacenter", kernel="6.12.48+deb13-amd64")
+    step = _steps(root, Options())["driver.kernel-hook"]
+    assert step.verify_only and not step.actions and "not available" in step.title
+    assert any("apt exits 100" in n for n in step.notes)
