@@ -406,6 +406,11 @@ class DriverInstall(Action):
         if res.returncode == 0:
             for build in self._autoinstall():  # its outcome is what `dkms status` says next
                 build.run()
+        if res.returncode != 0 and self._dkms_status() and not effects.which("dkms") and \
+                "Bad return status" not in res.output:
+            # apt failed before DKMS was installed (nothing built, nothing to roll back): its own error, not
+            # "command not found: dkms" from the status check below
+            raise effects.failed(install.shell(), res.returncode, res.output)
         for status in self._dkms_status():
             k = status.argv[-1]
             built = any(k in ln and ln.rstrip().endswith(": installed") for ln in status.run().output.splitlines())

@@ -304,7 +304,9 @@ def test_bookworm_security_suite_on_from_the_start():
     try:
         h.install_gpuprov()
         old = h.kernel()
-        h.exec(f"echo '{SECURITY}' >> /etc/apt/sources.list", check=True)
+        # as the installer leaves a server that has the security suite and the driver's components on
+        h.exec("sed -i 's/ main$/ main contrib non-free non-free-firmware/' /etc/apt/sources.list && "
+               f"echo '{SECURITY}' >> /etc/apt/sources.list", check=True)
         r = h.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q unattended-upgrades")
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         r, took = _timed(h, BOOT + " --json")

@@ -285,3 +285,24 @@ def test_debian_13_plan_names_the_risk_its_dkms_leaves(tmp_path):
     step = _steps(root, Options())["driver.kernel-hook"]
     assert step.verify_only and not step.actions and "not available" in step.title
     assert any("apt exits 100" in n for n in step.notes)
+
+
+def test_apt_failing_before_dkms_is_installed_reports_apts_error(monkeypatch):
+    """Seen on a bookworm host with the security suite on and contrib not yet enabled: apt refused the open module
+    beside the newest driver, and the step said "command not found: dkms" (the status check) instead of apt's error."""
+    from provision.errors import StepFailed
+
+    def run(argv, check=True, **kw):
+        if argv[:2] == ["apt-get", "install"]:
+            return effects.CommandResult(list(argv), 100, "E: Unable to correct problems, you have held broken "
+                                         "packages.\n", "")
+        if argv[0] == "dkms":
+            raise StepFailed("command not found: dkms")
+        return effects.CommandResult(list(argv), 0, "Package: x\n", "")
+
+    monkeypatch.setattr(effects, "run", run)
+    monkeypatch.setattr(effects, "which", lambda name: None)
+    act = drv.DriverInstall((f"linux-headers-{OLD}", "nvidia-open-kernel-dkms", "nvidia-driver"), (OLD,),
+                            "nvidia-open-kernel-dkms", (f"linux-headers-{OLD}",), "x")
+    with pytest.raises(StepFailed, match="held broken packages"):
+        act.execute()
