@@ -1,0 +1,87 @@
+"""An image's /etc/ld.so.cache, read (never written, never run): which file its loader takes for a SONAME.
+
+glibc's loader looks a library up in ld.so.cache before it searches any directory, so an image whose cache names
+its own libcuda.so.1 (a CUDA compat package, a vendored copy in /opt) loads that copy, whatever gpuprov mounts at
+the SONAME in the default directory (nvidia-container-toolkit#176, #289). modify.override_image_cache mounts the
+host's library over each file the cache names for a driver SONAME.
+
+The format is glibc's "new" one (elf/cache.c, sysdeps/generic/dl-cache.h), written alone since glibc 2.32 and after
+the old one before: a 48-byte header (magic "glibc-ld.so.cache" "1.1", nlibs, len_strings, …) and nlibs 24-byte
+entries (flags, key, value, osversion, hwcap), key and value being offsets of NUL-ended strings from the header.
+Import-light (os, stat, struct lazily): the start path loads it; a cache that names no driver library costs one
+bounded read and a few substring scans."""
+from __future__ import annotations
+
+import os
+import stat
+
+CACHE = "/etc/ld.so.cache"
+MAGIC = b"glibc-ld.so.cache1.1"
+HEADER, ENTRY = 48, 24
+FLAG_X8664 = 0x0303  # FLAG_ELF_LIBC6 | FLAG_X8664_LIB64: a 64-bit x86 library (the only ones gpuprov mounts)
+MAX_CACHE = 16 << 20  # a cache larger than this is not one a loader would map either: ignored
+
+
+def read_cache(path: str) -> bytes:
+    """The cache file's bytes (b"" when there is none, or it is not a regular file: a FIFO an image planted there
+    is never read; O_NONBLOCK so that opening one does not wait for a writer)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CACHE:
+            return b""
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def entries(data: bytes) -> list[tuple[str, str]]:
+    """(SONAME, path) for each 64-bit x86 library in the cache, in the cache's (the loader's) order; [] for
+    anything that is not a well-formed cache (offsets out of bounds are skipped, never trusted)."""
+    import struct  # lazy: 0.3 ms (-X importtime -I -S), only for an image whose cache names a driver library
+
+    base = data.find(MAGIC)
+    if base < 0 or len(data) < base + HEADER:
+        return []
+    nlibs, = struct.unpack_from("<I", data, base + 20)
+    if base + HEADER + nlibs * ENTRY > len(data):
+        return []
+    out = []
+    for i in range(nlibs):
+        flags, key, value = struct.unpack_from("<iII", data, base + HEADER + i * ENTRY)
+        if flags != FLAG_X8664:
+            continue
+        k, v = _string(data, base + key), _string(data, base + value)
+        if k and v:
+            out.append((k, v))
+    return out
+
+
+def _string(data: bytes, at: int) -> str | None:
+    end = data.find(b"\0", at)
+    if at >= len(data) or end < 0:
+        return None
+    try:
+        return data[at:end].decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def driver_entries(path: str, sonames) -> list[tuple[str, str]]:
+    """The (SONAME, absolute path) entries of the cache at `path` whose SONAME is one of `sonames`."""
+    data = read_cache(path)
+    if not data or not any(n.encode() + b"\0" in data for n in sonames):
+        return []
+    return [(k, v) for k, v in entries(data) if k in sonames and v.startswith("/")]
