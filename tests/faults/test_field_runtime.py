@@ -263,3 +263,21 @@ def test_images_get_libraries_where_their_loader_looks(tmp_path, layout, want):
     assert modify.modify_bundle(str(b), settings(tmp_path))
     dests = {m["destination"] for m in json.loads((b / "config.json").read_text())["mounts"]}
     assert f"{want}/libcuda.so.1" in dests
+
+
+# --- item 5's reader against what an image could plant at /etc/ld.so.cache ---
+
+def test_hostile_image_caches_are_skipped_not_trusted(tmp_path):
+    from provision.inject import ldcache
+
+    head = ldcache.MAGIC + (1000).to_bytes(4, "little") + bytes(24)  # claims 1000 entries, has none
+    assert ldcache.entries(head) == [] and ldcache.entries(b"garbage") == []
+    entry = (0x0303).to_bytes(4, "little") + (1 << 30).to_bytes(4, "little") * 2 + bytes(12)  # offsets past the end
+    assert ldcache.entries(ldcache.MAGIC + (1).to_bytes(4, "little") + bytes(24) + entry) == []
+    fifo = tmp_path / "ld.so.cache"
+    os.mkfifo(fifo)  # opened without waiting for a writer, never read
+    t0 = time.monotonic()
+    assert ldcache.driver_entries(str(fifo), {"libcuda.so.1"}) == [] and time.monotonic() - t0 < 2
+    b = gpu_bundle(tmp_path, "fifo-cache")
+    os.mkfifo(b / "rootfs/etc/ld.so.cache")
+    assert modify.modify_bundle(str(b), settings(tmp_path))
