@@ -19,6 +19,7 @@ CACHE = "/etc/ld.so.cache"
 MAGIC = b"glibc-ld.so.cache1.1"
 HEADER, ENTRY = 48, 24
 FLAG_X8664 = 0x0303  # FLAG_ELF_LIBC6 | FLAG_X8664_LIB64: a 64-bit x86 library (the only ones gpuprov mounts)
+MARKERS = (b"libcuda", b"libnv", b"_nvidia")  # every driver library's name has one (tests/faults/test_field_runtime.py)
 MAX_CACHE = 16 << 20  # a cache larger than this is not one a loader would map either: ignored
 
 
@@ -82,6 +83,15 @@ def _string(data: bytes, at: int) -> str | None:
 def driver_entries(path: str, sonames) -> list[tuple[str, str]]:
     """The (SONAME, absolute path) entries of the cache at `path` whose SONAME is one of `sonames`."""
     data = read_cache(path)
-    if not data or not any(n.encode() + b"\0" in data for n in sonames):
+    # Only the strings around the markers are looked at (glibc's ldconfig stores a key as the tail of its path): a cache that names no driver library (nearly every image)
+    # costs three substring scans, and the entries are parsed only when one of `sonames` is really there.
+    named = set()
+    for m in MARKERS:
+        at = data.find(m)
+        while at >= 0:
+            start, end = data.rfind(b"\0", 0, at) + 1, data.find(b"\0", at)
+            named.add(data[start:end if end >= 0 else len(data)].rpartition(b"/")[2])  # a key may be a path's tail
+            at = data.find(m, max(at + 1, end))
+    if not any(n.encode() in named for n in sonames):
         return []
     return [(k, v) for k, v in entries(data) if k in sonames and v.startswith("/")]

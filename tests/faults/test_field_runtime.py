@@ -281,3 +281,11 @@ def test_hostile_image_caches_are_skipped_not_trusted(tmp_path):
     b = gpu_bundle(tmp_path, "fifo-cache")
     os.mkfifo(b / "rootfs/etc/ld.so.cache")
     assert modify.modify_bundle(str(b), settings(tmp_path))
+
+
+def test_every_driver_library_has_a_cache_marker():
+    """ldcache.driver_entries skips a cache without these substrings: no driver SONAME may lack all of them."""
+    from provision.inject import ldcache
+    from provision.inject.capabilities import LIBRARIES
+
+    assert all(any(m.decode() in lib for m in ldcache.MARKERS) for libs in LIBRARIES.values() for lib in libs)
