@@ -83,8 +83,9 @@ def _string(data: bytes, at: int) -> str | None:
 def driver_entries(path: str, sonames) -> list[tuple[str, str]]:
     """The (SONAME, absolute path) entries of the cache at `path` whose SONAME is one of `sonames`."""
     data = read_cache(path)
-    # Only the strings around the markers are looked at (glibc's ldconfig stores a key as the tail of its path): a cache that names no driver library (nearly every image)
-    # costs three substring scans, and the entries are parsed only when one of `sonames` is really there.
+    # Only the strings around the markers are looked at (glibc's ldconfig stores a key as the tail of its path): a
+    # cache that names no driver library (nearly every image) costs three substring scans, and the entries are
+    # parsed only when one of `sonames` is really there.
     named = set()
     for m in MARKERS:
         at = data.find(m)
