@@ -226,7 +226,8 @@ class Start:
     """One container's create as the modifiers see it: its OCI config (edited in place), its environment as a dict
     (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
     its build at import on every cold GPU start (see edits.py's records)."""
-    __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed")
+    __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed",
+                 "libdir")
 
     def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
         self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
@@ -236,6 +237,7 @@ class Start:
         self.selectors: list[str] | None = None  # the GPUs asked for (select_devices); None: no GPU
         self.disc: discover.Discovery | None = None
         self.edits: edits.Edits | None = None  # what the container gets (plan_edits)
+        self.libdir = edits.DEBIAN_LIBDIR  # where the image's loader looks (plan_edits: image_libdir)
         self.changed = False
 
 
@@ -292,7 +294,8 @@ def plan_edits(s: Start) -> bool:
                           f"run `modprobe {nodes.UVM}` (or `gpuprov cdi refresh`), then start it again")
         nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
         s.disc = load_discovery(s.settings)  # the host key moved (a module, a major): rediscovered
-    s.edits = edits.compute_edits(s.disc, s.env, libdir=image_libdir(s.rootfs), selectors=s.selectors)
+    s.libdir = image_libdir(s.rootfs)
+    s.edits = edits.compute_edits(s.disc, s.env, libdir=s.libdir, selectors=s.selectors)
     s.changed = True
     return True
 
@@ -338,7 +341,7 @@ def override_image_cache(s: Start) -> bool:
     file for a driver library's SONAME (its own libcuda.so.1 in /opt/…, which the loader would take before
     searching any directory), the host's library is mounted over that file too (resolved inside the rootfs, as
     every destination is). No hook, nothing run in the container (NVIDIA's CDI mode runs ldconfig there instead)."""
-    libdir = image_libdir(s.rootfs)
+    libdir = s.libdir
     ours = {m.destination[len(libdir) + 1:]: m for m in s.edits.mounts if m.destination.startswith(libdir + "/")}
     extra = []
     for soname, path in ldcache.driver_entries(image_path(s.rootfs, ldcache.CACHE), ours):
