@@ -26,14 +26,23 @@ MAX_CACHE = 16 << 20  # a cache larger than this is not one a loader would map e
 def read_cache(path: str) -> bytes:
     """The cache file's bytes (b"" when there is none, or it is not a regular file: a FIFO an image planted there
     is never read; O_NONBLOCK so that opening one does not wait for a writer)."""
+    return _open_cache(path, None)[1]
+
+
+def _open_cache(path: str, seen: dict | None) -> tuple[tuple | None, bytes]:
+    """(identity, bytes) of the cache at `path`; the bytes are not read (b"") when `seen` already knows the identity
+    (inode, size, mtime, ctime: the same image layer's file in every container of that image)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return b""
+        return None, b""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CACHE:
-            return b""
+            return None, b""
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if seen is not None and ident in seen:
+            return ident, b""
         chunks, left = [], st.st_size
         while left > 0:
             chunk = os.read(fd, left)
@@ -41,9 +50,9 @@ def read_cache(path: str) -> bytes:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
+        return ident, b"".join(chunks)
     except OSError:
-        return b""
+        return None, b""
     finally:
         os.close(fd)
 
@@ -80,12 +89,29 @@ def _string(data: bytes, at: int) -> str | None:
         return None
 
 
+# The warm editor's answers per cache file identity (_open_cache): containers of one image share the file of its
+# layer, so only the first start of an image reads and scans its cache (~100 us for 35 kB here), the next ones pay an
+# fstat. A wrong hit could only cost an override mount, which is still resolved inside that container's rootfs.
+_seen: dict[tuple, list[tuple[str, str]]] = {}
+SEEN_MAX = 256
+
+
 def driver_entries(path: str, sonames) -> list[tuple[str, str]]:
     """The (SONAME, absolute path) entries of the cache at `path` whose SONAME is one of `sonames`."""
-    data = read_cache(path)
-    # Only the strings around the markers are looked at (glibc's ldconfig stores a key as the tail of its path): a
-    # cache that names no driver library (nearly every image) costs three substring scans, and the entries are
-    # parsed only when one of `sonames` is really there.
+    ident, data = _open_cache(path, _seen)
+    if ident is None:
+        return []
+    if ident not in _seen:
+        if len(_seen) >= SEEN_MAX:
+            _seen.clear()
+        _seen[ident] = _driver_entries(data)
+    return [(k, v) for k, v in _seen[ident] if k in sonames]
+
+
+def _driver_entries(data: bytes) -> list[tuple[str, str]]:
+    """Every entry whose SONAME has a marker. Only the strings around the markers are looked at first (glibc's
+    ldconfig stores a key as the tail of its path): a cache that names no driver library (nearly every image) costs
+    three substring scans, and the entries are parsed only when a driver SONAME is really there."""
     named = set()
     for m in MARKERS:
         at = data.find(m)
@@ -93,6 +119,6 @@ def driver_entries(path: str, sonames) -> list[tuple[str, str]]:
             start, end = data.rfind(b"\0", 0, at) + 1, data.find(b"\0", at)
             named.add(data[start:end if end >= 0 else len(data)].rpartition(b"/")[2])  # a key may be a path's tail
             at = data.find(m, max(at + 1, end))
-    if not any(n.encode() in named for n in sonames):
+    if not named:
         return []
-    return [(k, v) for k, v in entries(data) if k in sonames and v.startswith("/")]
+    return [(k, v) for k, v in entries(data) if k.encode() in named and v.startswith("/")]
