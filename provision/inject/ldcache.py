@@ -15,11 +15,14 @@ from __future__ import annotations
 import os
 import stat
 
+from provision.inject.capabilities import LIBRARIES
+
 CACHE = "/etc/ld.so.cache"
 MAGIC = b"glibc-ld.so.cache1.1"
 HEADER, ENTRY = 48, 24
 FLAG_X8664 = 0x0303  # FLAG_ELF_LIBC6 | FLAG_X8664_LIB64: a 64-bit x86 library (the only ones gpuprov mounts)
 MARKERS = (b"libcuda", b"libnv", b"_nvidia")  # every driver library's name has one (tests/faults/test_field_runtime.py)
+DRIVER_LIBRARIES = frozenset(lib for libs in LIBRARIES.values() for lib in libs)
 MAX_CACHE = 16 << 20  # a cache larger than this is not one a loader would map either: ignored
 
 
@@ -96,8 +99,9 @@ _seen: dict[tuple, list[tuple[str, str]]] = {}
 SEEN_MAX = 256
 
 
-def driver_entries(path: str, sonames) -> list[tuple[str, str]]:
-    """The (SONAME, absolute path) entries of the cache at `path` whose SONAME is one of `sonames`."""
+def driver_entries(path: str) -> list[tuple[str, str]]:
+    """The (SONAME, absolute path) entries of the cache at `path` for what may be a driver library (a marker in its
+    SONAME); the caller keeps those it mounts. Do not change the list: it is the one remembered for the file."""
     ident, data = _open_cache(path, _seen)
     if ident is None:
         return []
@@ -105,7 +109,7 @@ def driver_entries(path: str, sonames) -> list[tuple[str, str]]:
         if len(_seen) >= SEEN_MAX:
             _seen.clear()
         _seen[ident] = _driver_entries(data)
-    return [(k, v) for k, v in _seen[ident] if k in sonames]
+    return _seen[ident]
 
 
 def _driver_entries(data: bytes) -> list[tuple[str, str]]:
@@ -121,4 +125,11 @@ def _driver_entries(data: bytes) -> list[tuple[str, str]]:
             at = data.find(m, max(at + 1, end))
     if not named:
         return []
-    return [(k, v) for k, v in entries(data) if k.encode() in named and v.startswith("/")]
+    return [(k, v) for k, v in entries(data) if k.encode() in named and v.startswith("/") and _driver_name(k)]
+
+
+def _driver_name(soname: str) -> bool:
+    """A library of the driver (capabilities.LIBRARIES, or an EGL platform library discovery adds), not one of the
+    CUDA toolkit's that a CUDA image registers (libcudart, libnvvm, libnvrtc…)."""
+    base = soname.partition(".so")[0]
+    return base in DRIVER_LIBRARIES or base.startswith("libnvidia-egl-")

@@ -341,12 +341,13 @@ def override_image_cache(s: Start) -> bool:
     file for a driver library's SONAME (its own libcuda.so.1 in /opt/…, which the loader would take before
     searching any directory), the host's library is mounted over that file too (resolved inside the rootfs, as
     every destination is). No hook, nothing run in the container (NVIDIA's CDI mode runs ldconfig there instead)."""
+    found = ldcache.driver_entries(image_path(s.rootfs, ldcache.CACHE))  # nearly always [] (one fstat when seen)
+    if not found:
+        return True
     libdir = s.libdir
     ours = {m.destination[len(libdir) + 1:]: m for m in s.edits.mounts if m.destination.startswith(libdir + "/")}
-    extra = []
-    for soname, path in ldcache.driver_entries(image_path(s.rootfs, ldcache.CACHE), ours):
-        if posixpath.dirname(path) != libdir and _image_file(s.rootfs, path):
-            extra.append(edits.Mount(ours[soname].source, path, edits.LIB_RO))
+    extra = [edits.Mount(ours[soname].source, path, edits.LIB_RO) for soname, path in found
+             if soname in ours and posixpath.dirname(path) != libdir and _image_file(s.rootfs, path)]
     _mount_all(s, extra)
     return True
 

@@ -277,7 +277,7 @@ def test_hostile_image_caches_are_skipped_not_trusted(tmp_path):
     fifo = tmp_path / "ld.so.cache"
     os.mkfifo(fifo)  # opened without waiting for a writer, never read
     t0 = time.monotonic()
-    assert ldcache.driver_entries(str(fifo), {"libcuda.so.1"}) == [] and time.monotonic() - t0 < 2
+    assert ldcache.driver_entries(str(fifo)) == [] and time.monotonic() - t0 < 2
     b = gpu_bundle(tmp_path, "fifo-cache")
     os.mkfifo(b / "rootfs/etc/ld.so.cache")
     assert modify.modify_bundle(str(b), settings(tmp_path))
