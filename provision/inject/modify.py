@@ -294,6 +294,13 @@ def plan_edits(s: Start) -> bool:
                           f"run `modprobe {nodes.UVM}` (or `gpuprov cdi refresh`), then start it again")
         nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
         s.disc = load_discovery(s.settings)  # the host key moved (a module, a major): rediscovered
+    if s.disc.version and s.disc.nodes.modeset is None and "display" in edits.capabilities(s.env):
+        why = nodes.load_module(nodes.MODESET, s.settings.proc_root, nodes.START_MODPROBE_TIMEOUT_S)
+        if why:  # display without modesetting still has its other files: said, not refused
+            s.warn(f"{nodes.MODESET} not loaded ({why}): this display container gets no /dev/nvidia-modeset")
+        else:
+            nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
+            s.disc = load_discovery(s.settings)
     s.libdir = image_libdir(s.rootfs)
     s.edits = edits.compute_edits(s.disc, s.env, libdir=s.libdir, selectors=s.selectors)
     s.changed = True

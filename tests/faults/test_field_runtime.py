@@ -289,3 +289,14 @@ def test_every_driver_library_has_a_cache_marker():
     from provision.inject.capabilities import LIBRARIES
 
     assert all(any(m.decode() in lib for m in ldcache.MARKERS) for libs in LIBRARIES.values() for lib in libs)
+
+
+def test_display_start_loads_modeset_and_makes_its_node(tmp_path):
+    root = host_copy(tmp_path)
+    fake_modprobe(tmp_path, root, f'[ "$1" = nvidia-modeset ] || exit 1\n'
+                                  f'echo "nvidia_modeset 1 - - Live 0x0 (O)" >> {root}/proc/modules\n')
+    dev = dev_with(tmp_path, {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (238, 0),
+                              "nvidia-uvm-tools": (238, 1)})
+    cfg = start(tmp_path, ["NVIDIA_DRIVER_CAPABILITIES=display"], dev_root=str(dev), proc_root=str(root))
+    assert "/dev/nvidia-modeset" in devices(cfg)
+    assert os.lstat(dev / "dev/nvidia-modeset").st_rdev == os.makedev(195, 254)
