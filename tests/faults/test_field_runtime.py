@@ -314,3 +314,23 @@ def test_every_node_made_gets_its_dev_char_link(tmp_path):
         st = os.lstat(dev / path.lstrip("/"))
         link = dev / "dev/char" / f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
         assert os.readlink(link) == "../" + path.removeprefix("/dev/")
+
+
+def test_debian_driver_layout_is_found(tmp_path):
+    """Debian's packaged driver (libcuda1, libnvidia-ml1 … as `dpkg -c` lists them) keeps its versioned libraries in
+    usr/lib/x86_64-linux-gnu/nvidia/current/, others (libnvidia-ptxjitcompiler1) beside the system's: a compute
+    container on such a host gets libcuda and NVML from there (before: refused, no libcuda found)."""
+    drv = tmp_path / "debian-root"
+    cur = drv / "usr/lib/x86_64-linux-gnu/nvidia/current"
+    cur.mkdir(parents=True)
+    src = H200 / "usr/local/nvidia/lib64"
+    for name, where in (("libcuda", cur), ("libnvidia-ml", cur), ("libnvidia-ptxjitcompiler", cur.parent.parent)):
+        shutil.copy(src / f"{name}.so.580.159.04", where / f"{name}.so.580.159.04")
+        os.symlink(f"{name}.so.580.159.04", where / f"{name}.so.1")
+    from provision.facts.driver_facts import userspace_version
+
+    assert userspace_version(drv) == "580.159.04"
+    cfg = start(tmp_path, COMPUTE, driver_root=str(drv))
+    mounted = {m["source"] for m in cfg["mounts"]}
+    assert str(cur / "libcuda.so.580.159.04") in mounted and str(cur / "libnvidia-ml.so.580.159.04") in mounted
+    assert str(cur.parent.parent / "libnvidia-ptxjitcompiler.so.580.159.04") in mounted
