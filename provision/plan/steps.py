@@ -119,21 +119,31 @@ class WriteFile(Action):
 class ReloadEngine(Action):
     """Make the running daemon that reads `config` read it again, the adapter's way (`Engine.apply`: dockerd gets
     SIGHUP, or a restart for `features`; containerd and CRI-O are restarted by their unit); nothing when no running
-    daemon reads that file."""
+    daemon reads that file. dockerd without `restart` (uninstall): DockerEngine.reload_live, so that the live daemon
+    also forgets the runtimes in `runtime_paths` and a default taken out of the file, with no restart."""
     engine: str
     config: str
     restart: bool
+    runtime_paths: tuple[str, ...] = ()
     reports = True
 
     def lines(self) -> list[str]:
         eng = engines.get(self.engine)
-        return [f"{eng.apply_how(self.restart)}: the running {eng.daemon_names[0]} that reads {self.config}, if any"]
+        out = [f"{eng.apply_how(self.restart)}: the running {eng.daemon_names[0]} that reads {self.config}, if any"]
+        if self.runtime_paths and not self.restart and hasattr(eng, "reload_live"):
+            out.append(f"  then ask it (`{shlex.join(eng.live_argv)}`); where it still names a runtime at "
+                       f"{', '.join(self.runtime_paths)} or a default the file no longer sets: write the file once "
+                       "more with `runtimes` and `default-runtime` set to what remains, SIGHUP again, and write it "
+                       "back as shown")
+        return out
 
     def execute(self) -> str:
         eng = engines.get(self.engine)
         daemon = eng.live_daemon(Path(self.config))
         if daemon is None:
             return f"no running {eng.daemon_names[0]} reads {self.config}"
+        if self.runtime_paths and not self.restart and hasattr(eng, "reload_live"):
+            return eng.reload_live(daemon, Path(self.config), self.runtime_paths)
         return eng.apply(daemon, EnginePlan([], [Change("undo", "", reload=not self.restart)]), restart=self.restart)
 
 
