@@ -28,7 +28,6 @@ from provision.fsutil import read_trusted, write_file
 
 SCHEMA = "gpuprov.installed/v1"
 STAGES = ("driver", "engine")
-ENGINES = ("docker", "containerd", "cri-o", "podman")
 
 
 class RecordInvalid(ConfigInvalid):
@@ -74,9 +73,8 @@ def _text_or_null(path: str, where: str, value: object, null: bool = True) -> st
 def _entry(path: str, where: str, entry: object) -> dict:
     """One config's entry, every field checked; the keys the adapters read, as written (configure: note_config)."""
     e = _dict(path, where, entry)
-    if e.get("engine") not in ENGINES:
-        raise _bad(path, f"{where}.engine", f"one of {', '.join(ENGINES)}", e.get("engine"))
-    out = {"engine": e["engine"]}
+    # an engine's name (the adapters' registry sits above this layer: uninstall skips names it has no adapter for)
+    out = {"engine": _rule(path, f"{where}.engine", "runtime_name", e.get("engine"))}
     if "runtime_name" in e:
         out["runtime_name"] = _rule(path, f"{where}.runtime_name", "runtime_name", e["runtime_name"])
     out["runtime_paths"] = _list(path, f"{where}.runtime_paths", e.get("runtime_paths", []), _ruled("abs_path"))
