@@ -43,8 +43,9 @@ UNIT_FILES = ("/lib/systemd/system/docker.service", "/usr/lib/systemd/system/doc
 DROPIN_DIR = "/etc/systemd/system/docker.service.d"
 CONTAINERS = "/var/lib/docker/containers"  # dockerd's own store: <id>/config.v2.json (name, labels)
 RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")  # the runtimes the live dockerd lists
-# What the live dockerd runs new containers with: its runtimes (name -> path) and its default, one line each.
-LIVE = ("docker", "info", "--format", "{{json .Runtimes}}\n{{json .DefaultRuntime}}")
+# What the live dockerd runs new containers with: its runtimes (name -> path), a space, its default (a JSON string:
+# runtime names hold no spaces).
+LIVE = ("docker", "info", "--format", "{{json .Runtimes}} {{json .DefaultRuntime}}")
 # The containers that still run under a runtime (uninstall: the runtime's binary must outlive them).
 RUNNING = ("docker", "ps", "-q", "--no-trunc")
 INSPECT_RUNTIME = ("docker", "inspect", "--format", "{{.Name}} {{.HostConfig.Runtime}}")
@@ -395,7 +396,7 @@ class DockerEngine(Engine):
         answer."""
         r = effects.try_run(list(LIVE), timeout=20)
         try:
-            rts, default = r.stdout.splitlines()[:2] if r and r.returncode == 0 else (None, None)
+            rts, _, default = r.stdout.strip().rpartition(" ") if r and r.returncode == 0 else (None, "", None)
             return {n: (e or {}).get("path", "") for n, e in json.loads(rts).items()}, json.loads(default)
         except (TypeError, ValueError, AttributeError):
             return None

@@ -131,9 +131,10 @@ class ReloadEngine(Action):
         eng = engines.get(self.engine)
         out = [f"{eng.apply_how(self.restart)}: the running {eng.daemon_names[0]} that reads {self.config}, if any"]
         if self.runtime_paths and not self.restart and hasattr(eng, "reload_live"):
-            out.append(f"  then ask it (`{shlex.join(eng.live_argv)}`); where it still names a runtime at "
+            out.append(f"  then ask it for its runtimes and default ({shlex.join(eng.live_argv)}, as often as it takes "
+                       f"to see the change); where it still names a runtime at "
                        f"{', '.join(self.runtime_paths)} or a default the file no longer sets: write the file once "
-                       "more with `runtimes` and `default-runtime` set to what remains, SIGHUP again, and write it "
+                       "more with runtimes and default-runtime set to what remains, SIGHUP again, and write it "
                        "back as shown")
         return out
 
