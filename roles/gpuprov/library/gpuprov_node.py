@@ -54,9 +54,9 @@ options:
   state: {type: str, default: present, choices: [present, absent], description: "present: `gpuprov bootstrap`;
     absent: `gpuprov uninstall` (gpuprov's keys out of the engine configs, the operator's kept; packages stay)."}
   uninstall_driver: {type: bool, default: false, description: "With state absent: also purge the driver packages
-    gpuprov installed (`uninstall --driver`)."}
+    gpuprov installed (`uninstall --purge-driver`)."}
   uninstall_engine: {type: bool, default: false, description: "With state absent: also purge the engine packages
-    gpuprov installed, never one it found (`uninstall --engine`)."}
+    gpuprov installed, never one it found (`uninstall --purge-engine`)."}
 author: gpuprov developers
 """
 RETURN = r"""
@@ -156,8 +156,8 @@ def bootstrap_argv(p: dict, check_mode: bool) -> list[str]:
 def uninstall_argv(p: dict, check_mode: bool) -> list[str]:
     """`gpuprov uninstall` for `state: absent` (a dry run in check mode)."""
     argv = [p["gpuprov"], "--no-wait", "uninstall", "--json"]
-    argv += ["--driver"] if p["uninstall_driver"] else []
-    argv += ["--engine"] if p["uninstall_engine"] else []
+    argv += ["--purge-driver"] if p["uninstall_driver"] else []
+    argv += ["--purge-engine"] if p["uninstall_engine"] else []
     return argv + (["--dry-run"] if check_mode else ["--yes"])
 
 
