@@ -310,6 +310,11 @@ class Engine(ABC):
         """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook)."""
         return None
 
+    def restart_stops(self, daemon: Daemon) -> int:
+        """How many running containers a restart of `daemon` would stop. 0 for engines whose containers outlive
+        their daemon (containerd's shims, CRI-O's conmon); dockerd overrides it."""
+        return 0
+
     @abstractmethod
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
         """Make the live daemon pick the change up (reload, or restart when `restart` or the plan needs it).

@@ -391,6 +391,15 @@ class DockerEngine(Engine):
 
     live_argv = LIVE
 
+    def restart_stops(self, daemon: Daemon) -> int:
+        """The containers dockerd runs now, unless live-restore keeps them through a restart (`docker info`)."""
+        if not daemon.in_our_mount_namespace():
+            return 0  # its client would ask another daemon; nothing to count
+        r = effects.try_run(["docker", "info", "--format", "{{.LiveRestoreEnabled}} {{.ContainersRunning}}"],
+                            timeout=20)
+        words = r.stdout.split() if r and r.returncode == 0 else []
+        return int(words[1]) if len(words) == 2 and words[0] == "false" and words[1].isdigit() else 0
+
     def live(self) -> tuple[dict[str, str], str] | None:
         """(runtime name -> path, default runtime) as the live dockerd reports them (`docker info`); None: no
         answer."""

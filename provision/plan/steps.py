@@ -248,6 +248,7 @@ class ConfigureEngine(Action):
     cdi: bool
     replace: bool = False
     config: str | None = None  # the config the engine really reads, where it is not the engine's default
+    restart_engine: bool = False  # --restart-engine: a restart that stops running containers is consented to
 
     def request(self) -> RuntimeRequest:
         return RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
@@ -276,7 +277,8 @@ class ConfigureEngine(Action):
 
     def execute(self) -> str:
         res = configure(self.engine, config=self.config, runtime_name=self.runtime_name,
-                        runtime_path=self.runtime_path, default=self.default, cdi=self.cdi, replace=self.replace)
+                        runtime_path=self.runtime_path, default=self.default, cdi=self.cdi, replace=self.replace,
+                        restart_engine=self.restart_engine)
         return "\n".join(res.lines())
 
 

@@ -331,3 +331,30 @@ def test_backups_beside_a_linked_configs_target_go(tmp_path, rec):
     ap.apply_plan(steps, quiet=True, logged=False)
     assert sorted(p.name for p in ops.iterdir()) == ["daemon.json"] and link.is_symlink()
     assert target.read_text() == '{"debug": true}\n'
+
+
+# ---------------------------------------------------------------- 28.1: a restart that stops containers is asked for
+
+
+def test_restart_that_stops_containers_needs_restart_engine(tmp_path, rec, monkeypatch):
+    """A dockerd that reads this config and runs containers without live-restore (its count stands in for `docker
+    info`, which the integration test asks for real: test_day_two.py::test_uninstall_keeps_containers_…): --cdi,
+    which dockerd reads only at start, is exit 14 naming --restart-engine, with the file untouched; with the
+    option the restart is consented to."""
+    from provision.engines.base import Daemon
+    from provision.engines.docker import DockerEngine
+
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text('{"debug": true}\n')
+    daemon = Daemon(os.getpid(), ("dockerd", "--config-file", str(cfg)), str(cfg))
+    monkeypatch.setattr(DockerEngine, "live_daemon", lambda self, path: daemon)
+    monkeypatch.setattr(DockerEngine, "restart_stops", lambda self, d: 3)
+    restarted = []
+    monkeypatch.setattr(DockerEngine, "apply", lambda self, d, plan, restart: restarted.append(restart) or "x")
+    monkeypatch.setattr(DockerEngine, "verify", lambda self, d, req, wait=True: None)
+    with pytest.raises(Exception) as exc:
+        configure("docker", config=str(cfg), runtime_path=RT, cdi=True)
+    assert getattr(exc.value, "exit_code", None) == CONFLICT and "--restart-engine" in str(exc.value)
+    assert "3 running container(s)" in str(exc.value) and cfg.read_text() == '{"debug": true}\n' and not restarted
+    configure("docker", config=str(cfg), runtime_path=RT, cdi=True, restart_engine=True)
+    assert json.loads(cfg.read_text())["features"] == {"cdi": True} and restarted
