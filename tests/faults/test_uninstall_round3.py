@@ -358,3 +358,35 @@ def test_restart_that_stops_containers_needs_restart_engine(tmp_path, rec, monke
     assert "3 running container(s)" in str(exc.value) and cfg.read_text() == '{"debug": true}\n' and not restarted
     configure("docker", config=str(cfg), runtime_path=RT, cdi=True, restart_engine=True)
     assert json.loads(cfg.read_text())["features"] == {"cdi": True} and restarted
+
+
+# ---------------------------------------------------------------- 28.3: resumable
+
+
+def test_a_failed_step_does_not_stop_the_others_and_the_next_run_finishes(tmp_path, monkeypatch, capsys):
+    """The check image cannot go (in use by a stopped container: a real command that fails stands for it): every
+    other step still runs, the summary names what is left and why, gpuprov's record stays for the next run, and
+    that run (the image free now) finishes."""
+    from provision.commands.uninstall import uninstall_cmd
+    from provision.errors import StepFailed
+    from tests.unit.test_uninstall import host as host_fixture
+
+    tmp, cfg, original = host_fixture.__wrapped__(tmp_path, monkeypatch)
+    monkeypatch.setenv("GPUPROV_LOCK_DIR", str(tmp / "lock"))
+    monkeypatch.setattr(un, "is_live", lambda root: True)
+    busy = [(("sh", "-c", "echo 'image is being used by stopped container 1f2e'; exit 1"), False)]
+    monkeypatch.setattr(validate, "leftover_image_argvs", lambda: busy)
+    kw = dict(yes=True, dry_run=False, json_out=True, purge_driver=False, purge_engine=False, allow_remove=False,
+              restart_engine=False, root=LIVE)
+    with pytest.raises(StepFailed) as exc:
+        uninstall_cmd(**kw)
+    assert "uninstall.images" in str(exc.value) and "stopped container" in str(exc.value)
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["id"] for s in doc["steps"] if s["status"] == "failed"] == ["uninstall.images"]
+    assert doc["left"] and "stopped container" in doc["left"][0]
+    assert cfg.read_text() == original and not (tmp / "usr/local/bin/gpuprov-runtime").exists()  # the rest is done
+    assert (tmp / "state/installed.json").exists()  # kept for the run that finishes
+    monkeypatch.setattr(validate, "leftover_image_argvs", lambda: [])
+    uninstall_cmd(**kw)
+    assert not (tmp / "state").exists() and (tmp / "lock/host.lock").exists()
+    assert json.loads(capsys.readouterr().out)["left"] == []
