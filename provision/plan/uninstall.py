@@ -36,7 +36,7 @@ from provision.hostlock import LOCK_NAME, lock_dirs
 from provision.inject import cdi, server
 from provision.inject.install import EDITOR_LIB
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
-from provision.inject.settings import settings_path
+from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
 from provision.plan.apply import LOG_FILE
@@ -323,8 +323,6 @@ exec {runc} "$@"
 
 
 def _runc() -> str:
-    from provision.inject.settings import load_settings  # lazy: only an uninstall that keeps a pass-through
-
     try:
         return load_settings().runc
     except Exception:  # settings gone or unreadable: runc as the engines find it
