@@ -65,7 +65,8 @@ def _planned_ops(step: st.Step) -> list[tuple]:
         elif isinstance(a, st.ConfigureEngine):
             ops.append(("engine configure", a.engine, {"config": a.config, "runtime_name": a.runtime_name,
                                                        "runtime_path": a.runtime_path, "default": a.default,
-                                                       "cdi": a.cdi, "replace": a.replace}))
+                                                       "cdi": a.cdi, "replace": a.replace,
+                                                       "restart_engine": a.restart_engine}))
     return ops
 
 
