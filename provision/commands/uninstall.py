@@ -32,12 +32,12 @@ def uninstall_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command and file diff it would run; change "
                                  "nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan (with --dry-run) or the result as JSON."),
-    purge_driver: bool = typer.Option(False, PURGE_OPTIONS["driver"], "--driver", help="Also purge the driver "
-                                      "packages gpuprov installed (its own record) and their holds. (--driver: "
-                                      "deprecated name.)"),
-    purge_engine: bool = typer.Option(False, PURGE_OPTIONS["engine"], "--engine", help="Also purge the engine "
-                                      "packages gpuprov installed (never an engine it found on the host). "
-                                      "(--engine: deprecated name.)"),
+    purge_driver: bool = typer.Option(False, PURGE_OPTIONS["driver"], help="Also purge the driver packages gpuprov "
+                                      "installed (its own record) and their holds."),
+    purge_engine: bool = typer.Option(False, PURGE_OPTIONS["engine"], help="Also purge the engine packages gpuprov "
+                                      "installed (never an engine it found on the host)."),
+    old_driver: bool = typer.Option(False, "--driver", hidden=True, help="Deprecated: --purge-driver."),
+    old_engine: bool = typer.Option(False, "--engine", hidden=True, help="Deprecated: --purge-engine."),
     allow_remove: bool = typer.Option(False, ALLOW_REMOVE, help="Let a purge remove packages gpuprov did not "
                                       "install (apt's simulation runs first and names them; without this option "
                                       "they stop the purge, exit 14)."),
@@ -50,7 +50,8 @@ def uninstall_cmd(
     """Take gpuprov off this host: its keys out of every engine config it edited (your changes since kept), its
     runtime, hook, CDI specs, units, MPS daemon, caches and state. Packages stay unless --purge-driver/--purge-engine.
     Engines are reloaded live, never restarted unasked."""
-    opt = UninstallOptions(purge_driver=purge_driver, purge_engine=purge_engine, allow_remove=allow_remove,
+    opt = UninstallOptions(purge_driver=purge_driver or old_driver, purge_engine=purge_engine or old_engine,
+                           allow_remove=allow_remove,
                            restart_engine=restart_engine)
     if dry_run:
         _print(uninstall_steps(root, opt), root, json_out)

@@ -166,6 +166,7 @@ def test_uninstall_that_keeps_the_packages_keeps_their_record(tmp_path, monkeypa
 def test_purge_options_are_named_for_what_they_do():
     r = run_cli("uninstall", "--help", env={"COLUMNS": "200"})
     assert "--purge-driver" in r.stdout and "--purge-engine" in r.stdout and "--restart-engine" in r.stdout
+    assert "--driver " not in r.stdout and "--engine " not in r.stdout  # the old names still parse, unlisted
 
 
 # ---------------------------------------------------------------- 27.7 / 28.2: signals only to gpuprov's process
@@ -376,8 +377,8 @@ def test_a_failed_step_does_not_stop_the_others_and_the_next_run_finishes(tmp_pa
     monkeypatch.setattr(un, "is_live", lambda root: True)
     busy = [(("sh", "-c", "echo 'image is being used by stopped container 1f2e'; exit 1"), False)]
     monkeypatch.setattr(validate, "leftover_image_argvs", lambda: busy)
-    kw = dict(yes=True, dry_run=False, json_out=True, purge_driver=False, purge_engine=False, allow_remove=False,
-              restart_engine=False, root=LIVE)
+    kw = dict(yes=True, dry_run=False, json_out=True, purge_driver=False, purge_engine=False, old_driver=False,
+              old_engine=False, allow_remove=False, restart_engine=False, root=LIVE)
     with pytest.raises(StepFailed) as exc:
         uninstall_cmd(**kw)
     assert "uninstall.images" in str(exc.value) and "stopped container" in str(exc.value)
