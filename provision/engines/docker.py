@@ -34,6 +34,7 @@ from provision.engines.base import (
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import spec
 from provision.facts.rootfs import under
+from provision.fsutil import write_file
 
 SPEC = spec("docker")  # binary, default config, its flag, packages, units: facts/engines.py's one table
 DAEMON_JSON = SPEC.config
@@ -42,6 +43,12 @@ UNIT_FILES = ("/lib/systemd/system/docker.service", "/usr/lib/systemd/system/doc
 DROPIN_DIR = "/etc/systemd/system/docker.service.d"
 CONTAINERS = "/var/lib/docker/containers"  # dockerd's own store: <id>/config.v2.json (name, labels)
 RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")  # the runtimes the live dockerd lists
+# What the live dockerd runs new containers with: its runtimes (name -> path), a space, its default (a JSON string:
+# runtime names hold no spaces).
+LIVE = ("docker", "info", "--format", "{{json .Runtimes}} {{json .DefaultRuntime}}")
+# The containers that still run under a runtime (uninstall: the runtime's binary must outlive them).
+RUNNING = ("docker", "ps", "-q", "--no-trunc")
+INSPECT_RUNTIME = ("docker", "inspect", "--format", "{{.Name}} {{.HostConfig.Runtime}}")
 # dockerd flags that have a daemon.json twin; both at once stops dockerd ("directives are specified both as a
 # flag and in the configuration file").
 FLAG_KEYS = {
@@ -158,7 +165,8 @@ def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = Non
                        if isinstance(e, dict) and e.get("path") not in runtime_paths})
     ours = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") in runtime_paths]
     # dockerd's reload (SIGHUP) applies `runtimes` and `default-runtime` only when the file sets them: a key taken
-    # out of the file keeps its old value in the running daemon (seen with docker.io 20.10), so that needs a restart.
+    # out of the file keeps its old value in the running daemon (seen with docker.io 20.10). DockerEngine.reload_live
+    # sets them for one more reload instead of restarting dockerd (which stops containers without live-restore).
     for name in ours:
         if name in theirs:
             runtimes[name] = copy.deepcopy(theirs[name])  # --replace-runtime took it: the operator's entry again
@@ -168,15 +176,14 @@ def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = Non
             changes.append(Change(f"runtimes.{name}", "removed"))
     if ours and not runtimes and "runtimes" not in before:
         del doc["runtimes"]
-        changes.append(Change("runtimes", "removed", reload=False))
+        changes.append(Change("runtimes", "removed"))
     default = doc.get("default-runtime")
     if default in ours and before.get("default-runtime") != default:
         if "default-runtime" in before:
             doc["default-runtime"] = before["default-runtime"]
         else:
             del doc["default-runtime"]
-        changes.append(Change("default-runtime", before.get("default-runtime", "removed"),
-                              reload="default-runtime" in doc))
+        changes.append(Change("default-runtime", before.get("default-runtime", "removed")))
     feats, theirs_feats = doc.get("features"), before.get("features") or {}
     ours_cdi = ((written or {}).get("features") or {}).get("cdi") is True and theirs_feats.get("cdi") is not True
     if old is not None and isinstance(feats, dict) and feats.get("cdi") is True and ours_cdi:
@@ -240,6 +247,7 @@ def cdi_warning() -> list[str]:
 
 
 class DockerEngine(Engine):
+    restart_stops_containers = True  # unless live-restore (restart_stops counts them)
     name = "docker"
     title = "Docker"
     default_config = DAEMON_JSON
@@ -381,6 +389,87 @@ class DockerEngine(Engine):
             return self.restart(daemon)
         os.kill(daemon.pid, signal.SIGHUP)
         return f"reloaded dockerd (SIGHUP to pid {daemon.pid})"
+
+    live_argv = LIVE
+
+    def restart_stops(self, daemon: Daemon) -> int:
+        """The containers dockerd runs now, unless live-restore keeps them through a restart (`docker info`)."""
+        if not daemon.in_our_mount_namespace():
+            return 0  # its client would ask another daemon; nothing to count
+        r = effects.try_run(["docker", "info", "--format", "{{.LiveRestoreEnabled}} {{.ContainersRunning}}"],
+                            timeout=20)
+        words = r.stdout.split() if r and r.returncode == 0 else []
+        return int(words[1]) if len(words) == 2 and words[0] == "false" and words[1].isdigit() else 0
+
+    def live(self) -> tuple[dict[str, str], str] | None:
+        """(runtime name -> path, default runtime) as the live dockerd reports them (`docker info`); None: no
+        answer."""
+        r = effects.try_run(list(LIVE), timeout=20)
+        try:
+            rts, _, default = r.stdout.strip().rpartition(" ") if r and r.returncode == 0 else (None, "", None)
+            return {n: (e or {}).get("path", "") for n, e in json.loads(rts).items()}, json.loads(default)
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+    def stale(self, path: Path, runtime_paths: tuple[str, ...]) -> list[str] | None:
+        """What the live dockerd that reads `path` still has of gpuprov's that the file no longer says: a runtime
+        whose path is one of `runtime_paths` and that the file does not register, a default the file does not set
+        (dockerd's reload keeps a key taken out of the file). [] when it agrees; None: cannot tell."""
+        live = self.live()
+        if live is None:
+            return None
+        rts, default = live
+        doc = parse(read_config(path) or "", str(path))
+        mine = doc.get("runtimes") if isinstance(doc.get("runtimes"), dict) else {}
+        out = [f"runtime {n}" for n, p in rts.items() if p in runtime_paths and n not in mine]
+        want = doc.get("default-runtime") or "runc"
+        if default != want and "default-runtime" not in unit_flags():
+            out.append(f"default runtime {default}")
+        return out
+
+    def reload_live(self, daemon: Daemon, path: Path, runtime_paths: tuple[str, ...]) -> str:
+        """SIGHUP; then, where the daemon still names what the file no longer says (stale: dockerd's reload applies
+        `runtimes` and `default-runtime` only when the file sets them), the file once more with those keys set to
+        what remains (`runtimes` as in the file or {}, `default-runtime` runc), SIGHUP again, and the file written
+        back as it was. Running containers are never touched: no restart."""
+        os.kill(daemon.pid, signal.SIGHUP)
+        done = f"reloaded dockerd (SIGHUP to pid {daemon.pid}; running containers untouched)"
+        if not daemon.in_our_mount_namespace():
+            return done  # `docker info` would ask another daemon
+        if effects.wait_for(lambda: self.stale(path, runtime_paths) == [], 3):
+            return done
+        text = read_config(path) or ""
+        doc = parse(text or "{}", str(path))
+        keys = {"runtimes": doc.get("runtimes") or {}}
+        if "default-runtime" not in unit_flags():
+            keys["default-runtime"] = doc.get("default-runtime") or "runc"
+        write_file(path, dump_json({**doc, **keys}, path), backup=False)
+        try:
+            os.kill(daemon.pid, signal.SIGHUP)
+            ok = effects.wait_for(lambda: self.stale(path, runtime_paths) == [], 30)
+        finally:
+            if text:
+                write_file(path, text, backup=False)
+            else:
+                os.unlink(path)
+        if not ok:
+            raise StepFailed(f"dockerd (pid {daemon.pid}) still names {', '.join(self.stale(path, runtime_paths) or [])}"
+                             f" after two reloads; restart it (systemctl restart docker) once its containers may stop")
+        return done + f"; {', '.join(keys)} set for one more reload and {path} written back"
+
+    def users(self, names: tuple[str, ...]) -> list[str] | None:
+        """The running containers whose runtime is one of `names` (`docker inspect`); None: no answer."""
+        r = effects.try_run(list(RUNNING), timeout=20)
+        if r is None or r.returncode != 0:
+            return None
+        ids = r.stdout.split()
+        if not ids:
+            return []
+        r = effects.try_run([*INSPECT_RUNTIME, *ids], timeout=30)
+        if r is None or r.returncode != 0:
+            return None
+        return [ln.split()[0].lstrip("/") for ln in r.stdout.splitlines() if len(ln.split()) == 2
+                and ln.split()[1] in names]
 
     def restart(self, daemon: Daemon) -> str:
         """Through the unit that runs it (the packages' docker.service, the snap's), else the same way as before

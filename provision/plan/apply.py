@@ -31,6 +31,7 @@ class StepOutcome:
     status: Status
     detail: str | None = None
     seconds: float = 0.0
+    exit_code: int = 0  # a failed step's (the error's documented code)
 
     def to_dict(self) -> dict:
         return {"id": self.id, "title": self.title, "status": self.status.value, "detail": self.detail,
@@ -41,6 +42,10 @@ class StepOutcome:
 class ApplyResult:
     outcomes: list[StepOutcome] = field(default_factory=list)
     reboot_required: bool = False
+
+    @property
+    def failed(self) -> list[StepOutcome]:
+        return [o for o in self.outcomes if o.status is Status.FAILED]
 
     @property
     def changed(self) -> int:
@@ -119,9 +124,11 @@ def record_installed(steps: list[Step], missing: dict[str, list[str]], res: Appl
             record.note_packages(getattr(s.stage, "value", s.stage), [], held=list(s.check.packages))
 
 
-def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True) -> ApplyResult:
+def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True,
+               keep_going: bool = False) -> ApplyResult:
     """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order.
-    `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory)."""
+    `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory). `keep_going` (uninstall,
+    whose steps are each idempotent): a failed step is recorded and the next one runs; the caller reports them."""
     res = ApplyResult()
     n = len(steps)
     say = (lambda m: None) if quiet else progress
@@ -140,9 +147,12 @@ def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True) -
                 status = Status.CHANGED
                 res.reboot_required |= step.reboot
         except GpuprovError as exc:
-            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), time.monotonic() - t))
+            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), time.monotonic() - t,
+                                            exc.exit_code))
             note(f"FAILED {step.id}: {exc}")
-            say(f"[{i}/{n}] FAILED: {step.title}")
+            say(f"[{i}/{n}] FAILED: {step.title}" + (f": {exc}" if keep_going else ""))
+            if keep_going:
+                continue
             raise StepFailed(f"step {step.id} ({step.title}) failed: {exc}", exit_code=exc.exit_code) from None
         dt = time.monotonic() - t
         res.outcomes.append(StepOutcome(step.id, step.title, status, detail, dt))
