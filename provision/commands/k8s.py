@@ -20,13 +20,14 @@ from provision.k8s.labels import NFD_FILE, gfd_labels, kubelet_flag, nfd_file
 from provision.k8s.manifests import NodeSettings, decide_sharing, decide_strategy, render_all
 from provision.k8s.node import CDI_SPEC, installed_engine_has_cdi, write_if_changed
 from provision.metrics import nvml
-from provision.options import rule
+from provision.options import check_choice, rule
 from provision.output import emit_json, kv
 from provision.share import mps
 
 k8s_app = typer.Typer(help="Kubernetes GPU nodes: CRI handler, CDI, node labels, RuntimeClass, device plugin config.",
                       no_args_is_help=True)
 
+LABEL_FORMATS = ("nfd", "kubelet", "json")
 SHARING_HELP = "auto (gpuprov share state) | none | time-slicing | mps (the device plugin's own MPS daemon)."
 STRATEGY_HELP = "auto | envvar | volume-mounts | cdi-annotations (how the device plugin passes GPUs to the runtime)."
 
@@ -48,7 +49,8 @@ def _labels(sharing: str, replicas: Optional[int]) -> dict[str, str]:
 
 @k8s_app.command("labels")
 def labels_cmd(
-    fmt: str = typer.Option("nfd", "--format", help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
+    fmt: str = typer.Option("nfd", "--format", metavar="|".join(LABEL_FORMATS),
+                            help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
     write: bool = typer.Option(False, "--write", help="Write the NFD local-source file "
                                "/etc/kubernetes/node-feature-discovery/features.d/gpuprov (atomic)."),
     sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
@@ -56,6 +58,7 @@ def labels_cmd(
 ) -> None:
     """This node's GPU labels in GPU Feature Discovery's format (product, memory, count, family, compute capability,
     CUDA driver/runtime versions, sharing strategy and replicas, MIG capability)."""
+    check_choice(fmt, LABEL_FORMATS, "--format")  # before anything is written
     labels = _labels(sharing, replicas)
     if write:
         with host_lock("k8s labels --write"):
@@ -65,10 +68,19 @@ def labels_cmd(
         print(nfd_file(labels), end="")
     elif fmt == "kubelet":
         print(kubelet_flag(labels))
-    elif fmt == "json":
-        emit_json(labels)
     else:
-        raise UsageError(f"--format {fmt!r}: use nfd, kubelet or json")
+        emit_json(labels)
+
+
+def _check_output_dir(out: Path) -> None:
+    """--output names a directory, or one to create: the first part of it that exists must be a directory (exit 2
+    before anything is rendered or written, not NotADirectoryError halfway)."""
+    for p in (out, *out.parents):
+        if os.path.lexists(p):
+            if not p.is_dir():
+                raise UsageError(f"--output {out}: {p} is not a directory; name a directory to write the manifests "
+                                 "into")
+            return
 
 
 @k8s_app.command("manifests")
@@ -84,6 +96,8 @@ def manifests_cmd(
 ) -> None:
     """RuntimeClass `nvidia`, and the NVIDIA device plugin's config (file, ConfigMap, Helm values) from gpuprov's
     sharing and runtime settings."""
+    if output is not None:
+        _check_output_dir(Path(output))
     s = _settings()
     files = render_all(s, decide_sharing(s, sharing, replicas), decide_strategy(s, strategy), namespace)
     if output is None:

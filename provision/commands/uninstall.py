@@ -9,8 +9,10 @@ import typer
 from provision import errors
 from provision.commands import summary
 from provision.errors import UsageError
+from provision.facts.distro_facts import read_host_root
 from provision.facts.rootfs import is_live
 from provision.hostlock import host_lock
+from provision.options import rule
 from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan.uninstall import UninstallOptions, uninstall_steps
@@ -33,11 +35,13 @@ def uninstall_cmd(
                                 "record) and their holds."),
     engine: bool = typer.Option(False, "--engine", help="Also purge the engine packages gpuprov installed (never an "
                                 "engine it found on the host)."),
-    root: Path = typer.Option(Path("/"), "--root", help="With --dry-run: plan for the host tree under ROOT."),
+    root: Path = typer.Option(Path("/"), "--root", metavar="PATH", callback=rule("path"),
+                              help="With --dry-run: plan for the host tree under ROOT."),
 ) -> None:
     """Take gpuprov off this host: its keys out of every engine config it edited (your changes since kept), its
     runtime, hook, CDI specs, units, MPS daemon, caches and state. Packages stay unless --driver/--engine."""
     opt = UninstallOptions(driver=driver, engine=engine)
+    read_host_root(root)  # exit 3 for a --root that is no host tree, as plan and detect say
     if dry_run:
         _print(uninstall_steps(root, opt), root, json_out)
         return
