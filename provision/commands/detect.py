@@ -30,6 +30,8 @@ def render_human(report) -> str:
             ("distro", f"{d.pretty_name} ({d.id} {d.version}, family {d.family}, {d.package_manager})"),
             ("target", report.target.name if report.target else "unsupported"),
         ]))
+    elif report.target:  # --pci-id: no host scanned, but packages decided for this release
+        out.append(kv([("target", report.target.name)]))
     if report.driver:
         drv = report.driver
         out.append(kv([
@@ -48,7 +50,7 @@ def render_human(report) -> str:
             rows.append([dev.address if dev else "", dec.pci_id + (":" + dec.subsystem if dec.subsystem else ""),
                          dec.name, dec.branch, dec.kernel_modules, (dev.driver if dev else None),
                          " ".join(dec.packages)])
-        out.append(table(["ADDRESS", "PCI ID", "NAME", "BRANCH", "MODULES", "BOUND", "PACKAGES"], rows))
+        out.append(table(["ADDRESS", "PCI ID", "NAME", "DRIVER SERIES", "MODULES", "BOUND", "PACKAGES"], rows))
     else:
         out.append("gpus         none (no NVIDIA display-class device on the PCI bus)")
     if report.other_display:
@@ -89,7 +91,7 @@ def run(root: Path = Path("/"), json_out: bool = False, pci_id: Optional[List[st
     tgt = parse_target(target) if target else None
     if pci_id:
         ids = [parse_pci_id(p) for p in pci_id]
-        report = detect_ids(ids, tgt, kernel_modules=kernel_modules, source=driver_source)
+        report = detect_ids(ids, tgt, kernel_modules=kernel_modules, source=driver_source, root=root)
     else:
         if not root.is_dir():
             raise HostUnreadable(f"--root {root} is not a directory")
