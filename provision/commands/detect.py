@@ -82,7 +82,7 @@ FAST_OPTIONS = {
 
 
 def run(root: Path = Path("/"), json_out: bool = False, pci_id: Optional[List[str]] = None, target: Optional[str] = None,
-        kernel_modules: str = "auto", driver_source: Optional[str] = None) -> None:
+        kernel_modules: str = "auto", driver_source: Optional[str] = "distro") -> None:
     """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
     check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
     if driver_source is not None:
@@ -117,8 +117,8 @@ def register(app) -> None:
         target: Optional[str] = typer.Option(None, "--target", help="Release to decide packages for, e.g. debian-12, "
                                              "ubuntu-24.04, rocky-9 (default: the host's own)."),
         kernel_modules: str = typer.Option("auto", "--kernel-modules", help="auto|open|proprietary"),
-        driver_source: Optional[str] = typer.Option(None, "--driver-source", help="distro|elrepo|nvidia (default: "
-                                                    "distro on Debian/Ubuntu, elrepo on EL)"),
+        driver_source: str = typer.Option("distro", "--driver-source", help="distro | elrepo | nvidia (distro: "
+                                          "Debian's or Ubuntu's own packages, ELRepo on EL)"),
     ) -> None:
         """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
         run(root, json_out, pci_id, target, kernel_modules, driver_source)

@@ -28,6 +28,7 @@ k8s_app = typer.Typer(help="Kubernetes GPU nodes: CRI handler, CDI, node labels,
                       no_args_is_help=True)
 
 LABEL_FORMATS = ("nfd", "kubelet", "json")
+SHARING_METAVAR = "auto|none|time-slicing|mps"
 SHARING_HELP = "auto (gpuprov share state) | none | time-slicing | mps (the device plugin's own MPS daemon)."
 STRATEGY_HELP = "auto | envvar | volume-mounts | cdi-annotations (how the device plugin passes GPUs to the runtime)."
 
@@ -53,7 +54,7 @@ def labels_cmd(
                             help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
     write: bool = typer.Option(False, "--write", help="Write the NFD local-source file "
                                "/etc/kubernetes/node-feature-discovery/features.d/gpuprov (atomic)."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
 ) -> None:
     """This node's GPU labels in GPU Feature Discovery's format (product, memory, count, family, compute capability,
@@ -87,9 +88,10 @@ def _check_output_dir(out: Path) -> None:
 def manifests_cmd(
     output: Optional[str] = typer.Option(None, "--output", metavar="DIR", callback=rule("path"), help="Write the files into DIR "
                                          "(default: print them)."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
-    strategy: str = typer.Option("auto", "--device-list-strategy", help=STRATEGY_HELP),
+    strategy: str = typer.Option("auto", "--device-list-strategy", metavar="auto|envvar|volume-mounts|cdi-annotations",
+                                  help=STRATEGY_HELP),
     namespace: str = typer.Option("nvidia-device-plugin", "--namespace", callback=rule("namespace"),
                                   help="The device plugin's namespace."),
     allow_shared_dir: bool = typer.Option(False, SHARED_DIR_OPTION, help=SHARED_DIR_HELP),
@@ -112,13 +114,14 @@ def manifests_cmd(
 
 @k8s_app.command("node")
 def node_cmd(
-    engine: str = typer.Option("auto", "--engine", help="containerd | crio | auto"),
+    engine: str = typer.Option("auto", "--engine", metavar="containerd|crio|auto", help="containerd | crio | auto"),
     config: Optional[str] = typer.Option(None, "--config", callback=rule("path"),
                                          help="The engine's main config (default: its own)."),
     default: bool = typer.Option(False, "--default", help="Make `nvidia` the default CRI handler (pods then need "
                                  "no runtimeClassName)."),
-    cdi: bool = typer.Option(True, "--cdi/--no-cdi", help="Enable CDI in the engine and write the spec."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    cdi: bool = typer.Option(True, "--cdi/--no-cdi", help="Enable CDI in the engine and write the spec (on here, "
+                             "unlike bootstrap's --cdi: the device plugin's CDI strategies need it)."),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
     runtime_path: Optional[str] = typer.Option(None, "--runtime-path", callback=rule("abs_path"),
                                                help="Default: the installed gpuprov-runtime."),

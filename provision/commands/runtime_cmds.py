@@ -75,7 +75,7 @@ def cdi_generate(
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
     output: Optional[Path] = typer.Option(None, callback=rule("path"),
                                           help="Write here (default: stdout), e.g. /etc/cdi/nvidia.yaml."),
-    fmt: str = typer.Option("yaml", "--format", help="yaml|json"),
+    fmt: str = typer.Option("yaml", "--format", metavar="yaml|json", help="yaml | json"),
 ) -> None:
     """Write a CDI spec (kind nvidia.com/gpu; devices by index, UUID and `all`; every capability's files)."""
     if fmt not in ("yaml", "json"):
