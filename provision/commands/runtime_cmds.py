@@ -37,7 +37,7 @@ def runtime_install(
     prefix: str = typer.Option("/usr/local", callback=rule("abs_path"),
                                help="Install gpuprov-runtime and the --gpus hook under PREFIX/bin."),
     runc: Optional[str] = typer.Option(None, callback=rule("abs_path"),
-                                       help="Low-level runtime to hand over to (default: runc on PATH)."),
+                                       help="Low-level runtime to hand over to (default: runc on PATH, else crun)."),
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"),
                                          help="Driver root (default: detected: /, /usr/local/nvidia…)."),
     dev_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /dev lives (tests)."),
