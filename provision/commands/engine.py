@@ -33,7 +33,9 @@ def configure_cmd(
                                      help="Name to register (keeps --runtime=nvidia)."),
     runtime_path: Optional[str] = typer.Option(None, "--runtime-path", callback=rule("abs_path"),
                                                help="Default: the installed gpuprov-runtime."),
-    default: bool = typer.Option(False, "--default", help="Make it the default runtime (needed for --gpus)."),
+    default: bool = typer.Option(False, "--default", help="Make it the default runtime (needed for --gpus). Off "
+                                 "here, on in bootstrap (--no-default-runtime): this command edits an engine you "
+                                 "already run, whose default it changes only when asked."),
     cdi: bool = typer.Option(False, "--cdi", help="Enable CDI in the engine."),
     replace: bool = typer.Option(False, "--replace-runtime", help="Replace your own runtime of that name (its "
                                  "runtimeArgs are dropped) or your default-runtime; without it, such a conflict "

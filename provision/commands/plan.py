@@ -218,14 +218,16 @@ def _print_check(doc: dict, json_out: bool, resume: Resume | None = None) -> Non
         doc = {**doc, "resume": resume.to_dict()}
     if json_out:
         emit_json(doc)
-        return
-    if resume:
-        print(f"Before the steps: {resume.bootstrap}")
-    for item in doc["steps"]:
-        print(f"{'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
-        if item.get("diff"):
-            print(item["diff"].rstrip("\n"))
-    print(f"{doc['would_change']} step(s) would change")
+    else:
+        if resume:
+            print(f"Before the steps: {resume.bootstrap}")
+        for item in doc["steps"]:
+            print(f"{'FAIL  ' if item.get('error') else 'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
+            if item.get("diff"):
+                print(item["diff"].rstrip("\n"))
+        print(f"{doc['would_change']} step(s) would change" + (", and the run would stop" if doc["stop"] else ""))
+    if doc["stop"]:  # the real run's line and exit code, after the report
+        raise errors.GpuprovError(doc["stop"]["error"], exit_code=doc["stop"]["exit_code"])
 
 
 def register(app: typer.Typer) -> None:

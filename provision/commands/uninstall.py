@@ -12,8 +12,10 @@ import typer
 from provision import errors
 from provision.commands import summary
 from provision.errors import UsageError
+from provision.facts.distro_facts import read_host_root
 from provision.facts.rootfs import is_live
 from provision.hostlock import host_lock
+from provision.options import rule
 from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan.uninstall import ALLOW_REMOVE, PURGE_OPTIONS, RESTART_ENGINE, UninstallOptions, uninstall_steps
@@ -45,7 +47,8 @@ def uninstall_cmd(
                                         "(features.cdi is read at start only). It stops running containers unless "
                                         "live-restore is on; without this option the change waits for dockerd's "
                                         "next restart."),
-    root: Path = typer.Option(Path("/"), "--root", help="With --dry-run: plan for the host tree under ROOT."),
+    root: Path = typer.Option(Path("/"), "--root", metavar="PATH", callback=rule("path"),
+                              help="With --dry-run: plan for the host tree under ROOT."),
 ) -> None:
     """Take gpuprov off this host: its keys out of every engine config it edited (your changes since kept), its
     runtime, hook, CDI specs, units, MPS daemon, caches and state. Packages stay unless --purge-driver/--purge-engine.
@@ -53,6 +56,7 @@ def uninstall_cmd(
     opt = UninstallOptions(purge_driver=purge_driver or old_driver, purge_engine=purge_engine or old_engine,
                            allow_remove=allow_remove,
                            restart_engine=restart_engine)
+    read_host_root(root)  # exit 3 for a --root that is no host tree, as plan and detect say
     if dry_run:
         _print(uninstall_steps(root, opt), root, json_out)
         return

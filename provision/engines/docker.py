@@ -33,7 +33,7 @@ from provision.engines.base import (
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import spec
-from provision.facts.rootfs import under
+from provision.facts.rootfs import read_text_file, under
 from provision.fsutil import write_file
 
 SPEC = spec("docker")  # binary, default config, its flag, packages, units: facts/engines.py's one table
@@ -198,31 +198,85 @@ def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = Non
 
 
 def unit_flags(root: Path = Path("/")) -> dict[str, str]:
-    """daemon.json keys that the docker.service unit (or its drop-ins) also sets as dockerd flags -> the file."""
+    """daemon.json keys that dockerd also gets as flags from its unit -> where the flag is set. The command line is
+    the unit's ExecStart (the last one, drop-ins included) with its $VARS expanded from the unit's Environment= and
+    EnvironmentFile= as systemd expands them: Debian's docker.io runs `dockerd -H fd:// $DOCKER_OPTS` with
+    `EnvironmentFile=-/etc/default/docker`, so a flag in DOCKER_OPTS is one dockerd gets."""
     files = [root / p.lstrip("/") for p in UNIT_FILES]
     dropins = root / DROPIN_DIR.lstrip("/")
     if dropins.is_dir():
         files += sorted(dropins.glob("*.conf"))
-    found: dict[str, str] = {}
+    execs: list[tuple[str, str]] = []  # (command line, the unit file it is in)
+    inline: dict[str, tuple[str, str]] = {}  # Environment=: name -> (value, where)
+    env_files: list[str] = []
     for f in files:
         try:
-            text = f.read_text()
+            text = read_text_file(f).replace("\\\n", " ")
         except OSError:
             continue
-        execs = [m.group(1) for m in re.finditer(r"^\s*ExecStart\s*=\s*(.*)$", text, re.M)]
-        for line in execs:
-            if not line.strip():
-                found.clear()  # `ExecStart=` resets the command in drop-ins
-                continue
-            try:
-                words = shlex.split(line.replace("\\\n", " "))
-            except ValueError:
-                words = line.split()
-            for w in words:
-                flag = w.split("=", 1)[0]
-                if flag in FLAG_KEYS:
-                    found[FLAG_KEYS[flag]] = str(f)
+        for key, val in re.findall(r"^\s*(ExecStart|Environment|EnvironmentFile)\s*=[ \t]*(.*)$", text, re.M):
+            if key == "ExecStart":
+                execs[:] = [(val, str(f))] if val.strip() else []  # `ExecStart=` resets the command in drop-ins
+            elif key == "EnvironmentFile":
+                env_files[:] = [*env_files, val.strip()] if val.strip() else []
+            elif not val.strip():
+                inline.clear()
+            else:
+                inline.update({k: (v, str(f)) for k, v in _assignments(_words(val))})
+    env = {**inline, **_env_files(root, env_files)}  # systemd: EnvironmentFile= wins over Environment=
+    found: dict[str, str] = {}
+    for line, unit in execs:
+        for w, where in _expand(_words(line), env, unit):
+            flag = w.split("=", 1)[0]
+            if flag in FLAG_KEYS:
+                found[FLAG_KEYS[flag]] = where
     return found
+
+
+def _words(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return line.split()
+
+
+def _assignments(words: list[str]) -> list[tuple[str, str]]:
+    return [(k, v) for k, sep, v in (w.partition("=") for w in words) if sep and re.fullmatch(r"\w+", k)]
+
+
+def _env_files(root: Path, names: list[str]) -> dict[str, tuple[str, str]]:
+    """EnvironmentFile= lines' KEY=VALUE assignments (a leading `-`: the file may be missing), later files winning."""
+    env: dict[str, tuple[str, str]] = {}
+    for name in names:
+        path = under(root, name.lstrip("-"))
+        try:
+            text = read_text_file(path)
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.lstrip().startswith(("#", ";")):
+                continue
+            env.update({k: (v, str(path)) for k, v in _assignments(_words(line))})
+    return env
+
+
+VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")  # ${NAME} or $NAME in an ExecStart word
+
+
+def _expand(words: list[str], env: dict[str, tuple[str, str]], unit: str) -> list[tuple[str, str]]:
+    """ExecStart's words with systemd's expansion: a word that is only `$NAME` becomes the value's words, `${NAME}`
+    (or `$NAME` inside a word) the value; each with where it was set."""
+    out: list[tuple[str, str]] = []
+    for w in words:
+        bare = re.fullmatch(r"\$(\w+)", w)
+        if bare:
+            value, where = env.get(bare.group(1), ("", unit))
+            out += [(v, f"{where} (${bare.group(1)}, which {unit} passes to dockerd)") for v in value.split()]
+            continue
+        names = [a or b for a, b in VAR.findall(w)]
+        where = next((env[n][1] for n in names if n in env), unit)
+        out.append((VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ("", ""))[0], w), where))
+    return out
 
 
 def conflicts(doc: dict, flags: dict[str, str]) -> list[str]:
@@ -334,8 +388,9 @@ class DockerEngine(Engine):
             clashes = conflicts(parse(m.text, str(path)), unit_flags(unit_root))
             ours = [c for c in clashes if c.split("'")[1] in ("runtimes", "default-runtime", "features")]
             if ours:
-                raise ConfigInvalid("; ".join(ours) + ": dockerd would refuse to start. Remove the flag from the "
-                                    "unit (systemctl edit docker) or leave this key out; daemon.json was not changed")
+                raise ConfigInvalid("; ".join(ours) + ": dockerd would refuse to start. Remove the flag where it "
+                                    "is set (the unit: systemctl edit docker) or leave this key out; daemon.json was "
+                                    "not changed")
             warnings = clashes
         if req.cdi:
             warnings += cdi_warning()

@@ -14,7 +14,7 @@ from provision.facts.rootfs import is_live, under
 from provision.inject.cdi import SpecCurrent
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.driver import driver_steps
+from provision.plan.driver import check_driver_pin, check_kernels, driver_steps
 from provision.plan.options import Options
 from provision.plan.packages import APT_ENV, package_step
 from provision.plan.steps import (
@@ -189,6 +189,10 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
 
     target = report.target
     on = set(opt.stages)
+    if Stage.DRIVER in on and opt.driver != "skip":  # values that cannot work, refused whether or not a GPU is here
+        if not report.gpus:  # (with GPUs, each decision refuses the branch naming the ones that drive it)
+            check_driver_pin(target, opt)
+        check_kernels(Path(report.root or "/"), opt.kernels)
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages
     return ([dpkg_recover_step(installs[0], opt.allow_remove)] if target.package_manager == "apt" and installs else []) \
         + (driver_steps(report, target, opt) if Stage.DRIVER in on else []) \
