@@ -16,7 +16,7 @@ from provision.options import Stage
 from provision.plan import repos
 from provision.plan.driver import driver_steps
 from provision.plan.options import Options
-from provision.plan.packages import APT_ENV, package_step
+from provision.plan.packages import APT_ENV, mirror_commands, package_step
 from provision.plan.steps import (
     Already,
     Command,
@@ -96,8 +96,9 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
                                                 "/etc/apt/keyrings/docker.asc")), src),
                               check=FilesMatch(((src.path, src.content),))))
         else:
-            cm = ("dnf", "config-manager") if target.package_manager == "dnf" else ("yum-config-manager",)
-            pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),)
+            pre = (Command((*repos.config_manager(target.package_manager), "--add-repo",
+                            repos.docker_ce_repo_file(target, opt.mirrors))),
+                   *mirror_commands("docker-ce", target, opt.mirrors))
     steps.append(package_step("engine.packages", Stage.ENGINE, f"Install the container engine: {' '.join(pkgs)}"
                               + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle))
     return steps

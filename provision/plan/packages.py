@@ -15,9 +15,10 @@ from pathlib import Path
 from provision import paths
 from provision.decide.targets import Target
 from provision.errors import RemovalRefused
+from provision.facts.rootfs import under
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.steps import Action, Command, PackagesInstalled, Step, WriteFile
+from provision.plan.steps import Action, Command, PackagesInstalled, Step, WriteFile, read_or_empty
 
 APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
 BUNDLE_APT = paths.BUNDLE_APT
@@ -111,6 +112,31 @@ def removals(manager: str, output: str) -> list[str]:
             elif in_section:
                 found.append(words[0])
     return list(dict.fromkeys(found))
+
+
+@dataclass(frozen=True)
+class RepoInstalled:
+    """The release package that defines a repository is installed and, behind `--mirror`, its repository file
+    points at the mirror (repos.mirror_setopts)."""
+    manager: str
+    package: str
+    repo_file: str
+    mirror: str | None = None  # the base URL the file must name; None: upstream's, as the package wrote it
+
+    def satisfied(self, root: Path) -> bool:
+        if not PackagesInstalled(self.manager, (self.package,)).satisfied(root):
+            return False
+        return self.mirror is None or self.mirror in read_or_empty(under(root, self.repo_file))
+
+    def describe(self) -> str:
+        return (f"skipped when rpm lists {self.package} as installed"
+                + (f" and {self.repo_file} names {self.mirror}" if self.mirror else ""))
+
+
+def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
+    """The repository `name` pointed at its mirror, saved into its repository file; () without a mirror."""
+    opts = repos.mirror_setopts(name, target, mirrors)
+    return (Command((*repos.config_manager(target.package_manager), "--save", *opts)),) if opts else ()
 
 
 def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,

@@ -44,6 +44,28 @@ def docker_ce_repo_file(target: Target, mirrors: MirrorMap | None = None) -> str
     return f"{base('docker-ce', mirrors)}/{distro}/docker-ce.repo"
 
 
+def config_manager(manager: str) -> tuple[str, ...]:
+    """The command that adds and edits repository files: dnf's plugin, or yum-utils' on EL 7."""
+    return ("dnf", "config-manager") if manager == "dnf" else ("yum-config-manager",)
+
+
+def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) -> tuple[str, ...]:
+    """`--setopt` options that point the enabled repository a release package (elrepo-release) or a fetched .repo
+    file (Docker's) defines at the mirror: those files name upstream's hosts whatever URL they came from, so without
+    this every later dnf run behind `--mirror` fails on upstream's metadata. () without a mirror for `name`."""
+    if not (mirrors or {}).get(name):
+        return ()
+    b = base(name, mirrors)
+    if name == "elrepo":
+        return (f"--setopt=elrepo.baseurl={b}/linux/elrepo/el{target.el_major}/$basearch/",
+                "--setopt=elrepo.mirrorlist=")
+    if name == "docker-ce":
+        distro = "rhel" if target.os_id == "rhel" else "centos"
+        return (f"--setopt=docker-ce-stable.baseurl={b}/{distro}/$releasever/$basearch/stable",
+                f"--setopt=docker-ce-stable.gpgkey={b}/{distro}/gpg")
+    return ()
+
+
 def docker_ce_apt_source(target: Target, mirrors: MirrorMap | None = None) -> str:
     return (f"deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {base('docker-ce', mirrors)}/"
             f"{target.os_id} {target.codename} stable\n")

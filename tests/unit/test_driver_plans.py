@@ -244,3 +244,29 @@ def test_headers_apt_lacks_refused_before_installing(monkeypatch):
     with pytest.raises(Unsupported, match="apt offers no linux-headers-6.1.0-99-amd64") as exc:
         act.execute()
     assert exc.value.exit_code == 4 and ["apt-get", "install"] not in ran
+
+
+def test_elrepo_mirror_is_what_dnf_keeps_using(tmp_path):
+    """--mirror elrepo=URL: elrepo-release's repository file names upstream's hosts whatever URL the package came
+    from, so the plan saves the mirror into it (dnf config-manager --save), and the step is not done while the file
+    still names upstream. On the previous commit the plan fetched the release package from the mirror only, and the
+    next dnf run went upstream (test_el_dnf.py saw it fail on a host with no network)."""
+    steps = plan(tmp_path, "rocky-9", mirrors={"elrepo": "http://mirror.example/elrepo"})
+    assert ("$ dnf config-manager --save '--setopt=elrepo.baseurl=http://mirror.example/elrepo/linux/elrepo/el9/"
+            "$basearch/' --setopt=elrepo.mirrorlist=") in steps["driver.repo"]["actions"]
+    from provision.plan.packages import RepoInstalled
+    root = tmp_path / "host"
+    check = RepoInstalled("dnf", "elrepo-release", "/etc/yum.repos.d/elrepo.repo", "http://mirror.example/elrepo")
+    (root / "etc/yum.repos.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/yum.repos.d/elrepo.repo").write_text("[elrepo]\nbaseurl=http://elrepo.org/linux/elrepo/el9/$basearch/\n")
+    assert "names http://mirror.example/elrepo" in check.describe()
+    assert not check.satisfied(root)
+
+
+def test_el_hold_locks_the_driver_series(tmp_path):
+    """The kmod alone locked leaves nvidia-x11-drv free to move to the next release, which needs the next kmod: with
+    EL's best=True `dnf upgrade` then fails whole, kernel updates included (seen with a real dnf in
+    test_el_dnf.py). The hold locks every installed nvidia package at the driver's version."""
+    acts = plan(tmp_path, "rocky-9")["driver.hold"]["actions"]
+    lock = next(a for a in acts if "versionlock add" in a)
+    assert "lock-series dnf kmod-nvidia-open" in lock and "/nvidia/" in lock, lock
