@@ -157,13 +157,17 @@ class ElHost:
     def __init__(self):
         self.name = f"el-host-{uuid.uuid4().hex[:8]}"
         repos = el_repos()
-        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "-v", f"{repos}:/srv/repos:ro",
-           "-v", f"{ensure_wheelhouse()}:/wh:ro", el_image())
+        # /run a tmpfs, as on a server: a restart (the reboot) empties it
+        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run",
+           "-v", f"{repos}:/srv/repos:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", el_image())
         # The served tree is a copy (later/ gets published into it); the distribution's key is in place as an
         # installed Rocky has it (rocky-release ships it), imported into rpm as the installer does.
         self.exec("set -e; cp -a /srv/repos /srv/www; rm -rf /srv/www/later; "
                   "install -m0644 /srv/www/rocky/RPM-GPG-KEY-Rocky-9 /etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-9; "
                   "rpm --import /etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-9", check=True)
+        self.serve()
+
+    def serve(self) -> None:
         self.spawn(f"cd /srv/www && exec python3 -m http.server --bind 127.0.0.1 {PORT} >/var/log/repos.log 2>&1")
         self.exec(f"for i in $(seq 50); do curl -fs http://127.0.0.1:{PORT}/ >/dev/null && exit 0; sleep 0.1; done; "
                   "exit 1", check=True)
