@@ -42,8 +42,8 @@ FAMILIES = {
     "debian-tesla": ("debian-12", "volta", "470", "nvidia-tesla-470-driver", "apt-mark hold"),
     "debian-main": ("debian-13", "datacenter", "550", "nvidia-driver", "apt-mark hold"),
     "ubuntu": ("ubuntu-22.04", "datacenter", "535", "nvidia-headless-535-server-open", "apt-mark hold"),
-    "elrepo": ("rocky-9", "volta", "580", "kmod-nvidia-580xx", "dnf versionlock add"),
-    "elrepo-el7": ("centos-7", "kepler", "470", "kmod-nvidia-470xx", "yum versionlock add"),
+    "elrepo": ("rocky-9", "volta", "580", "kmod-nvidia-580xx", "lock-series dnf"),
+    "elrepo-el7": ("centos-7", "kepler", "470", "kmod-nvidia-470xx", "lock-series yum"),
 }
 
 
@@ -60,7 +60,7 @@ def test_pinned_branch_installed_and_held(tmp_path, family):
 def test_nvidia_repo_stream_pinned(tmp_path):
     steps = plan(tmp_path, "rocky-9", "datacenter", pin="570", driver_source="nvidia")
     assert "dnf module install -y nvidia-driver:570-open" in " ".join(steps["driver.packages"]["actions"])
-    assert "dnf versionlock add nvidia-driver" in " ".join(steps["driver.hold"]["actions"])
+    assert "lock-series dnf nvidia-driver" in " ".join(steps["driver.hold"]["actions"])
 
 
 @pytest.mark.parametrize("distro,sysfs,pin,needle", [
