@@ -35,6 +35,9 @@ def epel_release(el: int, mirrors: MirrorMap | None = None) -> str:
     return f"{base('epel', mirrors)}/epel-release-latest-{el}.noarch.rpm"
 
 
+DOCKER_CE_REPO_ID = "docker-ce-stable"  # the enabled repository of Docker's docker-ce.repo
+
+
 def docker_ce_gpg(target: Target, mirrors: MirrorMap | None = None) -> str:
     return f"{base('docker-ce', mirrors)}/{target.os_id}/gpg"
 
@@ -61,8 +64,8 @@ def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) 
                 "--setopt=elrepo.mirrorlist=")
     if name == "docker-ce":
         distro = "rhel" if target.os_id == "rhel" else "centos"
-        return (f"--setopt=docker-ce-stable.baseurl={b}/{distro}/$releasever/$basearch/stable",
-                f"--setopt=docker-ce-stable.gpgkey={b}/{distro}/gpg")
+        return (f"--setopt={DOCKER_CE_REPO_ID}.baseurl={b}/{distro}/$releasever/$basearch/stable",
+                f"--setopt={DOCKER_CE_REPO_ID}.gpgkey={b}/{distro}/gpg")
     return ()
 
 

@@ -8,7 +8,8 @@ name and hostonly default).
 
 One host through its stages (module-scoped, in order, each starting where the last left it):
 1. The operator's host: kernel, podman and runc installed from the distribution with dnf. Docker CE asked for
-   there: containerd.io obsoletes runc, so the install would replace it: exit 14 before any package changes.
+   there: containerd.io obsoletes runc, so the install would replace it: exit 14 before any package changes, and
+   Docker's repository left disabled (the operator's next `dnf upgrade` would replace runc otherwise).
 2. bootstrap (driver only) with --mirror elrepo=...: elrepo-release, kmod-nvidia-open and nvidia-x11-drv from
    the mirror, the driver locked with dnf versionlock; a second run changes nothing.
 3. ELRepo publishes 570.144 and the distribution a kernel: `dnf upgrade` takes the kernel, the lock keeps 570.133.07.
@@ -48,6 +49,9 @@ def test_docker_ce_replacing_runc_stops_with_14(host):
     assert r.returncode == 14, r.stdout[-3000:] + r.stderr[-3000:]
     assert "runc" in r.stderr, r.stderr
     assert host.rpms() == before
+    # and nothing left behind makes the operator's next `dnf upgrade` do what gpuprov refused to do
+    upgrade = host.exec("dnf upgrade --assumeno 2>&1").stdout
+    assert "containerd.io" not in upgrade and "Nothing to do" in upgrade, upgrade
 
 
 @pytest.fixture(scope="module")

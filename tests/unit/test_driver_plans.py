@@ -270,3 +270,21 @@ def test_el_hold_locks_the_driver_series(tmp_path):
     acts = plan(tmp_path, "rocky-9")["driver.hold"]["actions"]
     lock = next(a for a in acts if "versionlock add" in a)
     assert "lock-series dnf kmod-nvidia-open" in lock and "/nvidia/" in lock, lock
+
+
+def test_docker_ce_repo_enabled_only_once_installed(tmp_path):
+    """Docker CE on EL: its repository is added disabled, enabled for the install's dry run and install alone, and
+    for good only after the install. On the previous commit a refused install (exit 14: containerd.io would replace
+    runc) left docker-ce-stable enabled, and the operator's next plain `dnf upgrade` replaced the distribution's runc
+    with containerd.io (seen with a real dnf in tests/integration/test_el_dnf.py)."""
+    root = make_host(tmp_path, "rocky-9", "datacenter", kernel="5.14.0-427.el9.x86_64")
+    o = Options(engine="docker", engine_source="docker-ce", driver="skip", mirrors={"docker-ce": "http://m.example/d"})
+    rep = detect_host(root, engines=False)
+    step = next(s for s in build_plan(rep, o) if s.id == "engine.packages")
+    lines = [ln for ln in step.lines() if ln.startswith("$")]
+    assert lines[0] == "$ dnf config-manager --add-repo http://m.example/d/centos/docker-ce.repo"
+    assert lines[1].startswith("$ dnf config-manager --save ") and lines[1].endswith("--setopt=docker-ce-stable.enabled=0")
+    assert "docker-ce-stable.baseurl=http://m.example/d/centos/$releasever/$basearch/stable" in lines[1]
+    assert lines[2] == "$ dnf --enablerepo=docker-ce-stable install --assumeno docker-ce docker-ce-cli containerd.io"
+    assert lines[3] == "$ dnf --enablerepo=docker-ce-stable install -y docker-ce docker-ce-cli containerd.io"
+    assert lines[4] == "$ dnf config-manager --save --setopt=docker-ce-stable.enabled=1"
