@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from provision import paths
 from provision.fsutil import make_dirs, open_trusted, write_file
+from provision.inject import mig
 from provision.inject.capabilities import (
     BINARIES,
     DRIVER_LIB32_DIRS,
@@ -119,6 +120,7 @@ class Discovery:
     persistenced: str | None  # nvidia-persistenced's socket on the host, when it runs
     firmware: tuple[Firmware, ...]
     key: str | None = None  # the cache's version key (version_key()); None outside the cache
+    mig: mig.MigLayout | None = None  # MIG instances (provision/inject/mig.py); None: none on this host
 
     def to_dict(self) -> dict:
         """The JSON form: the cache file's and `gpuprov runtime discover --json`'s (schema SCHEMA)."""
@@ -152,6 +154,8 @@ class Discovery:
         }
         if self.key is not None:
             doc["key"] = self.key
+        if self.mig is not None:
+            doc["mig"] = self.mig.to_dict()
         return doc
 
     def to_json(self) -> str:
@@ -179,6 +183,7 @@ class Discovery:
                 persistenced=_typed(_only(doc["ipc"], _FIELDS["ipc"]).get("persistenced"), str, None),
                 firmware=tuple(_firmware(f) for f in doc["firmware"]),
                 key=_typed(doc.get("key"), str, None),
+                mig=_mig_layout(doc["mig"]) if doc.get("mig") is not None else None,
             )
         except (KeyError, TypeError, AttributeError) as exc:  # a missing key, an unknown one, a wrong container
             raise ValueError(f"not a discovery document: {type(exc).__name__}: {exc}") from None
@@ -192,12 +197,24 @@ class Discovery:
 # The keys each JSON object may have (to_dict's): anything else is another writer's form, so a miss.
 _FIELDS = {
     "doc": {"schema", "driver_root", "version", "libraries", "libraries32", "manifests", "firmware_needed", "binaries",
-            "nodes", "gpus", "ipc", "firmware", "key"},
+            "nodes", "gpus", "ipc", "firmware", "key", "mig"},
     "nodes": {k for k, _ in _NODE_KEYS}, "node": {"path", "major", "minor"}, "library": {"name", "path", "soname"},
     "manifest": {"cap", "path", "container_path", "library", "rewrite", "generated"}, "ipc": {"persistenced"},
     "gpu": {"bus_id", "uuid", "minor", "model", "index", "node", "drm", "arch"},
-    "firmware": {"path", "container_path"},
+    "firmware": {"path", "container_path"}, "mig": {"major", "devices", "config", "monitor"},
 }
+
+
+def _mig_layout(doc: dict) -> mig.MigLayout:
+    _only(doc, _FIELDS["mig"])
+    devices = []
+    for d in doc["devices"]:
+        _only(d, set(mig.MigDevice.FIELDS))
+        devices.append(mig.MigDevice(*(_typed(d[k], int) for k in mig.MigDevice.FIELDS[:6]),
+                                     _typed(d["uuid"], str, None), _typed(d["profile"], str, None),
+                                     _typed(d["index"], int, None)))
+    return mig.MigLayout(_typed(doc["major"], int), tuple(devices), _typed(doc["config"], int, None),
+                         _typed(doc["monitor"], int, None))
 
 
 def _only(obj: dict, keys: set[str]) -> dict:
@@ -521,7 +538,11 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
         persistenced=sock if os.path.exists(sock) else None,
         firmware=firmware,
     )
-    return with_arches(disc) if arch else disc
+    disc = replace(disc, mig=mig.scan(proc_root, majors.get("nvidia-caps"), disc.gpus))
+    if arch:  # ask the driver (nvidia-smi, NVML) too
+        disc = with_arches(disc)
+        disc = replace(disc, mig=mig.identify(disc.mig, disc.gpus))
+    return disc
 
 
 # --- each GPU's CUDA compute capability ("arch" in NVIDIA_REQUIRE_*) ---
@@ -622,8 +643,10 @@ def write_manifests(disc: Discovery, gen_dir: str = GENERATED_DIR) -> Discovery:
 
 
 def version_key(proc_root: str = "/") -> str:
-    """Cheap key that changes when the loaded driver changes: the kernel module's version line."""
-    return _read(_join(proc_root, "proc/driver/nvidia/version")).split("\n", 1)[0]
+    """Cheap key that changes when the loaded driver changes (the kernel module's version line) or its MIG layout
+    does (mig.layout_key: "" without instances, so a host without MIG keys as before)."""
+    return _read(_join(proc_root, "proc/driver/nvidia/version")).split("\n", 1)[0] + mig.layout_key(proc_root)
+
 
 
 # The warm editor's last parse of the cache, kept while the file is the same one (inode, size, times): a container

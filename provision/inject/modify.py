@@ -272,7 +272,8 @@ def select_devices(s: Start) -> bool:
 def plan_edits(s: Start) -> bool:
     """What the container gets, from the driver's discovery and its request (edits.compute_edits, pure)."""
     s.disc = load_discovery(s.settings)
-    s.edits = edits.compute_edits(s.disc, s.env, libdir=image_libdir(s.rootfs), selectors=s.selectors)
+    s.edits = edits.compute_edits(s.disc, s.env, libdir=image_libdir(s.rootfs), selectors=s.selectors,
+                                  privileged=is_privileged(s.config))
     s.changed = True
     return True
 
