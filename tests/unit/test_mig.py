@@ -14,22 +14,16 @@ from provision.inject import discover, edits, mig
 from provision.inject.cdi import generate_spec
 from provision.inject.edits import Refused
 from tests.cdi_check import apply_spec, validate
-from tests.conftest import FIXTURES, H200
+from tests.conftest import H200
 from tests.fake_nvml import FakeMigNVML
+from tests.inject_helpers import MIG_FIXTURE as MIG_FIX
+from tests.inject_helpers import mig_proc
 
-MIG_FIX = FIXTURES / "hosts" / "h100-mig"
 ROOT = str(H200 / "usr/local/nvidia")
 GPU0 = "GPU-72078e36-3be8-e850-3cb6-446d44c26b39"
 UUIDS = ["MIG-feb88891-0321-5fef-9c87-d4af3b54259e", "MIG-a25704ba-3a06-5299-a795-fd7cf4d13973",
          "MIG-50f1c4c9-1508-5e8d-bb06-d08145b22e01", "MIG-36c795f2-5cf7-55d6-af30-e535e79b7bb6"]
 BASE = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0"]
-
-
-def mig_proc(tmp) -> str:
-    """The H100's proc/ with the instances' capabilities tree on top: the same host once GPU instances exist."""
-    shutil.copytree(MIG_FIX / "proc", tmp / "proc", symlinks=True)
-    shutil.copytree(MIG_FIX / "instances/proc", tmp / "proc", dirs_exist_ok=True)
-    return str(tmp)
 
 
 @pytest.fixture
