@@ -57,3 +57,6 @@ FIRMWARE_FROM_INIT_NS = (5, 7)
 # NVIDIA's variables that add MIG's host-wide capabilities (mig/config, mig/monitor) to a privileged container
 # (provision/inject/mig.py: admin_nodes).
 MIG_ENV = ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
+
+# Where NVIDIA's cuda-compat packages put the forward-compatibility libraries in an image (provision/inject/compat.py).
+CUDA_COMPAT_DIR = "/usr/local/cuda/compat"

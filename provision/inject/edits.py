@@ -315,9 +315,11 @@ def select_devices(selectors: list[str], disc: Discovery, env: dict[str, str], p
 
 
 def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_LIBDIR,
-                  selectors: list[str] | None = None, privileged: bool = False) -> Edits | None:
+                  selectors: list[str] | None = None, privileged: bool = False, compat=None) -> Edits | None:
     """The edits for one container, or None when it asked for no GPU. Raises Refused. `privileged`: the container
-    has CAP_SYS_ADMIN (only then may NVIDIA_MIG_CONFIG_DEVICES / _MONITOR_DEVICES give it MIG's admin nodes)."""
+    has CAP_SYS_ADMIN (only then may NVIDIA_MIG_CONFIG_DEVICES / _MONITOR_DEVICES give it MIG's admin nodes).
+    `compat`: the image's CUDA forward-compatibility libraries (compat.find); when compat.decide says they apply,
+    they are mounted where the host's would be and NVIDIA_REQUIRE_CUDA is judged against their CUDA."""
     if selectors is None:
         selectors = requested_devices(env)
     if selectors is None:
@@ -326,7 +328,16 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
         raise Refused("this container asks for a GPU but no NVIDIA driver is loaded on the host (see gpuprov detect)")
     caps = capabilities(env)
     gpus, caps_nodes, visible = select_devices(selectors, disc, env, privileged) if selectors else ([], [], [])
-    check_requirements(env, {"cuda": cuda_version(disc.version), "driver": disc.version}, gpus)
+    host = {"cuda": cuda_version(disc.version), "driver": disc.version}
+    swap: dict[str, str] = {}
+    if compat is not None and "compute" in caps:
+        from provision.inject.compat import decide  # lazy: 0.2 ms (-X importtime -I -S); images with compat libraries
+
+        if decide(compat, disc.version, [g.model for g in gpus]):
+            host["cuda"] = compat.cuda or cuda_version(compat.version)
+            swap = {f"{libdir}/{lib.soname}": compat.files[lib.name] for cap in caps
+                    for lib in disc.libraries.get(cap, ()) if lib.name in compat.files}
+    check_requirements(env, host, gpus)
     ctl = disc.nodes
     nodes = [ctl.ctl]
     if "compute" in caps:
@@ -336,7 +347,8 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
     nodes += [g.node for g in gpus] + caps_nodes
     if "graphics" in caps or "display" in caps:
         nodes += [n for g in gpus for n in g.drm]
-    mounts = driver_mounts(disc, caps, libdir=libdir, with_firmware=bool(gpus))
+    mounts = [Mount(swap.get(m.destination, m.source), m.destination, m.options)
+              for m in driver_mounts(disc, caps, libdir=libdir, with_firmware=bool(gpus))]
     ipc = persistenced_mount(disc) if "utility" in caps else None
     if ipc is not None:
         mounts.append(ipc)

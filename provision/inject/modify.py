@@ -26,6 +26,7 @@ import sys
 from provision.errors import Refused, UntrustedPath
 from provision.fsutil import open_trusted, write_file
 from provision.inject import discover, edits
+from provision.inject.capabilities import CUDA_COMPAT_DIR
 from provision.share.limits import MPS_VARS, aliyun_visible, limits_asked, mps_env, share_request
 
 TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every GPU start's path
@@ -214,7 +215,8 @@ class Start:
     """One container's create as the modifiers see it: its OCI config (edited in place), its environment as a dict
     (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
     its build at import on every cold GPU start (see edits.py's records)."""
-    __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed")
+    __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed",
+                 "compat_sources")
 
     def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
         self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
@@ -224,6 +226,7 @@ class Start:
         self.selectors: list[str] | None = None  # the GPUs asked for (select_devices); None: no GPU
         self.disc: discover.Discovery | None = None
         self.edits: edits.Edits | None = None  # what the container gets (plan_edits)
+        self.compat_sources: frozenset[str] = frozenset()  # the image's own cuda-compat files it mounts (plan_edits)
         self.changed = False
 
 
@@ -272,8 +275,14 @@ def select_devices(s: Start) -> bool:
 def plan_edits(s: Start) -> bool:
     """What the container gets, from the driver's discovery and its request (edits.compute_edits, pure)."""
     s.disc = load_discovery(s.settings)
+    compat_libs = None
+    if s.selectors and in_image(s.rootfs, CUDA_COMPAT_DIR):  # an image with forward-compatibility libraries
+        from provision.inject import compat  # lazy: 0.2 ms (-X importtime -I -S); such images only
+
+        compat_libs = compat.find(s.rootfs, image_path)
+        s.compat_sources = frozenset(compat_libs.files.values()) if compat_libs else frozenset()
     s.edits = edits.compute_edits(s.disc, s.env, libdir=image_libdir(s.rootfs), selectors=s.selectors,
-                                  privileged=is_privileged(s.config))
+                                  privileged=is_privileged(s.config), compat=compat_libs)
     s.changed = True
     return True
 
@@ -298,8 +307,8 @@ def add_mounts(s: Start) -> bool:
     mounts = s.config.setdefault("mounts", [])
     taken = {m.get("destination") for m in mounts}
     for m in s.edits.mounts:
-        if not _safe_source(m.source, rootfs_real):
-            continue
+        if not _safe_source(m.source, rootfs_real) and m.source not in s.compat_sources:
+            continue  # the image's own files only as its cuda-compat libraries (compat.find: regular, in-rootfs)
         dest = scoped_resolve(rootfs, m.destination)
         if dest in taken:
             continue

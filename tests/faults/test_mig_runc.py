@@ -1,8 +1,9 @@
-"""A real container through real runc on a MIG host (tests/fixtures/hosts/h100-mig, caps nodes made with mknod): the
-runtime's edits (modify_bundle, what gpuprov-runtime runs before handing the bundle to runc) give `0:9:0` exactly
-the parent GPU's node, nvidiactl, the uvm nodes and its instance's two nvidia-caps nodes, and runc creates exactly
-those in the container. Fails before mig.py: the MIG selector was refused ("no MIG instances are configured").
-runc keeps its state under tmp (--root); nothing on this machine is touched."""
+"""Real containers through real runc: on a MIG host (tests/fixtures/hosts/h100-mig, caps nodes made with mknod), the
+runtime's edits (modify_bundle, what gpuprov-runtime runs before handing the bundle to runc) give `0:9:0` exactly the
+parent GPU's node, nvidiactl, the uvm nodes and its instance's two nvidia-caps nodes, and runc creates exactly those
+in the container; an image with CUDA forward-compatibility libraries gets its compat libcuda exactly when newer.
+Both fail on main (the MIG selector was refused; the host's libcuda always mounted). runc keeps its state under tmp
+(--root); nothing on this machine is touched."""
 from __future__ import annotations
 
 import io
@@ -67,3 +68,25 @@ def test_missing_instance_never_reaches_runc(rig):
     bundle = oci.write_bundle(base / "bundle-missing", cfg)
     with pytest.raises(Refused, match=r"MIG device '0:4:0', which does not exist; this host has: 0:2:0; 0:3:0"):
         modify_bundle(str(bundle), s)
+
+
+@needs("gcc")
+@pytest.mark.parametrize("version,compat", [("590.44.01", True), ("575.57.08", False)])
+def test_runc_container_gets_the_compat_libcuda_exactly_when_newer(rig, version, compat):
+    """Issue 30 item 4 through real runc: an image with a stand-in compat libcuda (a real ELF built here) newer than
+    the host's 580 gets it at libcuda.so.1, an older one gets the host's; no hook, no ldconfig in the container."""
+    from tests.unit.test_compat import build_lib
+
+    base, s, rootfs, runc = rig
+    d = rootfs / "usr/local/cuda/compat"
+    d.mkdir(parents=True)
+    build_lib(d / f"libcuda.so.{version}")
+    libdir = "/usr/lib/x86_64-linux-gnu" if (rootfs / "etc/debian_version").exists() else "/usr/lib64"
+    cfg = oci.make_config(str(rootfs), ["cat", f"{libdir}/libcuda.so.1"], ["NVIDIA_VISIBLE_DEVICES=0"])
+    bundle = oci.write_bundle(base / f"bundle-compat-{version}", cfg)
+    modify_bundle(str(bundle), s)
+    rc, out = oci.lifecycle(str(runc), bundle)
+    assert rc == 0, out
+    assert ("compat libcuda" in out) == compat and ("fake libcuda.so.580.159.04" in out) != compat, out
+    assert not any(h.get("path") for h in json.loads((bundle / "config.json").read_text()).get("hooks", {}).get(
+        "prestart", []))
