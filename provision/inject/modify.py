@@ -4,7 +4,8 @@ env, MPS), each taking the container's `Start` and run in order, as NVIDIA's too
 
 Safety rules (REFERENCE.md §6), each with a test in tests/unit/test_inject_security.py:
 - mount *sources* come from discovery of the host's driver root only, must be regular files (not symlinks) and
-  never lie inside the container's rootfs (files the image controls are never mounted as driver libraries);
+  never lie inside the container's rootfs (files the image controls are never mounted as driver libraries), except
+  the image's own cuda-compat libraries (compat.py: regular files found through scoped_resolve, mounted within it);
 - every path *inside the image* (mount destinations, the image's /etc/debian_version that picks its library
   directory) is resolved by one resolver, `scoped_resolve`, with symlinks interpreted relative to the rootfs (never
   the host): an image that turns /usr/lib/x86_64-linux-gnu into a link to a host path still gets its mounts inside
