@@ -201,3 +201,19 @@ def test_cdi_spec_lists_each_mig_device_by_uuid_and_names(proc):
     cfg = {"process": {"env": []}}
     apply_spec(cfg, spec, [UUIDS[0]])
     assert [d["path"] for d in cfg["linux"]["devices"]][-2:] == [cap(84), cap(85)]
+
+
+def test_runtime_discover_shows_the_mig_devices(tmp_path, monkeypatch, capsys):
+    (tmp_path / "p").mkdir()
+    cfg = {"driver_root": ROOT, "proc_root": mig_proc(tmp_path / "p"), "dev_root": str(MIG_FIX)}
+    (tmp_path / "runtime.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(tmp_path / "runtime.json"))
+    monkeypatch.setattr(mig, "identify", lambda layout, gpus: mig.merge(
+        layout, mig.read_nvml(FakeMigNVML(), [g.uuid for g in gpus]), gpus))
+    from provision.cli import main
+
+    assert main(["runtime", "discover"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("mig"))
+    assert f"{UUIDS[0]} = 0:0 = 0:9:0 (1g.10gb)" in line and "0:2:0 (3g.40gb)" in line
+    assert main(["runtime", "discover", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["mig"]["devices"]) == 4
