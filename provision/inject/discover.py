@@ -538,11 +538,9 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
         persistenced=sock if os.path.exists(sock) else None,
         firmware=firmware,
     )
-    disc = replace(disc, mig=mig.scan(proc_root, majors.get("nvidia-caps"), disc.gpus))
-    if arch:  # ask the driver (nvidia-smi, NVML) too
-        disc = with_arches(disc)
-        disc = replace(disc, mig=mig.identify(disc.mig, disc.gpus))
-    return disc
+    # MIG instances: NVML names them (UUID, index) only where instances exist, whoever asks (CDI names need it too)
+    disc = replace(disc, mig=mig.identify(mig.scan(proc_root, majors.get("nvidia-caps"), disc.gpus), disc.gpus))
+    return with_arches(disc) if arch else disc
 
 
 # --- each GPU's CUDA compute capability ("arch" in NVIDIA_REQUIRE_*) ---

@@ -217,3 +217,15 @@ def test_runtime_discover_shows_the_mig_devices(tmp_path, monkeypatch, capsys):
     assert f"{UUIDS[0]} = 0:0 = 0:9:0 (1g.10gb)" in line and "0:2:0 (3g.40gb)" in line
     assert main(["runtime", "discover", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["mig"]["devices"]) == 4
+
+
+def test_cdi_refresh_path_names_devices_by_uuid(proc, monkeypatch):
+    """`gpuprov cdi refresh` discovers without arch: NVML is still asked where instances exist (a CDI spec without
+    the UUID names would not serve the device plugin's uuid IDs); and the real child, where pynvml finds no driver,
+    keeps the /proc layout."""
+    real = mig.identify
+    assert [d.uuid for d in real(scan_only(proc).mig, scan_only(proc).gpus).devices] == [None] * 4
+    monkeypatch.setattr(mig, "identify", lambda layout, gpus: mig.merge(
+        layout, mig.read_nvml(FakeMigNVML(), [g.uuid for g in gpus]), gpus))
+    names = [d["name"] for d in generate_spec(discover.discover(ROOT, proc_root=proc, dev_root=str(MIG_FIX)))["devices"]]
+    assert set(UUIDS) <= set(names)
