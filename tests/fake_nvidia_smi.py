@@ -3,10 +3,12 @@ host's capture (tests/fixtures/hosts/h200-vm/commands/query-gpu.csv, whose heade
 nvidia-smi asks, cannot exist on a machine without an NVIDIA GPU; this is its boundary. A field the capture lacks is
 refused as nvidia-smi refuses it (exit 2). inject_helpers.driver_root_with_smi installs it as a driver root's
 bin/nvidia-smi."""
+import re
 import sys
 from pathlib import Path
 
 CSV = Path(__file__).resolve().parent / "fixtures/hosts/h200-vm/commands/query-gpu.csv"
+XML = CSV.parent / "nvidia-smi-q.xml"
 
 
 def main(argv: list[str]) -> int:
@@ -17,6 +19,9 @@ def main(argv: list[str]) -> int:
         return 2
     header, *rows = [[c.strip() for c in line.split(",")] for line in CSV.read_text().splitlines() if line.strip()]
     names = [h.split(" [")[0] for h in header]  # "memory.total [MiB]" -> "memory.total"
+    # `brand` is not in the CSV capture: the same host's `nvidia-smi -q -x` has it (<product_brand>), one GPU
+    brand = re.search(r"<product_brand>([^<]*)</product_brand>", XML.read_text()).group(1)
+    header, names, rows = header + ["brand"], names + ["brand"], [r + [brand] for r in rows]
     fields = query.split(",")
     for f in fields:
         if f not in names:

@@ -14,7 +14,7 @@ from provision.commands.runtime_cmds import _discover
 from provision.errors import GpuprovError, UsageError
 from provision.fsutil import SHARED_DIR_HELP, SHARED_DIR_OPTION, write_file
 from provision.hostlock import host_lock
-from provision.inject.settings import load_settings
+from provision.inject.settings import load_settings, set_setting, settings_path
 from provision.k8s import node
 from provision.k8s.labels import NFD_FILE, gfd_labels, kubelet_flag, nfd_file
 from provision.k8s.manifests import NodeSettings, decide_mig_strategy, decide_sharing, decide_strategy, render_all
@@ -123,15 +123,23 @@ def node_cmd(
                                             help="Also write the manifests here."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; change nothing."),
     json_out: bool = typer.Option(False, "--json"),
+    env_unprivileged: bool = typer.Option(False, "--accept-env-unprivileged", help="Keep letting unprivileged "
+                                          "pods pick GPUs with NVIDIA_VISIBLE_DEVICES (single-tenant nodes only)."),
 ) -> None:
     """Prepare this containerd/CRI-O node for GPU pods: handler `nvidia` (drop-in), CDI spec and its refresh at boot,
-    GPU labels for NFD. Idempotent: a second run changes nothing."""
+    GPU labels for NFD; the runtime's accept_env_unprivileged off (a pod gets only the GPUs the device plugin gave
+    it) unless --accept-env-unprivileged. Idempotent: a second run changes nothing."""
     with host_lock("k8s node"):
-        _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out)
+        _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out,
+              env_unprivileged)
 
 
-def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out) -> None:
+def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out,
+          env_unprivileged=False) -> None:
     name = node.pick_engine(engine)
+    # Multi-tenant: any pod can set NVIDIA_VISIBLE_DEVICES=all in its image or spec and, with the setting on, get
+    # every GPU of the node, the other tenants' included; off, only the device plugin's /dev/null mounts count.
+    env_changed = set_setting("accept_env_unprivileged", env_unprivileged, dry_run=dry_run)
     s = _settings(engine_cdi=cdi and node.engine_has_cdi(name))
     sharing_d = decide_sharing(s, sharing, replicas)
     try:
@@ -147,6 +155,9 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
             print(f"warning: no CDI spec now: {exc}", file=sys.stderr)
     res = node.setup(name, runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
                      dry_run=dry_run, disc=disc, labels=labels, config=config)
+    if env_changed:
+        res.changed.append(f"{'would set' if dry_run else 'set'} accept_env_unprivileged "
+                           f"{str(env_unprivileged).lower()} in {settings_path()}")
     if manifests and not dry_run:
         manifests_cmd(output=manifests, sharing=sharing, replicas=replicas, strategy="auto",
                       namespace="nvidia-device-plugin", allow_shared_dir=False, mig_strategy="none")

@@ -26,6 +26,7 @@ from provision.fsutil import read_trusted, write_file
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
+from provision.inject.nodes import prepare_host
 from provision.inject.settings import Settings, settings_path
 from provision.inject.sources import PKG, source_files
 
@@ -196,6 +197,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         notes.append(f"NVIDIA's {existing} is installed: left alone; --gpus containers use NVIDIA's hook")
     else:
         _write_if_changed(bindir / HOOK_NAME, (HERE / "hook.sh").read_bytes(), 0o755, changed)
+    notes += prepare_host(proc_root, dev_root)  # nvidia-uvm and the nodes, as nvidia-modprobe would make them
     try:
         discover.refresh(driver_root, settings.cache, proc_root, dev_root)
     except OSError as exc:

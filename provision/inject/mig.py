@@ -120,7 +120,7 @@ def _tree(proc_root: str) -> list[tuple[int, int, list[int]]]:
 
 def layout_key(proc_root: str = "/") -> str:
     """What changes when an instance is created or destroyed ("" when there is none): part of discovery's cache key
-    (discover.version_key), so a changed layout rebuilds the cache at the next start. Costs one listdir of
+    (discover.host_key), so a changed layout rebuilds the cache at the next start. Costs one listdir of
     capabilities/ plus one per GPU's mig/ (MIG off: empty, nothing more)."""
     parts = [f"{gpu}/{gi}/{','.join(map(str, cis))}" for gpu, gi, cis in _tree(proc_root)]
     return " mig " + ";".join(parts) if parts else ""

@@ -200,7 +200,9 @@ class InstallRuntime(Action):
 
     def lines(self) -> list[str]:
         return [f"install gpuprov-runtime and the --gpus hook in {self.prefix}/bin and refresh the discovery cache "
-                f"(driver root {self.driver_root}), as gpuprov runtime install --driver-root {self.driver_root} does"]
+                f"(driver root {self.driver_root}), as gpuprov runtime install --driver-root {self.driver_root} does",
+                "load nvidia-uvm while the NVIDIA driver is loaded and make its missing device nodes, as "
+                "nvidia-modprobe would (CUDA in containers needs /dev/nvidia-uvm)"]
 
     def execute(self) -> str:
         return "\n".join(runtime_host.install(self.prefix, driver_root=self.driver_root)[1])

@@ -19,6 +19,7 @@ from functools import cached_property
 from provision import effects, engines
 from provision.engines.base import Engine
 from provision.errors import GpuprovError, StepFailed
+from provision.inject.edits import mismatch  # the runtime refuses with the same line
 from provision.k8s.labels import NFD_FILE
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
@@ -165,8 +166,7 @@ def coherent_result(gpus: bool, k: str | None, u: str | None) -> CheckResult:
     if not gpus:
         return CheckResult("driver versions coherent", "skip", NO_GPU)
     if not k or not u or k != u:
-        return CheckResult("driver versions coherent", "fail", f"kernel module {k} vs userspace {u}: a reboot is "
-                           "pending or an upgrade replaced one of them (\"Driver/library version mismatch\")")
+        return CheckResult("driver versions coherent", "fail", mismatch(k, u))
     return CheckResult("driver versions coherent", "pass", f"kernel module = userspace = {k}")
 
 
