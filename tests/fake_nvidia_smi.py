@@ -3,7 +3,6 @@ host's capture (tests/fixtures/hosts/h200-vm/commands/query-gpu.csv, whose heade
 nvidia-smi asks, cannot exist on a machine without an NVIDIA GPU; this is its boundary. A field the capture lacks is
 refused as nvidia-smi refuses it (exit 2). inject_helpers.driver_root_with_smi installs it as a driver root's
 bin/nvidia-smi."""
-import re
 import sys
 from pathlib import Path
 
@@ -12,16 +11,16 @@ XML = CSV.parent / "nvidia-smi-q.xml"
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["-q", "-x"]:  # the XML report, as captured
+        sys.stdout.write(XML.read_text())
+        return 0
     query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "")
     if query is None or not fmt.startswith("csv"):
-        print("fake nvidia-smi: only --query-gpu=… --format=csv… is captured", file=sys.stderr)
+        print("fake nvidia-smi: only -q -x and --query-gpu=… --format=csv… are captured", file=sys.stderr)
         return 2
     header, *rows = [[c.strip() for c in line.split(",")] for line in CSV.read_text().splitlines() if line.strip()]
     names = [h.split(" [")[0] for h in header]  # "memory.total [MiB]" -> "memory.total"
-    # `brand` is not in the CSV capture: the same host's `nvidia-smi -q -x` has it (<product_brand>), one GPU
-    brand = re.search(r"<product_brand>([^<]*)</product_brand>", XML.read_text()).group(1)
-    header, names, rows = header + ["brand"], names + ["brand"], [r + [brand] for r in rows]
     fields = query.split(",")
     for f in fields:
         if f not in names:

@@ -20,13 +20,15 @@ from provision.k8s.labels import NFD_FILE, gfd_labels, kubelet_flag, nfd_file
 from provision.k8s.manifests import NodeSettings, decide_mig_strategy, decide_sharing, decide_strategy, render_all
 from provision.k8s.node import CDI_SPEC, installed_engine_has_cdi, write_if_changed
 from provision.metrics import nvml
-from provision.options import rule
+from provision.options import check_choice, rule
 from provision.output import emit_json, kv
 from provision.share import mps
 
 k8s_app = typer.Typer(help="Kubernetes GPU nodes: CRI handler, CDI, node labels, RuntimeClass, device plugin config.",
                       no_args_is_help=True)
 
+LABEL_FORMATS = ("nfd", "kubelet", "json")
+SHARING_METAVAR = "auto|none|time-slicing|mps"
 SHARING_HELP = "auto (gpuprov share state) | none | time-slicing | mps (the device plugin's own MPS daemon)."
 MIG_HELP = "none | single | mixed (how the device plugin and the labels offer MIG devices; GFD's --mig-strategy)."
 STRATEGY_HELP = "auto | envvar | volume-mounts | cdi-annotations (how the device plugin passes GPUs to the runtime)."
@@ -55,15 +57,17 @@ def _labels(sharing: str, replicas: Optional[int], mig_strategy: str = "none") -
 
 @k8s_app.command("labels")
 def labels_cmd(
-    fmt: str = typer.Option("nfd", "--format", help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
+    fmt: str = typer.Option("nfd", "--format", metavar="|".join(LABEL_FORMATS),
+                            help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
     write: bool = typer.Option(False, "--write", help="Write the NFD local-source file "
                                "/etc/kubernetes/node-feature-discovery/features.d/gpuprov (atomic)."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
     mig_strategy: str = typer.Option("none", "--mig-strategy", help=MIG_HELP),
 ) -> None:
     """This node's GPU labels in GPU Feature Discovery's format (product, memory, count, family, compute capability,
     CUDA driver/runtime versions, sharing strategy and replicas, MIG capability)."""
+    check_choice(fmt, LABEL_FORMATS, "--format")  # before anything is written
     labels = _labels(sharing, replicas, mig_strategy)
     if write:
         with host_lock("k8s labels --write"):
@@ -73,19 +77,29 @@ def labels_cmd(
         print(nfd_file(labels), end="")
     elif fmt == "kubelet":
         print(kubelet_flag(labels))
-    elif fmt == "json":
-        emit_json(labels)
     else:
-        raise UsageError(f"--format {fmt!r}: use nfd, kubelet or json")
+        emit_json(labels)
+
+
+def _check_output_dir(out: Path) -> None:
+    """--output names a directory, or one to create: the first part of it that exists must be a directory (exit 2
+    before anything is rendered or written, not NotADirectoryError halfway)."""
+    for p in (out, *out.parents):
+        if os.path.lexists(p):
+            if not p.is_dir():
+                raise UsageError(f"--output {out}: {p} is not a directory; name a directory to write the manifests "
+                                 "into")
+            return
 
 
 @k8s_app.command("manifests")
 def manifests_cmd(
     output: Optional[str] = typer.Option(None, "--output", metavar="DIR", callback=rule("path"), help="Write the files into DIR "
                                          "(default: print them)."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
-    strategy: str = typer.Option("auto", "--device-list-strategy", help=STRATEGY_HELP),
+    strategy: str = typer.Option("auto", "--device-list-strategy", metavar="auto|envvar|volume-mounts|cdi-annotations",
+                                  help=STRATEGY_HELP),
     namespace: str = typer.Option("nvidia-device-plugin", "--namespace", callback=rule("namespace"),
                                   help="The device plugin's namespace."),
     allow_shared_dir: bool = typer.Option(False, SHARED_DIR_OPTION, help=SHARED_DIR_HELP),
@@ -93,6 +107,8 @@ def manifests_cmd(
 ) -> None:
     """RuntimeClass `nvidia`, and the NVIDIA device plugin's config (file, ConfigMap, Helm values) from gpuprov's
     sharing and runtime settings."""
+    if output is not None:
+        _check_output_dir(Path(output))
     s = _settings()
     sharing_d = decide_sharing(s, sharing, replicas)
     files = render_all(s, sharing_d, decide_strategy(s, strategy), namespace,
@@ -109,13 +125,14 @@ def manifests_cmd(
 
 @k8s_app.command("node")
 def node_cmd(
-    engine: str = typer.Option("auto", "--engine", help="containerd | crio | auto"),
+    engine: str = typer.Option("auto", "--engine", metavar="containerd|crio|auto", help="containerd | crio | auto"),
     config: Optional[str] = typer.Option(None, "--config", callback=rule("path"),
                                          help="The engine's main config (default: its own)."),
     default: bool = typer.Option(False, "--default", help="Make `nvidia` the default CRI handler (pods then need "
                                  "no runtimeClassName)."),
-    cdi: bool = typer.Option(True, "--cdi/--no-cdi", help="Enable CDI in the engine and write the spec."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    cdi: bool = typer.Option(True, "--cdi/--no-cdi", help="Enable CDI in the engine and write the spec (on here, "
+                             "unlike bootstrap's --cdi: the device plugin's CDI strategies need it)."),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
     runtime_path: Optional[str] = typer.Option(None, "--runtime-path", callback=rule("abs_path"),
                                                help="Default: the installed gpuprov-runtime."),

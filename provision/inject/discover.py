@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -568,7 +569,9 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
 ARCH_QUERY = ("--query-gpu=pci.bus_id,compute_cap", "--format=csv,noheader")
 # The brand NVML reports (nvmlDeviceGetBrand, what libnvidia-container compares NVIDIA_REQUIRE_BRAND with): its own
 # query, so that a driver whose nvidia-smi lacks the field loses the brand only, never the arch.
-BRAND_QUERY = ("--query-gpu=pci.bus_id,brand", "--format=csv,noheader")
+# The brand as NVML gives it: drivers since 580 refuse `--query-gpu=brand` ("not a valid field", seen on an H100),
+# while every driver's XML report has <product_brand> under each <gpu id="PCI bus id">.
+BRAND_QUERY = ("-q", "-x")
 ARCH_TIMEOUT_S = 5.0
 # nvidia-smi's brand text -> libnvidia-container's name for it; any other is lowercased without spaces ("Quadro RTX"
 # -> quadrortx, "NVIDIA RTX" -> nvidiartx, "NVIDIA" -> nvidia, "Tesla" -> tesla).
@@ -606,13 +609,15 @@ def parse_arches(text: str) -> dict[str, str]:
     return out
 
 
-def parse_brands(text: str) -> dict[str, str]:
-    """nvidia-smi's `pci.bus_id, brand` CSV -> {pci key: "nvidia"}; lines without a brand are skipped."""
+_GPU_BRAND_RE = re.compile(r'<gpu id="([^"]+)">.*?<product_brand>([^<]*)</product_brand>', re.S)
+
+
+def parse_brands(xml: str) -> dict[str, str]:
+    """nvidia-smi -q -x -> {pci key: "nvidia"}; a GPU without a brand (N/A, Unknown) is skipped."""
     out = {}
-    for line in text.splitlines():
-        bus, sep, brand = line.partition(",")
+    for bus, brand in _GPU_BRAND_RE.findall(xml):
         brand = " ".join(brand.split()).lower()
-        if sep and brand and not brand.startswith(("[", "n/a", "unknown")):
+        if brand and not brand.startswith(("[", "n/a", "unknown")):
             out[_pci_key(bus)] = BRAND_NAMES.get(brand, brand.replace(" ", ""))
     return out
 

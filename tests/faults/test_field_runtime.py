@@ -244,8 +244,11 @@ def test_brand_comes_from_the_driver_not_the_model(tmp_path):
     env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_BRAND": "brand=tesla"}
     with pytest.raises(Refused, match="brand nvidia"):
         edits.compute_edits(tesla_named, env)
-    assert discover.parse_brands("00000000:3B:00.0, Quadro RTX\n0000:5e:00.0, NVIDIA Virtual PC\n") == {
-        "0000:3b:00.0": "quadrortx", "0000:5e:00.0": "nvidiavpc"}
+    two = ('<gpu id="00000000:3B:00.0">\n<product_name>Quadro RTX 8000</product_name>\n'
+           '<product_brand>Quadro RTX</product_brand>\n</gpu>\n<gpu id="00000000:5E:00.0">\n'
+           '<product_brand>NVIDIA Virtual PC</product_brand>\n</gpu>\n<gpu id="00000000:86:00.0">\n'
+           '<product_brand>N/A</product_brand>\n</gpu>\n')
+    assert discover.parse_brands(two) == {"0000:3b:00.0": "quadrortx", "0000:5e:00.0": "nvidiavpc"}
 
 
 @pytest.mark.parametrize("layout,want", [
