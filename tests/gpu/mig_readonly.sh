@@ -2,7 +2,7 @@
 # MIG on a real GPU host, READ ONLY (issue 30): never changes MIG mode or layout (no `nvidia-smi -mig`, no
 # `nvidia-smi mig -cgi/-dgi/-cci/-dci`). Captures what the host shows (mig.mode.current, /proc caps, nvidia-caps nodes)
 # under $OUT, then checks that a host with MIG disabled behaves as before gpuprov read MIG: discovery records no
-# layout, the cache key is the driver's version line alone, a whole-GPU container's edits have no caps node, and a
+# layout, the cache key carries no MIG layout, a whole-GPU container's edits have no caps node, and a
 # MIG selector is refused in one line. Needs only python3 and the repository (PYTHONPATH=$PWD); no engine.
 #   Run from the repository root on the GPU host: OUT=/tmp/mig-out bash tests/gpu/mig_readonly.sh
 # With MIG enabled and instances present it still only reads: the check then prints the layout it found instead.
@@ -18,7 +18,7 @@ cat /proc/driver/nvidia-caps/mig-minors > "$OUT/mig-minors.txt" 2>&1
 ls -la /dev/nvidia-caps/ > "$OUT/dev-nvidia-caps.txt" 2>&1
 python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/mig-check.txt"
 import json, subprocess, sys
-from provision.inject import discover, edits
+from provision.inject import discover, edits, mig
 out = sys.argv[1]
 modes = subprocess.run(["nvidia-smi", "--query-gpu=mig.mode.current", "--format=csv,noheader"],
                        capture_output=True, text=True).stdout.split()
@@ -31,7 +31,8 @@ if all(m == "Disabled" for m in modes):
     first = open("/proc/driver/nvidia/version").read().split("\n")[0]
     checks = {
         "no MIG devices recorded": disc.mig is None or not disc.mig.devices,
-        "cache key is the version line alone": discover.version_key() == first,
+        "cache key has no MIG layout (MIG off)": discover.host_key().startswith(first + "|")
+                                                and mig.layout_key("/") == "",
         "whole-GPU edits have no caps node": not any("nvidia-caps" in d.path for d in
                                                      edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all"}).devices),
     }
