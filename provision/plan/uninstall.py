@@ -21,7 +21,7 @@ from provision.engines import validate
 from provision.engines.base import RuntimeRequest
 from provision.facts.rootfs import is_live, under
 from provision.hostlock import LOCK_NAME, lock_dirs
-from provision.inject import cdi, server
+from provision.inject import cdi, devchar, server
 from provision.inject.install import EDITOR_LIB
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import settings_path
@@ -44,7 +44,7 @@ from provision.plan.steps import (
 from provision.probe.cache import cache_dir
 
 UNIT_DIR = "/etc/systemd/system"
-UNITS = ("gpuprov-cdi-refresh.path", "gpuprov-cdi-refresh.service", "gpuprov-mps.service")
+UNITS = ("gpuprov-cdi-refresh.path", "gpuprov-cdi-refresh.service", "gpuprov-mps.service", devchar.UNIT)
 LABELS_HEADER = "# GPU node labels"  # k8s/labels.py: nfd_file's first line
 
 
@@ -147,6 +147,17 @@ def service_steps(root: Path) -> list[Step]:
         steps.append(Step("uninstall.units", Stage.RUNTIME, f"Stop and remove gpuprov's units: {' '.join(names)}",
                           actions=tuple(acts), check=Undone(gone=tuple(units))))
     return steps
+
+
+def dev_char_steps(root: Path) -> list[Step]:
+    """The /dev/char links gpuprov made (its record in /run), only those still pointing where gpuprov pointed them,
+    and its udev rule. A link udev or the operator made is never in the record."""
+    links = devchar.ours_now(str(under(root, devchar.RECORD)), str(root))
+    rule = [devchar.UDEV_RULE] if _exists(root, devchar.UDEV_RULE) else []
+    if not links and not rule:
+        return []
+    return [Step("uninstall.dev-char", Stage.RUNTIME, "Remove the /dev/char links gpuprov made for NVIDIA's nodes "
+                 "and its udev rule", actions=(_rm(*links, *rule),), check=Undone(gone=tuple(links + rule)))]
 
 
 def file_steps(root: Path) -> list[Step]:
@@ -260,6 +271,7 @@ def uninstall_steps(root: Path, opt: UninstallOptions, rec: record.Record | None
     """The steps in the order they run, the release of the host lock last (the command runs it after the others,
     with the lock released)."""
     rec = rec if rec is not None else record.read(str(under(root, paths.INSTALL_RECORD)))
-    return (engine_steps(root, rec) + image_steps(root) + service_steps(root) + file_steps(root)
+    return (engine_steps(root, rec) + image_steps(root) + service_steps(root) + dev_char_steps(root)
+            + file_steps(root)
             + runtime_steps(root) + package_steps(root, rec, opt) + state_steps(root) + [release_step()])
 

@@ -170,6 +170,34 @@ def coherent_result(gpus: bool, k: str | None, u: str | None) -> CheckResult:
     return CheckResult("driver versions coherent", "pass", f"kernel module = userspace = {k}")
 
 
+def dev_char_links(h: NodeHost) -> CheckResult:
+    """Every NVIDIA device node has its /dev/char/MAJ:MIN link (inject/devchar.py says why)."""
+    rc, out, err = h.run(["gpuprov", "runtime", "dev-char-links", "--check", "--json"])
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        why = ((err or out).strip().splitlines() or [f"exit {rc}"])[-1]
+        return CheckResult(DEV_CHAR, "fail", f"`gpuprov runtime dev-char-links --check` failed: {why}")
+    return dev_char_result(doc)
+
+
+DEV_CHAR = "/dev/char links"
+
+
+def dev_char_result(doc: dict) -> CheckResult:
+    """dev_char_links from `gpuprov runtime dev-char-links --check --json`'s answer."""
+    missing, other, ok = doc.get("missing") or [], doc.get("other") or [], doc.get("ok") or []
+    if not (missing or other or ok):
+        return CheckResult(DEV_CHAR, "skip", "no NVIDIA device nodes in /dev")
+    if missing or other:
+        bad = ", ".join(missing + [f"{p} (taken by something else)" for p in other])
+        return CheckResult(DEV_CHAR, "fail", f"no link for NVIDIA's node at {bad}: containers under the systemd "
+                           "cgroup driver lose these devices at `systemctl daemon-reload`. Fix: `gpuprov runtime "
+                           "dev-char-links` (and `systemctl enable gpuprov-dev-char.service`, which `gpuprov runtime "
+                           "install` installs, for every boot)")
+    return CheckResult(DEV_CHAR, "pass", f"{len(ok)} NVIDIA device nodes linked")
+
+
 def next_boot_module(h: NodeHost) -> CheckResult:
     """The kernel the next boot starts has an NVIDIA module: a kernel update that arrived without one (no headers
     for DKMS, no precompiled package) boots a GPU node without its driver. Checked wherever a GPU or a driver is."""
@@ -276,8 +304,8 @@ def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
     return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")
 
 
-CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, next_boot_module, engine_running, runtime_registered,
-          plain_container, gpu_container, cri_handler)
+CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, dev_char_links, next_boot_module, engine_running,
+          runtime_registered, plain_container, gpu_container, cri_handler)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:
