@@ -8,6 +8,8 @@ one: uninstall then finds gpuprov's keys by what they are, see the engine adapte
   before later writes (`later`: what a later --replace-runtime replaced), and the directories it created. `old`
   is never restored blindly: the adapters use it only to give back the operator's exact bytes where the file is
   still what gpuprov wrote, or where their own edits since then apply cleanly to it (engines/base.py: undo_text).
+- `enabled`: the units bootstrap enabled that were not enabled before it ran (nvidia-persistenced); uninstall
+  disables these and no other.
 - `packages`: per stage (driver, engine), the packages a bootstrap installed that were not installed before it ran;
   `holds`: the packages it held. `uninstall --driver/--engine` remove these and nothing else.
 """
@@ -27,10 +29,11 @@ class Record:
     configs: dict[str, dict] = field(default_factory=dict)
     packages: dict[str, list[str]] = field(default_factory=dict)
     holds: list[str] = field(default_factory=list)
+    enabled: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({"schema": SCHEMA, "configs": self.configs, "packages": self.packages,
-                           "holds": self.holds}, indent=2, sort_keys=True) + "\n"
+                           "holds": self.holds, "enabled": self.enabled}, indent=2, sort_keys=True) + "\n"
 
 
 def read(path: str | None = None) -> Record:
@@ -41,7 +44,8 @@ def read(path: str | None = None) -> Record:
         return Record()
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         return Record()
-    return Record(dict(doc.get("configs") or {}), dict(doc.get("packages") or {}), list(doc.get("holds") or []))
+    return Record(dict(doc.get("configs") or {}), dict(doc.get("packages") or {}), list(doc.get("holds") or []),
+                  [u for u in doc.get("enabled") or [] if isinstance(u, str)])
 
 
 def _save(rec: Record) -> None:
@@ -72,3 +76,10 @@ def note_packages(stage: str, installed: list[str], held: list[str] = ()) -> Non
     rec.packages[stage] = list(dict.fromkeys([*rec.packages.get(stage, []), *installed]))
     rec.holds = list(dict.fromkeys([*rec.holds, *held]))
     _save(rec)
+
+
+def note_enabled(unit: str) -> None:
+    rec = read()
+    if unit not in rec.enabled:
+        rec.enabled.append(unit)
+        _save(rec)

@@ -13,6 +13,7 @@ from provision.commands import summary
 from provision.errors import CONFIG_INVALID, REQUIREMENT_FAILED, GpuprovError, UsageError
 from provision.fsutil import link_or_copy, make_dirs, point_link, publish_dir, write_file
 from provision.hostlock import changes_host, host_lock
+from provision.inject import devchar
 from provision.inject.cdi import generate_spec, render
 from provision.inject.discover import write_manifests
 from provision.inject.edits import Refused, compute_edits
@@ -65,8 +66,6 @@ def runtime_dev_char_links(
 ) -> None:
     """Make /dev/char/MAJ:MIN links for NVIDIA's device nodes (as udev does for the devices it knows), so that
     containers under the systemd cgroup driver keep their GPU across `systemctl daemon-reload`."""
-    from provision.inject import devchar  # lazy: only this command
-
     try:
         res = devchar.check_links(dev_root) if check else devchar.link_nodes(dev_root)
     except devchar.DevCharRefused as exc:

@@ -14,7 +14,8 @@ and only while they still point where gpuprov pointed them: a link udev or the o
 
 It never writes through what a local user could plant: `dev/char` must be a directory (not a link) that only root
 can write, reached and written with *at() calls that follow no link, and nothing is opened but directories (a FIFO
-or a wedged device in /dev is only lstat'ed), so it never hangs. Import-light (os, stat): the start path loads it."""
+or a wedged device in /dev is only lstat'ed), so it never hangs. Import-light (os, stat and fsutil,
+which the start path has loaded already)."""
 from __future__ import annotations
 
 import errno
@@ -22,6 +23,7 @@ import os
 import stat
 
 from provision import paths
+from provision.fsutil import make_dirs
 
 RECORD = f"{paths.RUN_DIR}/dev-char-links"  # one line per link gpuprov made: "<link> <target>"
 CAPS_DIR = "nvidia-caps"
@@ -186,8 +188,6 @@ def _walk(dev_root: str, names, create: bool, record: str | None) -> Links:
 
 def _note(record: str, link: str, target: str) -> None:
     """One line appended (O_APPEND: concurrent starts never interleave a line) to the record in root's /run dir."""
-    from provision.fsutil import make_dirs  # lazy: only when a link was made
-
     make_dirs(os.path.dirname(record))
     fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:

@@ -11,6 +11,7 @@ from provision import record
 from provision.errors import GpuprovError, StepFailed
 from provision.fsutil import make_dirs
 from provision.output import progress
+from provision.plan import persistence
 from provision.plan.steps import PackagesInstalled, Step, packages_installed
 
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
@@ -117,6 +118,8 @@ def record_installed(steps: list[Step], missing: dict[str, list[str]], res: Appl
                                  [p for p in missing[s.id] if packages_installed("apt", (p,))])
         elif s.id == "driver.hold" and s.id in changed and getattr(s.check, "manager", None) == "apt":
             record.note_packages(getattr(s.stage, "value", s.stage), [], held=list(s.check.packages))
+        elif s.id == persistence.STEP and s.id in changed:  # enabled by gpuprov (its check: it was not before)
+            record.note_enabled(persistence.UNIT)
 
 
 def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True) -> ApplyResult:

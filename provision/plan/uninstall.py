@@ -27,6 +27,7 @@ from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
+from provision.plan import persistence
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import NOUVEAU_CONF
 from provision.plan.packages import APT_ENV
@@ -147,6 +148,15 @@ def service_steps(root: Path) -> list[Step]:
         steps.append(Step("uninstall.units", Stage.RUNTIME, f"Stop and remove gpuprov's units: {' '.join(names)}",
                           actions=tuple(acts), check=Undone(gone=tuple(units))))
     return steps
+
+
+def persistence_steps(root: Path, rec: record.Record) -> list[Step]:
+    """nvidia-persistenced disabled, only where bootstrap enabled it (the record) and it is enabled still."""
+    if persistence.UNIT not in rec.enabled or not os.path.lexists(under(root, persistence.WANTS)):
+        return []
+    return [Step("uninstall.persistence", Stage.DRIVER, f"Disable {persistence.UNIT} (gpuprov enabled it)",
+                 actions=(Command(("systemctl", "disable", "--now", persistence.UNIT)),),
+                 check=Undone(gone=(persistence.WANTS,)))]
 
 
 def dev_char_steps(root: Path) -> list[Step]:
@@ -272,6 +282,6 @@ def uninstall_steps(root: Path, opt: UninstallOptions, rec: record.Record | None
     with the lock released)."""
     rec = rec if rec is not None else record.read(str(under(root, paths.INSTALL_RECORD)))
     return (engine_steps(root, rec) + image_steps(root) + service_steps(root) + dev_char_steps(root)
-            + file_steps(root)
+            + persistence_steps(root, rec) + file_steps(root)
             + runtime_steps(root) + package_steps(root, rec, opt) + state_steps(root) + [release_step()])
 

@@ -198,6 +198,33 @@ def dev_char_result(doc: dict) -> CheckResult:
     return CheckResult(DEV_CHAR, "pass", f"{len(ok)} NVIDIA device nodes linked")
 
 
+def persistence_mode(h: NodeHost) -> CheckResult:
+    """Each GPU's persistence mode as the driver reports it (nvidia-smi asks NVML); reported, not judged: a node
+    may run without it (bootstrap enables nvidia-persistenced on data-centre GPUs, plan/persistence.py)."""
+    skip = _skip_without_gpu(PERSISTENCE, h)
+    if skip:
+        return skip
+    rc, out, _ = h.run(["nvidia-smi", "--query-gpu=persistence_mode", "--format=csv,noheader"]) \
+        if h.has_command("nvidia-smi") else (127, "", "")
+    return persistence_result(out if rc == 0 else None)
+
+
+PERSISTENCE = "persistence mode"
+
+
+def persistence_result(out: str | None) -> CheckResult:
+    """persistence_mode from nvidia-smi's answer (None: it is not there or failed)."""
+    modes = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
+    if not modes or any(m not in ("Enabled", "Disabled") for m in modes):
+        return CheckResult(PERSISTENCE, "skip", "unknown (nvidia-smi did not answer)")
+    if all(m == "Enabled" for m in modes):
+        return CheckResult(PERSISTENCE, "pass", f"Enabled on {len(modes)} GPU(s)")
+    off = [str(i) for i, m in enumerate(modes) if m == "Disabled"]
+    return CheckResult(PERSISTENCE, "skip", f"Disabled on GPU {', '.join(off)} of {len(modes)}: GPU state is torn down "
+                       "between clients (slow container starts); `systemctl enable --now nvidia-persistenced`, which "
+                       "bootstrap does on data-centre GPUs")
+
+
 def next_boot_module(h: NodeHost) -> CheckResult:
     """The kernel the next boot starts has an NVIDIA module: a kernel update that arrived without one (no headers
     for DKMS, no precompiled package) boots a GPU node without its driver. Checked wherever a GPU or a driver is."""
@@ -304,8 +331,8 @@ def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
     return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")
 
 
-CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, dev_char_links, next_boot_module, engine_running,
-          runtime_registered, plain_container, gpu_container, cri_handler)
+CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, dev_char_links, persistence_mode, next_boot_module,
+          engine_running, runtime_registered, plain_container, gpu_container, cri_handler)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:

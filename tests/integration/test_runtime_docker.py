@@ -241,23 +241,29 @@ def systemd_cgroups(host, installed):
     assert r.returncode == 0, r.stdout + r.stderr
     host.exec("/opt/gpuprov/bin/python -c 'import json; p=\"/etc/docker/daemon.json\"; d=json.load(open(p)); "
               "d[\"exec-opts\"]=[\"native.cgroupdriver=systemd\"]; json.dump(d, open(p, \"w\"))' && "
-              "systemctl restart docker && gpuprov verify --prepare containerd", check=True, timeout=300)
+              "systemctl restart docker", check=True, timeout=300)
+    # the check image's files plus `sleep`: a Docker image and, unpacked, a rootfs for ctr
+    host.exec("/opt/gpuprov/bin/python -c 'import sys; from provision.engines import validate; sys.stdout.buffer."
+              "write(validate.build_image_tar(validate.BINARIES + (\"sleep\",)))' > /tmp/devchar.tar && "
+              "docker import /tmp/devchar.tar devchar-sleep && mkdir -p /opt/devchar-rootfs && "
+              "tar -C /opt/devchar-rootfs -xf /tmp/devchar.tar", check=True, timeout=300)
     assert docker(host, "info", "--format", "{{.CgroupDriver}} {{.CgroupVersion}}").stdout.split() == ["systemd", "1"]
     try:
         yield json.loads(r.stdout)
     finally:
-        host.exec("mv /etc/docker/daemon.json.devchar /etc/docker/daemon.json && systemctl restart docker; "
+        host.exec("docker rmi devchar-sleep; rm -rf /opt/devchar-rootfs /tmp/devchar.tar; "
+                  "mv /etc/docker/daemon.json.devchar /etc/docker/daemon.json && systemctl restart docker; "
                   f"rm -f /dev/char/* {HAS_ALL}; gpuprov runtime install --driver-root {FIXTURE}/usr/local/nvidia "
                   f"--dev-root {FAKE_DEV} --proc-root {FIXTURE}", timeout=300)
 
 
-DOCKER_RUN = (f"docker run -d --name devchar --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all {IMAGE} sleep 600",
+DOCKER_RUN = ("docker run -d --name devchar --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all devchar-sleep sleep 600",
               "docker exec devchar", "docker rm -f devchar")
 # containerd's own runc shim with `SystemdCgroup = true` (ctr's --runc-systemd-cgroup), gpuprov's runtime as its runc
 CTR = "ctr -n gpuprov"
 CTR_RUN = (f"{CTR} run -d --runc-binary /usr/local/bin/gpuprov-runtime --runc-systemd-cgroup "
            "--cgroup system.slice:gpuprov:devchar --env PATH=/usr/bin:/bin --env NVIDIA_VISIBLE_DEVICES=all "
-           "--rootfs /var/lib/gpuprov/verify/rootfs devchar sleep 600",
+           "--rootfs /opt/devchar-rootfs devchar sleep 600",
            f"{CTR} task exec --exec-id probe$RANDOM devchar",
            f"{CTR} task kill -s KILL devchar; sleep 1; {CTR} task rm -f devchar; {CTR} container rm devchar")
 
