@@ -6,7 +6,9 @@ or time out. Distributions ship the daemon as a Recommends of their driver packa
 `--no-install-recommends` leaves out. So with the driver it installs, bootstrap installs the distribution's
 `nvidia-persistenced` (where the driver package does not carry it already) and enables its unit;
 `--no-persistence` (role: `gpuprov_persistence: false`) leaves both out. The enable is kept in the install record
-only when gpuprov made it, and `uninstall` disables the unit only then (plan/uninstall.py)."""
+only when gpuprov made it (its enable step ran, or its package step installed the package, whose Debian postinst
+enables the unit: seen on bookworm, nvidia-persistenced 535.171.04-1~deb12u1), and `uninstall` disables the unit
+only then (plan/uninstall.py)."""
 from __future__ import annotations
 
 from provision.decide.driver import is_datacenter
@@ -18,6 +20,7 @@ from provision.plan.steps import Command, PathExists, Step
 
 UNIT = "nvidia-persistenced.service"
 STEP = "driver.persistence"
+PACKAGE_STEP = f"{STEP}.package"
 # the unit's [Install] WantedBy= in Debian's, Ubuntu's and NVIDIA's packages: the link `systemctl enable` makes
 WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT}"
 
@@ -44,7 +47,7 @@ def persistence_steps(driver_steps: list[Step], gpus, target: Target, opt, syste
     steps = []
     pkgs = package(target, opt.driver_source)
     if pkgs:
-        steps.append(package_step(f"{STEP}.package", Stage.DRIVER, "Install nvidia-persistenced (data-centre GPU: "
+        steps.append(package_step(PACKAGE_STEP, Stage.DRIVER, "Install nvidia-persistenced (data-centre GPU: "
                                   "persistence mode, as NVIDIA recommends; --no-persistence leaves it out)", target,
                                   pkgs, bundle=opt.bundle, allow_remove=opt.allow_remove))
     if systemd:

@@ -204,14 +204,14 @@ def test_mps_share_under_systemd_restarts_and_follows(host, installed):
 # cgroup allows the node, EPERM once it denies it; TESTING.md). These hosts run cgroup v1; v2 cannot be had here.
 RELOAD_NODES = ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 HAS_ALL = " ".join(f"/dev/{n}" for n in RELOAD_NODES)
-PROBE = f"for n in {HAS_ALL}; do (exec 3<$n) 2>&1 | grep -o 'Operation not permitted\\|No such device or address' " \
-    "| sed \"s|^|$n: |\"; done"
+# the image has sh and no grep: each node's open() error, parsed here
+PROBE = f'for n in {HAS_ALL}; do echo "$n=$( (exec 3<$n) 2>&1)"; done'
 
 
 def _probe(host: Host, exec_prefix: str) -> dict[str, str]:
     """{node: 'No such device or address' (allowed) | 'Operation not permitted' (denied)} inside a container."""
     out = host.exec(f"{exec_prefix} sh -c {shlex.quote(PROBE)}").stdout
-    return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    return {k: v.rsplit(": ", 1)[-1] for k, _, v in (ln.partition("=") for ln in out.splitlines()) if v}
 
 
 ALLOWED = {f"/dev/{n}": "No such device or address" for n in RELOAD_NODES}
@@ -303,6 +303,12 @@ def test_dev_char_verify_boot_unit_and_uninstall_scope(host, systemd_cgroups):
     assert host.exec("systemctl restart gpuprov-dev-char.service").returncode == 0
     assert host.exec("readlink /dev/char/195:0").stdout.strip() == "../nvidia0"
     assert host.exec("gpuprov runtime dev-char-links --check").returncode == 0
+    host.exec("mv /dev/char/195:0 /tmp/devchar-195-0", check=True)
+    r = host.exec("gpuprov verify --json")
+    check = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "/dev/char links")
+    assert r.returncode == 10 and check["status"] == "fail" and "/dev/char/195:0" in check["detail"] and \
+        "Fix: `gpuprov runtime dev-char-links`" in check["detail"], r.stdout
+    host.exec("mv /tmp/devchar-195-0 /dev/char/195:0", check=True)
     plan = host.exec("gpuprov uninstall --dry-run").stdout
     line = next(ln for ln in plan.splitlines() if "rm -f -- /dev/char" in ln)
     assert "/dev/char/195:0" in line and "/dev/char/238:0" in line and "/dev/char/195:255" not in line, plan

@@ -82,3 +82,16 @@ def test_verify_reports_the_mode():
     assert r.status == "skip" and "Disabled on GPU 1 of 2" in r.detail and "nvidia-persistenced" in r.detail
     assert persistence_result(None).detail.startswith("unknown")
     assert persistence_result("[N/A]\n").detail.startswith("unknown")
+
+
+def test_recorded_when_the_package_gpuprov_installed_enabled_it(monkeypatch):
+    """Debian's nvidia-persistenced enables its unit when installed (bookworm 535.171.04-1~deb12u1, in a systemd
+    host container): the enable step is then skipped, yet the enable is gpuprov's doing, so it is recorded."""
+    monkeypatch.setattr(ap, "packages_installed", lambda manager, pkgs, root=None: True)
+    step = Step(persistence.PACKAGE_STEP, Stage.DRIVER, "install", check=PathExists("/nonexistent"))
+    ap.record_installed([step], {persistence.PACKAGE_STEP: []}, ap.ApplyResult())
+    assert record.read().enabled == []  # nothing was missing: the operator's package
+    ap.record_installed([step], {persistence.PACKAGE_STEP: ["nvidia-persistenced"]}, ap.ApplyResult())
+    assert record.read().enabled == [persistence.UNIT]
+    assert record.read().packages == {"driver": ["nvidia-persistenced"]}
+
