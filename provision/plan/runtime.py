@@ -74,8 +74,11 @@ def dev_char(dev_root: str = "/", install_units: bool = True) -> tuple[dict, lis
 
 
 def install_dev_char_units() -> str:
-    """gpuprov-dev-char.service (enabled where systemd runs) and the udev rule (udev told to reload)."""
-    units = devchar.dev_char_units(shutil.which("gpuprov") or "/usr/local/bin/gpuprov")
+    """gpuprov-dev-char.service (enabled where systemd runs) and the udev rule (udev told to reload), each only
+    where its directory is (/etc/systemd/system, /etc/udev): a host without udev gets no rule, nor an /etc/udev made
+    for it that uninstall would leave behind; the unit covers it at boot."""
+    units = {p: t for p, t in devchar.dev_char_units(shutil.which("gpuprov") or "/usr/local/bin/gpuprov").items()
+             if os.path.isdir(os.path.dirname(os.path.dirname(p)))}
     for path, text in units.items():
         write_file(path, text, backup=False)
     if os.path.isdir("/run/systemd/system"):
@@ -83,7 +86,7 @@ def install_dev_char_units() -> str:
         effects.run(["systemctl", "enable", devchar.UNIT], check=False)
     if shutil.which("udevadm"):
         effects.run(["udevadm", "control", "--reload"], check=False)
-    return f"installed {', '.join(units)}"
+    return f"installed {', '.join(units) or 'no boot unit or udev rule (neither systemd nor udev here)'}"
 
 
 def refresh_cdi(driver_root: str | None, dirs: tuple[str, ...] = CDI_DIRS, install_units: bool = False) -> list[str]:

@@ -209,9 +209,17 @@ PROBE = f'for n in {HAS_ALL}; do echo "$n=$( (exec 3<$n) 2>&1)"; done'
 
 
 def _probe(host: Host, exec_prefix: str) -> dict[str, str]:
-    """{node: 'No such device or address' (allowed) | 'Operation not permitted' (denied)} inside a container."""
-    out = host.exec(f"{exec_prefix} sh -c {shlex.quote(PROBE)}").stdout
-    return {k: v.rsplit(": ", 1)[-1] for k, _, v in (ln.partition("=") for ln in out.splitlines()) if v}
+    """{node: 'No such device or address' (allowed) | 'Operation not permitted' (denied)} inside a container. An
+    exec that answers nothing (seen once in ten runs, right after the start) is tried again; its error is kept."""
+    errors = []
+    for _ in range(5):
+        r = host.exec(f"{exec_prefix} sh -c {shlex.quote(PROBE)}")
+        got = {k: v.rsplit(": ", 1)[-1] for k, _, v in (ln.partition("=") for ln in r.stdout.splitlines()) if v}
+        if got:
+            return got
+        errors.append(f"exit {r.returncode}: {r.stderr.strip()}")
+        time.sleep(1)
+    return {"errors": "; ".join(errors)}
 
 
 ALLOWED = {f"/dev/{n}": "No such device or address" for n in RELOAD_NODES}
@@ -312,4 +320,5 @@ def test_dev_char_verify_boot_unit_and_uninstall_scope(host, systemd_cgroups):
     plan = host.exec("gpuprov uninstall --dry-run").stdout
     line = next(ln for ln in plan.splitlines() if "rm -f -- /dev/char" in ln)
     assert "/dev/char/195:0" in line and "/dev/char/238:0" in line and "/dev/char/195:255" not in line, plan
-    assert "71-gpuprov-dev-char.rules" in line
+    # this server has no udev: no rule written, and no /etc/udev made for one (uninstall would leave it behind)
+    assert host.exec("test -e /etc/udev").returncode != 0
