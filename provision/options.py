@@ -92,6 +92,7 @@ MODULE_PARAMS: dict[str, str | None] = {
     "mirror": "mirrors",
     "for_gpus": "for_gpus",
     "kernels": "kernels",
+    "no_persistence": "persistence",
     "yes": None,
     "check": None,
     "json_out": None,

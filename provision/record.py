@@ -12,6 +12,8 @@ A missing record is an empty one: uninstall then finds gpuprov's keys by what th
   before later writes (`later`: what a later --replace-runtime replaced), and the directories it created. `old`
   is never restored blindly: the adapters use it only to give back the operator's exact bytes where the file is
   still what gpuprov wrote, or where their own edits since then apply cleanly to it (engines/base.py: undo_text).
+- `enabled`: the units bootstrap enabled that were not enabled before it ran (nvidia-persistenced, ENABLED_UNITS);
+  uninstall disables these and no other.
 - `packages`: per stage (driver, engine), the packages a bootstrap installed that were not installed before it ran;
   `holds`: the packages it held. `uninstall --purge-driver/--purge-engine` remove these and nothing else; an
   uninstall that keeps them keeps this part of the record (`packages_only`), so that a later uninstall can still
@@ -28,6 +30,7 @@ from provision.fsutil import read_trusted, write_file
 
 SCHEMA = "gpuprov.installed/v1"
 STAGES = ("driver", "engine")
+ENABLED_UNITS = ("nvidia-persistenced.service",)  # the units a record may name in `enabled`
 
 
 class RecordInvalid(ConfigInvalid):
@@ -56,6 +59,12 @@ def _list(path: str, where: str, value: object, check) -> list:
 
 def _ruled(rule: str):
     return lambda path, where, v: _rule(path, where, rule, v)
+
+
+def _unit(path: str, where: str, v: object) -> str:
+    if v not in ENABLED_UNITS:
+        raise _bad(path, where, f"one of {', '.join(ENABLED_UNITS)}", v)
+    return v
 
 
 def _dict(path: str, where: str, value: object) -> dict:
@@ -98,10 +107,11 @@ class Record:
     configs: dict[str, dict] = field(default_factory=dict)
     packages: dict[str, list[str]] = field(default_factory=dict)
     holds: list[str] = field(default_factory=list)
+    enabled: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({"schema": SCHEMA, "configs": self.configs, "packages": self.packages,
-                           "holds": self.holds}, indent=2, sort_keys=True) + "\n"
+                           "holds": self.holds, "enabled": self.enabled}, indent=2, sort_keys=True) + "\n"
 
     def packages_only(self) -> Record:
         """What an uninstall that keeps the packages leaves of the record: the packages and holds, no configs."""
@@ -127,7 +137,8 @@ class Record:
             if stage not in STAGES:
                 raise _bad(path, f"packages.{stage}", f"a stage ({', '.join(STAGES)})", stage)
             pkgs[stage] = _list(path, f"packages.{stage}", lst, _ruled("package"))
-        return cls(configs, pkgs, _list(path, "holds", doc.get("holds") or [], _ruled("package")))
+        return cls(configs, pkgs, _list(path, "holds", doc.get("holds") or [], _ruled("package")),
+                   _list(path, "enabled", doc.get("enabled") or [], _unit))
 
 
 def read(path: str | None = None) -> Record:
@@ -172,3 +183,10 @@ def note_packages(stage: str, installed: list[str], held: list[str] = ()) -> Non
     rec.packages[stage] = list(dict.fromkeys([*rec.packages.get(stage, []), *installed]))
     rec.holds = list(dict.fromkeys([*rec.holds, *held]))
     save(rec)
+
+
+def note_enabled(unit: str) -> None:
+    rec = read()
+    if unit not in rec.enabled:
+        rec.enabled.append(unit)
+        save(rec)

@@ -18,6 +18,7 @@ from provision.hostlock import changes_host
 from provision.options import rule
 from provision.output import emit_json, kv
 from provision.plan import apply as ap
+from provision.plan import persistence
 from provision.plan.build import build_plan
 from provision.plan.options import Options
 from provision.plan.repos import dnf_install_cmd
@@ -51,6 +52,7 @@ def create_cmd(
         raise UsageError(f"--components takes {','.join(COMPONENTS)} (got {components!r})")
     tgt = parse_target(target)
     drv: list[str] = []
+    decided = []
     if driver != "auto" and not driver.isdigit():
         raise UsageError(f"--driver {driver!r}: use auto or a driver branch such as 535")
     for p in pci_id or []:
@@ -58,6 +60,9 @@ def create_cmd(
         if not d.packages:
             raise UsageError(f"no driver package for {p} on {tgt.name}: {'; '.join(d.warnings)}")
         drv += [x for x in d.packages if x not in drv]
+        decided.append(d)
+    if persistence.datacenter(decided):  # bootstrap installs it with the driver there (plan/persistence.py)
+        drv += [x for x in persistence.package(tgt, "distro") if x not in drv]
     res = create(CreateOptions(tgt, comps, output, tuple(drv), kernel, sign_key))
     if json_out:
         emit_json(res)

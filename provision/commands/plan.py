@@ -73,6 +73,8 @@ OPTS = dict(
     replace_runtime=typer.Option(False, "--replace-runtime", help="Replace your own runtime of that name (its "
                                  "runtimeArgs are dropped) or your default-runtime (without it: exit 14, nothing "
                                  "changed)."),
+    no_persistence=typer.Option(False, "--no-persistence", help="Do not install and enable nvidia-persistenced "
+                                "(planned with the driver on data-centre GPUs)."),
     allow_remove=typer.Option(False, "--allow-remove", help="Let a package install remove installed packages "
                               "(apt's or dnf's conflict resolution). Without it, an install that would remove any "
                               "stops before it runs: exit 14, the packages named."),
@@ -96,13 +98,15 @@ def plan_cmd(
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
     allow_remove: bool = OPTS["allow_remove"], restart_engine: bool = OPTS["restart_engine"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
+    no_persistence: bool = OPTS["no_persistence"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
     opt = Options.parse(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         replace_runtime=replace_runtime, allow_remove=allow_remove, only=only, mirror=mirror,
-                        for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine)
+                        for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
+                        no_persistence=no_persistence)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -127,6 +131,7 @@ def bootstrap_cmd(
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
     allow_remove: bool = OPTS["allow_remove"], restart_engine: bool = OPTS["restart_engine"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
+    no_persistence: bool = OPTS["no_persistence"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
     root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
                               help="With --dry-run or --check: plan or check the host tree "
@@ -136,7 +141,8 @@ def bootstrap_cmd(
     opt = Options.parse(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         no_validate=no_validate, replace_runtime=replace_runtime, allow_remove=allow_remove,
-                        only=only, mirror=mirror, for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine)
+                        only=only, mirror=mirror, for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
+                        no_persistence=no_persistence)
     if dry_run or check:  # they only report: no lock, no resume, no write
         _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
         return

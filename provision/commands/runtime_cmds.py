@@ -10,9 +10,10 @@ import typer
 
 from provision import paths
 from provision.commands import summary
-from provision.errors import REQUIREMENT_FAILED, GpuprovError, UsageError
+from provision.errors import CONFIG_INVALID, REQUIREMENT_FAILED, GpuprovError, UsageError
 from provision.fsutil import link_or_copy, make_dirs, point_link, publish_dir, write_file
 from provision.hostlock import changes_host, host_lock
+from provision.inject import devchar
 from provision.inject.cdi import generate_spec, render
 from provision.inject.discover import write_manifests
 from provision.inject.edits import Refused, compute_edits
@@ -54,6 +55,33 @@ def runtime_install(
         emit_json(doc)
     else:
         print("\n".join(lines))
+
+
+@runtime_app.command("dev-char-links")
+def runtime_dev_char_links(
+    dev_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /dev lives (tests)."),
+    check: bool = typer.Option(False, "--check", help="Change nothing: list the NVIDIA nodes without a link "
+                               "(exit 10 when one has none)."),
+    quiet: bool = typer.Option(False, "--quiet", help="Print nothing (the boot unit and udev rule run it)."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Make /dev/char/MAJ:MIN links for NVIDIA's device nodes (as udev does for the devices it knows), so that
+    containers under the systemd cgroup driver keep their GPU across `systemctl daemon-reload`."""
+    try:
+        res = devchar.check_links(dev_root) if check else devchar.link_nodes(dev_root)
+    except devchar.DevCharRefused as exc:
+        raise GpuprovError(exc.strerror or str(exc), exit_code=CONFIG_INVALID) from None
+    if json_out:
+        emit_json(res.to_dict())
+    elif not quiet:
+        for word, items in (("made", res.made), ("ok", res.ok), ("missing", res.missing),
+                            ("taken by something else (left alone)", res.other)):
+            if items:
+                print(f"{word}: {', '.join(items)}")
+    if check and res.missing:
+        raise GpuprovError(f"{len(res.missing)} NVIDIA device nodes have no /dev/char link (GPU containers lose "
+                           "them at `systemctl daemon-reload`): run `gpuprov runtime dev-char-links`",
+                           exit_code=REQUIREMENT_FAILED)
 
 
 @runtime_app.command("discover")

@@ -117,15 +117,11 @@ def link_dev_char(dev_root: str, made: list[str]) -> None:
     """THE call point for /dev/char/MAJ:MIN links of the nodes just made (helper `devchar`'s link_nodes): systemd's
     device policy resolves a container's devices through them, so a node without its link is lost at the next
     `systemctl daemon-reload`."""
-    try:
-        from provision.inject.devchar import DevCharRefused, link_nodes  # lazy: ~0.3 ms, only once a node was made
-    except ImportError:  # helper devchar's module is not merged yet: the node stays without its link
-        return
+    from provision.inject.devchar import link_nodes  # lazy: ~0.3 ms, only once a node was made
 
     try:  # the record of links made lives in /run: only for the host's own /dev
-        link_nodes(dev_root, [p.removeprefix("/dev/") for p in made],
-                           **({} if dev_root == "/" else {"record": None}))
-    except (OSError, DevCharRefused):
+        link_nodes(dev_root, [p.removeprefix("/dev/") for p in made], **({} if dev_root == "/" else {"record": None}))
+    except OSError:  # devchar.DevCharRefused included
         pass  # a planted dev/char: the node is made, its link is not (verify names it)
 
 

@@ -12,6 +12,7 @@ from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import is_live
 from provision.fsutil import make_dirs
 from provision.output import progress
+from provision.plan import persistence
 from provision.plan.packages import PackageInstall
 from provision.plan.steps import PackagesInstalled, Step, packages_installed
 
@@ -136,10 +137,14 @@ def record_installed(steps: list[Step], missing: dict[str, list[str]], res: Appl
     changed = res.changed_ids()
     for s in steps:
         if s.id in missing:
-            record.note_packages(getattr(s.stage, "value", s.stage),
-                                 [p for p in missing[s.id] if packages_installed("apt", (p,))])
+            installed = [p for p in missing[s.id] if packages_installed("apt", (p,))]
+            record.note_packages(getattr(s.stage, "value", s.stage), installed)
+            if s.id == persistence.PACKAGE_STEP and installed:  # Debian's package enables its unit when installed
+                record.note_enabled(persistence.UNIT)
         elif s.id == "driver.hold" and s.id in changed and getattr(s.check, "manager", None) == "apt":
             record.note_packages(getattr(s.stage, "value", s.stage), [], held=list(s.check.packages))
+        elif s.id == persistence.STEP and s.id in changed:  # enabled by gpuprov (its check: it was not before)
+            record.note_enabled(persistence.UNIT)
 
 
 def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True,

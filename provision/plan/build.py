@@ -17,6 +17,7 @@ from provision.plan import repos
 from provision.plan.driver import check_driver_pin, check_kernels, driver_steps
 from provision.plan.options import Options
 from provision.plan.packages import APT_ENV, package_step
+from provision.plan.persistence import persistence_steps
 from provision.plan.steps import (
     Already,
     Command,
@@ -203,8 +204,10 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
             check_driver_pin(target, opt)
         check_kernels(Path(report.root or "/"), opt.kernels)
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages
+    driver = driver_steps(report, target, opt) if Stage.DRIVER in on else []
+    systemd = under(Path(report.root or "/"), "/run/systemd/system").is_dir()
     return ([dpkg_recover_step(installs[0], opt.allow_remove)] if target.package_manager == "apt" and installs else []) \
-        + (driver_steps(report, target, opt) if Stage.DRIVER in on else []) \
+        + driver + persistence_steps(driver, [d for _, d in report.gpus], target, opt, systemd) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \
         + (service_steps(report, target, opt) if Stage.ENGINE in on else []) \

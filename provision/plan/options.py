@@ -43,6 +43,7 @@ class Options:
     stages: tuple[str, ...] = values(Stage)  # bootstrap --only: the stages whose steps are planned
     for_gpus: tuple[str, ...] = ()  # image baking: decide as if these PCI ids were present
     kernels: tuple[str, ...] = ()  # build the driver for these kernels (default: see plan/driver.py)
+    persistence: bool = True  # nvidia-persistenced installed and enabled with the driver on data-centre GPUs
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -54,7 +55,7 @@ class Options:
               engine: str = "docker", engine_source: str = "auto", runtime_name: str = "nvidia",
               no_default: bool = False, cdi: bool = False, no_validate: bool = False, replace_runtime: bool = False,
               allow_remove: bool = False, only: str | None = None, mirror=(), for_gpus=None, kernels=None,
-              restart_engine: bool = False) -> Options:
+              restart_engine: bool = False, no_persistence: bool = False) -> Options:
         """From the command line's values, named as bootstrap's parameters are (MODULE_PARAMS' keys): each checked
         and parsed here, one `--OPTION …` line and exit 2 for a bad one."""
         for name, value in (("kernel_modules", kernel_modules), ("driver_source", driver_source), ("engine", engine),
@@ -66,7 +67,7 @@ class Options:
                    engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
                    validate=not no_validate, replace_runtime=replace_runtime, allow_remove=allow_remove,
                    restart_engine=restart_engine, stages=_parse_stages(only), mirrors=_parse_mirrors(list(mirror or ())),
-                   for_gpus=tuple(for_gpus or ()), kernels=tuple(kernels or ()))
+                   for_gpus=tuple(for_gpus or ()), kernels=tuple(kernels or ()), persistence=not no_persistence)
 
 
 def _parse_mirrors(mirror: list[str]) -> dict[str, str]:

@@ -213,7 +213,10 @@ class InstallRuntime(Action):
         return [f"install gpuprov-runtime and the --gpus hook in {self.prefix}/bin and refresh the discovery cache "
                 f"(driver root {self.driver_root}), as gpuprov runtime install --driver-root {self.driver_root} does",
                 "load nvidia-uvm while the NVIDIA driver is loaded and make its missing device nodes, as "
-                "nvidia-modprobe would (CUDA in containers needs /dev/nvidia-uvm)"]
+                "nvidia-modprobe would (CUDA in containers needs /dev/nvidia-uvm)",
+                "make /dev/char/MAJ:MIN links for NVIDIA's device nodes and install gpuprov-dev-char.service and "
+                "the udev rule that make them at every boot (GPU containers keep their devices across "
+                "systemctl daemon-reload)"]
 
     def execute(self) -> str:
         return "\n".join(runtime_host.install(self.prefix, driver_root=self.driver_root)[1])

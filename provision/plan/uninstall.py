@@ -33,12 +33,13 @@ from provision.errors import RemovalRefused, StepFailed, UntrustedPath
 from provision.facts.rootfs import is_live, under
 from provision.fsutil import read_trusted, resolve
 from provision.hostlock import LOCK_NAME, lock_dirs
-from provision.inject import cdi, server
+from provision.inject import cdi, devchar, server
 from provision.inject.install import EDITOR_LIB
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
+from provision.plan import persistence
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import NOUVEAU_CONF
 from provision.plan.packages import APT_ENV
@@ -58,7 +59,7 @@ from provision.probe.cache import cache_dir
 from provision.share.state import proc_identity
 
 UNIT_DIR = "/etc/systemd/system"
-UNITS = ("gpuprov-cdi-refresh.path", "gpuprov-cdi-refresh.service", "gpuprov-mps.service")
+UNITS = ("gpuprov-cdi-refresh.path", "gpuprov-cdi-refresh.service", "gpuprov-mps.service", devchar.UNIT)
 LABELS_HEADER = "# GPU node labels"  # k8s/labels.py: nfd_file's first line
 
 
@@ -214,6 +215,26 @@ def service_steps(root: Path) -> list[Step]:
         steps.append(Step("uninstall.units", Stage.RUNTIME, f"Stop and remove gpuprov's units: {' '.join(names)}",
                           actions=tuple(acts), check=Undone(gone=tuple(units))))
     return steps
+
+
+def persistence_steps(root: Path, rec: record.Record) -> list[Step]:
+    """nvidia-persistenced disabled, only where bootstrap enabled it (the record) and it is enabled still."""
+    if persistence.UNIT not in rec.enabled or not os.path.lexists(under(root, persistence.WANTS)):
+        return []
+    return [Step("uninstall.persistence", Stage.DRIVER, f"Disable {persistence.UNIT} (gpuprov enabled it)",
+                 actions=(Command(("systemctl", "disable", "--now", persistence.UNIT)),),
+                 check=Undone(gone=(persistence.WANTS,)))]
+
+
+def dev_char_steps(root: Path) -> list[Step]:
+    """The /dev/char links gpuprov made (its record in /run), only those still pointing where gpuprov pointed them,
+    and its udev rule. A link udev or the operator made is never in the record."""
+    links = devchar.ours_now(str(under(root, devchar.RECORD)), str(root))
+    rule = [devchar.UDEV_RULE] if _exists(root, devchar.UDEV_RULE) else []
+    if not links and not rule:
+        return []
+    return [Step("uninstall.dev-char", Stage.RUNTIME, "Remove the /dev/char links gpuprov made for NVIDIA's nodes "
+                 "and its udev rule", actions=(_rm(*links, *rule),), check=Undone(gone=tuple(links + rule)))]
 
 
 def file_steps(root: Path) -> list[Step]:
@@ -481,5 +502,6 @@ def uninstall_steps(root: Path, opt: UninstallOptions, rec: record.Record | None
     """The steps in the order they run; the install record read through the trusted reader (exit 6 when anyone but
     root could have written it, or it is not of gpuprov's shape)."""
     rec = rec if rec is not None else record.read(str(under(root, paths.INSTALL_RECORD)))
-    return (engine_steps(root, rec, opt) + image_steps(root) + service_steps(root) + file_steps(root)
+    return (engine_steps(root, rec, opt) + image_steps(root) + service_steps(root) + dev_char_steps(root)
+            + persistence_steps(root, rec) + file_steps(root)
             + runtime_steps(root, rec) + package_steps(root, rec, opt) + state_steps(root, rec, opt))

@@ -185,6 +185,61 @@ def coherent_result(gpus: bool, k: str | None, u: str | None) -> CheckResult:
     return CheckResult("driver versions coherent", "pass", f"kernel module = userspace = {k}")
 
 
+def dev_char_links(h: NodeHost) -> CheckResult:
+    """Every NVIDIA device node has its /dev/char/MAJ:MIN link (inject/devchar.py says why)."""
+    rc, out, err = h.run(["gpuprov", "runtime", "dev-char-links", "--check", "--json"])
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        why = ((err or out).strip().splitlines() or [f"exit {rc}"])[-1]
+        return CheckResult(DEV_CHAR, "fail", f"`gpuprov runtime dev-char-links --check` failed: {why}")
+    return dev_char_result(doc)
+
+
+DEV_CHAR = "/dev/char links"
+
+
+def dev_char_result(doc: dict) -> CheckResult:
+    """dev_char_links from `gpuprov runtime dev-char-links --check --json`'s answer."""
+    missing, other, ok = doc.get("missing") or [], doc.get("other") or [], doc.get("ok") or []
+    if not (missing or other or ok):
+        return CheckResult(DEV_CHAR, "skip", "no NVIDIA device nodes in /dev")
+    if missing or other:
+        bad = ", ".join(missing + [f"{p} (taken by something else)" for p in other])
+        return CheckResult(DEV_CHAR, "fail", f"no link for NVIDIA's node at {bad}: containers under the systemd "
+                           "cgroup driver lose these devices at `systemctl daemon-reload`. Fix: `gpuprov runtime "
+                           "dev-char-links` (and `systemctl enable gpuprov-dev-char.service`, which `gpuprov runtime "
+                           "install` installs, for every boot)")
+    return CheckResult(DEV_CHAR, "pass", f"{len(ok)} NVIDIA device nodes linked")
+
+
+def persistence_mode(h: NodeHost) -> CheckResult:
+    """Each GPU's persistence mode as the driver reports it (nvidia-smi asks NVML); reported, not judged: a node
+    may run without it (bootstrap enables nvidia-persistenced on data-centre GPUs, plan/persistence.py)."""
+    skip = _skip_without_gpu(PERSISTENCE, h)
+    if skip:
+        return skip
+    rc, out, _ = h.run(["nvidia-smi", "--query-gpu=persistence_mode", "--format=csv,noheader"]) \
+        if h.has_command("nvidia-smi") else (127, "", "")
+    return persistence_result(out if rc == 0 else None)
+
+
+PERSISTENCE = "persistence mode"
+
+
+def persistence_result(out: str | None) -> CheckResult:
+    """persistence_mode from nvidia-smi's answer (None: it is not there or failed)."""
+    modes = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
+    if not modes or any(m not in ("Enabled", "Disabled") for m in modes):
+        return CheckResult(PERSISTENCE, "skip", "unknown (nvidia-smi did not answer)")
+    if all(m == "Enabled" for m in modes):
+        return CheckResult(PERSISTENCE, "pass", f"Enabled on {len(modes)} GPU(s)")
+    off = [str(i) for i, m in enumerate(modes) if m == "Disabled"]
+    return CheckResult(PERSISTENCE, "skip", f"Disabled on GPU {', '.join(off)} of {len(modes)}: GPU state is torn down "
+                       "between clients (slow container starts); `systemctl enable --now nvidia-persistenced`, which "
+                       "bootstrap does on data-centre GPUs")
+
+
 def next_boot_module(h: NodeHost) -> CheckResult:
     """The kernel the next boot starts has an NVIDIA module: a kernel update that arrived without one (no headers
     for DKMS, no precompiled package) boots a GPU node without its driver. Checked wherever a GPU or a driver is."""
@@ -334,8 +389,8 @@ def mig_mode(h: NodeHost) -> CheckResult:
     return mig_result(modes, h.run(["nvidia-smi", "-L"])[1])
 
 
-CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, next_boot_module, engine_running, runtime_registered,
-          plain_container, gpu_container, cri_handler, mig_mode)
+CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, dev_char_links, persistence_mode, next_boot_module,
+          engine_running, runtime_registered, plain_container, gpu_container, cri_handler, mig_mode)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:

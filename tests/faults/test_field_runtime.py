@@ -308,7 +308,6 @@ def test_display_start_loads_modeset_and_makes_its_node(tmp_path):
 def test_every_node_made_gets_its_dev_char_link(tmp_path):
     """The call point into devchar's helper (nodes.link_dev_char): a node gpuprov makes is linked at once, so the next
     `systemctl daemon-reload` cannot take it from a running container."""
-    pytest.importorskip("provision.inject.devchar", reason="helper devchar's branch is not merged yet")
     dev = tmp_path / "d"
     (dev / "dev").mkdir(parents=True)
     made = nodes.make_nodes(str(dev), str(host_copy(tmp_path)))

@@ -32,6 +32,8 @@ options:
   default_runtime: {type: bool, default: true, description: Make it the default runtime.}
   cdi: {type: bool, default: false, description: Enable CDI.}
   validate: {type: bool, default: true, description: Start a validation container.}
+  persistence: {type: bool, default: true, description: "Install and enable nvidia-persistenced with the driver on
+    data-centre GPUs."}
   replace_runtime: {type: bool, default: false, description: "Replace the operator's own runtime of that name or
     default-runtime (otherwise gpuprov refuses, exit 14)."}
   allow_remove: {type: bool, default: false, description: "Let a package install remove installed packages
@@ -82,6 +84,7 @@ ARGUMENT_SPEC = dict(
     default_runtime=dict(type="bool", default=True),
     cdi=dict(type="bool", default=False),
     validate=dict(type="bool", default=True),
+    persistence=dict(type="bool", default=True),
     replace_runtime=dict(type="bool", default=False),
     allow_remove=dict(type="bool", default=False),
     restart_engine=dict(type="bool", default=False),
@@ -146,6 +149,7 @@ def bootstrap_argv(p: dict, check_mode: bool) -> list[str]:
     argv += [] if p["default_runtime"] else ["--no-default-runtime"]
     argv += ["--cdi"] if p["cdi"] else []
     argv += [] if p["validate"] else ["--no-validate"]
+    argv += [] if p["persistence"] else ["--no-persistence"]
     argv += ["--replace-runtime"] if p["replace_runtime"] else []
     argv += ["--allow-remove"] if p["allow_remove"] else []
     argv += ["--restart-engine"] if p["restart_engine"] else []
