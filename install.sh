@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install gpuprov into /opt/gpuprov (a virtualenv, so the distro's Python stays untouched), link the commands
 # into /usr/local/bin, then run `gpuprov bootstrap` with the arguments given (e.g. --yes, --dry-run).
-# Offline: set GPUPROV_WHEELHOUSE=DIR to install from a local wheel directory only.
+# Offline: set GPUPROV_WHEELHOUSE=DIR to install from a local wheel directory only: the newest gpuprov there replaces
+# an older one (a newer one installed stays: exit 14, unless GPUPROV_ALLOW_DOWNGRADE=1). GPUPROV_PREFIX and
+# GPUPROV_BIN_DIR move the virtualenv and the command's link.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 prefix=${GPUPROV_PREFIX:-/opt/gpuprov}
@@ -37,7 +39,39 @@ if [ -z "${GPUPROV_WHEELHOUSE:-}" ] && ! command -v cc >/dev/null && ! command -
   fi
 fi
 if [ -n "${GPUPROV_WHEELHOUSE:-}" ]; then
-  "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" gpuprov
+  # The newest gpuprov the wheelhouse holds replaces the installed one (pip alone keeps what is there); an older one
+  # only with GPUPROV_ALLOW_DOWNGRADE=1. Versions compare as pip compares them (its own packaging module).
+  read -r have want < <("$prefix/bin/python" -I - "$GPUPROV_WHEELHOUSE" <<'PY'
+import importlib.metadata as md, pathlib, sys
+from pip._vendor.packaging.utils import parse_wheel_filename
+found = []
+for w in pathlib.Path(sys.argv[1]).glob("*.whl"):
+    try:
+        name, version, _, _ = parse_wheel_filename(w.name)
+    except ValueError:
+        continue
+    if name == "gpuprov":
+        found.append(version)
+try:
+    have = md.version("gpuprov")
+except md.PackageNotFoundError:
+    have = "-"
+print(have, max(found) if found else "-")
+PY
+  ) || { echo "install.sh: cannot read the wheelhouse $GPUPROV_WHEELHOUSE" >&2; exit 2; }
+  if [ "$want" = "-" ]; then
+    echo "install.sh: no gpuprov wheel in $GPUPROV_WHEELHOUSE (build one with: pip wheel $here -w DIR)" >&2; exit 2
+  fi
+  if [ "$have" != "-" ] && "$prefix/bin/python" -I -c 'import sys; from pip._vendor.packaging.version import Version as V
+sys.exit(not V(sys.argv[1]) > V(sys.argv[2]))' "$have" "$want" && [ "${GPUPROV_ALLOW_DOWNGRADE:-}" != 1 ]; then
+    echo "install.sh: refusing to downgrade gpuprov $have to $want, the newest in $GPUPROV_WHEELHOUSE; put $have or" \
+         "newer there, or set GPUPROV_ALLOW_DOWNGRADE=1 to install $want" >&2
+    exit 14
+  fi
+  "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" "gpuprov==$want"
+  if [ "$have" = "-" ]; then echo "installed gpuprov $want from $GPUPROV_WHEELHOUSE" >&2
+  elif [ "$have" = "$want" ]; then echo "gpuprov $want is installed already (the newest in $GPUPROV_WHEELHOUSE)" >&2
+  else echo "gpuprov $want replaced gpuprov $have (from $GPUPROV_WHEELHOUSE)" >&2; fi
 else
   "$prefix/bin/pip" install -q "$here"
 fi
@@ -51,5 +85,6 @@ if ! "$prefix/bin/python" -I -c 'import sys, provision.inject.install as i; sys.
        "through the slower Python front-end. For the compiled one, build the wheels on any Linux machine of this" \
        "architecture with a C compiler (pip wheel $here -w DIR) and run GPUPROV_WHEELHOUSE=DIR $0 $*" >&2
 fi
-ln -sf "$prefix/bin/gpuprov" /usr/local/bin/gpuprov
-exec /usr/local/bin/gpuprov bootstrap "$@"
+bindir=${GPUPROV_BIN_DIR:-/usr/local/bin}
+ln -sf "$prefix/bin/gpuprov" "$bindir/gpuprov"
+exec "$bindir/gpuprov" bootstrap "$@"

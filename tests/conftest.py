@@ -43,6 +43,7 @@ SYSFS_SETUPS: dict[str, dict[str, tuple]] = {
         "0000:03:00.0": (0x10DE, 0x20B0, 0x030200, 0x10DE, 0x134F, None),
     },
     "volta": {"0000:04:00.0": (0x10DE, 0x1DB4, 0x030200, 0x10DE, 0x1214, None)},  # Tesla V100 PCIe (580 legacy)
+    "geforce": {"0000:01:00.0": (0x10DE, 0x2684, 0x030000, 0x10DE, 0x167C, None)},  # GeForce RTX 4090
     "kepler": {"0000:04:00.0": (0x10DE, 0x102D, 0x030200, 0x10DE, 0x106C, None)},  # Tesla K80 (470 legacy)
     "blackwell": {"0000:17:00.0": (0x10DE, 0x2901, 0x030200, 0x10DE, 0x1999, None)},  # B200
     "unknown-new": {"0000:17:00.0": (0x10DE, 0x3FFF, 0x030200, 0x10DE, 0x0000, None)},

@@ -10,12 +10,14 @@ import typer
 
 from provision import paths
 from provision.commands import summary
-from provision.errors import REQUIREMENT_FAILED, GpuprovError, UsageError
+from provision.errors import CONFIG_INVALID, REQUIREMENT_FAILED, GpuprovError, UsageError
 from provision.fsutil import link_or_copy, make_dirs, point_link, publish_dir, write_file
 from provision.hostlock import changes_host, host_lock
+from provision.inject import devchar
 from provision.inject.cdi import generate_spec, render
 from provision.inject.discover import write_manifests
 from provision.inject.edits import Refused, compute_edits
+from provision.inject.mig import describe as describe_mig
 from provision.options import rule
 from provision.output import emit_json, kv
 from provision.plan import runtime as runtime_host
@@ -37,7 +39,7 @@ def runtime_install(
     prefix: str = typer.Option("/usr/local", callback=rule("abs_path"),
                                help="Install gpuprov-runtime and the --gpus hook under PREFIX/bin."),
     runc: Optional[str] = typer.Option(None, callback=rule("abs_path"),
-                                       help="Low-level runtime to hand over to (default: runc on PATH)."),
+                                       help="Low-level runtime to hand over to (default: runc on PATH, else crun)."),
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"),
                                          help="Driver root (default: detected: /, /usr/local/nvidia…)."),
     dev_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /dev lives (tests)."),
@@ -55,6 +57,33 @@ def runtime_install(
         print("\n".join(lines))
 
 
+@runtime_app.command("dev-char-links")
+def runtime_dev_char_links(
+    dev_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /dev lives (tests)."),
+    check: bool = typer.Option(False, "--check", help="Change nothing: list the NVIDIA nodes without a link "
+                               "(exit 10 when one has none)."),
+    quiet: bool = typer.Option(False, "--quiet", help="Print nothing (the boot unit and udev rule run it)."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Make /dev/char/MAJ:MIN links for NVIDIA's device nodes (as udev does for the devices it knows), so that
+    containers under the systemd cgroup driver keep their GPU across `systemctl daemon-reload`."""
+    try:
+        res = devchar.check_links(dev_root) if check else devchar.link_nodes(dev_root)
+    except devchar.DevCharRefused as exc:
+        raise GpuprovError(exc.strerror or str(exc), exit_code=CONFIG_INVALID) from None
+    if json_out:
+        emit_json(res.to_dict())
+    elif not quiet:
+        for word, items in (("made", res.made), ("ok", res.ok), ("missing", res.missing),
+                            ("taken by something else (left alone)", res.other)):
+            if items:
+                print(f"{word}: {', '.join(items)}")
+    if check and res.missing:
+        raise GpuprovError(f"{len(res.missing)} NVIDIA device nodes have no /dev/char link (GPU containers lose "
+                           "them at `systemctl daemon-reload`): run `gpuprov runtime dev-char-links`",
+                           exit_code=REQUIREMENT_FAILED)
+
+
 @runtime_app.command("discover")
 def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: bool = typer.Option(False, "--json")):
     """What the runtime would inject: driver version, libraries per capability, binaries, nodes, GPUs (with the
@@ -67,6 +96,7 @@ def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: 
               ("gpus", ", ".join(f"{g.index}:{g.bus_id} {g.uuid} arch {g.arch or 'unknown'}" for g in disc.gpus)
                or "none"),
               ("nodes", " ".join(n.path for n in disc.nodes.present())),
+              *((("mig", describe_mig(disc.mig.devices)),) if disc.mig is not None else ()),
               *((f"libs {c}", " ".join(x.soname for x in v)) for c, v in disc.libraries.items())]))
 
 
@@ -75,7 +105,7 @@ def cdi_generate(
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
     output: Optional[Path] = typer.Option(None, callback=rule("path"),
                                           help="Write here (default: stdout), e.g. /etc/cdi/nvidia.yaml."),
-    fmt: str = typer.Option("yaml", "--format", help="yaml|json"),
+    fmt: str = typer.Option("yaml", "--format", metavar="yaml|json", help="yaml | json"),
 ) -> None:
     """Write a CDI spec (kind nvidia.com/gpu; devices by index, UUID and `all`; every capability's files)."""
     if fmt not in ("yaml", "json"):

@@ -9,8 +9,11 @@ from pathlib import Path
 
 from provision import record
 from provision.errors import GpuprovError, StepFailed
+from provision.facts.rootfs import is_live
 from provision.fsutil import make_dirs
 from provision.output import progress
+from provision.plan import persistence
+from provision.plan.packages import PackageInstall
 from provision.plan.steps import PackagesInstalled, Step, packages_installed
 
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
@@ -31,6 +34,7 @@ class StepOutcome:
     status: Status
     detail: str | None = None
     seconds: float = 0.0
+    exit_code: int = 0  # a failed step's (the error's documented code)
 
     def to_dict(self) -> dict:
         return {"id": self.id, "title": self.title, "status": self.status.value, "detail": self.detail,
@@ -41,6 +45,10 @@ class StepOutcome:
 class ApplyResult:
     outcomes: list[StepOutcome] = field(default_factory=list)
     reboot_required: bool = False
+
+    @property
+    def failed(self) -> list[StepOutcome]:
+        return [o for o in self.outcomes if o.status is Status.FAILED]
 
     @property
     def changed(self) -> int:
@@ -71,30 +79,46 @@ def _root_only(path: str, flags: int) -> int:
     return fd
 
 
+def step_failure(step: Step, exc: GpuprovError) -> StepFailed:
+    """The one line (and exit code) a step's failure ends a run with: the real run's, and check mode's for a step
+    whose real run would stop."""
+    return StepFailed(f"step {step.id} ({step.title}) failed: {exc}", exit_code=exc.exit_code)
+
+
 def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
     """Check mode: which steps would change, with their diffs and the exact commands they would run; nothing is
-    changed. Every check and diff reads through `root`."""
-    out = []
+    changed. Every check and diff reads through `root`. A step whose real run would stop (the operator's
+    default-runtime: 14, a config it cannot edit: 6, an install that would remove packages: 14, by the package
+    manager's own dry run on this host) is reported as that failure: `stop` holds the first, with the line and exit
+    code the real run would end with."""
+    out, stop = [], None
     for step in steps:
         if step.verify_only:
             continue
         item = {"id": step.id, "title": step.title}
+        acting = False  # past the check: a failure from here is one of the step's actions (its hint applies)
         try:
             done = step.satisfied(root)
-        except GpuprovError as exc:
-            out.append({**item, "would_change": True, "error": str(exc)})
-            continue
-        item["would_change"] = not done
-        if not done:
-            try:
+            item["would_change"] = not done
+            acting = not done
+            if not done:
+                item["commands"] = [c.shell() for c in step.commands]
+                item["on_failure"] = [c.shell() for c in step.on_failure]
+                item["actions"] = step.lines()
+                item["diff"] = ""
                 item["diff"] = "".join(d for d in step.diffs(root).values() if d)
-            except GpuprovError as exc:
-                item["diff"], item["error"] = "", str(exc)
-            item["commands"] = [c.shell() for c in step.commands]
-            item["on_failure"] = [c.shell() for c in step.on_failure]
-            item["actions"] = step.lines()
+                if is_live(root):  # the package manager's dry run reads this host only
+                    for a in step.actions:
+                        if isinstance(a, PackageInstall):
+                            a.check_removals()
+        except GpuprovError as exc:
+            if acting and step.hint:  # as Step.apply says it
+                exc = type(exc)(f"{exc}; {step.hint}", exit_code=exc.exit_code)
+            failure = step_failure(step, exc)
+            item.update(would_change=True, error=str(exc), exit_code=exc.exit_code)
+            stop = stop or {"id": step.id, "error": str(failure), "exit_code": failure.exit_code}
         out.append(item)
-    return {"would_change": sum(i["would_change"] for i in out), "steps": out}
+    return {"would_change": sum(i["would_change"] for i in out), "steps": out, "stop": stop}
 
 
 def missing_packages(steps: list[Step]) -> dict[str, list[str]]:
@@ -113,15 +137,21 @@ def record_installed(steps: list[Step], missing: dict[str, list[str]], res: Appl
     changed = res.changed_ids()
     for s in steps:
         if s.id in missing:
-            record.note_packages(getattr(s.stage, "value", s.stage),
-                                 [p for p in missing[s.id] if packages_installed("apt", (p,))])
+            installed = [p for p in missing[s.id] if packages_installed("apt", (p,))]
+            record.note_packages(getattr(s.stage, "value", s.stage), installed)
+            if s.id == persistence.PACKAGE_STEP and installed:  # Debian's package enables its unit when installed
+                record.note_enabled(persistence.UNIT)
         elif s.id == "driver.hold" and s.id in changed and getattr(s.check, "manager", None) == "apt":
             record.note_packages(getattr(s.stage, "value", s.stage), [], held=list(s.check.packages))
+        elif s.id == persistence.STEP and s.id in changed:  # enabled by gpuprov (its check: it was not before)
+            record.note_enabled(persistence.UNIT)
 
 
-def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True) -> ApplyResult:
+def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True,
+               keep_going: bool = False) -> ApplyResult:
     """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order.
-    `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory)."""
+    `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory). `keep_going` (uninstall,
+    whose steps are each idempotent): a failed step is recorded and the next one runs; the caller reports them."""
     res = ApplyResult()
     n = len(steps)
     say = (lambda m: None) if quiet else progress
@@ -140,10 +170,13 @@ def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True) -
                 status = Status.CHANGED
                 res.reboot_required |= step.reboot
         except GpuprovError as exc:
-            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), time.monotonic() - t))
+            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), time.monotonic() - t,
+                                            exc.exit_code))
             note(f"FAILED {step.id}: {exc}")
-            say(f"[{i}/{n}] FAILED: {step.title}")
-            raise StepFailed(f"step {step.id} ({step.title}) failed: {exc}", exit_code=exc.exit_code) from None
+            say(f"[{i}/{n}] FAILED: {step.title}" + (f": {exc}" if keep_going else ""))
+            if keep_going:
+                continue
+            raise step_failure(step, exc) from None
         dt = time.monotonic() - t
         res.outcomes.append(StepOutcome(step.id, step.title, status, detail, dt))
         note(f"{status.value.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")

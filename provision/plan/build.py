@@ -10,13 +10,14 @@ from provision.engines import base, validate
 from provision.engines.base import Engine
 from provision.errors import Unsupported
 from provision.facts.engines import EngineOrigin
-from provision.facts.rootfs import under
+from provision.facts.rootfs import is_live, under
 from provision.inject.cdi import SpecCurrent
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.driver import driver_steps
+from provision.plan.driver import check_driver_pin, check_kernels, driver_steps
 from provision.plan.options import Options
 from provision.plan.packages import APT_ENV, package_step
+from provision.plan.persistence import persistence_steps
 from provision.plan.steps import (
     Already,
     Command,
@@ -87,6 +88,8 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
         source = eng.default_source(target)
     pkgs = eng.packages(target, source)
     pre: tuple[Command, ...] = ()
+    opts: tuple[str, ...] = ()
+    post: tuple[Command, ...] = ()
     if source == "docker-ce":
         if target.family == "debian":
             src = WriteFile("/etc/apt/sources.list.d/docker.list", repos.docker_ce_apt_source(target, opt.mirrors))
@@ -96,10 +99,17 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
                                                 "/etc/apt/keyrings/docker.asc")), src),
                               check=FilesMatch(((src.path, src.content),))))
         else:
-            cm = ("dnf", "config-manager") if target.package_manager == "dnf" else ("yum-config-manager",)
-            pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),)
+            # Added disabled, enabled for this install alone, and for good once it succeeded: a refused install
+            # (exit 14) must not leave an enabled repository whose containerd.io replaces the distribution's runc at
+            # the operator's next `dnf upgrade` (a real dnf does: tests/integration/test_el_dnf.py).
+            cm, rid = repos.config_manager(target.package_manager), repos.DOCKER_CE_REPO_ID
+            pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),
+                   Command((*cm, "--save", *repos.mirror_setopts("docker-ce", target, opt.mirrors),
+                            f"--setopt={rid}.enabled=0")))
+            opts, post = (f"--enablerepo={rid}",), (Command((*cm, "--save", f"--setopt={rid}.enabled=1")),)
     steps.append(package_step("engine.packages", Stage.ENGINE, f"Install the container engine: {' '.join(pkgs)}"
-                              + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle))
+                              + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle,
+                              opts=opts, post=post))
     return steps
 
 
@@ -121,6 +131,20 @@ def service_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                  check=ServiceAnswers(eng.ready_argv))]
 
 
+def restart_notes(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, ...]:
+    """Where the engine's config change needs a restart that stops containers (dockerd reads `features` only at
+    start; live-restore off): how many it stops now, and that it needs --restart-engine. On the live host only."""
+    if not (action.cdi and eng.restart_stops_containers and is_live(Path(report.root or "/"))):
+        return ()
+    daemon = eng.live_daemon(eng.config_path(action.config, action.request()))
+    stops = eng.restart_stops(daemon) if daemon else 0
+    if not stops:
+        return ()
+    return (f"restarting dockerd (--cdi: features are read at start only) stops its {stops} running container(s) "
+            "(live-restore off): " + ("--restart-engine given" if action.restart_engine else
+                                      "without --restart-engine the step stops before writing anything, exit 14"),)
+
+
 def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
     """The runtime, then its registration in the engine's config: both run in-process, as the `gpuprov runtime
     install` and `gpuprov engine configure` commands do."""
@@ -135,11 +159,12 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
         config = found.config if found and found.config != eng.default_config else None
         default = opt.default_runtime and not eng.gpus_through_cdi  # its own OCI runtime stays its default
         action = ConfigureEngine(opt.engine, opt.runtime_name, RUNTIME_PATH, default, opt.cdi, opt.replace_runtime,
-                                 config)
+                                 config, opt.restart_engine)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
-                          actions=(action,), check=EngineConfigured(action)))
+                          actions=(action,), check=EngineConfigured(action),
+                          notes=restart_notes(report, eng, action)))
     if cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
                           actions=(RefreshCdi(droot),), check=SpecCurrent(droot)))
@@ -174,9 +199,15 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
 
     target = report.target
     on = set(opt.stages)
+    if Stage.DRIVER in on and opt.driver != "skip":  # values that cannot work, refused whether or not a GPU is here
+        if not report.gpus:  # (with GPUs, each decision refuses the branch naming the ones that drive it)
+            check_driver_pin(target, opt)
+        check_kernels(Path(report.root or "/"), opt.kernels)
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages
+    driver = driver_steps(report, target, opt) if Stage.DRIVER in on else []
+    systemd = under(Path(report.root or "/"), "/run/systemd/system").is_dir()
     return ([dpkg_recover_step(installs[0], opt.allow_remove)] if target.package_manager == "apt" and installs else []) \
-        + (driver_steps(report, target, opt) if Stage.DRIVER in on else []) \
+        + driver + persistence_steps(driver, [d for _, d in report.gpus], target, opt, systemd) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \
         + (service_steps(report, target, opt) if Stage.ENGINE in on else []) \

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from provision import effects, paths
-from provision.decide.driver import ubuntu_dkms_package
+from provision.decide.driver import packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
     METAPACKAGE_RE,
     PIN_FILE,
@@ -57,7 +57,7 @@ from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.packages import APT_ENV, PackageInstall, package_step
+from provision.plan.packages import APT_ENV, PackageInstall, RepoInstalled, mirror_commands, package_step
 from provision.plan.sources import enable_components
 from provision.plan.steps import (
     Action,
@@ -105,6 +105,14 @@ PIN_SERIES = _pin_script('"${v%%.*}.*"')  # the branch installed: 535.*
 # The version installed, exactly: what a rolled-back update leaves (the update that failed to build is not offered
 # to apt again; the next `gpuprov bootstrap` that updates the series pins the branch again).
 PIN_EXACT = _pin_script('"$v"')
+# dnf/yum: lock the named packages and every installed nvidia package at their version (ELRepo's kmod-nvidia-open,
+# nvidia-x11-drv and nvidia-x11-drv-libs; the CUDA repository's nvidia-driver-*). With the kmod alone locked,
+# `dnf upgrade` meets the next nvidia-x11-drv, which needs the next kmod, and (best=True, EL's default) fails whole:
+# kernel updates included (tests/integration/test_el_dnf.py).
+LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u); "
+               "[ $(printf '%s\\n' \"$v\" | wc -l) = 1 ] || { echo \"driver packages at several versions: $v\" >&2; "
+               "exit 1; }; exec \"$pm\" versionlock add $({ printf '%s\\n' \"$@\"; rpm -qa --qf '%{NAME} %{VERSION}\\n' | "
+               "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u)")
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -127,13 +135,34 @@ def boot_kernel(root: Path) -> str | None:
     return kernels[-1] if kernels else None
 
 
+def check_kernels(root: Path, asked: tuple[str, ...]) -> None:
+    """--kernel names installed kernels only (exit 4 with the installed ones otherwise), checked up front even where
+    no GPU is there to build for."""
+    missing = [k for k in asked if not under(root, f"/lib/modules/{k}").is_dir()]
+    if missing:
+        raise Unsupported(f"--kernel {missing[0]}: no such kernel is installed (no /lib/modules/{missing[0]}); "
+                          f"installed: {', '.join(installed_kernels(root)) or 'none'}")
+
+
+def check_driver_pin(target: Target, opt) -> None:
+    """--driver BRANCH names a branch the target packages from the chosen source (exit 4 with those branches
+    otherwise), checked up front: without a GPU to decide for, nothing else would refuse it."""
+    pin = opt.driver
+    if not pin.isdigit():
+        return
+    src = None if opt.driver_source == "distro" else opt.driver_source
+    avail = packaged_branches(target, src)
+    if int(pin) not in avail:
+        where = f"{target.name}" + (f" from {src}" if src else "")
+        raise Unsupported(f"--driver {pin}: {where} packages no driver branch {pin}; branches it packages: "
+                          + (", ".join(map(str, avail)) or "none (use --driver-source nvidia)")
+                          + "; or --driver auto")
+
+
 def choose_kernels(root: Path, running: str | None, asked: tuple[str, ...], baking: bool,
                    replacing: bool = False) -> Kernels:
     if asked:
-        missing = [k for k in asked if not under(root, f"/lib/modules/{k}").is_dir()]
-        if missing:
-            raise Unsupported(f"--kernel {missing[0]}: no such kernel is installed (no /lib/modules/{missing[0]}); "
-                              f"installed: {', '.join(installed_kernels(root)) or 'none'}")
+        check_kernels(root, asked)
         return Kernels(asked, "asked for with --kernel")
     if baking or replacing:
         ks = installed_kernels(root)
@@ -779,7 +808,7 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         pm = target.package_manager
         plugin = "python3-dnf-plugin-versionlock" if pm == "dnf" else "yum-plugin-versionlock"
         names = tuple(p.split(":")[0] for p in packages)
-        acts = (PackageInstall(pm, (plugin,)), Command((pm, "versionlock", "add", *names)))
+        acts = (PackageInstall(pm, (plugin,)), Command(("sh", "-c", LOCK_SERIES, "lock-series", pm, *names)))
         packages = names
         how = f"{pm} versionlock delete"
     if target.package_manager == "apt":
@@ -791,7 +820,8 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
             f"another branch: `{how}`",
             "`apt-mark hold`s of an earlier gpuprov on these packages are taken off (the pin replaces them)")
     else:
-        title = f"Hold the driver packages against upgrades: {' '.join(packages)}"
+        title = (f"Hold the driver packages against upgrades: {' '.join(packages)}, and every installed nvidia "
+                 "package of their version")
         notes = (f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",)
     return Step("driver.hold", Stage.DRIVER, title, actions=acts, check=Held(target.package_manager, packages),
                 notes=notes)
@@ -839,13 +869,15 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
         return []  # the bundle's repository already holds the kmod / module packages
     if opt.driver_source in ("distro", "elrepo") and el:
         pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
-               PackageInstall(target.package_manager, (repos.elrepo_release(el, opt.mirrors),)))
+               PackageInstall(target.package_manager, (repos.elrepo_release(el, opt.mirrors),)),
+               *mirror_commands("elrepo", target, opt.mirrors))
+        mirror = repos.base("elrepo", opt.mirrors) if opt.mirrors.get("elrepo") else None
         return [package_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (), pre=pre,
-                             check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
+                             check=RepoInstalled(target.package_manager, "elrepo-release",
+                                                 "/etc/yum.repos.d/elrepo.repo", mirror),
                              notes=("ELRepo kmods are kABI-tracking and signed",))]
     pm = target.package_manager
-    add = ("dnf", "config-manager") if pm == "dnf" else ("yum-config-manager",)
     pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)),) if el else ()) + \
-        (Command((*add, "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
+        (Command((*repos.config_manager(pm), "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
     return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)", actions=pre,
                  check=PathExists("/etc/yum.repos.d/" + repos.cuda_repo(target, opt.mirrors).rsplit("/", 1)[1]))]

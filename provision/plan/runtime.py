@@ -12,6 +12,7 @@ from provision import effects
 from provision.errors import UNSUPPORTED, GpuprovError
 from provision.facts.driver_facts import find_driver_root
 from provision.fsutil import write_file
+from provision.inject import devchar
 from provision.inject.cdi import refresh_specs, refresh_units
 from provision.inject.discover import discover
 from provision.inject.install import install_runtime
@@ -48,12 +49,44 @@ def install(prefix: str = "/usr/local", *, driver_root: str | None = None, runc:
         driver_root = find_driver_root(Path("/"))[0] or "/"
     res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
                           accept_env_unprivileged=accept_env_unprivileged)
+    links, link_lines = dev_char(dev_root, install_units=dev_root == "/")
     front = "compiled" if res.compiled else "python"
     doc = {"runtime_path": res.runtime_path, "front_end": front, "front_end_origin": res.origin,
-           "compiled": res.compiled, "changed": res.changed, "notes": res.notes}
+           "compiled": res.compiled, "changed": res.changed, "notes": res.notes, "dev_char": links}
     kind = f"compiled C ({res.origin})" if res.compiled else "Python fallback"
     lines = [kv([("runtime", res.runtime_path), ("front-end", kind), ("changed", ", ".join(res.changed) or "nothing")])]
-    return doc, lines + [f"note: {n}" for n in res.notes]
+    return doc, lines + link_lines + [f"note: {n}" for n in res.notes]
+
+
+def dev_char(dev_root: str = "/", install_units: bool = True) -> tuple[dict, list[str]]:
+    """The /dev/char links of NVIDIA's nodes now (devchar.link_nodes) and, when asked, the boot unit and udev rule
+    that make them at every boot: (what was done, its lines for people). A planted dev/char is a refusal of the
+    links alone (a note): the runtime itself is installed."""
+    try:
+        links = devchar.link_nodes(dev_root).to_dict()
+        lines = [f"/dev/char links made: {', '.join(links['made']) or 'none needed'}"] + \
+            [f"note: {p} is already something else: left alone" for p in links["other"]]
+    except OSError as exc:
+        links, lines = {"error": str(exc.strerror or exc)}, [f"note: /dev/char links not made: {exc.strerror or exc}"]
+    if install_units:
+        lines.append(install_dev_char_units())
+    return links, lines
+
+
+def install_dev_char_units() -> str:
+    """gpuprov-dev-char.service (enabled where systemd runs) and the udev rule (udev told to reload), each only
+    where its directory is (/etc/systemd/system, /etc/udev): a host without udev gets no rule, nor an /etc/udev made
+    for it that uninstall would leave behind; the unit covers it at boot."""
+    units = {p: t for p, t in devchar.dev_char_units(shutil.which("gpuprov") or "/usr/local/bin/gpuprov").items()
+             if os.path.isdir(os.path.dirname(os.path.dirname(p)))}
+    for path, text in units.items():
+        write_file(path, text, backup=False)
+    if os.path.isdir("/run/systemd/system"):
+        effects.run(["systemctl", "daemon-reload"], check=False)
+        effects.run(["systemctl", "enable", devchar.UNIT], check=False)
+    if shutil.which("udevadm"):
+        effects.run(["udevadm", "control", "--reload"], check=False)
+    return f"installed {', '.join(units) or 'no boot unit or udev rule (neither systemd nor udev here)'}"
 
 
 def refresh_cdi(driver_root: str | None, dirs: tuple[str, ...] = CDI_DIRS, install_units: bool = False) -> list[str]:

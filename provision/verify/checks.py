@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
 from provision import effects, engines
 from provision.engines.base import Engine
 from provision.errors import GpuprovError, StepFailed
+from provision.inject.edits import mismatch  # the runtime refuses with the same line
 from provision.k8s.labels import NFD_FILE
 from provision.paths import DKMS_FAILED
 
@@ -70,14 +72,26 @@ class NodeHost:
         rc, out, err = self.run(["gpuprov", "verify", "--prepare", engine])
         return None if rc == 0 else ((err or out).strip().splitlines() or [f"exit {rc}"])[-1]
 
+    gpuprov = ("gpuprov",)  # how this host's gpuprov is run (on a node reached through testinfra: from its PATH)
+
     @cached_property
     def facts(self) -> dict | None:
-        return self.json_of(["gpuprov", "detect", "--json"])
+        return self.json_of([*self.gpuprov, "detect", "--json"])
+
+    @cached_property
+    def set_up_for(self) -> list[Engine]:
+        """The engines this node is set up for: those whose config registers gpuprov's runtime (detect's facts: the
+        host's configuration, what bootstrap and `engine configure` wrote). Empty when none says so."""
+        names = {e.get("name") for e in (self.facts or {}).get("engines") or []
+                 if "nvidia" in (e.get("runtimes") or []) or e.get("default_runtime") == "nvidia"}
+        return [eng for eng in engines.every() if eng.name in names]
 
     @cached_property
     def engine(self) -> Engine | None:
-        """The first engine, in the adapters' order, whose daemon answers on this host (None: none does)."""
-        for eng in engines.every():
+        """The engine to check: the first one this node is set up for whose daemon answers; on a node set up for
+        none, the first whose daemon answers, in the adapters' order (None: none does). Another engine answering
+        does not stand in for the one the node is set up for (docker.io brings containerd as its backend)."""
+        for eng in self.set_up_for or engines.every():
             probe = eng.node_probe(self.run)
             if probe is not None:
                 self.__dict__["probe"] = probe  # what it answered: kept, not asked again
@@ -91,6 +105,8 @@ class NodeHost:
 
 
 class LocalHost(NodeHost):
+    gpuprov = (sys.executable, "-m", "provision")  # the gpuprov running verify (a venv need not be on PATH)
+
     def run(self, argv: list[str]) -> tuple[int, str, str]:
         try:
             r = effects.run(argv, check=False, timeout=120)
@@ -166,9 +182,63 @@ def coherent_result(gpus: bool, k: str | None, u: str | None) -> CheckResult:
     if not gpus:
         return CheckResult("driver versions coherent", "skip", NO_GPU)
     if not k or not u or k != u:
-        return CheckResult("driver versions coherent", "fail", f"kernel module {k} vs userspace {u}: a reboot is "
-                           "pending or an upgrade replaced one of them (\"Driver/library version mismatch\")")
+        return CheckResult("driver versions coherent", "fail", mismatch(k, u))
     return CheckResult("driver versions coherent", "pass", f"kernel module = userspace = {k}")
+
+
+def dev_char_links(h: NodeHost) -> CheckResult:
+    """Every NVIDIA device node has its /dev/char/MAJ:MIN link (inject/devchar.py says why)."""
+    rc, out, err = h.run(["gpuprov", "runtime", "dev-char-links", "--check", "--json"])
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        why = ((err or out).strip().splitlines() or [f"exit {rc}"])[-1]
+        return CheckResult(DEV_CHAR, "fail", f"`gpuprov runtime dev-char-links --check` failed: {why}")
+    return dev_char_result(doc)
+
+
+DEV_CHAR = "/dev/char links"
+
+
+def dev_char_result(doc: dict) -> CheckResult:
+    """dev_char_links from `gpuprov runtime dev-char-links --check --json`'s answer."""
+    missing, other, ok = doc.get("missing") or [], doc.get("other") or [], doc.get("ok") or []
+    if not (missing or other or ok):
+        return CheckResult(DEV_CHAR, "skip", "no NVIDIA device nodes in /dev")
+    if missing or other:
+        bad = ", ".join(missing + [f"{p} (taken by something else)" for p in other])
+        return CheckResult(DEV_CHAR, "fail", f"no link for NVIDIA's node at {bad}: containers under the systemd "
+                           "cgroup driver lose these devices at `systemctl daemon-reload`. Fix: `gpuprov runtime "
+                           "dev-char-links` (and `systemctl enable gpuprov-dev-char.service`, which `gpuprov runtime "
+                           "install` installs, for every boot)")
+    return CheckResult(DEV_CHAR, "pass", f"{len(ok)} NVIDIA device nodes linked")
+
+
+def persistence_mode(h: NodeHost) -> CheckResult:
+    """Each GPU's persistence mode as the driver reports it (nvidia-smi asks NVML); reported, not judged: a node
+    may run without it (bootstrap enables nvidia-persistenced on data-centre GPUs, plan/persistence.py)."""
+    skip = _skip_without_gpu(PERSISTENCE, h)
+    if skip:
+        return skip
+    rc, out, _ = h.run(["nvidia-smi", "--query-gpu=persistence_mode", "--format=csv,noheader"]) \
+        if h.has_command("nvidia-smi") else (127, "", "")
+    return persistence_result(out if rc == 0 else None)
+
+
+PERSISTENCE = "persistence mode"
+
+
+def persistence_result(out: str | None) -> CheckResult:
+    """persistence_mode from nvidia-smi's answer (None: it is not there or failed)."""
+    modes = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
+    if not modes or any(m not in ("Enabled", "Disabled") for m in modes):
+        return CheckResult(PERSISTENCE, "skip", "unknown (nvidia-smi did not answer)")
+    if all(m == "Enabled" for m in modes):
+        return CheckResult(PERSISTENCE, "pass", f"Enabled on {len(modes)} GPU(s)")
+    off = [str(i) for i, m in enumerate(modes) if m == "Disabled"]
+    return CheckResult(PERSISTENCE, "skip", f"Disabled on GPU {', '.join(off)} of {len(modes)}: GPU state is torn down "
+                       "between clients (slow container starts); `systemctl enable --now nvidia-persistenced`, which "
+                       "bootstrap does on data-centre GPUs")
 
 
 def next_boot_module(h: NodeHost) -> CheckResult:
@@ -198,6 +268,12 @@ def next_boot_module(h: NodeHost) -> CheckResult:
 
 
 def engine_running(h: NodeHost) -> CheckResult:
+    if h.engine is None and h.set_up_for:
+        eng = h.set_up_for[0]
+        ask = " ".join(eng.ready_argv) or f"{eng.name} info"
+        fix = f"start it: systemctl start {eng.unit}" if eng.unit else f"see why `{ask}` fails"
+        return CheckResult("engine running", "fail", f"this node is set up for {eng.title} (its config registers "
+                           f"runtime 'nvidia'), and `{ask}` does not reach it: {fix}")
     if h.engine is None:
         return CheckResult("engine running", "fail", "neither `docker info` nor `ctr version` reaches a daemon, and "
                            "`podman info` fails: the engine is not running or not installed (gpuprov bootstrap "
@@ -282,8 +358,45 @@ def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
     return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")
 
 
-CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, next_boot_module, engine_running, runtime_registered,
-          plain_container, gpu_container, cri_handler)
+def mig_result(modes: str, listing: str) -> CheckResult:
+    """Which GPUs are in MIG mode and how many MIG devices each has, from `nvidia-smi --query-gpu=index,
+    mig.mode.current --format=csv,noheader` and `nvidia-smi -L` (its indented `MIG …` lines under each GPU).
+    Information, never a failure: a GPU without MIG says `[N/A]`, one with MIG and no instance is legal."""
+    count: dict[str, int] = {}
+    gpu = None
+    for line in listing.splitlines():
+        if line.startswith("GPU "):
+            gpu = line.split(":", 1)[0].split()[1]
+            count[gpu] = 0
+        elif line.strip().startswith("MIG ") and gpu is not None:
+            count[gpu] += 1
+    parts, on = [], 0
+    for line in modes.splitlines():
+        idx, _, mode = (x.strip() for x in line.partition(","))
+        if not idx.isdigit():
+            continue
+        if mode == "Enabled":
+            on += 1
+            parts.append(f"GPU {idx}: MIG enabled, {count.get(idx, 0)} MIG device(s)")
+        else:
+            parts.append(f"GPU {idx}: MIG {'disabled' if mode == 'Disabled' else 'not supported'}")
+    if not parts:
+        return CheckResult("MIG", "skip", "nvidia-smi reported no GPU")
+    return CheckResult("MIG", "pass", f"{on} of {len(parts)} GPU(s) in MIG mode: " + "; ".join(parts))
+
+
+def mig_mode(h: NodeHost) -> CheckResult:
+    skip = _skip_without_gpu("MIG", h)
+    if skip:
+        return skip
+    rc, modes, err = h.run(["nvidia-smi", "--query-gpu=index,mig.mode.current", "--format=csv,noheader"])
+    if rc != 0:
+        return CheckResult("MIG", "skip", f"nvidia-smi could not say: {(err or modes).strip()[-150:]}")
+    return mig_result(modes, h.run(["nvidia-smi", "-L"])[1])
+
+
+CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, dev_char_links, persistence_mode, next_boot_module,
+          engine_running, runtime_registered, plain_container, gpu_container, cri_handler, mig_mode)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:
