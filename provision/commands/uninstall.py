@@ -29,6 +29,8 @@ def uninstall_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command and file diff it would run; change "
                                  "nothing."),
     json_out: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every command and all of its output as it "
+                                 "runs (the full output is in the run's log either way)."),
     driver: bool = typer.Option(False, "--driver", help="Also purge the driver packages gpuprov installed (its own "
                                 "record) and their holds."),
     engine: bool = typer.Option(False, "--engine", help="Also purge the engine packages gpuprov installed (never an "
@@ -51,12 +53,15 @@ def uninstall_cmd(
             _print([*work, release], Path("/"), False)
             if not typer.confirm("Apply this plan?"):
                 raise errors.Declined("declined at the prompt; nothing was changed")
-        res = ap.apply_plan(work, quiet=json_out, logged=False)  # (its log's directory is among what goes)
+        # Its run's log lies outside the log directory it removes (ap.UNINSTALL_LOGS); the one-line-a-step log
+        # is not written (logged=False): it is in that directory.
+        with ap.open_run("uninstall", json_out=json_out, verbose=verbose, log_dir=ap.UNINSTALL_LOGS) as run:
+            res = ap.apply_plan(work, logged=False, run=run)
     res.outcomes += ap.apply_plan([release], quiet=True, logged=False).outcomes
     if json_out:
         emit_json({"schema": "gpuprov.uninstall/v1", **res.to_dict()})
     else:
-        print(f"uninstall: {res.changed} change(s), {len(res.outcomes)} steps")
+        print(f"uninstall: {res.changed} change(s), {len(res.outcomes)} steps; {ap.log_named(res)}")
 
 
 def register(app: typer.Typer) -> None:
