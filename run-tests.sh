@@ -22,4 +22,8 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 export PATH="$PWD/.venv/bin:$PATH"  # the tests call ansible-playbook, ruff, ansible-lint, gpuprov from here
 .venv/bin/pip install -q -e '.[test,fleet]'
-exec .venv/bin/python -m pytest -rs tests "$@"
+# With arguments, they replace the default selection when one names a test path (`./run-tests.sh tests/unit/x.py -q`
+# runs that file only); options alone (`./run-tests.sh -x`) apply to the whole suite.
+sel=(tests)
+for a in "$@"; do case "$a" in tests/*|./tests/*) sel=(); break;; esac; done
+exec .venv/bin/python -m pytest -rs "${sel[@]}" "$@"

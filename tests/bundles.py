@@ -4,7 +4,6 @@ signer made in the test, and the tampering an attacker would do (swap a file, re
 signature)."""
 from __future__ import annotations
 
-import atexit
 import base64
 import hashlib
 import io
@@ -25,6 +24,17 @@ TARGET = {"os_id": "debian", "version": "12", "codename": "bookworm", "arch": "a
 COMPONENTS = {"runtime": {"python3": "3.11.2-1+b1"}}
 SCRIPT = Path(manifest.__file__).with_name("install-offline.sh")
 GPG_ENV = {"PATH": "/usr/bin:/bin"}
+# Every gpg home a test made: gpg (and `gpuprov bundle create --sign-key` with GNUPGHOME) starts an agent in it on the
+# first signature and leaves it running. tests/conftest.py's autouse fixture calls stop_agents() after each test.
+AGENT_HOMES: list[Path] = []
+
+
+def stop_agents() -> None:
+    """Stop the agents of every home made so far (a session-scoped signer's agent restarts when it signs again)."""
+    for home in AGENT_HOMES:
+        if home.is_dir():
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True,
+                           env={**GPG_ENV, "GNUPGHOME": str(home)}, timeout=30)
 
 
 def listing(d: Path) -> list[str]:
@@ -97,9 +107,7 @@ def make_signer(base: Path, email: str = "bundles@gpuprov.invalid", *, at: str |
     home = base / "gnupg"
     home.mkdir(mode=0o700, parents=True)
     env = {**GPG_ENV, "GNUPGHOME": str(home)}
-    # gpg starts an agent per home and leaves it running: stop it when the test run ends (signing restarts it)
-    atexit.register(subprocess.run, ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True,
-                    env=env)
+    AGENT_HOMES.append(home)  # gpg starts an agent per home and leaves it running: stop_agents() after each test
     subprocess.run(["gpg", "--batch", "--passphrase", "", *(["--faked-system-time", at] if at else []),
                     "--quick-gen-key", email, "ed25519", "sign", expire], check=True, capture_output=True, env=env)
     out = subprocess.run(["gpg", "--batch", "--with-colons", "--fingerprint", email], capture_output=True,

@@ -205,6 +205,15 @@ def pytest_sessionfinish(session, exitstatus):
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.fixture(autouse=True)
+def _stop_gpg_agents():
+    """Each test stops the gpg agents it started (issue 32): only where tests/bundles.py made a gpg home."""
+    yield
+    bundles = sys.modules.get("tests.bundles")
+    if bundles is not None:
+        bundles.stop_agents()
+
+
 @pytest.fixture(scope="session")
 def debian12_bundle(tmp_path_factory):
     """The real Debian 12 bundle (engine + runtime), built once for every test that needs one (tests/bundles.py)."""

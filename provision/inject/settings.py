@@ -47,9 +47,10 @@ class Settings:
 _last: tuple[tuple, Settings] | None = None
 
 
-def load_settings(path: str | None = None) -> Settings:
-    """The settings file, checked; the defaults when there is none. Raises SettingsInvalid (never cached: every
-    GPU container is refused until the file is fixed)."""
+def load_settings(path: str | None = None, required: bool = False) -> Settings:
+    """The settings file, checked; the defaults when there is none, unless `required` (the runtime's GPU create:
+    SettingsMissing, a refusal). Raises SettingsInvalid (never cached: every GPU container is refused until the file
+    is fixed)."""
     global _last
     path = path or settings_path()
     try:
@@ -59,7 +60,7 @@ def load_settings(path: str | None = None) -> Settings:
         ident = None
     if ident is not None and _last is not None and _last[0] == ident:
         return _last[1]
-    fields = read_fields(path)
+    fields = read_fields(path, required=required)
     settings = Settings(**{**fields, "runc": runc_program(fields)})
     if ident is not None:
         _last = (ident, settings)

@@ -14,7 +14,7 @@ import json
 import os
 
 from provision import paths
-from provision.errors import CONFIG_INVALID, GpuprovError
+from provision.errors import CONFIG_INVALID, GpuprovError, Refused
 from provision.values import BadValue, abs_path, boolean
 
 DEFAULT_PATH = "/etc/gpuprov/runtime.json"
@@ -41,6 +41,12 @@ DEFAULTS = {k: default for k, (_, default, _) in FIELDS.items()}
 class SettingsInvalid(GpuprovError):
     """runtime.json breaks a rule: GPU containers are refused (the runtime) and commands that read it stop."""
     exit_code = CONFIG_INVALID
+
+
+class SettingsMissing(Refused):
+    """No runtime.json: the runtime was never installed here, or was uninstalled while an engine still names it.
+    A GPU container is refused (exit 10) without acting on the defaults: no discovery, no cache under /var/lib/gpuprov
+    for a driver root nobody chose. Containers without GPUs still start."""
 
 
 def settings_path() -> str:
@@ -81,13 +87,17 @@ def check_fields(raw, path: str, only: tuple[str, ...] | None = None) -> dict:
     return {**DEFAULTS, **raw}
 
 
-def read_fields(path: str | None = None, only: tuple[str, ...] | None = None) -> dict:
-    """The file's settings, checked (check_fields); the defaults when there is no file."""
+def read_fields(path: str | None = None, only: tuple[str, ...] | None = None, required: bool = False) -> dict:
+    """The file's settings, checked (check_fields); the defaults when there is no file, unless `required` (a GPU
+    create): then SettingsMissing, before anything is read or written under the defaults' paths."""
     path = path or settings_path()
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except FileNotFoundError:
+        if required:
+            raise SettingsMissing(f"{path} does not exist: GPU containers are refused until "
+                                  "`gpuprov runtime install` writes it") from None
         return dict(DEFAULTS)
     except OSError as exc:
         raise _refuse(path, f"cannot be read ({exc.strerror})") from None

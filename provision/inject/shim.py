@@ -147,7 +147,7 @@ def create_edits(bundle: str, warn: Callable[[str], None]) -> None:
     from provision.inject.settings import load_settings  # lazy: 13.5 ms (its dataclasses, -X importtime), the same
 
     try:
-        modify_bundle(bundle, load_settings(), warn)
+        modify_bundle(bundle, load_settings(required=True), warn)
     except (Refused, SettingsInvalid):
         raise
     except (OSError, ValueError) as exc:  # unreadable bundle / config: say so in one line, don't start

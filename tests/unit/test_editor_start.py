@@ -80,3 +80,27 @@ def test_modify_main_exits_with_the_create_code_whatever_its_streams(tmp_path, c
         assert "Traceback" not in p.stderr and edited(bundle) == (want == 0)
         if want:  # the refusal reaches runc's log (where containerd reads it) whatever became of stderr
             assert "gpuprov-runtime: " in (tmp_path / "runc.log").read_text(), closed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod (the fake H200 host's device nodes)")
+@pytest.mark.parametrize("editor", ["cold", "python-front-end"])
+def test_gpu_create_without_settings_is_refused_and_writes_nothing(tmp_path, editor):
+    """Issue 32: a runtime with no runtime.json refuses a GPU container (exit 10, the file and the fix named) before
+    it discovers anything, so no discovery cache appears under the state directory (here a fresh one, as on a machine
+    that never ran gpuprov: before the fix the defaults' cache was written there, then the start refused)."""
+    from tests.inject_helpers import gpu_bundle
+
+    state = tmp_path / "state"  # absent, as /var/lib/gpuprov on a fresh machine
+    bundle = gpu_bundle(tmp_path, "b")
+    before = (bundle / "config.json").read_bytes()
+    env = {"PATH": "/usr/bin:/bin", "GPUPROV_RUNTIME_CONFIG": str(tmp_path / "none.json"),
+           "GPUPROV_STATE_DIR": str(state), "GPUPROV_RUN_DIR": str(tmp_path / "run")}
+    argv = [sys.executable, "-I", "-S", str(REPO / "provision/inject/modify_main.py"), str(bundle),
+            str(tmp_path / "runc.log")] if editor == "cold" else \
+        [sys.executable, "-c", "import sys; from provision.inject.shim import main; sys.exit(main())", "create",
+         "--bundle", str(bundle), "x"]
+    p = subprocess.run(argv, capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert p.returncode == 10, (p.stdout, p.stderr)
+    assert f"{tmp_path / 'none.json'} does not exist" in p.stderr and "gpuprov runtime install" in p.stderr
+    assert not state.exists() and not (tmp_path / "run").exists()
+    assert (bundle / "config.json").read_bytes() == before

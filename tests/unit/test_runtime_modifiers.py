@@ -14,7 +14,7 @@ from provision import errors, versions
 from provision.inject import discover, edits, modify, server, shim
 from provision.inject.settings_file import SettingsInvalid
 from tests.conftest import H200
-from tests.inject_helpers import settings
+from tests.inject_helpers import settings, write_settings
 
 ROOT = str(H200 / "usr/local/nvidia")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod (the fake host's device nodes)")
@@ -258,6 +258,9 @@ def test_errors_carry_their_exit_codes(tmp_path, monkeypatch):
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps({"process": {"env": {"NVIDIA_VISIBLE_DEVICES=all": 1}}}))
     monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(tmp_path / "none.json"))
+    with pytest.raises(errors.Refused, match="none.json does not exist"):  # no settings: refused before any work
+        shim.create_edits(str(bundle), print)
+    monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(write_settings(tmp_path)))
     with pytest.raises(errors.EditFailed, match="^cannot prepare the GPU edits: config.json: process.env"):
         shim.create_edits(str(bundle), print)
     (tmp_path / "bad.json").write_text('{"nope": 1}')
@@ -271,7 +274,7 @@ def test_warm_reply_is_built_without_touching_stderr(tmp_path, monkeypatch):
     bundle = tmp_path / "b"
     bundle.mkdir()
     (bundle / "config.json").write_text("[1]")
-    monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(tmp_path / "none.json"))
+    monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(write_settings(tmp_path)))
     err = sys.stderr
     reply = server.handle(f"{bundle}\t\t\n".encode())
     assert sys.stderr is err
