@@ -1,10 +1,32 @@
 #!/usr/bin/env bash
 # Install gpuprov into /opt/gpuprov (a virtualenv, so the distro's Python stays untouched), link the commands
-# into /usr/local/bin, then run `gpuprov bootstrap` with the arguments given (e.g. --yes, --dry-run).
+# into /usr/local/bin, then run `gpuprov bootstrap` with the arguments given (e.g. --yes, --dry-run: that one changes
+# nothing on the host), or nothing with --install-only.
 # Offline: set GPUPROV_WHEELHOUSE=DIR to install from a local wheel directory only.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 prefix=${GPUPROV_PREFIX:-/opt/gpuprov}
+pip_index=() what=("$here")  # where pip takes gpuprov (and its dependencies) from
+[ -z "${GPUPROV_WHEELHOUSE:-}" ] || { pip_index=(--no-index --find-links "$GPUPROV_WHEELHOUSE"); what=(gpuprov); }
+# --install-only: install gpuprov and link it, and run nothing (the test hosts' set-up, an image bake).
+install_only=""
+for arg in "$@"; do [ "$arg" != --install-only ] || install_only=1; done
+# --dry-run changes nothing on the host: no package, no $prefix, no link; gpuprov runs its plan from a throwaway
+# virtualenv (its Python front-end: no compiler is fetched), removed afterwards.
+for arg in "$@"; do
+  [ "$arg" = --dry-run ] || continue
+  echo "install.sh --dry-run: would install gpuprov into $prefix (a virtualenv; its wheel kept in $prefix/wheels)" \
+       "and link /usr/local/bin/gpuprov, then run: gpuprov bootstrap $*" >&2
+  if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+    echo "install.sh --dry-run: would install python3-venv first (missing); without it no plan can be shown" >&2
+    exit 0
+  fi
+  scratch=$(mktemp -d /tmp/gpuprov-dry-run.XXXXXX)
+  trap 'rm -rf "$scratch"' EXIT
+  python3 -m venv "$scratch/venv" && "$scratch/venv/bin/pip" install -q "${pip_index[@]}" "${what[@]}"
+  "$scratch/venv/bin/gpuprov" bootstrap "$@"
+  exit
+done
 if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
   echo "installing python3-venv (needed for an isolated install)" >&2
   if command -v apt-get >/dev/null; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv;
@@ -36,11 +58,15 @@ if [ -z "${GPUPROV_WHEELHOUSE:-}" ] && ! command -v cc >/dev/null && ! command -
     export PATH="$toolchain/bin:$toolchain/root/usr/bin:$PATH"
   fi
 fi
+# The wheel gpuprov is installed from is kept in $prefix/wheels: `gpuprov bundle create` packs it into bundles
+# (an installed gpuprov has no checkout to build one from).
+mkdir -p "$prefix/wheels" && rm -f "$prefix"/wheels/gpuprov-*.whl
 if [ -n "${GPUPROV_WHEELHOUSE:-}" ]; then
-  "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" gpuprov
+  "$prefix/bin/pip" download -q --no-deps -d "$prefix/wheels" "${pip_index[@]}" gpuprov
 else
-  "$prefix/bin/pip" install -q "$here"
+  "$prefix/bin/pip" wheel -q --no-deps "$here" -w "$prefix/wheels"
 fi
+"$prefix/bin/pip" install -q "${pip_index[@]}" "$prefix"/wheels/gpuprov-*.whl
 if [ -n "$toolchain" ]; then rm -rf "$toolchain"; toolchain=""; PATH=$path_before; fi
 # gpuprov-runtime itself is installed by `gpuprov runtime install`: the compiled front-end the wheel carries (built
 # when the wheel was built, on a machine with a C compiler), else compiled here, else a Python fallback. Say so now
@@ -52,4 +78,5 @@ if ! "$prefix/bin/python" -I -c 'import sys, provision.inject.install as i; sys.
        "architecture with a C compiler (pip wheel $here -w DIR) and run GPUPROV_WHEELHOUSE=DIR $0 $*" >&2
 fi
 ln -sf "$prefix/bin/gpuprov" /usr/local/bin/gpuprov
+[ -z "$install_only" ] || exit 0
 exec /usr/local/bin/gpuprov bootstrap "$@"

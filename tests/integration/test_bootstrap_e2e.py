@@ -96,6 +96,21 @@ def test_3b_a_closed_pipe_never_aborts_the_run(host):
     assert "installed /usr/local/bin/gpuprov-runtime" in log, log[-3000:]
 
 
+def test_install_dry_run_changes_nothing():
+    """`install.sh --dry-run` (issue 28 item 13): the plan from a throwaway virtualenv; no package, no /opt/gpuprov,
+    no link, nothing left in /tmp. (Before: it installed gpuprov into /opt/gpuprov and linked it.)"""
+    h = Host()
+    try:
+        state = "dpkg -l | md5sum; ls /opt /usr/local/bin /tmp"
+        before = h.exec(state).stdout
+        r = h.exec("GPUPROV_WHEELHOUSE=/wh /src/install.sh --dry-run --driver skip", timeout=900)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "Plan for debian-12" in r.stdout and "would install gpuprov into /opt/gpuprov" in r.stderr
+        assert h.exec(state).stdout == before
+    finally:
+        h.remove()
+
+
 def test_4_invalid_daemon_json_untouched(host):
     good = host.read("/etc/docker/daemon.json")
     bad = b'{"log-driver": "json-file",, "oops"\n'
