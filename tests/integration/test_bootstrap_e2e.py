@@ -102,8 +102,15 @@ def test_install_dry_run_changes_nothing():
     h = Host()
     try:
         state = "dpkg -l | md5sum; ls /opt /usr/local/bin /tmp"
+        dry = "GPUPROV_WHEELHOUSE=/wh /src/install.sh --dry-run --driver skip"
         before = h.exec(state).stdout
-        r = h.exec("GPUPROV_WHEELHOUSE=/wh /src/install.sh --dry-run --driver skip", timeout=900)
+        r = h.exec(dry, timeout=900)  # a bare host: no python3-venv, which a real run would install first
+        assert r.returncode == 0 and "would install python3-venv first" in r.stderr, r.stdout[-2000:] + r.stderr
+        assert h.exec(state).stdout == before
+        assert h.exec("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv",
+                      timeout=600).returncode == 0
+        before = h.exec(state).stdout
+        r = h.exec(dry, timeout=900)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert "Plan for debian-12" in r.stdout and "would install gpuprov into /opt/gpuprov" in r.stderr
         assert h.exec(state).stdout == before
