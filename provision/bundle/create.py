@@ -28,9 +28,10 @@ TARGET_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13", "jammy
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 # Where install.sh keeps the wheel it installed gpuprov from: an installed gpuprov (no checkout) packs that one.
 KEPT_WHEELS = Path(sys.prefix) / "wheels"
-# Each prerequisite of a create: the tool, how to get it, and when it is needed (set below, in prerequisites()).
-HOW_TO_GET = {"docker": "apt-get install docker.io", "debootstrap": "apt-get install debootstrap",
-              "dpkg-deb": "apt-get install dpkg", "gpg": "apt-get install gpg"}
+# Each tool a create may need and how to get it (which are needed when: prerequisites()). docker here is this
+# machine's client for the target's clean root, not a node's engine.
+HOW_TO_GET = (("docker", "apt-get install docker.io"), ("debootstrap", "apt-get install debootstrap"),
+              ("dpkg-deb", "apt-get install dpkg"), ("gpg", "apt-get install gpg"))
 
 
 @dataclass
@@ -113,7 +114,7 @@ def prerequisites(opt: CreateOptions) -> list[str]:
                                                     check=False, timeout=60, probe=True).returncode == 0
     if not image:  # the clean root of the target is built once (debootstrap), then kept as an image
         need.append("debootstrap")
-    missing = [f"{t} ({HOW_TO_GET[t]})" for t in need if not effects.which(t)]
+    missing = [f"{t} ({dict(HOW_TO_GET)[t]})" for t in need if not effects.which(t)]
     if "runtime" in opt.components:
         if not (SOURCE_ROOT / "pyproject.toml").exists() and own_wheel() is None:
             missing.append(f"gpuprov's own wheel (none in {KEPT_WHEELS}: reinstall with install.sh, which keeps it, "
