@@ -2,7 +2,9 @@
 # Install gpuprov into /opt/gpuprov (a virtualenv, so the distro's Python stays untouched), link the commands
 # into /usr/local/bin, then run `gpuprov bootstrap` with the arguments given (e.g. --yes, --dry-run: that one changes
 # nothing on the host), or nothing with --install-only.
-# Offline: set GPUPROV_WHEELHOUSE=DIR to install from a local wheel directory only.
+# Offline: set GPUPROV_WHEELHOUSE=DIR to install from a local wheel directory only: the newest gpuprov there replaces
+# an older one (a newer one installed stays: exit 14, unless GPUPROV_ALLOW_DOWNGRADE=1). GPUPROV_PREFIX and
+# GPUPROV_BIN_DIR move the virtualenv and the command's link.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 prefix=${GPUPROV_PREFIX:-/opt/gpuprov}
@@ -16,7 +18,7 @@ for arg in "$@"; do [ "$arg" != --install-only ] || install_only=1; done
 for arg in "$@"; do
   [ "$arg" = --dry-run ] || continue
   echo "install.sh --dry-run: would install gpuprov into $prefix (a virtualenv; its wheel kept in $prefix/wheels)" \
-       "and link /usr/local/bin/gpuprov, then run: gpuprov bootstrap $*" >&2
+       "and link ${GPUPROV_BIN_DIR:-/usr/local/bin}/gpuprov, then run: gpuprov bootstrap $*" >&2
   if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
     echo "install.sh --dry-run: would install python3-venv first (missing); without it no plan can be shown" >&2
     exit 0
@@ -58,15 +60,52 @@ if [ -z "${GPUPROV_WHEELHOUSE:-}" ] && ! command -v cc >/dev/null && ! command -
     export PATH="$toolchain/bin:$toolchain/root/usr/bin:$PATH"
   fi
 fi
-# The wheel gpuprov is installed from is kept in $prefix/wheels: `gpuprov bundle create` packs it into bundles
-# (an installed gpuprov has no checkout to build one from).
-mkdir -p "$prefix/wheels" && rm -f "$prefix"/wheels/gpuprov-*.whl
 if [ -n "${GPUPROV_WHEELHOUSE:-}" ]; then
-  "$prefix/bin/pip" download -q --no-deps -d "$prefix/wheels" "${pip_index[@]}" gpuprov
+  # The newest gpuprov the wheelhouse holds replaces the installed one (pip alone keeps what is there); an older one
+  # only with GPUPROV_ALLOW_DOWNGRADE=1. Versions compare as pip compares them (its own packaging module).
+  read -r have want < <("$prefix/bin/python" -I - "$GPUPROV_WHEELHOUSE" <<'PY'
+import importlib.metadata as md, pathlib, sys
+from pip._vendor.packaging.utils import parse_wheel_filename
+found = []
+for w in pathlib.Path(sys.argv[1]).glob("*.whl"):
+    try:
+        name, version, _, _ = parse_wheel_filename(w.name)
+    except ValueError:
+        continue
+    if name == "gpuprov":
+        found.append(version)
+try:
+    have = md.version("gpuprov")
+except md.PackageNotFoundError:
+    have = "-"
+print(have, max(found) if found else "-")
+PY
+  ) || { echo "install.sh: cannot read the wheelhouse $GPUPROV_WHEELHOUSE" >&2; exit 2; }
+  if [ "$want" = "-" ]; then
+    echo "install.sh: no gpuprov wheel in $GPUPROV_WHEELHOUSE (build one with: pip wheel $here -w DIR)" >&2; exit 2
+  fi
+  if [ "$have" != "-" ] && "$prefix/bin/python" -I -c 'import sys; from pip._vendor.packaging.version import Version as V
+sys.exit(not V(sys.argv[1]) > V(sys.argv[2]))' "$have" "$want" && [ "${GPUPROV_ALLOW_DOWNGRADE:-}" != 1 ]; then
+    echo "install.sh: refusing to downgrade gpuprov $have to $want, the newest in $GPUPROV_WHEELHOUSE; put $have or" \
+         "newer there, or set GPUPROV_ALLOW_DOWNGRADE=1 to install $want" >&2
+    exit 14
+  fi
+  "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" "gpuprov==$want"
+  keep_wheel() { "$prefix/bin/pip" download -q --no-deps -d "$prefix/wheels" "${pip_index[@]}" "gpuprov==$want"; }
+  if [ "$have" = "-" ]; then echo "installed gpuprov $want from $GPUPROV_WHEELHOUSE" >&2
+  elif [ "$have" = "$want" ]; then echo "gpuprov $want is installed already (the newest in $GPUPROV_WHEELHOUSE)" >&2
+  else echo "gpuprov $want replaced gpuprov $have (from $GPUPROV_WHEELHOUSE)" >&2; fi
 else
-  "$prefix/bin/pip" wheel -q --no-deps "$here" -w "$prefix/wheels"
+  keep_wheel() { :; }  # built there, below
+  rm -rf "$prefix/wheels.new"
+  "$prefix/bin/pip" wheel -q --no-deps "$here" -w "$prefix/wheels.new"
+  "$prefix/bin/pip" install -q "$prefix"/wheels.new/gpuprov-*.whl
 fi
-"$prefix/bin/pip" install -q "${pip_index[@]}" "$prefix"/wheels/gpuprov-*.whl
+# The wheel gpuprov was installed from is kept in $prefix/wheels: `gpuprov bundle create` packs it into bundles (an
+# installed gpuprov has no checkout to build one from).
+mkdir -p "$prefix/wheels" && rm -f "$prefix"/wheels/gpuprov-*.whl
+keep_wheel
+if [ -d "$prefix/wheels.new" ]; then mv "$prefix"/wheels.new/gpuprov-*.whl "$prefix/wheels/" && rm -rf "$prefix/wheels.new"; fi
 if [ -n "$toolchain" ]; then rm -rf "$toolchain"; toolchain=""; PATH=$path_before; fi
 # gpuprov-runtime itself is installed by `gpuprov runtime install`: the compiled front-end the wheel carries (built
 # when the wheel was built, on a machine with a C compiler), else compiled here, else a Python fallback. Say so now
@@ -77,6 +116,7 @@ if ! "$prefix/bin/python" -I -c 'import sys, provision.inject.install as i; sys.
        "through the slower Python front-end. For the compiled one, build the wheels on any Linux machine of this" \
        "architecture with a C compiler (pip wheel $here -w DIR) and run GPUPROV_WHEELHOUSE=DIR $0 $*" >&2
 fi
-ln -sf "$prefix/bin/gpuprov" /usr/local/bin/gpuprov
+bindir=${GPUPROV_BIN_DIR:-/usr/local/bin}
+ln -sf "$prefix/bin/gpuprov" "$bindir/gpuprov"
 [ -z "$install_only" ] || exit 0
-exec /usr/local/bin/gpuprov bootstrap "$@"
+exec "$bindir/gpuprov" bootstrap "$@"

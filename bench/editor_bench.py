@@ -8,7 +8,10 @@ machine moves both sides alike:
 - cold: `python3 -I -S modify_main.py BUNDLE` as a process (what the compiled front-end runs when no warm editor
   answers yet, and what the Python front-end does in-process on every GPU start), the child's user+sys time.
 
-Usage: python3 bench/editor_bench.py [--before REV] [-n 200] [--rounds 8] [--cold 60] [--json]"""
+Each bundle's image carries this machine's /etc/ld.so.cache (a real one, as every glibc image has; the editor reads
+it since the image-cache override): --no-image-cache leaves it out.
+
+Usage: python3 bench/editor_bench.py [--before REV] [-n 200] [--rounds 8] [--cold 60] [--no-image-cache] [--json]"""
 from __future__ import annotations
 
 import argparse
@@ -60,8 +63,17 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=200, help="warm edits per round")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--cold", type=int, default=60, help="cold editor runs per side")
+    ap.add_argument("--no-image-cache", action="store_true", help="images without /etc/ld.so.cache")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    cache = None if args.no_image_cache else Path("/etc/ld.so.cache")
+
+    def bundle(name: str) -> Path:
+        b = gpu_bundle(work, name)
+        if cache is not None and cache.is_file():
+            (b / "rootfs/etc/ld.so.cache").write_bytes(cache.read_bytes())
+        return b
+
     work = Path(tempfile.mkdtemp(prefix="gpuprov-editor-bench-"))
     sides = {"before": tree(args.before, work), "after": REPO}
     settings = {k: _mk(work / k) for k in sides}
@@ -69,14 +81,14 @@ def main() -> int:
     cold: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(args.rounds):
         for k in (list(sides) if r % 2 else list(sides)[::-1]):
-            b = gpu_bundle(work, f"warm-{k}")
+            b = bundle(f"warm-{k}")
             p = subprocess.run([sys.executable, "-I", "-S", "-c", WARM, str(sides[k]), str(settings[k]), str(b),
                                 str(args.n)], capture_output=True, text=True, check=True)
             warm[k] += json.loads(p.stdout)
-    template = (gpu_bundle(work, "template") / "config.json").read_text()
+    template = (bundle("template") / "config.json").read_text()
     for i in range(args.cold + 3):
         for k in (list(sides) if i % 2 else list(sides)[::-1]):
-            b = gpu_bundle(work, f"cold-{k}")
+            b = bundle(f"cold-{k}")
             (b / "config.json").write_text(template)
             env = {"PATH": "/usr/bin:/bin", "GPUPROV_RUNTIME_CONFIG": str(settings[k])}
             p = subprocess.Popen([sys.executable, "-I", "-S", str(sides[k] / "provision/inject/modify_main.py"), str(b)],
@@ -90,7 +102,7 @@ def main() -> int:
     med = {f"{case}_{k}": statistics.median(v[k]) for case, v in (("warm_us", warm), ("cold_ms", cold)) for k in sides}
     res = {"before": args.before, "median": {k: round(v, 2) for k, v in med.items()},
            "ratio_after_before": {c: round(med[f"{c}_after"] / med[f"{c}_before"], 3) for c in ("warm_us", "cold_ms")},
-           "n": {"warm": args.n * args.rounds, "cold": args.cold}}
+           "n": {"warm": args.n * args.rounds, "cold": args.cold}, "image_cache": cache is not None}
     if args.json:
         print(json.dumps(res))
     else:

@@ -99,6 +99,15 @@ def load_commands(modules: list[str]):
     return _app
 
 
+def click_command(app):
+    """The click command typer builds for `app`, every option's metavar and help filled in (commands/helptext.py)."""
+    from provision.commands.helptext import name_options  # lazy: 1.5 ms (-X importtime, min of 3); typer runs only
+
+    cmd = _typer().main.get_command(app)
+    name_options(cmd)
+    return cmd
+
+
 def listing():
     """An app with the root's options and every command's name and summary, to list them; it runs none."""
     lister = new_app()
@@ -256,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         gc.enable()  # typer's commands run for minutes: cycles are collected there (script() turned it off)
         modules = command_modules(argv)
         app = load_commands(modules) if modules else listing()
-        if app(args=argv, prog_name="gpuprov", standalone_mode=False) == INTERRUPTED:
+        if click_command(app)(args=argv, prog_name="gpuprov", standalone_mode=False) == INTERRUPTED:
             raise KeyboardInterrupt  # typer >= 0.26 returns Ctrl-C as exit code 130 (nothing said) instead of raising
         return OK
     except GpuprovError as exc:

@@ -134,6 +134,13 @@ class RemovalRefused(GpuprovError):
     exit_code = CONFLICT
 
 
+class RestartRefused(GpuprovError):
+    """A change needs the engine restarted, and that would stop its running containers (dockerd without
+    live-restore): refused before anything changed, unless --restart-engine."""
+
+    exit_code = CONFLICT
+
+
 class NoDeviceToVerify(GpuprovError):
     """The driver is installed and its module built, but there is no NVIDIA device here to load it on."""
 

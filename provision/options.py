@@ -85,6 +85,7 @@ MODULE_PARAMS: dict[str, str | None] = {
     "no_validate": "validate",
     "replace_runtime": "replace_runtime",
     "allow_remove": "allow_remove",
+    "restart_engine": "restart_engine",
     "bundle": "bundle",
     "bundle_keyring": "bundle_keyring",
     "only": "stages",

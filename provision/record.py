@@ -1,6 +1,10 @@
 """What gpuprov changed on this host, kept for `gpuprov uninstall` (paths.INSTALL_RECORD, 0600: it holds copies of
-engine configs). Written through the one write path; read leniently (a missing or unreadable record is an empty
-one: uninstall then finds gpuprov's keys by what they are, see the engine adapters' `unplan`).
+engine configs). Written through the one write path; read back through the one trusted reader
+(fsutil.read_trusted: the file and every directory above it root's and writable by no one else, else exit 6 naming
+the file and the rule) and strictly, as a typed value: every field is checked by values.py's rules, and a field of
+the wrong shape is exit 6 naming the file and the field (RecordInvalid), never a guess. Root acts on this file
+(it restores configs from it, and purges the packages it names), so it is trusted no more than runtime.json is.
+A missing record is an empty one: uninstall then finds gpuprov's keys by what they are (the adapters' `unplan`).
 
 - `configs`: per engine config that `engine configure` (and so bootstrap) wrote, keyed by the config's path: the
   engine, the runtime's name and every runtime path registered there, every file written with its text before
@@ -9,17 +13,84 @@ one: uninstall then finds gpuprov's keys by what they are, see the engine adapte
   is never restored blindly: the adapters use it only to give back the operator's exact bytes where the file is
   still what gpuprov wrote, or where their own edits since then apply cleanly to it (engines/base.py: undo_text).
 - `packages`: per stage (driver, engine), the packages a bootstrap installed that were not installed before it ran;
-  `holds`: the packages it held. `uninstall --driver/--engine` remove these and nothing else.
+  `holds`: the packages it held. `uninstall --purge-driver/--purge-engine` remove these and nothing else; an
+  uninstall that keeps them keeps this part of the record (`packages_only`), so that a later uninstall can still
+  purge what gpuprov installed.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
-from provision import paths
-from provision.fsutil import write_file
+from provision import paths, values
+from provision.errors import ConfigInvalid
+from provision.fsutil import read_trusted, write_file
 
 SCHEMA = "gpuprov.installed/v1"
+STAGES = ("driver", "engine")
+
+
+class RecordInvalid(ConfigInvalid):
+    """The install record is not what gpuprov writes (a field missing or of the wrong type): exit 6."""
+
+
+def _bad(path: str, where: str, want: str, got: object) -> RecordInvalid:
+    return RecordInvalid(f"{path}: field '{where}' must be {want} (got {str(repr(got))[:60]}); it is not a record "
+                         "gpuprov wrote: fix or remove it (uninstall then finds gpuprov's keys by what they are)")
+
+
+def _rule(path: str, where: str, rule: str, value: object) -> object:
+    """`value` when it passes values.py's `rule`; else RecordInvalid naming the field and the rule."""
+    try:
+        return values.RULES[rule](value)
+    except values.BadValue as exc:
+        raise _bad(path, where, exc.rule, value) from None
+
+
+def _list(path: str, where: str, value: object, check) -> list:
+    """A list whose every item passes `check(path, where, item)`."""
+    if not isinstance(value, list):
+        raise _bad(path, where, "a list", value)
+    return [check(path, f"{where}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _ruled(rule: str):
+    return lambda path, where, v: _rule(path, where, rule, v)
+
+
+def _dict(path: str, where: str, value: object) -> dict:
+    if not isinstance(value, dict):
+        raise _bad(path, where, "an object", value)
+    return value
+
+
+def _text_or_null(path: str, where: str, value: object, null: bool = True) -> str | None:
+    if value is None and null or isinstance(value, str):
+        return value
+    raise _bad(path, where, "a text" + (" or null" if null else ""), value)
+
+
+def _entry(path: str, where: str, entry: object) -> dict:
+    """One config's entry, every field checked; the keys the adapters read, as written (configure: note_config)."""
+    e = _dict(path, where, entry)
+    # an engine's name (the adapters' registry sits above this layer: uninstall skips names it has no adapter for)
+    out = {"engine": _rule(path, f"{where}.engine", "runtime_name", e.get("engine"))}
+    if "runtime_name" in e:
+        out["runtime_name"] = _rule(path, f"{where}.runtime_name", "runtime_name", e["runtime_name"])
+    out["runtime_paths"] = _list(path, f"{where}.runtime_paths", e.get("runtime_paths", []), _ruled("abs_path"))
+    out["made_dirs"] = _list(path, f"{where}.made_dirs", e.get("made_dirs", []), _ruled("abs_path"))
+    files = {}
+    for f, fe in _dict(path, f"{where}.files", e.get("files", {})).items():
+        at = f"{where}.files.{f}"
+        _rule(path, at, "abs_path", f)
+        fe = _dict(path, at, fe)
+        files[f] = {"old": _text_or_null(path, f"{at}.old", fe.get("old")),
+                    "written": _text_or_null(path, f"{at}.written", fe.get("written"), null=False)}
+        if "later" in fe:
+            files[f]["later"] = _list(path, f"{at}.later", fe["later"],
+                                      lambda p, w, t: _text_or_null(p, w, t, null=False))
+    out["files"] = files
+    return out
 
 
 @dataclass
@@ -32,19 +103,48 @@ class Record:
         return json.dumps({"schema": SCHEMA, "configs": self.configs, "packages": self.packages,
                            "holds": self.holds}, indent=2, sort_keys=True) + "\n"
 
+    def packages_only(self) -> Record:
+        """What an uninstall that keeps the packages leaves of the record: the packages and holds, no configs."""
+        return Record({}, {k: list(v) for k, v in self.packages.items() if v}, list(self.holds))
+
+    @classmethod
+    def from_json(cls, text: str, path: str) -> Record:
+        """The record in `text`, every field checked (values.py's rules); RecordInvalid (exit 6) naming `path` and
+        the first field that is wrong."""
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise RecordInvalid(f"{path} is not JSON ({exc}); it is not a record gpuprov wrote: fix or remove "
+                                "it") from None
+        doc = _dict(path, "(top)", doc)
+        if doc.get("schema") != SCHEMA:
+            raise _bad(path, "schema", repr(SCHEMA), doc.get("schema"))
+        configs = {c: _entry(path, f"configs.{c}", e)
+                   for c, e in _dict(path, "configs", doc.get("configs") or {}).items() if _rule(
+                       path, f"configs.{c}", "abs_path", c)}
+        pkgs = {}
+        for stage, lst in _dict(path, "packages", doc.get("packages") or {}).items():
+            if stage not in STAGES:
+                raise _bad(path, f"packages.{stage}", f"a stage ({', '.join(STAGES)})", stage)
+            pkgs[stage] = _list(path, f"packages.{stage}", lst, _ruled("package"))
+        return cls(configs, pkgs, _list(path, "holds", doc.get("holds") or [], _ruled("package")))
+
 
 def read(path: str | None = None) -> Record:
+    """The install record at `path` (default paths.INSTALL_RECORD): empty when there is none; UntrustedPath (exit 6)
+    when anyone but root could have written it or a directory above it; RecordInvalid (exit 6) for a wrong shape."""
+    path = path or paths.INSTALL_RECORD
+    data = read_trusted(path)
+    if data is None:
+        return Record()
     try:
-        with open(path or paths.INSTALL_RECORD) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return Record()
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        return Record()
-    return Record(dict(doc.get("configs") or {}), dict(doc.get("packages") or {}), list(doc.get("holds") or []))
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise RecordInvalid(f"{path} is not UTF-8 text; it is not a record gpuprov wrote: fix or remove it") from None
+    return Record.from_json(text, path)
 
 
-def _save(rec: Record) -> None:
+def save(rec: Record) -> None:
     write_file(paths.INSTALL_RECORD, rec.to_json(), mode=0o600, keep_mode=False, backup=False)
 
 
@@ -62,7 +162,7 @@ def note_config(config: str, engine: str, runtime_name: str, runtime_path: str,
             f.setdefault("later", []).append(old)  # the operator's text before a later write (--replace-runtime)
         f["written"] = new
     entry["made_dirs"] = list(dict.fromkeys([*entry.get("made_dirs", []), *made_dirs]))
-    _save(rec)
+    save(rec)
 
 
 def note_packages(stage: str, installed: list[str], held: list[str] = ()) -> None:
@@ -71,4 +171,4 @@ def note_packages(stage: str, installed: list[str], held: list[str] = ()) -> Non
     rec = read()
     rec.packages[stage] = list(dict.fromkeys([*rec.packages.get(stage, []), *installed]))
     rec.holds = list(dict.fromkeys([*rec.holds, *held]))
-    _save(rec)
+    save(rec)

@@ -9,7 +9,7 @@ from provision.decide.debian import debian_driver_packages
 from provision.decide.driver import FleetDecision, GpuDecision, decide_fleet, decide_gpu
 from provision.decide.gputable import PciId, parse_pci_id
 from provision.decide.targets import Target, target_for
-from provision.errors import Unsupported
+from provision.errors import HostUnreadable, Unsupported
 from provision.facts.distro_facts import DistroFacts, read_distro
 from provision.facts.driver_facts import DriverFacts, read_driver
 from provision.facts.engines import EngineFacts, read_engines
@@ -53,6 +53,14 @@ class HostReport(NamedTuple):
         }
 
 
+def host_target(distro: DistroFacts) -> tuple[Target | None, list[str]]:
+    """The release gpuprov decides packages for on this host, or None and why not."""
+    try:
+        return target_for(distro.id, distro.major, distro.like), []
+    except Unsupported as exc:
+        return None, [str(exc)]
+
+
 def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str = "auto",
                 source: str | None = None, engines: bool = True, pin: str | None = None,
                 for_gpus: tuple[str, ...] = ()) -> HostReport:
@@ -61,10 +69,8 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
     distro = read_distro(root)
     warnings: list[str] = []
     if target is None:
-        try:
-            target = target_for(distro.id, distro.major, distro.like)
-        except Unsupported as exc:
-            warnings.append(str(exc))
+        target, why = host_target(distro)
+        warnings += why
     scan = scan_pci(root)
     devices = scan.devices
     warnings += scan.warnings
@@ -89,7 +95,15 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
 
 
 def detect_ids(ids: list[PciId], target: Target | None, *, kernel_modules: str = "auto",
-               source: str | None = None) -> HostReport:
+               source: str | None = None, root: Path | None = None) -> HostReport:
+    """Decide for PCI ids, none scanned: for `target`, else the release under `root` (the host's own, as detect's
+    --target help says), else for no release (a warning says why)."""
+    warnings: list[str] = []
+    if target is None and root is not None:
+        try:
+            target, warnings = host_target(read_distro(root))
+        except HostUnreadable as exc:
+            warnings = [str(exc)]
     decisions = [decide_gpu(p, target, kernel_modules=kernel_modules, source=source) for p in ids]
     return HostReport(root="", distro=None, target=target, gpus=[(None, d) for d in decisions], other_display=[],
-                      driver=None, engines=[], fleet=decide_fleet(decisions))
+                      driver=None, engines=[], fleet=decide_fleet(decisions), warnings=tuple(warnings))

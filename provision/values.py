@@ -145,11 +145,23 @@ PACKAGES_TEXT = ("a comma list of package names: letters, digits and . + _ ~ : -
                  "digit (never an option)")
 
 
+PACKAGE = r"[A-Za-z0-9][A-Za-z0-9.+_~:-]{0,127}"  # Debian policy's names, with an epoch/arch ':' allowed
+
+
 def packages(value) -> str:
     text = _text(value, PACKAGES_TEXT)
-    if not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+_~:-]{0,127}", p) for p in text.split(",") if p):
+    if not all(re.fullmatch(PACKAGE, p) for p in text.split(",") if p):
         raise BadValue(value, PACKAGES_TEXT)
     return text
+
+
+PACKAGE_TEXT = ("a package name: letters, digits and . + _ ~ : -, starting with a letter or digit (never an option), "
+                "at most 128 characters")
+
+
+def package(value) -> str:
+    """One package name (the install record's; `packages` is the comma list the options take)."""
+    return _matching(value, PACKAGE, PACKAGE_TEXT)
 
 
 HANDLER_TEXT = "a CRI handler name (lowercase letters, digits and '-', at most 63, like Kubernetes' RuntimeClass.handler)"
@@ -218,7 +230,7 @@ def boolean(value) -> bool:
 
 # rule name -> check; the names are what the tables below, options.py and inject/settings.py refer to
 RULES = {f.__name__: f for f in (url, kernel_release, runtime_name, cri_handler, driver, path, abs_path, abs_paths,
-                                 namespace, pci_id, gpg_key, listen, packages, boolean)}
+                                 namespace, pci_id, gpg_key, listen, packages, package, boolean)}
 
 # The fleet role's module parameters (the bootstrap options they pass, options.MODULE_PARAMS) -> the rule of each
 # value, for lists each element and for `mirrors` each URL. bootstrap's options take the same rules from this table

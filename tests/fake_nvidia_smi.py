@@ -7,13 +7,17 @@ import sys
 from pathlib import Path
 
 CSV = Path(__file__).resolve().parent / "fixtures/hosts/h200-vm/commands/query-gpu.csv"
+XML = CSV.parent / "nvidia-smi-q.xml"
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["-q", "-x"]:  # the XML report, as captured
+        sys.stdout.write(XML.read_text())
+        return 0
     query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "")
     if query is None or not fmt.startswith("csv"):
-        print("fake nvidia-smi: only --query-gpu=… --format=csv… is captured", file=sys.stderr)
+        print("fake nvidia-smi: only -q -x and --query-gpu=… --format=csv… are captured", file=sys.stderr)
         return 2
     header, *rows = [[c.strip() for c in line.split(",")] for line in CSV.read_text().splitlines() if line.strip()]
     names = [h.split(" [")[0] for h in header]  # "memory.total [MiB]" -> "memory.total"

@@ -6,6 +6,7 @@ from typing import List, Optional
 
 import typer
 
+from provision import engines
 from provision.bundle.create import COMPONENTS, CreateOptions, create, dnf_plan
 from provision.bundle.install import check_bundle, open_verified
 from provision.commands import summary
@@ -30,8 +31,9 @@ bundle_app = typer.Typer(help="Offline bundles: create (connected machine), veri
 
 @bundle_app.command("create")
 def create_cmd(
-    target: str = typer.Option(..., "--target", help="Release to build for, e.g. debian-12."),
-    components: str = typer.Option("engine,runtime", "--components", help="Comma list of driver,engine,runtime."),
+    target: str = typer.Option(..., "--target", metavar="RELEASE", help="Release to build for, e.g. debian-12."),
+    components: str = typer.Option("engine,runtime", "--components", metavar="COMPONENT,COMPONENT",
+                                   help="Comma list of driver,engine,runtime."),
     output: Path = typer.Option(..., "--output", callback=rule("path"), help="A new directory, or FILE.tar.gz."),
     pci_id: Optional[List[str]] = typer.Option(None, "--pci-id", "--for-gpu", callback=rule("pci_id"),
                                                help="GPUs the target has (for the driver); as bootstrap --for-gpu."),
@@ -111,12 +113,20 @@ def install_cmd(
 
 
 @bundle_app.command("plan")
-def plan_cmd(target: str = typer.Option(..., "--target"),
-             packages: str = typer.Option("docker-ce,containerd.io", callback=rule("packages")),
+def plan_cmd(target: str = typer.Option(..., "--target", metavar="RELEASE", help="The release the bundle is for, "
+                                         "e.g. debian-12, rocky-9."),
+             packages: Optional[str] = typer.Option(None, "--packages", metavar="PKG,PKG", callback=rule("packages"),
+                                                    help="The packages to bundle (default: the engine packages "
+                                                    "bootstrap installs on TARGET: docker.io on Debian/Ubuntu, "
+                                                    "docker-ce on EL)."),
              json_out: bool = typer.Option(False, "--json")) -> None:
     """The commands a bundle for TARGET is built and installed with (the EL path: dnf download + createrepo_c)."""
     t = parse_target(target)
-    pk = [p for p in packages.split(",") if p]
+    if packages is None:  # what bootstrap's default --engine-source auto installs there, from the one adapter
+        docker = engines.get("docker")
+        pk = list(docker.packages(t, docker.default_source(t)))
+    else:
+        pk = [p for p in packages.split(",") if p]
     if t.family == "rhel":
         build, install = dnf_plan(t, pk), [dnf_install_cmd("/path/to/bundle/repo", pk)]
     else:

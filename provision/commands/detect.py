@@ -30,6 +30,8 @@ def render_human(report) -> str:
             ("distro", f"{d.pretty_name} ({d.id} {d.version}, family {d.family}, {d.package_manager})"),
             ("target", report.target.name if report.target else "unsupported"),
         ]))
+    elif report.target:  # --pci-id: no host scanned, but packages decided for this release
+        out.append(kv([("target", report.target.name)]))
     if report.driver:
         drv = report.driver
         out.append(kv([
@@ -48,7 +50,7 @@ def render_human(report) -> str:
             rows.append([dev.address if dev else "", dec.pci_id + (":" + dec.subsystem if dec.subsystem else ""),
                          dec.name, dec.branch, dec.kernel_modules, (dev.driver if dev else None),
                          " ".join(dec.packages)])
-        out.append(table(["ADDRESS", "PCI ID", "NAME", "BRANCH", "MODULES", "BOUND", "PACKAGES"], rows))
+        out.append(table(["ADDRESS", "PCI ID", "NAME", "DRIVER SERIES", "MODULES", "BOUND", "PACKAGES"], rows))
     else:
         out.append("gpus         none (no NVIDIA display-class device on the PCI bus)")
     if report.other_display:
@@ -80,7 +82,7 @@ FAST_OPTIONS = {
 
 
 def run(root: Path = Path("/"), json_out: bool = False, pci_id: Optional[List[str]] = None, target: Optional[str] = None,
-        kernel_modules: str = "auto", driver_source: Optional[str] = None) -> None:
+        kernel_modules: str = "auto", driver_source: Optional[str] = "distro") -> None:
     """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
     check_choice(kernel_modules, MODULE_CHOICES, "--kernel-modules")
     if driver_source is not None:
@@ -89,7 +91,7 @@ def run(root: Path = Path("/"), json_out: bool = False, pci_id: Optional[List[st
     tgt = parse_target(target) if target else None
     if pci_id:
         ids = [parse_pci_id(p) for p in pci_id]
-        report = detect_ids(ids, tgt, kernel_modules=kernel_modules, source=driver_source)
+        report = detect_ids(ids, tgt, kernel_modules=kernel_modules, source=driver_source, root=root)
     else:
         if not root.is_dir():
             raise HostUnreadable(f"--root {root} is not a directory")
@@ -115,8 +117,8 @@ def register(app) -> None:
         target: Optional[str] = typer.Option(None, "--target", help="Release to decide packages for, e.g. debian-12, "
                                              "ubuntu-24.04, rocky-9 (default: the host's own)."),
         kernel_modules: str = typer.Option("auto", "--kernel-modules", help="auto|open|proprietary"),
-        driver_source: Optional[str] = typer.Option(None, "--driver-source", help="distro|elrepo|nvidia (default: "
-                                                    "distro on Debian/Ubuntu, elrepo on EL)"),
+        driver_source: str = typer.Option("distro", "--driver-source", help="distro | elrepo | nvidia (distro: "
+                                          "Debian's or Ubuntu's own packages, ELRepo on EL)"),
     ) -> None:
         """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
         run(root, json_out, pci_id, target, kernel_modules, driver_source)

@@ -33,20 +33,25 @@ def configure_cmd(
                                      help="Name to register (keeps --runtime=nvidia)."),
     runtime_path: Optional[str] = typer.Option(None, "--runtime-path", callback=rule("abs_path"),
                                                help="Default: the installed gpuprov-runtime."),
-    default: bool = typer.Option(False, "--default", help="Make it the default runtime (needed for --gpus)."),
+    default: bool = typer.Option(False, "--default", help="Make it the default runtime (needed for --gpus). Off "
+                                 "here, on in bootstrap (--no-default-runtime): this command edits an engine you "
+                                 "already run, whose default it changes only when asked."),
     cdi: bool = typer.Option(False, "--cdi", help="Enable CDI in the engine."),
     replace: bool = typer.Option(False, "--replace-runtime", help="Replace your own runtime of that name (its "
                                  "runtimeArgs are dropped) or your default-runtime; without it, such a conflict "
                                  "stops with exit 14 and nothing changed."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the diff; change nothing."),
     no_restart: bool = typer.Option(False, "--no-restart", help="Write the file but do not reload the engine."),
+    restart_engine: bool = typer.Option(False, "--restart-engine", help="Let a needed dockerd restart (--cdi, a "
+                                        "newer --gpus hook) stop its running containers (live-restore off); "
+                                        "without it such a run stops before it writes anything: exit 14."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Register gpuprov-runtime in the engine's config (backup, atomic write, reload only on change, verify)."""
     with nullcontext() if dry_run else host_lock(f"engine configure {engine}"):
         res = configure(engine, config=config, runtime_name=runtime_name,
                         runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
-                        replace=replace, dry_run=dry_run, restart=not no_restart)
+                        replace=replace, dry_run=dry_run, restart=not no_restart, restart_engine=restart_engine)
     if json_out:
         emit_json(res.to_dict())
         return

@@ -14,19 +14,21 @@ from provision.commands.runtime_cmds import _discover
 from provision.errors import GpuprovError, UsageError
 from provision.fsutil import SHARED_DIR_HELP, SHARED_DIR_OPTION, write_file
 from provision.hostlock import host_lock
-from provision.inject.settings import load_settings
+from provision.inject.settings import load_settings, set_setting, settings_path
 from provision.k8s import node
 from provision.k8s.labels import NFD_FILE, gfd_labels, kubelet_flag, nfd_file
 from provision.k8s.manifests import NodeSettings, decide_sharing, decide_strategy, render_all
 from provision.k8s.node import CDI_SPEC, installed_engine_has_cdi, write_if_changed
 from provision.metrics import nvml
-from provision.options import rule
+from provision.options import check_choice, rule
 from provision.output import emit_json, kv
 from provision.share import mps
 
 k8s_app = typer.Typer(help="Kubernetes GPU nodes: CRI handler, CDI, node labels, RuntimeClass, device plugin config.",
                       no_args_is_help=True)
 
+LABEL_FORMATS = ("nfd", "kubelet", "json")
+SHARING_METAVAR = "auto|none|time-slicing|mps"
 SHARING_HELP = "auto (gpuprov share state) | none | time-slicing | mps (the device plugin's own MPS daemon)."
 STRATEGY_HELP = "auto | envvar | volume-mounts | cdi-annotations (how the device plugin passes GPUs to the runtime)."
 
@@ -48,14 +50,16 @@ def _labels(sharing: str, replicas: Optional[int]) -> dict[str, str]:
 
 @k8s_app.command("labels")
 def labels_cmd(
-    fmt: str = typer.Option("nfd", "--format", help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
+    fmt: str = typer.Option("nfd", "--format", metavar="|".join(LABEL_FORMATS),
+                            help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
     write: bool = typer.Option(False, "--write", help="Write the NFD local-source file "
                                "/etc/kubernetes/node-feature-discovery/features.d/gpuprov (atomic)."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
 ) -> None:
     """This node's GPU labels in GPU Feature Discovery's format (product, memory, count, family, compute capability,
     CUDA driver/runtime versions, sharing strategy and replicas, MIG capability)."""
+    check_choice(fmt, LABEL_FORMATS, "--format")  # before anything is written
     labels = _labels(sharing, replicas)
     if write:
         with host_lock("k8s labels --write"):
@@ -65,25 +69,37 @@ def labels_cmd(
         print(nfd_file(labels), end="")
     elif fmt == "kubelet":
         print(kubelet_flag(labels))
-    elif fmt == "json":
-        emit_json(labels)
     else:
-        raise UsageError(f"--format {fmt!r}: use nfd, kubelet or json")
+        emit_json(labels)
+
+
+def _check_output_dir(out: Path) -> None:
+    """--output names a directory, or one to create: the first part of it that exists must be a directory (exit 2
+    before anything is rendered or written, not NotADirectoryError halfway)."""
+    for p in (out, *out.parents):
+        if os.path.lexists(p):
+            if not p.is_dir():
+                raise UsageError(f"--output {out}: {p} is not a directory; name a directory to write the manifests "
+                                 "into")
+            return
 
 
 @k8s_app.command("manifests")
 def manifests_cmd(
     output: Optional[str] = typer.Option(None, "--output", metavar="DIR", callback=rule("path"), help="Write the files into DIR "
                                          "(default: print them)."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
-    strategy: str = typer.Option("auto", "--device-list-strategy", help=STRATEGY_HELP),
+    strategy: str = typer.Option("auto", "--device-list-strategy", metavar="auto|envvar|volume-mounts|cdi-annotations",
+                                  help=STRATEGY_HELP),
     namespace: str = typer.Option("nvidia-device-plugin", "--namespace", callback=rule("namespace"),
                                   help="The device plugin's namespace."),
     allow_shared_dir: bool = typer.Option(False, SHARED_DIR_OPTION, help=SHARED_DIR_HELP),
 ) -> None:
     """RuntimeClass `nvidia`, and the NVIDIA device plugin's config (file, ConfigMap, Helm values) from gpuprov's
     sharing and runtime settings."""
+    if output is not None:
+        _check_output_dir(Path(output))
     s = _settings()
     files = render_all(s, decide_sharing(s, sharing, replicas), decide_strategy(s, strategy), namespace)
     if output is None:
@@ -98,13 +114,14 @@ def manifests_cmd(
 
 @k8s_app.command("node")
 def node_cmd(
-    engine: str = typer.Option("auto", "--engine", help="containerd | crio | auto"),
+    engine: str = typer.Option("auto", "--engine", metavar="containerd|crio|auto", help="containerd | crio | auto"),
     config: Optional[str] = typer.Option(None, "--config", callback=rule("path"),
                                          help="The engine's main config (default: its own)."),
     default: bool = typer.Option(False, "--default", help="Make `nvidia` the default CRI handler (pods then need "
                                  "no runtimeClassName)."),
-    cdi: bool = typer.Option(True, "--cdi/--no-cdi", help="Enable CDI in the engine and write the spec."),
-    sharing: str = typer.Option("auto", "--sharing", help=SHARING_HELP),
+    cdi: bool = typer.Option(True, "--cdi/--no-cdi", help="Enable CDI in the engine and write the spec (on here, "
+                             "unlike bootstrap's --cdi: the device plugin's CDI strategies need it)."),
+    sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
     runtime_path: Optional[str] = typer.Option(None, "--runtime-path", callback=rule("abs_path"),
                                                help="Default: the installed gpuprov-runtime."),
@@ -112,15 +129,23 @@ def node_cmd(
                                             help="Also write the manifests here."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; change nothing."),
     json_out: bool = typer.Option(False, "--json"),
+    env_unprivileged: bool = typer.Option(False, "--accept-env-unprivileged", help="Keep letting unprivileged "
+                                          "pods pick GPUs with NVIDIA_VISIBLE_DEVICES (single-tenant nodes only)."),
 ) -> None:
     """Prepare this containerd/CRI-O node for GPU pods: handler `nvidia` (drop-in), CDI spec and its refresh at boot,
-    GPU labels for NFD. Idempotent: a second run changes nothing."""
+    GPU labels for NFD; the runtime's accept_env_unprivileged off (a pod gets only the GPUs the device plugin gave
+    it) unless --accept-env-unprivileged. Idempotent: a second run changes nothing."""
     with host_lock("k8s node"):
-        _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out)
+        _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out,
+              env_unprivileged)
 
 
-def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out) -> None:
+def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out,
+          env_unprivileged=False) -> None:
     name = node.pick_engine(engine)
+    # Multi-tenant: any pod can set NVIDIA_VISIBLE_DEVICES=all in its image or spec and, with the setting on, get
+    # every GPU of the node, the other tenants' included; off, only the device plugin's /dev/null mounts count.
+    env_changed = set_setting("accept_env_unprivileged", env_unprivileged, dry_run=dry_run)
     s = _settings(engine_cdi=cdi and node.engine_has_cdi(name))
     sharing_d = decide_sharing(s, sharing, replicas)
     try:
@@ -136,6 +161,9 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
             print(f"warning: no CDI spec now: {exc}", file=sys.stderr)
     res = node.setup(name, runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
                      dry_run=dry_run, disc=disc, labels=labels, config=config)
+    if env_changed:
+        res.changed.append(f"{'would set' if dry_run else 'set'} accept_env_unprivileged "
+                           f"{str(env_unprivileged).lower()} in {settings_path()}")
     if manifests and not dry_run:
         manifests_cmd(output=manifests, sharing=sharing, replicas=replicas, strategy="auto",
                       namespace="nvidia-device-plugin", allow_shared_dir=False)

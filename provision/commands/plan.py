@@ -76,6 +76,9 @@ OPTS = dict(
     allow_remove=typer.Option(False, "--allow-remove", help="Let a package install remove installed packages "
                               "(apt's or dnf's conflict resolution). Without it, an install that would remove any "
                               "stops before it runs: exit 14, the packages named."),
+    restart_engine=typer.Option(False, "--restart-engine", help="Let gpuprov restart dockerd where a change needs it "
+                                "(--cdi, a newer --gpus hook) although that stops its running containers "
+                                "(live-restore off). Without it such a run stops before it writes anything: exit 14."),
     only=typer.Option(None, "--only", help="Only these stages, a comma list of driver, engine, runtime, validate "
                       "(the fleet role's tags)."),
     mirror=typer.Option([], "--mirror", help="NAME=URL: fetch repository NAME (elrepo, epel, cuda, docker-ce) from "
@@ -91,14 +94,15 @@ def plan_cmd(
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
-    allow_remove: bool = OPTS["allow_remove"], only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
+    allow_remove: bool = OPTS["allow_remove"], restart_engine: bool = OPTS["restart_engine"],
+    only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
     opt = Options.parse(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         replace_runtime=replace_runtime, allow_remove=allow_remove, only=only, mirror=mirror,
-                        for_gpus=for_gpus, kernels=kernels)
+                        for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -123,7 +127,8 @@ def bootstrap_cmd(
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
     no_default: bool = OPTS["no_default"], cdi: bool = OPTS["cdi"], replace_runtime: bool = OPTS["replace_runtime"],
-    allow_remove: bool = OPTS["allow_remove"], only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
+    allow_remove: bool = OPTS["allow_remove"], restart_engine: bool = OPTS["restart_engine"],
+    only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
     root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
                               help="With --dry-run or --check: plan or check the host tree "
@@ -133,7 +138,7 @@ def bootstrap_cmd(
     opt = Options.parse(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         no_validate=no_validate, replace_runtime=replace_runtime, allow_remove=allow_remove,
-                        only=only, mirror=mirror, for_gpus=for_gpus, kernels=kernels)
+                        only=only, mirror=mirror, for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine)
     if dry_run or check:  # they only report: no lock, no resume, no write
         _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
         return
@@ -222,14 +227,16 @@ def _print_check(doc: dict, json_out: bool, resume: Resume | None = None) -> Non
         doc = {**doc, "resume": resume.to_dict()}
     if json_out:
         emit_json(doc)
-        return
-    if resume:
-        print(f"Before the steps: {resume.bootstrap}")
-    for item in doc["steps"]:
-        print(f"{'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
-        if item.get("diff"):
-            print(item["diff"].rstrip("\n"))
-    print(f"{doc['would_change']} step(s) would change")
+    else:
+        if resume:
+            print(f"Before the steps: {resume.bootstrap}")
+        for item in doc["steps"]:
+            print(f"{'FAIL  ' if item.get('error') else 'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
+            if item.get("diff"):
+                print(item["diff"].rstrip("\n"))
+        print(f"{doc['would_change']} step(s) would change" + (", and the run would stop" if doc["stop"] else ""))
+    if doc["stop"]:  # the real run's line and exit code, after the report
+        raise errors.GpuprovError(doc["stop"]["error"], exit_code=doc["stop"]["exit_code"])
 
 
 def register(app: typer.Typer) -> None:

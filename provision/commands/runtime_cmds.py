@@ -37,7 +37,7 @@ def runtime_install(
     prefix: str = typer.Option("/usr/local", callback=rule("abs_path"),
                                help="Install gpuprov-runtime and the --gpus hook under PREFIX/bin."),
     runc: Optional[str] = typer.Option(None, callback=rule("abs_path"),
-                                       help="Low-level runtime to hand over to (default: runc on PATH)."),
+                                       help="Low-level runtime to hand over to (default: runc on PATH, else crun)."),
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"),
                                          help="Driver root (default: detected: /, /usr/local/nvidia…)."),
     dev_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /dev lives (tests)."),
@@ -75,7 +75,7 @@ def cdi_generate(
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
     output: Optional[Path] = typer.Option(None, callback=rule("path"),
                                           help="Write here (default: stdout), e.g. /etc/cdi/nvidia.yaml."),
-    fmt: str = typer.Option("yaml", "--format", help="yaml|json"),
+    fmt: str = typer.Option("yaml", "--format", metavar="yaml|json", help="yaml | json"),
 ) -> None:
     """Write a CDI spec (kind nvidia.com/gpu; devices by index, UUID and `all`; every capability's files)."""
     if fmt not in ("yaml", "json"):

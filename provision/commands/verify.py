@@ -12,7 +12,7 @@ from provision.verify.checks import LocalHost, prepare_image, run_checks
 
 
 def verify_cmd(json_out: bool = typer.Option(False, "--json"),
-               prepare: Optional[str] = typer.Option(None, "--prepare", hidden=True,
+               prepare: Optional[str] = typer.Option(None, "--prepare", hidden=True, metavar="ENGINE",
                                                      help="Only build the check image for ENGINE (docker | "
                                                      "containerd | podman) from this host's files (the fleet suite "
                                                      "uses it).")

@@ -298,6 +298,24 @@ def _nvidia_repo(entry, branch, modules, target, pin) -> tuple[tuple[str, ...], 
     return nvidia_repo_packages(branch, modules, target), None, None
 
 
+def packaged_branches(target: Target, source: str | None = None) -> tuple[int, ...]:
+    """The driver branches `--driver BRANCH` can name on this target from this source (newest first), whatever the
+    GPU: the same tables decide_gpu pins from."""
+    src = source or default_source(target)
+    if src == "nvidia":
+        avail = [b for b in NVIDIA_REPO_BRANCHES if b != 470 or (target.el_major or 0) in (7, 8)]
+    elif src == "elrepo":
+        kmods = ELREPO_KMODS.get(target.el_major or 0, {})
+        avail = [int(k) for k in kmods if k.isdigit()] + ([int(newest_branch())] if kmods else [])
+    elif target.os_id == "debian":
+        avail = [int(d.branch) for d in debian.SUITES[target.codename].drivers]
+    elif target.os_id == "ubuntu":
+        avail = list(UBUNTU_BRANCHES[target.version])
+    else:
+        avail = []
+    return tuple(sorted(set(avail), reverse=True))
+
+
 def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto", source: str | None = None,
                address: str | None = None, pin: str | None = None,
                offered: Mapping[str, frozenset[str]] | None = None) -> GpuDecision:

@@ -193,6 +193,9 @@ class Engine(ABC):
     default_config: ClassVar[str]
     daemon_names: ClassVar[tuple[str, ...]]  # the daemon's process name(s) (/proc/PID/comm); the first: its binary
     check_error: str | None = None  # why check() said False (one line, for the error after the roll-back)
+    # A restart of the daemon stops its containers (dockerd without live-restore); containerd's shims and CRI-O's
+    # conmon keep theirs: a restart asked for there needs no --restart-engine consent.
+    restart_stops_containers: ClassVar[bool] = False
     pid_files: ClassVar[tuple[str, ...]] = ()  # where the daemon usually says its pid: looked at first (fast path)
     unit: ClassVar[str | None] = None  # the systemd unit / SysV script that runs the daemon
     ready_argv: ClassVar[tuple[str, ...]] = ()  # the client command that succeeds once the daemon answers
@@ -309,6 +312,11 @@ class Engine(ABC):
     def pending_restart(self, daemon: Daemon) -> str | None:
         """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook)."""
         return None
+
+    def restart_stops(self, daemon: Daemon) -> int:
+        """How many running containers a restart of `daemon` would stop. 0 for engines whose containers outlive
+        their daemon (containerd's shims, CRI-O's conmon); dockerd overrides it."""
+        return 0
 
     @abstractmethod
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:

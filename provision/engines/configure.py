@@ -11,7 +11,7 @@ from pathlib import Path
 
 from provision import engines, record
 from provision.engines.base import EnginePlan, RuntimeRequest
-from provision.errors import ConcurrentEdit, StepFailed
+from provision.errors import ConcurrentEdit, RestartRefused, StepFailed
 from provision.fsutil import EDIT_TRIES, changed_line, seen_as, write_file
 from provision.output import kv
 
@@ -53,7 +53,9 @@ class ConfigureResult:
 
 def configure(engine: str, *, config: str | None = None, runtime_name: str = "nvidia", runtime_path: str,
               default: bool = False, cdi: bool = False, replace: bool = False, dry_run: bool = False,
-              restart: bool = True, unit_root: Path = Path("/")) -> ConfigureResult:
+              restart: bool = True, unit_root: Path = Path("/"), restart_engine: bool = False) -> ConfigureResult:
+    """`restart_engine`: consent to a restart that stops running containers (dockerd without live-restore); without
+    it such a restart is refused (exit 14) before anything is written."""
     eng = engines.get(engine)
     req = RuntimeRequest(runtime_name, runtime_path, default=default, cdi=cdi, replace=replace)
     path = eng.config_path(config, req)
@@ -73,6 +75,8 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
             res.changed = plan.changed or bool(pending)
             return res
         res.changed = True
+        if restart and daemon and not restart_engine and (pending or plan.needs_restart):
+            _refuse_stopping_restart(eng, daemon, pending or ", ".join(str(c) for c in plan.changes if not c.reload))
         try:
             if plan.changed:  # the engine's own check reads files only: it runs with --no-restart too
                 made = _write(eng, plan, path, req, res)
@@ -96,6 +100,18 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
     if verified is not None:
         res.verified = verified
     return res
+
+
+RESTART_OPTION = "--restart-engine"
+
+
+def _refuse_stopping_restart(eng, daemon, why: str) -> None:
+    """A restart the change needs that would stop running containers: exit 14 naming them and the option."""
+    stops = eng.restart_stops(daemon)
+    if stops:
+        raise RestartRefused(f"{eng.name} needs a restart for {why}, and restarting it stops its {stops} running "
+                             f"container(s) (live-restore is off); nothing was changed: run again with "
+                             f"{RESTART_OPTION} to restart it anyway, or turn live-restore on")
 
 
 def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult) -> list[Path]:

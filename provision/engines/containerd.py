@@ -51,6 +51,7 @@ from provision.engines.base import (
     read_config,
     undo_text,
 )
+from provision.engines.dropin import undo_dropin
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import CRI_PLUGIN, spec
 from provision.facts.rootfs import under
@@ -637,12 +638,15 @@ class ContainerdEngine(Engine):
 
     def unplan(self, path: Path, entry: dict | None, *, root: Path = Path("/")) -> EnginePlan:
         """The `imports` entry out of the main config (unimport: first, so that it never names a missing file),
-        then gpuprov's drop-in removed; the conf.d directory gpuprov created goes with the step (uninstall)."""
+        then gpuprov's drop-in removed (only gpuprov's keys out of it, and the import kept, where the operator added
+        to it: dropin.undo_dropin); the conf.d directory gpuprov created goes with the step (uninstall)."""
         dropin = dropin_path(path)
-        edits, removals, changes = [], [], []
+        files = (entry or {}).get("files", {})
+        undo = undo_dropin(dropin, read_config(_at(root, dropin)), (files.get(str(dropin)) or {}).get("written"),
+                           HEADER.splitlines(), reload=False)  # containerd reads it only at start
+        edits, removals, changes = list(undo.edits), list(undo.removals), list(undo.changes)
         current = read_config(_at(root, path))
-        if current is not None:
-            files = (entry or {}).get("files", {})
+        if current is not None and dropin in undo.removals:  # a drop-in that keeps the operator's keys stays imported
             new = unimport(path, current, dropin, files.get(str(path)), root)
             if new is not None:
                 if new == "":
@@ -650,13 +654,11 @@ class ContainerdEngine(Engine):
                 else:
                     edits.append(FileEdit(path, current, new))
                 changes.append(Change("imports", f"- {dropin}", reload=False))
-        if (read_config(_at(root, dropin)) or "").startswith(HEADER):
-            removals.append(dropin)
-            changes.append(Change(str(dropin), "removed", reload=False))  # containerd reads it only at start
-        return EnginePlan(edits, changes, removals=removals)
+        return EnginePlan(edits, changes, removals=sorted(removals, key=lambda p: p != path))
 
     def apply_how(self, restart: bool) -> str:
-        return "systemctl restart containerd (it reads its config only at start)"
+        return ("systemctl restart containerd (it reads its config only at start; running containers keep running: "
+                "their shims outlive it)")
 
     def check(self, path: Path, req: RuntimeRequest) -> bool | None:
         if not (self.binary and self.binary.path):

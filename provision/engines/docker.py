@@ -33,7 +33,8 @@ from provision.engines.base import (
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
 from provision.facts.engines import spec
-from provision.facts.rootfs import under
+from provision.facts.rootfs import read_text_file, under
+from provision.fsutil import write_file
 
 SPEC = spec("docker")  # binary, default config, its flag, packages, units: facts/engines.py's one table
 DAEMON_JSON = SPEC.config
@@ -42,6 +43,12 @@ UNIT_FILES = ("/lib/systemd/system/docker.service", "/usr/lib/systemd/system/doc
 DROPIN_DIR = "/etc/systemd/system/docker.service.d"
 CONTAINERS = "/var/lib/docker/containers"  # dockerd's own store: <id>/config.v2.json (name, labels)
 RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")  # the runtimes the live dockerd lists
+# What the live dockerd runs new containers with: its runtimes (name -> path), a space, its default (a JSON string:
+# runtime names hold no spaces).
+LIVE = ("docker", "info", "--format", "{{json .Runtimes}} {{json .DefaultRuntime}}")
+# The containers that still run under a runtime (uninstall: the runtime's binary must outlive them).
+RUNNING = ("docker", "ps", "-q", "--no-trunc")
+INSPECT_RUNTIME = ("docker", "inspect", "--format", "{{.Name}} {{.HostConfig.Runtime}}")
 # dockerd flags that have a daemon.json twin; both at once stops dockerd ("directives are specified both as a
 # flag and in the configuration file").
 FLAG_KEYS = {
@@ -158,7 +165,8 @@ def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = Non
                        if isinstance(e, dict) and e.get("path") not in runtime_paths})
     ours = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") in runtime_paths]
     # dockerd's reload (SIGHUP) applies `runtimes` and `default-runtime` only when the file sets them: a key taken
-    # out of the file keeps its old value in the running daemon (seen with docker.io 20.10), so that needs a restart.
+    # out of the file keeps its old value in the running daemon (seen with docker.io 20.10). DockerEngine.reload_live
+    # sets them for one more reload instead of restarting dockerd (which stops containers without live-restore).
     for name in ours:
         if name in theirs:
             runtimes[name] = copy.deepcopy(theirs[name])  # --replace-runtime took it: the operator's entry again
@@ -168,15 +176,14 @@ def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = Non
             changes.append(Change(f"runtimes.{name}", "removed"))
     if ours and not runtimes and "runtimes" not in before:
         del doc["runtimes"]
-        changes.append(Change("runtimes", "removed", reload=False))
+        changes.append(Change("runtimes", "removed"))
     default = doc.get("default-runtime")
     if default in ours and before.get("default-runtime") != default:
         if "default-runtime" in before:
             doc["default-runtime"] = before["default-runtime"]
         else:
             del doc["default-runtime"]
-        changes.append(Change("default-runtime", before.get("default-runtime", "removed"),
-                              reload="default-runtime" in doc))
+        changes.append(Change("default-runtime", before.get("default-runtime", "removed")))
     feats, theirs_feats = doc.get("features"), before.get("features") or {}
     ours_cdi = ((written or {}).get("features") or {}).get("cdi") is True and theirs_feats.get("cdi") is not True
     if old is not None and isinstance(feats, dict) and feats.get("cdi") is True and ours_cdi:
@@ -191,31 +198,85 @@ def unmerge(doc: dict, *, runtime_paths: tuple[str, ...], old: dict | None = Non
 
 
 def unit_flags(root: Path = Path("/")) -> dict[str, str]:
-    """daemon.json keys that the docker.service unit (or its drop-ins) also sets as dockerd flags -> the file."""
+    """daemon.json keys that dockerd also gets as flags from its unit -> where the flag is set. The command line is
+    the unit's ExecStart (the last one, drop-ins included) with its $VARS expanded from the unit's Environment= and
+    EnvironmentFile= as systemd expands them: Debian's docker.io runs `dockerd -H fd:// $DOCKER_OPTS` with
+    `EnvironmentFile=-/etc/default/docker`, so a flag in DOCKER_OPTS is one dockerd gets."""
     files = [root / p.lstrip("/") for p in UNIT_FILES]
     dropins = root / DROPIN_DIR.lstrip("/")
     if dropins.is_dir():
         files += sorted(dropins.glob("*.conf"))
-    found: dict[str, str] = {}
+    execs: list[tuple[str, str]] = []  # (command line, the unit file it is in)
+    inline: dict[str, tuple[str, str]] = {}  # Environment=: name -> (value, where)
+    env_files: list[str] = []
     for f in files:
         try:
-            text = f.read_text()
+            text = read_text_file(f).replace("\\\n", " ")
         except OSError:
             continue
-        execs = [m.group(1) for m in re.finditer(r"^\s*ExecStart\s*=\s*(.*)$", text, re.M)]
-        for line in execs:
-            if not line.strip():
-                found.clear()  # `ExecStart=` resets the command in drop-ins
-                continue
-            try:
-                words = shlex.split(line.replace("\\\n", " "))
-            except ValueError:
-                words = line.split()
-            for w in words:
-                flag = w.split("=", 1)[0]
-                if flag in FLAG_KEYS:
-                    found[FLAG_KEYS[flag]] = str(f)
+        for key, val in re.findall(r"^\s*(ExecStart|Environment|EnvironmentFile)\s*=[ \t]*(.*)$", text, re.M):
+            if key == "ExecStart":
+                execs[:] = [(val, str(f))] if val.strip() else []  # `ExecStart=` resets the command in drop-ins
+            elif key == "EnvironmentFile":
+                env_files[:] = [*env_files, val.strip()] if val.strip() else []
+            elif not val.strip():
+                inline.clear()
+            else:
+                inline.update({k: (v, str(f)) for k, v in _assignments(_words(val))})
+    env = {**inline, **_env_files(root, env_files)}  # systemd: EnvironmentFile= wins over Environment=
+    found: dict[str, str] = {}
+    for line, unit in execs:
+        for w, where in _expand(_words(line), env, unit):
+            flag = w.split("=", 1)[0]
+            if flag in FLAG_KEYS:
+                found[FLAG_KEYS[flag]] = where
     return found
+
+
+def _words(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return line.split()
+
+
+def _assignments(words: list[str]) -> list[tuple[str, str]]:
+    return [(k, v) for k, sep, v in (w.partition("=") for w in words) if sep and re.fullmatch(r"\w+", k)]
+
+
+def _env_files(root: Path, names: list[str]) -> dict[str, tuple[str, str]]:
+    """EnvironmentFile= lines' KEY=VALUE assignments (a leading `-`: the file may be missing), later files winning."""
+    env: dict[str, tuple[str, str]] = {}
+    for name in names:
+        path = under(root, name.lstrip("-"))
+        try:
+            text = read_text_file(path)
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.lstrip().startswith(("#", ";")):
+                continue
+            env.update({k: (v, str(path)) for k, v in _assignments(_words(line))})
+    return env
+
+
+VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")  # ${NAME} or $NAME in an ExecStart word
+
+
+def _expand(words: list[str], env: dict[str, tuple[str, str]], unit: str) -> list[tuple[str, str]]:
+    """ExecStart's words with systemd's expansion: a word that is only `$NAME` becomes the value's words, `${NAME}`
+    (or `$NAME` inside a word) the value; each with where it was set."""
+    out: list[tuple[str, str]] = []
+    for w in words:
+        bare = re.fullmatch(r"\$(\w+)", w)
+        if bare:
+            value, where = env.get(bare.group(1), ("", unit))
+            out += [(v, f"{where} (${bare.group(1)}, which {unit} passes to dockerd)") for v in value.split()]
+            continue
+        names = [a or b for a, b in VAR.findall(w)]
+        where = next((env[n][1] for n in names if n in env), unit)
+        out.append((VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ("", ""))[0], w), where))
+    return out
 
 
 def conflicts(doc: dict, flags: dict[str, str]) -> list[str]:
@@ -240,6 +301,7 @@ def cdi_warning() -> list[str]:
 
 
 class DockerEngine(Engine):
+    restart_stops_containers = True  # unless live-restore (restart_stops counts them)
     name = "docker"
     title = "Docker"
     default_config = DAEMON_JSON
@@ -326,8 +388,9 @@ class DockerEngine(Engine):
             clashes = conflicts(parse(m.text, str(path)), unit_flags(unit_root))
             ours = [c for c in clashes if c.split("'")[1] in ("runtimes", "default-runtime", "features")]
             if ours:
-                raise ConfigInvalid("; ".join(ours) + ": dockerd would refuse to start. Remove the flag from the "
-                                    "unit (systemctl edit docker) or leave this key out; daemon.json was not changed")
+                raise ConfigInvalid("; ".join(ours) + ": dockerd would refuse to start. Remove the flag where it "
+                                    "is set (the unit: systemctl edit docker) or leave this key out; daemon.json was "
+                                    "not changed")
             warnings = clashes
         if req.cdi:
             warnings += cdi_warning()
@@ -381,6 +444,87 @@ class DockerEngine(Engine):
             return self.restart(daemon)
         os.kill(daemon.pid, signal.SIGHUP)
         return f"reloaded dockerd (SIGHUP to pid {daemon.pid})"
+
+    live_argv = LIVE
+
+    def restart_stops(self, daemon: Daemon) -> int:
+        """The containers dockerd runs now, unless live-restore keeps them through a restart (`docker info`)."""
+        if not daemon.in_our_mount_namespace():
+            return 0  # its client would ask another daemon; nothing to count
+        r = effects.try_run(["docker", "info", "--format", "{{.LiveRestoreEnabled}} {{.ContainersRunning}}"],
+                            timeout=20)
+        words = r.stdout.split() if r and r.returncode == 0 else []
+        return int(words[1]) if len(words) == 2 and words[0] == "false" and words[1].isdigit() else 0
+
+    def live(self) -> tuple[dict[str, str], str] | None:
+        """(runtime name -> path, default runtime) as the live dockerd reports them (`docker info`); None: no
+        answer."""
+        r = effects.try_run(list(LIVE), timeout=20)
+        try:
+            rts, _, default = r.stdout.strip().rpartition(" ") if r and r.returncode == 0 else (None, "", None)
+            return {n: (e or {}).get("path", "") for n, e in json.loads(rts).items()}, json.loads(default)
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+    def stale(self, path: Path, runtime_paths: tuple[str, ...]) -> list[str] | None:
+        """What the live dockerd that reads `path` still has of gpuprov's that the file no longer says: a runtime
+        whose path is one of `runtime_paths` and that the file does not register, a default the file does not set
+        (dockerd's reload keeps a key taken out of the file). [] when it agrees; None: cannot tell."""
+        live = self.live()
+        if live is None:
+            return None
+        rts, default = live
+        doc = parse(read_config(path) or "", str(path))
+        mine = doc.get("runtimes") if isinstance(doc.get("runtimes"), dict) else {}
+        out = [f"runtime {n}" for n, p in rts.items() if p in runtime_paths and n not in mine]
+        want = doc.get("default-runtime") or "runc"
+        if default != want and "default-runtime" not in unit_flags():
+            out.append(f"default runtime {default}")
+        return out
+
+    def reload_live(self, daemon: Daemon, path: Path, runtime_paths: tuple[str, ...]) -> str:
+        """SIGHUP; then, where the daemon still names what the file no longer says (stale: dockerd's reload applies
+        `runtimes` and `default-runtime` only when the file sets them), the file once more with those keys set to
+        what remains (`runtimes` as in the file or {}, `default-runtime` runc), SIGHUP again, and the file written
+        back as it was. Running containers are never touched: no restart."""
+        os.kill(daemon.pid, signal.SIGHUP)
+        done = f"reloaded dockerd (SIGHUP to pid {daemon.pid}; running containers untouched)"
+        if not daemon.in_our_mount_namespace():
+            return done  # `docker info` would ask another daemon
+        if effects.wait_for(lambda: self.stale(path, runtime_paths) == [], 3):
+            return done
+        text = read_config(path) or ""
+        doc = parse(text or "{}", str(path))
+        keys = {"runtimes": doc.get("runtimes") or {}}
+        if "default-runtime" not in unit_flags():
+            keys["default-runtime"] = doc.get("default-runtime") or "runc"
+        write_file(path, dump_json({**doc, **keys}, path), backup=False)
+        try:
+            os.kill(daemon.pid, signal.SIGHUP)
+            ok = effects.wait_for(lambda: self.stale(path, runtime_paths) == [], 30)
+        finally:
+            if text:
+                write_file(path, text, backup=False)
+            else:
+                os.unlink(path)
+        if not ok:
+            raise StepFailed(f"dockerd (pid {daemon.pid}) still names {', '.join(self.stale(path, runtime_paths) or [])}"
+                             f" after two reloads; restart it (systemctl restart docker) once its containers may stop")
+        return done + f"; {', '.join(keys)} set for one more reload and {path} written back"
+
+    def users(self, names: tuple[str, ...]) -> list[str] | None:
+        """The running containers whose runtime is one of `names` (`docker inspect`); None: no answer."""
+        r = effects.try_run(list(RUNNING), timeout=20)
+        if r is None or r.returncode != 0:
+            return None
+        ids = r.stdout.split()
+        if not ids:
+            return []
+        r = effects.try_run([*INSPECT_RUNTIME, *ids], timeout=30)
+        if r is None or r.returncode != 0:
+            return None
+        return [ln.split()[0].lstrip("/") for ln in r.stdout.splitlines() if len(ln.split()) == 2
+                and ln.split()[1] in names]
 
     def restart(self, daemon: Daemon) -> str:
         """Through the unit that runs it (the packages' docker.service, the snap's), else the same way as before

@@ -107,15 +107,6 @@ def conflicts(dropin: Path, req: RuntimeRequest) -> None:
                                   "or add --replace-runtime (nothing was changed)")
 
 
-def registered(text: str, name: str) -> str | None:
-    """The path runtime `name` has in a drop-in's text (verify reads gpuprov's on the node); None: not there."""
-    try:
-        paths = _runtime_paths(tomlkit.parse(text).unwrap(), name)
-    except Exception:  # tomlkit's ParseError subclasses: not a file Podman reads either
-        return None
-    return str(paths[0]) if paths else None
-
-
 def effective(dropin: Path) -> dict:
     """engine.runtime and engine.runtimes as Podman folds its system files (later files win key by key)."""
     runtimes: dict = {}
@@ -126,6 +117,27 @@ def effective(dropin: Path) -> dict:
         more = engine.get("runtimes", {})
         runtimes.update(more if isinstance(more, dict) else {})
     return {"runtime": default, "runtimes": runtimes}
+
+
+def runtime_info(name: str) -> list[str]:
+    """The binary Podman runs for `--runtime NAME`, as Podman resolves it."""
+    return ["podman", "--runtime", name, "info", "--format", "{{.Host.OCIRuntime.Path}}"]
+
+
+def asked_podman(run, req: RuntimeRequest) -> str | None:
+    """None when Podman itself runs req.path for `--runtime NAME` (and, with --default, has NAME as its default);
+    else why not, in one line. `run(argv)` returns a CompletedProcess-like result or None (not runnable)."""
+    r = run(runtime_info(req.name))
+    got = r.stdout.strip() if r is not None and r.returncode == 0 else None
+    if got != req.path:
+        said = got or ((r.stderr or r.stdout).strip()[-160:] if r is not None else "did not run")
+        return f"`podman --runtime {req.name} info` says {said}, not {req.path}"
+    if req.default:
+        r = run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"])
+        name = r.stdout.strip() if r is not None and r.returncode == 0 else None
+        if name != req.name:
+            return f"`podman info` has default OCI runtime {name!r}, not {req.name!r}"
+    return None
 
 
 class PodmanEngine(dropin.DropinEngine):
@@ -169,11 +181,16 @@ class PodmanEngine(dropin.DropinEngine):
 
     def node_runtime(self, run: base.Run, probe: object, name: str,
                      runtime_path: str) -> tuple[str | None, str | None]:
-        rc, out, _ = run(["cat", dropin_path()])
-        path = registered(out, name) if rc == 0 else None
-        if path is None:
-            return None, (f"runtime {name!r} is not in {dropin_path()}: run gpuprov engine configure podman (GPUs "
-                          "through CDI need no runtime)")
+        """What Podman itself runs for `--runtime NAME` (its merged configuration, every file of the operator's
+        included), never what gpuprov's drop-in says."""
+        rc, out, err = run(runtime_info(name))
+        path = out.strip() if rc == 0 else ""
+        if not path:
+            return None, (f"`{' '.join(runtime_info(name))}` fails ({(err or out).strip()[-160:]}): run gpuprov "
+                          "engine configure podman (GPUs through CDI need no runtime)")
+        if path != runtime_path:
+            return None, (f"Podman runs {path} for --runtime {name}, not {runtime_path}: a file read after "
+                          f"{dropin_path()} sets engine.runtimes.{name} (podman info shows the merged value)")
         return path, None
 
     def check_container_argv(self, cid: str, env: dict[str, str], argv: list[str], runtime_path: str, rootfs: str,
@@ -195,6 +212,15 @@ class PodmanEngine(dropin.DropinEngine):
 
     # --- its config ---------------------------------------------------------------------------------------------
 
+    def config_path(self, config: str | None, req: RuntimeRequest) -> Path:
+        """As the drop-in engines have it, and then only a file Podman reads: `NAME.conf` in a `containers.conf.d`
+        directory (exit 2 otherwise: a file Podman never reads would be written and "verified")."""
+        p = super().config_path(config, req)
+        if p.suffix != ".conf" or p.parent.name != Path(DROPIN_DIR).name:
+            raise UsageError(f"--config {config}: Podman reads only *.conf files in a containers.conf.d directory "
+                             f"(e.g. {dropin_path()}), so it would never read {p}; name such a file or directory")
+        return p
+
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
         old = dropin.read_ours(path, req)
         conflicts(path, req)
@@ -208,7 +234,12 @@ class PodmanEngine(dropin.DropinEngine):
         return EnginePlan([FileEdit(path, old, text)], changes)
 
     def check(self, path: Path, req: RuntimeRequest) -> bool | None:
-        """Podman's merged system configuration over every file as written has the runtime (and the default)."""
+        """Podman itself, for the system drop-in directory it reads (`podman --runtime NAME info`: the binary it
+        would run; `podman info`: its default), when podman is here; else, for a drop-in in another tree, Podman's
+        merged system configuration over every file as written (read_order, effective)."""
+        if same_file(path.parent, Path(DROPIN_DIR)) and effects.which("podman"):
+            self.check_error = asked_podman(lambda argv: effects.try_run(argv, timeout=60), req)
+            return self.check_error is None
         merged = effective(path)
         if merged["runtimes"].get(req.name) != [req.path]:
             self.check_error = f"Podman's merged configuration does not have runtime {req.name!r} -> {req.path}"

@@ -109,6 +109,14 @@ def os_release_fields(data: bytes) -> dict[str, str]:
     return {k.lower(): v for k, sep, v in (w.partition("=") for w in words) if sep}
 
 
+def read_host_root(root: Path) -> DistroFacts:
+    """A `--root` that must be a host tree (a directory with a readable os-release): its distro, else exit 3 in one
+    line, the same for every command that takes one (detect, plan, uninstall)."""
+    if not root.is_dir():
+        raise HostUnreadable(f"--root {root} is not a directory: pass the root of a host tree")
+    return read_distro(root)
+
+
 def read_distro(root: Path) -> DistroFacts:
     files = _release_files(root)
     os_rel = next((c for c in ("etc/os-release", "usr/lib/os-release") if c in files), None)

@@ -13,8 +13,10 @@ from provision.facts.packages import dpkg_installed
 from provision.facts.rootfs import is_live, read_bytes_bounded, read_first_line, read_text, under
 
 # Where a driver root keeps its libraries (a root of its own like /usr/local/nvidia, or a distro's /). The runtime's
-# capability table (inject/capabilities.py) uses the same list: facts is the lower layer, so it lives here.
-DRIVER_LIB_DIRS = ("lib64", "lib", "usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
+# capability table (inject/capabilities.py) uses the same list: facts is the lower layer, so it lives here. Debian's
+# packaged driver keeps libcuda, NVML, GLX… in nvidia/current/ (its alternatives link them into the multiarch dir).
+DRIVER_LIB_DIRS = ("lib64", "lib", "usr/lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu/nvidia/current", "usr/lib64",
+                   "lib/x86_64-linux-gnu")
 SECURE_BOOT_VAR = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 # Where a driver's userspace can live besides `/`: a read-only volume (seen on real GPU VMs), GPU Operator's
 # driver container root, and the classic nvidia-docker 1.0 volume path.

@@ -4,7 +4,7 @@ docker-args."""
 # Where a driver root keeps its 64-bit libraries: facts.driver_facts.DRIVER_LIB_DIRS (discovery reads it when it
 # refreshes; not imported here: every cold GPU start imports this table, never the detect layer).
 # Where it keeps 32-bit ones (the `compat32` capability; a datacentre driver root such as the H200 capture has none).
-DRIVER_LIB32_DIRS = ("lib32", "usr/lib/i386-linux-gnu", "usr/lib32", "usr/lib")
+DRIVER_LIB32_DIRS = ("lib32", "usr/lib/i386-linux-gnu", "usr/lib/i386-linux-gnu/nvidia/current", "usr/lib32", "usr/lib")
 # compat32 libraries go where the image's 32-bit loader looks: Debian's multiarch dir, else /usr/lib (RHEL).
 LIB32_DEST = {"/usr/lib/x86_64-linux-gnu": "/usr/lib/i386-linux-gnu", "/usr/lib64": "/usr/lib"}
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from provision.errors import ConfigInvalid, Unsupported
 from provision.facts.rootfs import MAX_READ, NotRegular, is_live, read_bytes_bounded
 from provision.fsutil import write_file
-from provision.inject import discover, edits
+from provision.inject import discover, edits, nodes
 from provision.inject.capabilities import CAPABILITIES
 from provision.inject.discover import Discovery, Gpu
 
@@ -22,6 +23,7 @@ LIBDIRS = (edits.DEBIAN_LIBDIR, edits.RHEL_LIBDIR)
 SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # what docker, containerd, CRI-O and podman read by default
 SPEC_NAME = "nvidia.yaml"
 MARKER = "GPUPROV_DRIVER_VERSION"  # in every spec gpuprov writes: a file without it is someone else's
+UVM_PATHS = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 def _gpu_edits(g: Gpu) -> dict:
@@ -49,6 +51,11 @@ def generate_spec(disc: Discovery, *, libdirs: tuple[str, ...] = LIBDIRS) -> dic
         if g.uuid:
             gpu_devices.append({"name": g.uuid, "containerEdits": _gpu_edits(g)})
     all_nodes = [n for g in disc.gpus for n in _gpu_edits(g)["deviceNodes"]]
+    control = [edits.device_node(n).cdi() for n in disc.nodes.present()]
+    if disc.gpus and disc.nodes.uvm is None:  # every NVIDIA GPU computes: CUDA needs these, and a spec without them
+        # starts containers where nvidia-smi works and CUDA fails. Listed by path only (no major: nvidia-uvm is not
+        # loaded now), so the engine resolves them when a container starts and refuses it while they are missing.
+        control += [{"path": p, "hostPath": p, "permissions": "rw"} for p in UVM_PATHS]
     return {
         # 0.5.0: the lowest version allowing device names that start with a digit and hostPath on device nodes.
         "cdiVersion": "0.5.0",
@@ -56,7 +63,7 @@ def generate_spec(disc: Discovery, *, libdirs: tuple[str, ...] = LIBDIRS) -> dic
         "devices": gpu_devices + [{"name": "all", "containerEdits": {"deviceNodes": all_nodes}}],
         "containerEdits": {
             "env": ["NVIDIA_VISIBLE_DEVICES=void", f"{MARKER}={disc.version}"],
-            "deviceNodes": [edits.device_node(n).cdi() for n in disc.nodes.present()],
+            "deviceNodes": control,
             "mounts": mounts,
         },
     }
@@ -74,7 +81,11 @@ def refresh_specs(driver_root: str = "/", *, dirs: tuple[str, ...] = SPEC_DIRS, 
                   dev_root: str = "/", gen_dir: str | None = None) -> list[str]:
     """(Re)write DIR/nvidia.yaml in each of `dirs` from the running driver; returns the files that changed (none
     when the driver did not change). Refuses to replace a spec that gpuprov did not write (e.g. nvidia-ctk's).
-    Kubernetes node set-up calls this; so does `gpuprov cdi refresh` and the gpuprov-cdi-refresh systemd units."""
+    Kubernetes node set-up calls this; so does `gpuprov cdi refresh` and the gpuprov-cdi-refresh systemd units.
+    First nvidia-uvm is loaded and missing nodes made (nodes.prepare_host), so that the spec names them with their
+    numbers."""
+    for line in nodes.prepare_host(proc_root, dev_root):  # at boot these reach the unit's journal
+        print(line, file=sys.stderr)
     disc = discover.discover(driver_root, proc_root=proc_root, dev_root=dev_root)
     if not disc.version:
         raise Unsupported("no NVIDIA driver is loaded (/proc/driver/nvidia/version): no CDI spec to write; "

@@ -1,9 +1,11 @@
 """Discovery: what a driver root offers, as typed records (`Discovery`, one JSON form), precomputed and cached so
-that a container start only reads one small file. Refreshed when the loaded driver's version line changes."""
+that a container start only reads one small file. Refreshed when the host it was built on changes (host_key: the
+loaded driver's version line, its loaded modules, their device majors, the boot)."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -27,7 +29,8 @@ CACHE_FILE = paths.DISCOVERY_CACHE
 # Manifests whose library_path had to be rewritten are written here (root-owned, 0755; persistent, so that a CDI
 # spec in /etc/cdi that names them stays valid across reboots). One sub-directory per driver version.
 GENERATED_DIR = paths.GENERATED_MANIFESTS
-SCHEMA = 3  # the cache file's form; a cache of another schema is a miss (rebuilt). 3: each GPU's arch
+SCHEMA = 4  # the cache file's form; a cache of another schema is a miss (rebuilt). 3: each GPU's arch; 4: brand,
+# userspace (the driver root's version when it does not match the loaded module)
 
 
 # --- the typed result: one JSON form (to_dict/from_dict), read by modify, edits, cdi, k8s and the CLI ---
@@ -63,6 +66,8 @@ class Gpu:
     node: Node  # /dev/nvidiaN
     drm: tuple[Node, ...] = ()  # /dev/dri/card*, renderD* (nvidia-drm loaded)
     arch: str | None = None  # CUDA compute capability as the driver reports it ("9.0" on an H100/H200); None: unknown
+    brand: str | None = None  # the driver's brand (NVML's, as libnvidia-container names it: "nvidia", "tesla",
+    # "quadrortx"…); None: the driver did not say. Never guessed from the model name (NVIDIA_REQUIRE_BRAND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +123,9 @@ class Discovery:
     gpus: tuple[Gpu, ...]
     persistenced: str | None  # nvidia-persistenced's socket on the host, when it runs
     firmware: tuple[Firmware, ...]
-    key: str | None = None  # the cache's version key (version_key()); None outside the cache
+    key: str | None = None  # the cache's host key (host_key()); None outside the cache
+    userspace: str | None = None  # the driver root's userspace version when none of its libraries is the loaded
+    # module's version (an upgrade before the reboot): GPU containers are then refused (edits.mismatch)
 
     def to_dict(self) -> dict:
         """The JSON form: the cache file's and `gpuprov runtime discover --json`'s (schema SCHEMA)."""
@@ -146,12 +153,15 @@ class Discovery:
             "binaries": {c: list(v) for c, v in self.binaries.items()},
             "nodes": {k: node(getattr(self.nodes, a)) for k, a in _NODE_KEYS if getattr(self.nodes, a) is not None},
             "gpus": [{"bus_id": g.bus_id, "uuid": g.uuid, "minor": g.minor, "model": g.model, "index": g.index,
-                      "node": node(g.node), "drm": [node(n) for n in g.drm], "arch": g.arch} for g in self.gpus],
+                      "node": node(g.node), "drm": [node(n) for n in g.drm], "arch": g.arch, "brand": g.brand}
+                     for g in self.gpus],
             "ipc": {"persistenced": self.persistenced} if self.persistenced else {},
             "firmware": [{"path": f.path, "container_path": f.container_path} for f in self.firmware],
         }
         if self.key is not None:
             doc["key"] = self.key
+        if self.userspace is not None:
+            doc["userspace"] = self.userspace
         return doc
 
     def to_json(self) -> str:
@@ -179,6 +189,7 @@ class Discovery:
                 persistenced=_typed(_only(doc["ipc"], _FIELDS["ipc"]).get("persistenced"), str, None),
                 firmware=tuple(_firmware(f) for f in doc["firmware"]),
                 key=_typed(doc.get("key"), str, None),
+                userspace=_typed(doc.get("userspace"), str, None),
             )
         except (KeyError, TypeError, AttributeError) as exc:  # a missing key, an unknown one, a wrong container
             raise ValueError(f"not a discovery document: {type(exc).__name__}: {exc}") from None
@@ -192,10 +203,10 @@ class Discovery:
 # The keys each JSON object may have (to_dict's): anything else is another writer's form, so a miss.
 _FIELDS = {
     "doc": {"schema", "driver_root", "version", "libraries", "libraries32", "manifests", "firmware_needed", "binaries",
-            "nodes", "gpus", "ipc", "firmware", "key"},
+            "nodes", "gpus", "ipc", "firmware", "key", "userspace"},
     "nodes": {k for k, _ in _NODE_KEYS}, "node": {"path", "major", "minor"}, "library": {"name", "path", "soname"},
     "manifest": {"cap", "path", "container_path", "library", "rewrite", "generated"}, "ipc": {"persistenced"},
-    "gpu": {"bus_id", "uuid", "minor", "model", "index", "node", "drm", "arch"},
+    "gpu": {"bus_id", "uuid", "minor", "model", "index", "node", "drm", "arch", "brand"},
     "firmware": {"path", "container_path"},
 }
 
@@ -223,7 +234,8 @@ def _gpu(g: dict) -> Gpu:
     _only(g, _FIELDS["gpu"])
     return Gpu(bus_id=_typed(g["bus_id"], str), uuid=_typed(g["uuid"], str, None), minor=_typed(g["minor"], int),
                model=_typed(g["model"], str, None), index=_typed(g["index"], int), node=_node(g["node"]),
-               drm=tuple(_node(n) for n in g["drm"]), arch=_typed(g.get("arch"), str, None))
+               drm=tuple(_node(n) for n in g["drm"]), arch=_typed(g.get("arch"), str, None),
+               brand=_typed(g.get("brand"), str, None))
 
 
 def _node(n: dict) -> Node:
@@ -508,6 +520,11 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
                                 DRIVER_LIB_DIRS)
     if extra:
         libraries.setdefault("graphics", []).extend(extra)
+    userspace = None
+    if version and not any(lib.name == "libcuda" or lib.name == "libnvidia-ml" for v in libraries.values() for lib in v):
+        from provision.facts.driver_facts import userspace_version  # lazy: 7 ms, loaded by driver_version() above
+
+        userspace = userspace_version(Path(driver_root))  # what is there instead (None: no driver libraries at all)
     disc = Discovery(
         driver_root=driver_root,
         version=version,
@@ -520,6 +537,7 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
         gpus=gpus_from_proc(proc_root, dev_root, nvidia_major),
         persistenced=sock if os.path.exists(sock) else None,
         firmware=firmware,
+        userspace=userspace,
     )
     return with_arches(disc) if arch else disc
 
@@ -530,7 +548,17 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
 # wedged GPU can make NVML block: so the driver root's own nvidia-smi asks NVML, in a child with a deadline, once per
 # loaded driver (the discovery cache keeps the answer). Its `compute_cap` field is there since driver 510.
 ARCH_QUERY = ("--query-gpu=pci.bus_id,compute_cap", "--format=csv,noheader")
+# The brand NVML reports (nvmlDeviceGetBrand, what libnvidia-container compares NVIDIA_REQUIRE_BRAND with): its own
+# query, so that a driver whose nvidia-smi lacks the field loses the brand only, never the arch.
+# The brand as NVML gives it: drivers since 580 refuse `--query-gpu=brand` ("not a valid field", seen on an H100),
+# while every driver's XML report has <product_brand> under each <gpu id="PCI bus id">.
+BRAND_QUERY = ("-q", "-x")
 ARCH_TIMEOUT_S = 5.0
+# nvidia-smi's brand text -> libnvidia-container's name for it; any other is lowercased without spaces ("Quadro RTX"
+# -> quadrortx, "NVIDIA RTX" -> nvidiartx, "NVIDIA" -> nvidia, "Tesla" -> tesla).
+BRAND_NAMES = {"nvidia virtual applications": "nvidiavapps", "nvidia virtual pc": "nvidiavpc",
+               "nvidia virtual compute server": "nvidiavcs", "nvidia rtx virtual workstation": "nvidiavws",
+               "nvidia cloud gaming": "nvidiacloudgaming"}
 
 
 def _pci_key(bus_id: str) -> str:
@@ -562,26 +590,51 @@ def parse_arches(text: str) -> dict[str, str]:
     return out
 
 
+_GPU_BRAND_RE = re.compile(r'<gpu id="([^"]+)">.*?<product_brand>([^<]*)</product_brand>', re.S)
+
+
+def parse_brands(xml: str) -> dict[str, str]:
+    """nvidia-smi -q -x -> {pci key: "nvidia"}; a GPU without a brand (N/A, Unknown) is skipped."""
+    out = {}
+    for bus, brand in _GPU_BRAND_RE.findall(xml):
+        brand = " ".join(brand.split()).lower()
+        if brand and not brand.startswith(("[", "n/a", "unknown")):
+            out[_pci_key(bus)] = BRAND_NAMES.get(brand, brand.replace(" ", ""))
+    return out
+
+
 def gpu_arches(disc: Discovery) -> dict[str, str]:
     """Each GPU's compute capability as the loaded driver reports it ({} when it cannot say within the deadline)."""
+    return parse_arches(_smi_query(disc, ARCH_QUERY))
+
+
+def gpu_brands(disc: Discovery) -> dict[str, str]:
+    """Each GPU's brand as the loaded driver reports it ({} when it cannot say within the deadline)."""
+    return parse_brands(_smi_query(disc, BRAND_QUERY))
+
+
+def _smi_query(disc: Discovery, query: tuple[str, ...]) -> str:
+    """The driver root's own nvidia-smi's answer to `query` ("" when there is none within the deadline)."""
     smi = next((b for b in disc.binaries.get("utility", ()) if b.endswith("/nvidia-smi")), None)
     if not disc.gpus or smi is None or not _trusted_exe(smi):
-        return {}
+        return ""
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
     nvml = next((lib.path for lib in disc.libraries.get("utility", ()) if lib.name == "libnvidia-ml"), None)
     if nvml:  # a driver root outside the host's ld.so.cache (/run/nvidia/driver): its nvidia-smi finds its NVML
         env["LD_LIBRARY_PATH"] = os.path.dirname(nvml)
     from provision import effects  # lazy: 13.4 ms (-X importtime -I -S, min of 15); only a refresh runs a process
 
-    r = effects.try_run([smi, *ARCH_QUERY], timeout=ARCH_TIMEOUT_S, env=env)
-    return parse_arches(r.stdout) if r is not None and r.returncode == 0 else {}
+    r = effects.try_run([smi, *query], timeout=ARCH_TIMEOUT_S, env=env)
+    return r.stdout if r is not None and r.returncode == 0 else ""
 
 
 def with_arches(disc: Discovery) -> Discovery:
-    arches = gpu_arches(disc)
-    if not arches:
+    """Each GPU's arch and brand, from the driver (nvidia-smi asks NVML)."""
+    arches, brands = gpu_arches(disc), gpu_brands(disc)
+    if not arches and not brands:
         return disc
-    return replace(disc, gpus=tuple(replace(g, arch=arches.get(_pci_key(g.bus_id))) for g in disc.gpus))
+    return replace(disc, gpus=tuple(replace(g, arch=arches.get(_pci_key(g.bus_id)), brand=brands.get(_pci_key(g.bus_id)))
+                                    for g in disc.gpus))
 
 
 def kernel_release(proc_root: str = "/") -> str:
@@ -621,9 +674,39 @@ def write_manifests(disc: Discovery, gen_dir: str = GENERATED_DIR) -> Discovery:
     return replace(disc, manifests=tuple(manifests))
 
 
-def version_key(proc_root: str = "/") -> str:
-    """Cheap key that changes when the loaded driver changes: the kernel module's version line."""
-    return _read(_join(proc_root, "proc/driver/nvidia/version")).split("\n", 1)[0]
+def host_key(proc_root: str = "/") -> str:
+    """What a discovery depends on, read on every GPU start: the loaded module's version line, the NVIDIA modules
+    loaded (/proc/modules: nvidia-uvm loaded after the cache was built), their character majors (/proc/devices: a
+    major can move across a reboot) and the boot id. Any change is a miss. Raw reads, bytes only: ~4 small procfs
+    reads and no decoding (bench/editor_bench.py measures it with the rest of a start)."""
+    version = _raw(_join(proc_root, "proc/driver/nvidia/version")).split(b"\n", 1)[0]
+    modules = sorted(line.split(b" ", 1)[0] for line in _raw(_join(proc_root, "proc/modules")).split(b"\n")
+                     if line.startswith(b"nvidia"))
+    devices = _raw(_join(proc_root, "proc/devices"))
+    char = devices[:devices.find(b"Block devices")] if b"Block devices" in devices else devices
+    majors = sorted(line.strip() for line in char.split(b"\n") if b" nvidia" in line)
+    boot = _raw(_join(proc_root, "proc/sys/kernel/random/boot_id")).strip()
+    return b"|".join((version, b",".join(modules), b",".join(majors), boot)).decode(errors="replace")
+
+
+def _raw(path: str, limit: int = 1 << 20) -> bytes:
+    """A procfs file's bytes (b"" when it cannot be read): os.read until the end, without a Python file object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    chunks: list[bytes] = []
+    try:
+        while sum(map(len, chunks)) < limit:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 # The warm editor's last parse of the cache, kept while the file is the same one (inode, size, times): a container
@@ -632,7 +715,7 @@ _parsed: tuple[tuple, Discovery] | None = None
 
 
 def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery | None:
-    """The cached discovery when it is current (same schema, same loaded driver); None is a miss: a missing,
+    """The cached discovery when it is current (same schema, same host_key); None is a miss: a missing,
     older, truncated or garbled cache is rebuilt by the caller (refresh)."""
     global _parsed
     try:  # only a cache nobody but root could have written (a user's rewrite would choose what gets mounted)
@@ -646,12 +729,12 @@ def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery
                 _parsed = (ident, disc)
     except (OSError, ValueError):  # absent, unreadable or untrusted; or not JSON, or not this schema's form
         return None
-    return disc if disc.key == version_key(proc_root) else None
+    return disc if disc.key == host_key(proc_root) else None
 
 
 def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/", dev_root: str = "/") -> Discovery:
     disc = discover(driver_root, proc_root=proc_root, dev_root=dev_root, arch=True)
     disc = replace(write_manifests(disc, os.path.join(os.path.dirname(cache_file), "manifests")),
-                   key=version_key(proc_root))
+                   key=host_key(proc_root))
     write_file(cache_file, disc.to_json(), mode=0o644, keep_mode=False, backup=False)
     return disc

@@ -24,6 +24,7 @@ IPC_OPTS = ("nosuid", "nodev", "noexec", "bind")
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"  # where nvidia-smi and NVML look, host and container
 DEBIAN_LIBDIR = "/usr/lib/x86_64-linux-gnu"
 RHEL_LIBDIR = "/usr/lib64"
+LIBDIR = "/usr/lib"  # musl's and single-directory glibc images' (neither Debian's nor the RHEL family's)
 # CUDA version that each driver branch supports (driver major -> CUDA major.minor), newest first.
 DRIVER_CUDA = ((595, "13.2"), (590, "13.1"), (580, "13.0"), (575, "12.9"), (570, "12.8"), (565, "12.7"),
                (560, "12.6"), (555, "12.5"), (550, "12.4"), (545, "12.3"), (535, "12.2"), (530, "12.1"),
@@ -208,12 +209,33 @@ def cuda_version(driver_version: str | None) -> str | None:
     return next((cuda for d, cuda in DRIVER_CUDA if major >= d), None)
 
 
-def brand_of(model: str | None) -> str:
-    m = (model or "").lower()
-    for b in ("tesla", "quadro", "geforce", "titan", "nvs", "grid"):
-        if b in m:
-            return b
-    return "nvidia"
+# Go's strconv.ParseBool, which NVIDIA's toolkit reads NVIDIA_DISABLE_REQUIRE with (any other value: false).
+PARSEBOOL_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+BRAND_UNKNOWN = "unknown (the driver did not report it when discovery ran: `gpuprov runtime install` refreshes it)"
+UVM_MODULE = "nvidia-uvm"
+
+
+def mismatch(kernel: str | None, userspace: str | None) -> str:
+    """The one line for a loaded module whose userspace libraries are another version: the runtime's refusal and
+    verify's finding (provision/verify/checks.py) say the same."""
+    return (f"NVIDIA driver mismatch: the loaded kernel module is {kernel} but the driver's libraries are "
+            f"{userspace} (\"Driver/library version mismatch\" in every CUDA program): reboot, or reload the module "
+            "when no process holds it (`modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia && modprobe nvidia`)")
+
+
+def driver_refusal(disc: Discovery, caps: list[str]) -> str | None:
+    """Why a GPU container with these capabilities cannot start on this driver, or None. Never silently without
+    libcuda or /dev/nvidia-uvm: a CUDA program in it would fail far from the cause."""
+    if disc.userspace and disc.userspace != disc.version:
+        return mismatch(disc.version, disc.userspace)
+    if "compute" in caps:
+        if not any(lib.name == "libcuda" for lib in disc.libraries.get("compute", ())):
+            return (f"this container asks for compute but the driver root {disc.driver_root} has no libcuda.so."
+                    f"{disc.version} (the loaded module's version): install the driver's userspace of that version")
+        if disc.nodes.uvm is None:
+            return (f"this container asks for compute but the {UVM_MODULE} kernel module is not loaded and could not "
+                    f"be loaded: run `modprobe {UVM_MODULE}` (or `gpuprov cdi refresh`), then start it again")
+    return None
 
 
 OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "=": lambda a, b: a == b, "==": lambda a, b: a == b,
@@ -261,16 +283,16 @@ def check_requirements(env: dict[str, str], host: dict[str, str | None], gpus: l
     """NVIDIA_REQUIRE_*: space = OR between groups, comma = AND within one, variables ANDed. As libnvidia-container
     (src/cli/configure.c) does, every selected GPU must satisfy each variable with its own brand and arch (its CUDA
     compute capability, from the driver); with no GPU selected only cuda and driver are checked."""
-    if env.get("NVIDIA_DISABLE_REQUIRE", "").lower() in ("1", "true", "yes"):
+    if env.get("NVIDIA_DISABLE_REQUIRE", "") in PARSEBOOL_TRUE:
         return
-    targets = [(f"GPU {g.index}", {**host, "brand": brand_of(g.model), "arch": g.arch}) for g in gpus] or [("", host)]
+    targets = [(f"GPU {g.index}", {**host, "brand": g.brand, "arch": g.arch}) for g in gpus] or [("", host)]
     for var in sorted(k for k in env if k.startswith("NVIDIA_REQUIRE_")):
         groups = env[var].split()
         for name, facts in targets:
             if groups and not any(all(_satisfied(c, facts, bool(name)) for c in g.split(",") if c) for g in groups):
                 have = ", ".join(f"{k} {v}" for k, v in host.items() if v)
                 if name:
-                    have += f"; {name}: brand {facts['brand']}, arch {facts['arch'] or ARCH_UNKNOWN}"
+                    have += f"; {name}: brand {facts['brand'] or BRAND_UNKNOWN}, arch {facts['arch'] or ARCH_UNKNOWN}"
                 raise Refused(f"{var}={env[var]!r} is not satisfied by this host ({have})")
 
 
@@ -317,6 +339,9 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
     if not disc.version:
         raise Refused("this container asks for a GPU but no NVIDIA driver is loaded on the host (see gpuprov detect)")
     caps = capabilities(env)
+    why = driver_refusal(disc, caps)
+    if why:
+        raise Refused(why)
     gpus = select_gpus(selectors, disc.gpus) if selectors else []
     check_requirements(env, {"cuda": cuda_version(disc.version), "driver": disc.version}, gpus)
     ctl = disc.nodes

@@ -26,6 +26,7 @@ from provision.fsutil import read_trusted, write_file
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
+from provision.inject.nodes import prepare_host
 from provision.inject.settings import Settings, settings_path
 from provision.inject.sources import PKG, source_files
 
@@ -40,7 +41,13 @@ def _stamp(prefix: str, driver_root: str) -> str:
     srcs += SHIPPED.read_bytes() if SHIPPED.exists() else b""
     return json.dumps({"version": __version__, "src": hashlib.sha256(srcs).hexdigest()[:16], "prefix": prefix,
                        "driver_root": driver_root, "python": sys.executable,
-                       "runc": shutil.which("runc"), "settings": settings_path()}, sort_keys=True)
+                       "runc": default_oci_runtime(), "settings": settings_path()}, sort_keys=True)
+
+
+def default_oci_runtime() -> str | None:
+    """The low-level runtime the front-end hands over to, when none is named: runc on PATH, else crun (Debian's
+    podman brings crun alone: Depends crun | runc), so the runtime wraps the OCI runtime the host has."""
+    return shutil.which("runc") or shutil.which("crun")
 
 
 def is_installed(driver_root: str = "/", prefix: str = "/usr/local") -> bool:
@@ -175,7 +182,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
                     compile_shim: bool = True) -> InstallResult:
     changed: list[str] = []
     notes: list[str] = []
-    runc = runc or shutil.which("runc") or "/usr/sbin/runc"
+    runc = runc or default_oci_runtime() or "/usr/sbin/runc"
     python = sys.executable
     # checked as the runtime will read it back: a value it would refuse is never written
     settings = Settings.from_dict({"runc": runc, "driver_root": driver_root, "dev_root": dev_root,
@@ -196,6 +203,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         notes.append(f"NVIDIA's {existing} is installed: left alone; --gpus containers use NVIDIA's hook")
     else:
         _write_if_changed(bindir / HOOK_NAME, (HERE / "hook.sh").read_bytes(), 0o755, changed)
+    notes += prepare_host(proc_root, dev_root)  # nvidia-uvm and the nodes, as nvidia-modprobe would make them
     try:
         discover.refresh(driver_root, settings.cache, proc_root, dev_root)
     except OSError as exc:

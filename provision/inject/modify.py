@@ -25,7 +25,7 @@ import sys
 
 from provision.errors import Refused, UntrustedPath
 from provision.fsutil import open_trusted, write_file
-from provision.inject import discover, edits
+from provision.inject import discover, edits, ldcache, nodes
 from provision.share.limits import MPS_VARS, aliyun_visible, limits_asked, mps_env, share_request
 
 TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every GPU start's path
@@ -89,7 +89,12 @@ def in_image(rootfs: str, path: str) -> bool:
 
 
 def image_libdir(rootfs: str) -> str:
-    return edits.DEBIAN_LIBDIR if in_image(rootfs, "/etc/debian_version") else edits.RHEL_LIBDIR
+    """Where the image's loader looks by default: Debian's multiarch directory, the RHEL family's /usr/lib64, else
+    /usr/lib, which musl (Alpine) and single-directory glibc images (Arch: /usr/lib64 -> /usr/lib) search, as
+    /usr/lib64 they do not."""
+    if in_image(rootfs, "/etc/debian_version"):
+        return edits.DEBIAN_LIBDIR
+    return edits.RHEL_LIBDIR if os.path.isdir(image_path(rootfs, edits.RHEL_LIBDIR)) else edits.LIBDIR
 
 
 def is_privileged(config: dict) -> bool:
@@ -130,12 +135,19 @@ def _our_hook(path: str) -> bool:
         return False
 
 
-def _check_node(dev_root: str, node: edits.DeviceNode) -> None:
-    host = os.path.join(dev_root, node.path.lstrip("/"))
+def _check_node(settings: Settings, node: edits.DeviceNode) -> None:
+    """The node is on the host as discovery found it; a missing one is made first when its module is loaded
+    (nodes.make_nodes, as nvidia-modprobe would: a start after a fresh boot, /dev/nvidia-uvm never made)."""
+    host = os.path.join(settings.dev_root, node.path.lstrip("/"))
     try:
         st = os.stat(host)
     except OSError:
-        raise Refused(f"device node {node.path} is missing on the host; is the NVIDIA driver loaded?") from None
+        nodes.make_nodes(settings.dev_root, settings.proc_root, only=(node.path,))
+        try:
+            st = os.stat(host)
+        except OSError:
+            raise Refused(f"device node {node.path} is missing on the host and could not be made (is its kernel "
+                          "module loaded? `gpuprov cdi refresh` loads it and makes the nodes)") from None
     if not stat.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (node.major, node.minor):
         raise Refused(f"device node {node.path} on the host is not the expected character device "
                       f"{node.major}:{node.minor}; refusing to pass it")
@@ -214,7 +226,8 @@ class Start:
     """One container's create as the modifiers see it: its OCI config (edited in place), its environment as a dict
     (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
     its build at import on every cold GPU start (see edits.py's records)."""
-    __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed")
+    __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed",
+                 "libdir")
 
     def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
         self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
@@ -224,6 +237,7 @@ class Start:
         self.selectors: list[str] | None = None  # the GPUs asked for (select_devices); None: no GPU
         self.disc: discover.Discovery | None = None
         self.edits: edits.Edits | None = None  # what the container gets (plan_edits)
+        self.libdir = edits.DEBIAN_LIBDIR  # where the image's loader looks (plan_edits: image_libdir)
         self.changed = False
 
 
@@ -270,9 +284,25 @@ def select_devices(s: Start) -> bool:
 
 
 def plan_edits(s: Start) -> bool:
-    """What the container gets, from the driver's discovery and its request (edits.compute_edits, pure)."""
+    """What the container gets, from the driver's discovery and its request (edits.compute_edits, pure). A compute
+    container on a host where nvidia-uvm is not loaded yet loads it first (bounded), as nvidia-modprobe would."""
     s.disc = load_discovery(s.settings)
-    s.edits = edits.compute_edits(s.disc, s.env, libdir=image_libdir(s.rootfs), selectors=s.selectors)
+    if s.disc.version and s.disc.nodes.uvm is None and "compute" in edits.capabilities(s.env):
+        why = nodes.load_module(nodes.UVM, s.settings.proc_root, nodes.START_MODPROBE_TIMEOUT_S)
+        if why:
+            raise Refused(f"this container asks for compute but the {nodes.UVM} kernel module is not loaded ({why}): "
+                          f"run `modprobe {nodes.UVM}` (or `gpuprov cdi refresh`), then start it again")
+        nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
+        s.disc = load_discovery(s.settings)  # the host key moved (a module, a major): rediscovered
+    if s.disc.version and s.disc.nodes.modeset is None and "display" in edits.capabilities(s.env):
+        why = nodes.load_module(nodes.MODESET, s.settings.proc_root, nodes.START_MODPROBE_TIMEOUT_S)
+        if why:  # display without modesetting still has its other files: said, not refused
+            s.warn(f"{nodes.MODESET} not loaded ({why}): this display container gets no /dev/nvidia-modeset")
+        else:
+            nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
+            s.disc = load_discovery(s.settings)
+    s.libdir = image_libdir(s.rootfs)
+    s.edits = edits.compute_edits(s.disc, s.env, libdir=s.libdir, selectors=s.selectors)
     s.changed = True
     return True
 
@@ -280,7 +310,7 @@ def plan_edits(s: Start) -> bool:
 def add_devices(s: Start) -> bool:
     """The device nodes (each checked on the host first) and the device cgroup's rules for them."""
     for node in s.edits.devices:
-        _check_node(s.settings.dev_root, node)
+        _check_node(s.settings, node)
     linux = s.config.setdefault("linux", {})
     devices = linux.setdefault("devices", [])
     have = {d.get("path") for d in devices}
@@ -292,11 +322,16 @@ def add_devices(s: Start) -> bool:
 def add_mounts(s: Start) -> bool:
     """The driver's files: each source a safe host file (_safe_source), each destination resolved inside the image
     (scoped_resolve); a destination the config already mounts keeps its mount."""
+    _mount_all(s, s.edits.mounts)
+    return True
+
+
+def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount]) -> None:
     rootfs = s.rootfs
     rootfs_real = os.path.realpath(rootfs)
     mounts = s.config.setdefault("mounts", [])
     taken = {m.get("destination") for m in mounts}
-    for m in s.edits.mounts:
+    for m in wanted:
         if not _safe_source(m.source, rootfs_real):
             continue
         dest = scoped_resolve(rootfs, m.destination)
@@ -306,7 +341,30 @@ def add_mounts(s: Start) -> bool:
         oci = m.oci()
         oci["destination"] = dest
         mounts.append(oci)
+
+
+def override_image_cache(s: Start) -> bool:
+    """The host's driver libraries win over the image's copies: where the image's own /etc/ld.so.cache names a
+    file for a driver library's SONAME (its own libcuda.so.1 in /opt/…, which the loader would take before
+    searching any directory), the host's library is mounted over that file too (resolved inside the rootfs, as
+    every destination is). No hook, nothing run in the container (NVIDIA's CDI mode runs ldconfig there instead)."""
+    found = ldcache.driver_entries(image_path(s.rootfs, ldcache.CACHE))  # nearly always [] (one fstat when seen)
+    if not found:
+        return True
+    libdir = s.libdir
+    ours = {m.destination[len(libdir) + 1:]: m for m in s.edits.mounts if m.destination.startswith(libdir + "/")}
+    extra = [edits.Mount(ours[soname].source, path, edits.LIB_RO) for soname, path in found
+             if soname in ours and posixpath.dirname(path) != libdir and _image_file(s.rootfs, path)]
+    _mount_all(s, extra)
     return True
+
+
+def _image_file(rootfs: str, path: str) -> bool:
+    """The image has a regular file at `path` (resolved inside the rootfs): the loader would open it."""
+    try:
+        return stat.S_ISREG(os.lstat(image_path(rootfs, path)).st_mode)
+    except OSError:
+        return False
 
 
 def set_env(s: Start) -> bool:
@@ -323,7 +381,8 @@ def share_gpus(s: Start) -> bool:
     return True
 
 
-MODIFIERS = (remove_hook, alias_aliyun, select_devices, plan_edits, add_devices, add_mounts, set_env, share_gpus)
+MODIFIERS = (remove_hook, alias_aliyun, select_devices, plan_edits, add_devices, add_mounts, override_image_cache,
+             set_env, share_gpus)
 
 
 def modify_config(config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr) -> bool:

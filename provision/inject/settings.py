@@ -6,6 +6,7 @@ holds the keys, their rules and the reading; GPUPROV_RUNTIME_CONFIG overrides th
     Settings.from_dict({...}, source)   # the same strict checks on a dict; s.to_dict() is the file's form"""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass
 
@@ -65,3 +66,20 @@ def load_settings(path: str | None = None, required: bool = False) -> Settings:
     if ident is not None:
         _last = (ident, settings)
     return settings
+
+
+def set_setting(key: str, value, path: str | None = None, dry_run: bool = False) -> bool:
+    """Change one key of runtime.json (checked as the runtime reads it; the other keys as they are). Returns whether
+    it changed; False, changing nothing, when there is no file yet (`gpuprov runtime install` writes it)."""
+    from provision.fsutil import write_file  # lazy: 0.8 ms (-X importtime), only `gpuprov k8s node` writes a key
+
+    path = path or settings_path()
+    if not os.path.exists(path):
+        return False
+    current = read_fields(path)
+    if current[key] == value:
+        return False
+    new = check_fields({**current, key: value}, path)
+    if not dry_run:
+        write_file(path, json.dumps(new, indent=2) + "\n", mode=0o644, keep_mode=False, backup=False)
+    return True

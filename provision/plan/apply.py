@@ -9,7 +9,9 @@ from pathlib import Path
 
 from provision import progress, record
 from provision.errors import GpuprovError, StepFailed
+from provision.facts.rootfs import is_live
 from provision.fsutil import make_dirs
+from provision.plan.packages import PackageInstall
 from provision.plan.steps import PackagesInstalled, Step, packages_installed
 
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
@@ -30,6 +32,7 @@ class StepOutcome:
     status: Status
     detail: str | None = None
     seconds: float = 0.0
+    exit_code: int = 0  # a failed step's (the error's documented code)
 
     def to_dict(self) -> dict:
         return {"id": self.id, "title": self.title, "status": self.status.value, "detail": self.detail,
@@ -41,6 +44,10 @@ class ApplyResult:
     outcomes: list[StepOutcome] = field(default_factory=list)
     reboot_required: bool = False
     log: str | None = None  # the run's full log (provision/progress.py)
+
+    @property
+    def failed(self) -> list[StepOutcome]:
+        return [o for o in self.outcomes if o.status is Status.FAILED]
 
     @property
     def changed(self) -> int:
@@ -71,30 +78,46 @@ def _root_only(path: str, flags: int) -> int:
     return fd
 
 
+def step_failure(step: Step, exc: GpuprovError) -> StepFailed:
+    """The one line (and exit code) a step's failure ends a run with: the real run's, and check mode's for a step
+    whose real run would stop."""
+    return StepFailed(f"step {step.id} ({step.title}) failed: {exc}", exit_code=exc.exit_code)
+
+
 def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
     """Check mode: which steps would change, with their diffs and the exact commands they would run; nothing is
-    changed. Every check and diff reads through `root`."""
-    out = []
+    changed. Every check and diff reads through `root`. A step whose real run would stop (the operator's
+    default-runtime: 14, a config it cannot edit: 6, an install that would remove packages: 14, by the package
+    manager's own dry run on this host) is reported as that failure: `stop` holds the first, with the line and exit
+    code the real run would end with."""
+    out, stop = [], None
     for step in steps:
         if step.verify_only:
             continue
         item = {"id": step.id, "title": step.title}
+        acting = False  # past the check: a failure from here is one of the step's actions (its hint applies)
         try:
             done = step.satisfied(root)
-        except GpuprovError as exc:
-            out.append({**item, "would_change": True, "error": str(exc)})
-            continue
-        item["would_change"] = not done
-        if not done:
-            try:
+            item["would_change"] = not done
+            acting = not done
+            if not done:
+                item["commands"] = [c.shell() for c in step.commands]
+                item["on_failure"] = [c.shell() for c in step.on_failure]
+                item["actions"] = step.lines()
+                item["diff"] = ""
                 item["diff"] = "".join(d for d in step.diffs(root).values() if d)
-            except GpuprovError as exc:
-                item["diff"], item["error"] = "", str(exc)
-            item["commands"] = [c.shell() for c in step.commands]
-            item["on_failure"] = [c.shell() for c in step.on_failure]
-            item["actions"] = step.lines()
+                if is_live(root):  # the package manager's dry run reads this host only
+                    for a in step.actions:
+                        if isinstance(a, PackageInstall):
+                            a.check_removals()
+        except GpuprovError as exc:
+            if acting and step.hint:  # as Step.apply says it
+                exc = type(exc)(f"{exc}; {step.hint}", exit_code=exc.exit_code)
+            failure = step_failure(step, exc)
+            item.update(would_change=True, error=str(exc), exit_code=exc.exit_code)
+            stop = stop or {"id": step.id, "error": str(failure), "exit_code": failure.exit_code}
         out.append(item)
-    return {"would_change": sum(i["would_change"] for i in out), "steps": out}
+    return {"would_change": sum(i["would_change"] for i in out), "steps": out, "stop": stop}
 
 
 def missing_packages(steps: list[Step]) -> dict[str, list[str]]:
@@ -127,18 +150,21 @@ def step_line(i: int, n: int, title: str, status: Status, detail: str | None, se
     """A step's one line when it ends: what it changed, in words (never a tool's own output: that is in the log)."""
     words = {Status.OK: "nothing to do (already done)", Status.FAILED: "FAILED",
              Status.VERIFIED: "checked", Status.CHANGED: "done"}[status]
-    return f"[{i}/{n}] {title}: {detail or words} ({seconds:.1f}s)"
+    said = f"FAILED: {detail}" if status is Status.FAILED and detail else detail or words
+    return f"[{i}/{n}] {title}: {said} ({seconds:.1f}s)"
 
 
-def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True,
+def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True, keep_going: bool = False,
                run: progress.Run | None = None) -> ApplyResult:
     """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order.
-    `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory). `run`: the run's log and
-    screen (provision/progress.py); without one, a run of its own (no log file unless `logged`)."""
+    `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory). `keep_going` (uninstall,
+    whose steps are each idempotent): a failed step is recorded and the next one runs; the caller reports them.
+    `run`: the run's log and screen (provision/progress.py); without one, a run of its own (no log file unless
+    `logged`)."""
     if run is None:
         with progress.Run("bootstrap", log_dir=RUN_LOGS if logged else None,
                           mode="quiet" if quiet else None) as own:
-            return apply_plan(steps, logged=logged, run=own)
+            return apply_plan(steps, logged=logged, keep_going=keep_going, run=own)
     res = ApplyResult(log=str(run.log.path) if run.log.path else None)
     n = len(steps)
     note = log if logged else (lambda line: None)
@@ -157,10 +183,13 @@ def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True,
                 res.reboot_required |= step.reboot
         except GpuprovError as exc:
             dt = time.monotonic() - t
-            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), dt))
+            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), dt, exc.exit_code))
             note(f"FAILED {step.id}: {exc}")
-            run.step_ended(step_line(i, n, step.title, Status.FAILED, None, dt), f"FAILED {step.id}: {exc}")
-            raise StepFailed(f"step {step.id} ({step.title}) failed: {exc}", exit_code=exc.exit_code) from None
+            run.step_ended(step_line(i, n, step.title, Status.FAILED, str(exc) if keep_going else None, dt),
+                           f"FAILED {step.id}: {exc}")
+            if keep_going:
+                continue
+            raise step_failure(step, exc) from None
         dt = time.monotonic() - t
         res.outcomes.append(StepOutcome(step.id, step.title, status, detail, dt))
         note(f"{status.value.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")

@@ -10,11 +10,11 @@ from provision.engines import base, validate
 from provision.engines.base import Engine
 from provision.errors import Unsupported
 from provision.facts.engines import EngineOrigin
-from provision.facts.rootfs import under
+from provision.facts.rootfs import is_live, under
 from provision.inject.cdi import SpecCurrent
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.driver import driver_steps
+from provision.plan.driver import check_driver_pin, check_kernels, driver_steps
 from provision.plan.options import Options
 from provision.plan.packages import APT_ENV, package_step
 from provision.plan.steps import (
@@ -121,6 +121,20 @@ def service_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                  check=ServiceAnswers(eng.ready_argv))]
 
 
+def restart_notes(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, ...]:
+    """Where the engine's config change needs a restart that stops containers (dockerd reads `features` only at
+    start; live-restore off): how many it stops now, and that it needs --restart-engine. On the live host only."""
+    if not (action.cdi and eng.restart_stops_containers and is_live(Path(report.root or "/"))):
+        return ()
+    daemon = eng.live_daemon(eng.config_path(action.config, action.request()))
+    stops = eng.restart_stops(daemon) if daemon else 0
+    if not stops:
+        return ()
+    return (f"restarting dockerd (--cdi: features are read at start only) stops its {stops} running container(s) "
+            "(live-restore off): " + ("--restart-engine given" if action.restart_engine else
+                                      "without --restart-engine the step stops before writing anything, exit 14"),)
+
+
 def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
     """The runtime, then its registration in the engine's config: both run in-process, as the `gpuprov runtime
     install` and `gpuprov engine configure` commands do."""
@@ -135,11 +149,12 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
         config = found.config if found and found.config != eng.default_config else None
         default = opt.default_runtime and not eng.gpus_through_cdi  # its own OCI runtime stays its default
         action = ConfigureEngine(opt.engine, opt.runtime_name, RUNTIME_PATH, default, opt.cdi, opt.replace_runtime,
-                                 config)
+                                 config, opt.restart_engine)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
-                          actions=(action,), check=EngineConfigured(action)))
+                          actions=(action,), check=EngineConfigured(action),
+                          notes=restart_notes(report, eng, action)))
     if cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
                           actions=(RefreshCdi(droot),), check=SpecCurrent(droot)))
@@ -174,6 +189,10 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
 
     target = report.target
     on = set(opt.stages)
+    if Stage.DRIVER in on and opt.driver != "skip":  # values that cannot work, refused whether or not a GPU is here
+        if not report.gpus:  # (with GPUs, each decision refuses the branch naming the ones that drive it)
+            check_driver_pin(target, opt)
+        check_kernels(Path(report.root or "/"), opt.kernels)
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages
     return ([dpkg_recover_step(installs[0], opt.allow_remove)] if target.package_manager == "apt" and installs else []) \
         + (driver_steps(report, target, opt) if Stage.DRIVER in on else []) \

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from provision import effects, paths
-from provision.decide.driver import ubuntu_dkms_package
+from provision.decide.driver import packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
     METAPACKAGE_RE,
     Replacement,
@@ -104,13 +104,34 @@ def boot_kernel(root: Path) -> str | None:
     return kernels[-1] if kernels else None
 
 
+def check_kernels(root: Path, asked: tuple[str, ...]) -> None:
+    """--kernel names installed kernels only (exit 4 with the installed ones otherwise), checked up front even where
+    no GPU is there to build for."""
+    missing = [k for k in asked if not under(root, f"/lib/modules/{k}").is_dir()]
+    if missing:
+        raise Unsupported(f"--kernel {missing[0]}: no such kernel is installed (no /lib/modules/{missing[0]}); "
+                          f"installed: {', '.join(installed_kernels(root)) or 'none'}")
+
+
+def check_driver_pin(target: Target, opt) -> None:
+    """--driver BRANCH names a branch the target packages from the chosen source (exit 4 with those branches
+    otherwise), checked up front: without a GPU to decide for, nothing else would refuse it."""
+    pin = opt.driver
+    if not pin.isdigit():
+        return
+    src = None if opt.driver_source == "distro" else opt.driver_source
+    avail = packaged_branches(target, src)
+    if int(pin) not in avail:
+        where = f"{target.name}" + (f" from {src}" if src else "")
+        raise Unsupported(f"--driver {pin}: {where} packages no driver branch {pin}; branches it packages: "
+                          + (", ".join(map(str, avail)) or "none (use --driver-source nvidia)")
+                          + "; or --driver auto")
+
+
 def choose_kernels(root: Path, running: str | None, asked: tuple[str, ...], baking: bool,
                    replacing: bool = False) -> Kernels:
     if asked:
-        missing = [k for k in asked if not under(root, f"/lib/modules/{k}").is_dir()]
-        if missing:
-            raise Unsupported(f"--kernel {missing[0]}: no such kernel is installed (no /lib/modules/{missing[0]}); "
-                              f"installed: {', '.join(installed_kernels(root)) or 'none'}")
+        check_kernels(root, asked)
         return Kernels(asked, "asked for with --kernel")
     if baking or replacing:
         ks = installed_kernels(root)

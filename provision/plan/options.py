@@ -38,6 +38,7 @@ class Options:
     bundle: str | None = None  # an offline bundle's repository: packages come from it alone
     replace_runtime: bool = False  # --replace-runtime: the operator's runtime of that name / default may be replaced
     allow_remove: bool = False  # --allow-remove: a package install may remove installed packages (plan/packages.py)
+    restart_engine: bool = False  # --restart-engine: a needed dockerd restart may stop running containers
     mirrors: dict[str, str] = field(default_factory=dict)  # repository name -> base URL (plan/repos.BASES)
     stages: tuple[str, ...] = values(Stage)  # bootstrap --only: the stages whose steps are planned
     for_gpus: tuple[str, ...] = ()  # image baking: decide as if these PCI ids were present
@@ -52,7 +53,8 @@ class Options:
     def parse(cls, *, driver: str = "auto", kernel_modules: str = "auto", driver_source: str = "distro",
               engine: str = "docker", engine_source: str = "auto", runtime_name: str = "nvidia",
               no_default: bool = False, cdi: bool = False, no_validate: bool = False, replace_runtime: bool = False,
-              allow_remove: bool = False, only: str | None = None, mirror=(), for_gpus=None, kernels=None) -> Options:
+              allow_remove: bool = False, only: str | None = None, mirror=(), for_gpus=None, kernels=None,
+              restart_engine: bool = False) -> Options:
         """From the command line's values, named as bootstrap's parameters are (MODULE_PARAMS' keys): each checked
         and parsed here, one `--OPTION …` line and exit 2 for a bad one."""
         for name, value in (("kernel_modules", kernel_modules), ("driver_source", driver_source), ("engine", engine),
@@ -63,7 +65,7 @@ class Options:
         return cls(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                    engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
                    validate=not no_validate, replace_runtime=replace_runtime, allow_remove=allow_remove,
-                   stages=_parse_stages(only), mirrors=_parse_mirrors(list(mirror or ())),
+                   restart_engine=restart_engine, stages=_parse_stages(only), mirrors=_parse_mirrors(list(mirror or ())),
                    for_gpus=tuple(for_gpus or ()), kernels=tuple(kernels or ()))
 
 

@@ -125,21 +125,32 @@ class WriteFile(Action):
 class ReloadEngine(Action):
     """Make the running daemon that reads `config` read it again, the adapter's way (`Engine.apply`: dockerd gets
     SIGHUP, or a restart for `features`; containerd and CRI-O are restarted by their unit); nothing when no running
-    daemon reads that file."""
+    daemon reads that file. dockerd without `restart` (uninstall): DockerEngine.reload_live, so that the live daemon
+    also forgets the runtimes in `runtime_paths` and a default taken out of the file, with no restart."""
     engine: str
     config: str
     restart: bool
+    runtime_paths: tuple[str, ...] = ()
     reports = True
 
     def lines(self) -> list[str]:
         eng = engines.get(self.engine)
-        return [f"{eng.apply_how(self.restart)}: the running {eng.daemon_names[0]} that reads {self.config}, if any"]
+        out = [f"{eng.apply_how(self.restart)}: the running {eng.daemon_names[0]} that reads {self.config}, if any"]
+        if self.runtime_paths and not self.restart and hasattr(eng, "reload_live"):
+            out.append(f"  then ask it for its runtimes and default ({shlex.join(eng.live_argv)}, as often as it takes "
+                       f"to see the change); where it still names a runtime at "
+                       f"{', '.join(self.runtime_paths)} or a default the file no longer sets: write the file once "
+                       "more with runtimes and default-runtime set to what remains, SIGHUP again, and write it "
+                       "back as shown")
+        return out
 
     def execute(self) -> str:
         eng = engines.get(self.engine)
         daemon = eng.live_daemon(Path(self.config))
         if daemon is None:
             return f"no running {eng.daemon_names[0]} reads {self.config}"
+        if self.runtime_paths and not self.restart and hasattr(eng, "reload_live"):
+            return eng.reload_live(daemon, Path(self.config), self.runtime_paths)
         return eng.apply(daemon, EnginePlan([], [Change("undo", "", reload=not self.restart)]), restart=self.restart)
 
 
@@ -206,13 +217,16 @@ class InstallRuntime(Action):
 
     def lines(self) -> list[str]:
         return [f"install gpuprov-runtime and the --gpus hook in {self.prefix}/bin and refresh the discovery cache "
-                f"(driver root {self.driver_root}), as gpuprov runtime install --driver-root {self.driver_root} does"]
+                f"(driver root {self.driver_root}), as gpuprov runtime install --driver-root {self.driver_root} does",
+                "load nvidia-uvm while the NVIDIA driver is loaded and make its missing device nodes, as "
+                "nvidia-modprobe would (CUDA in containers needs /dev/nvidia-uvm)"]
 
     def execute(self) -> str:
         doc, _ = runtime_host.install(self.prefix, driver_root=self.driver_root)
         kind = f"compiled front-end, {doc['front_end_origin']}" if doc["compiled"] else "Python front-end"
         changed = ", ".join(doc["changed"]) or "nothing"
-        return f"installed {doc['runtime_path']} ({kind}); changed: {changed}"
+        return "; ".join([f"installed {doc['runtime_path']} ({kind}); changed: {changed}",
+                          *(f"note: {n}" for n in doc.get("notes", []))])
 
 
 @dataclass(frozen=True)
@@ -246,6 +260,7 @@ class ConfigureEngine(Action):
     cdi: bool
     replace: bool = False
     config: str | None = None  # the config the engine really reads, where it is not the engine's default
+    restart_engine: bool = False  # --restart-engine: a restart that stops running containers is consented to
 
     def request(self) -> RuntimeRequest:
         return RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
@@ -274,7 +289,8 @@ class ConfigureEngine(Action):
 
     def execute(self) -> str:
         res = configure(self.engine, config=self.config, runtime_name=self.runtime_name,
-                        runtime_path=self.runtime_path, default=self.default, cdi=self.cdi, replace=self.replace)
+                        runtime_path=self.runtime_path, default=self.default, cdi=self.cdi, replace=self.replace,
+                        restart_engine=self.restart_engine)
         return res.summary()
 
 

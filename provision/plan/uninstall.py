@@ -3,34 +3,47 @@ prints is what `uninstall` runs. Built from what is on the host now (read under 
 record (provision/record.py); a step exists only where there is something of gpuprov's to take away, so a second
 uninstall plans nothing but releasing its own lock.
 
-Order: the engines first (their configs without gpuprov's keys, each engine reloaded only where its config changed),
-so that no engine names the runtime once it is gone; then the validation images, the MPS daemon, the refresh units,
-the CDI specs, the NFD labels, the runtime (its warm editor stopped first), the packages when asked (only those
-gpuprov installed: the record), and last gpuprov's state, caches and logs. Packages stay unless asked.
+Order: the engines first (their configs without gpuprov's keys, each engine reloaded only where its config changed,
+or where the live engine still names what the file no longer says: a re-run after a kill reloads), so that no
+engine names the runtime once it is gone; then the validation images, the MPS daemon, the refresh units, the CDI
+specs, the NFD labels, the runtime (its warm editor stopped first; its binary only once no running dockerd names it,
+and kept as a pass-through to runc while containers still run under it), the packages when asked (only those
+gpuprov installed, and only when apt's simulation removes nothing else), and last gpuprov's state, caches and logs
+(the record of packages gpuprov installed stays while they do; the host lock file never goes: another run may hold
+it). Packages stay unless asked. Every step is idempotent: a run killed or stopped half-way is finished by the next.
+
+dockerd is never restarted unasked: gpuprov's runtimes and default come out live (SIGHUP, DockerEngine.reload_live);
+only `features.cdi`, which dockerd reads at start, waits for its next restart unless --restart-engine.
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import engines, paths, record
+from provision import effects, engines, paths, record
 from provision.engines import validate
-from provision.engines.base import RuntimeRequest
+from provision.engines.base import RUNTIME_PATH, RuntimeRequest
+from provision.engines.docker import LIVE, DockerEngine
+from provision.errors import RemovalRefused, StepFailed, UntrustedPath
 from provision.facts.rootfs import is_live, under
+from provision.fsutil import read_trusted, resolve
 from provision.hostlock import LOCK_NAME, lock_dirs
 from provision.inject import cdi, server
 from provision.inject.install import EDITOR_LIB
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
-from provision.inject.settings import settings_path
+from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import NOUVEAU_CONF
 from provision.plan.packages import APT_ENV
 from provision.plan.steps import (
+    Action,
     Command,
     Never,
     ReloadEngine,
@@ -42,16 +55,34 @@ from provision.plan.steps import (
     read_or_empty,
 )
 from provision.probe.cache import cache_dir
+from provision.share.state import proc_identity
 
 UNIT_DIR = "/etc/systemd/system"
 UNITS = ("gpuprov-cdi-refresh.path", "gpuprov-cdi-refresh.service", "gpuprov-mps.service")
 LABELS_HEADER = "# GPU node labels"  # k8s/labels.py: nfd_file's first line
 
 
+PASS_MARKER = "# gpuprov pass-through (uninstall)"
+PURGE_OPTIONS = {"driver": "--purge-driver", "engine": "--purge-engine"}
+ALLOW_REMOVE = "--allow-remove"
+RESTART_ENGINE = "--restart-engine"
+
+
 @dataclass(frozen=True)
 class UninstallOptions:
-    driver: bool = False  # --driver: purge the driver packages gpuprov installed, and their holds
-    engine: bool = False  # --engine: purge the engine packages gpuprov installed (never ones it found)
+    purge_driver: bool = False  # --purge-driver: purge the driver packages gpuprov installed, and their holds
+    purge_engine: bool = False  # --purge-engine: purge the engine packages gpuprov installed (never ones it found)
+    allow_remove: bool = False  # --allow-remove: a purge may take other packages with it (apt's simulation names them)
+    restart_engine: bool = False  # --restart-engine: restart dockerd where a change needs it (features.cdi)
+
+
+def _trusted(root: Path, path: str) -> str:
+    """A state file of gpuprov's under `root`, read only when root alone could have written it (fsutil.read_trusted);
+    "" when it is absent or anyone else could have (nothing is acted on from it)."""
+    try:
+        return (read_trusted(under(root, path)) or b"").decode(errors="replace")
+    except (UntrustedPath, OSError):
+        return ""
 
 
 def _exists(root: Path, path: str) -> bool:
@@ -75,13 +106,36 @@ def _configs(rec: record.Record) -> list[tuple[str, str]]:
 
 
 def _backups(root: Path, path: str) -> list[str]:
-    """gpuprov's backups beside a config it edited (fsutil: `<name>.gpuprov-<stamp>[-N].bak`)."""
-    found = glob.glob(glob.escape(str(under(root, path))) + ".gpuprov-*.bak")
+    """gpuprov's backups beside a config it edited (fsutil: `<name>.gpuprov-<stamp>[-N].bak`): beside the config's
+    name, and, where that is a link gpuprov writes through (root's, in private directories: fsutil.resolve), beside
+    the file it leads to, where fsutil put them (an operator's config kept in their own tree)."""
+    where = [str(under(root, path))]
+    if os.path.islink(where[0]):
+        try:
+            where.append(resolve(where[0]))
+        except OSError:  # a link gpuprov would not write through: it wrote no backup beside its target either
+            pass
+    found = {p for w in where for p in glob.glob(glob.escape(w) + ".gpuprov-*.bak")}
     return sorted("/" + os.path.relpath(p, root) for p in found)
 
 
-def engine_steps(root: Path, rec: record.Record) -> list[Step]:
+def _runtime_paths(rec: record.Record) -> tuple[str, ...]:
+    """Every path gpuprov's runtime was registered under: bootstrap's, and those the record names."""
+    return tuple(dict.fromkeys([RUNTIME_PATH, *(p for e in rec.configs.values() for p in e.get("runtime_paths", []))]))
+
+
+def _stale(root: Path, name: str, config: str, rtpaths: tuple[str, ...]) -> list[str]:
+    """What the live engine reading `config` still names of gpuprov's that the file no longer says (dockerd only:
+    the one engine that reloads live and lists its runtimes); [] when it agrees or cannot tell."""
+    eng = engines.get(name)
+    if not is_live(root) or not hasattr(eng, "stale") or eng.live_daemon(Path(config)) is None:
+        return []
+    return eng.stale(Path(config), rtpaths) or []
+
+
+def engine_steps(root: Path, rec: record.Record, opt: UninstallOptions = UninstallOptions()) -> list[Step]:
     steps = []
+    rtpaths = _runtime_paths(rec)
     for name, config in _configs(rec):
         eng = engines.get(name)
         entry = rec.configs.get(config) if rec.configs.get(config, {}).get("engine") == name else None
@@ -89,6 +143,13 @@ def engine_steps(root: Path, rec: record.Record) -> list[Step]:
         files = sorted({str(e.path) for e in plan.edits} | {str(p) for p in plan.removals}
                        | set((entry or {}).get("files", {})))
         baks = [b for f in files for b in _backups(root, f)]
+        stale = [] if plan.changed else _stale(root, name, config, rtpaths)
+        if stale:  # a run killed after the write, before the reload: the file is done, the daemon not
+            steps.append(Step(f"uninstall.engine.{name}", Stage.RUNTIME, f"Reload {name}: it still names "
+                              f"{', '.join(stale)}, which {config} no longer has",
+                              actions=(ReloadEngine(name, config, restart=False, runtime_paths=rtpaths),),
+                              check=Never("the live engine was asked while planning")))
+            continue
         if not plan.changed and not baks:
             continue
         gone = [str(p) for p in plan.removals]
@@ -97,14 +158,20 @@ def engine_steps(root: Path, rec: record.Record) -> list[Step]:
         actions += [_rm(*gone)] if gone else []
         actions += [_rm(*baks)] if baks else []
         actions += [Command(("rmdir", "--", *dirs))] if dirs else []
+        restart = plan.needs_restart and (opt.restart_engine or not eng.restart_stops_containers)
+        notes = list(plan.warnings)
+        if plan.needs_restart and not restart:
+            notes.append(f"{', '.join(c.key for c in plan.changes if not c.reload)}: dockerd reads it only at start; "
+                         f"it applies at dockerd's next restart ({RESTART_ENGINE} restarts it now, which stops the "
+                         "running containers unless live-restore is on)")
         if plan.changed:
-            actions.append(ReloadEngine(name, config, restart=plan.needs_restart))
+            actions.append(ReloadEngine(name, config, restart=restart, runtime_paths=rtpaths))
         what = ", ".join(str(c) for c in plan.changes) or "gpuprov's backups"
         steps.append(Step(f"uninstall.engine.{name}", Stage.RUNTIME,
                           f"Take gpuprov out of {name}'s config {config} ({what})", actions=tuple(actions),
                           check=Undone(tuple((str(e.path), e.new) for e in plan.edits if e.changed),
                                        tuple(gone + baks + dirs)),
-                          notes=tuple(plan.warnings)))
+                          notes=tuple(notes)))
     return steps
 
 
@@ -166,56 +233,198 @@ def file_steps(root: Path) -> list[Step]:
 
 def _prefix(root: Path) -> str:
     try:
-        return json.loads(read_or_empty(under(root, paths.INSTALL_STAMP)) or "{}").get("prefix") or "/usr/local"
-    except ValueError:
+        prefix = json.loads(_trusted(root, paths.INSTALL_STAMP) or "{}").get("prefix")
+    except (ValueError, AttributeError):
         return "/usr/local"
+    return prefix if isinstance(prefix, str) and prefix.startswith("/") else "/usr/local"
 
 
-def _editor_pid(root: Path) -> int | None:
-    """The warm editor's pid (its lock file names it), when it is running (only on the live host)."""
+def _editor(root: Path) -> tuple[int, int, str] | None:
+    """The warm editor as its lock file names it (`PID START COMM`, inject/server.py), while that very process still
+    holds the lock: its pid, start time and name. Only on the live host; None when no editor runs, the lock file is
+    not root's alone, or it names no start time (an editor from before start times were kept stops on its own when
+    idle)."""
     if not is_live(root):
         return None
+    lock = server.lock_path(server.socket_path())
     try:
-        pid = int(read_or_empty(server.lock_path(server.socket_path())).split()[0])
-        os.kill(pid, 0)
-    except (IndexError, ValueError, OSError):
+        pid, start, comm = _trusted(root, lock).split(maxsplit=2)
+        ident = (int(pid), int(start), comm.strip())
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (ValueError, OSError):
         return None
-    return pid
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None  # nobody holds it: no editor runs
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return ident if proc_identity(ident[0]) == (ident[2], ident[1]) else None
 
 
-def runtime_steps(root: Path) -> list[Step]:
+@dataclass(frozen=True)
+class SignalProcess(Action):
+    """SIGTERM to one of gpuprov's own processes, sent with os.kill (no `kill` binary: a minimal host lacks it) and
+    only while /proc still shows the name and start time gpuprov recorded for that pid: a process that got the pid
+    later is never signalled."""
+    pid: int
+    start: int
+    comm: str
+    what: str
+
+    def lines(self) -> list[str]:
+        return [f"SIGTERM to {self.what} (pid {self.pid}), only while /proc/{self.pid}/stat still shows name "
+                f"{self.comm!r} and start time {self.start} (os.kill; nothing when it is gone)"]
+
+    def execute(self) -> str:
+        if proc_identity(self.pid) != (self.comm, self.start):
+            return f"{self.what} (pid {self.pid}) had already exited"
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return f"{self.what} (pid {self.pid}) had already exited"
+        return f"stopped {self.what} (pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class RuntimeForgotten(Action):
+    """Before the runtime's binary goes: no running dockerd may still name it (a run killed between the config's
+    write and dockerd's reload left one that does: every `docker run` would then fail). Asks dockerd."""
+    runtime_paths: tuple[str, ...]
+
+    def commands(self) -> list[Command]:
+        return [Command(LIVE)]
+
+    def lines(self) -> list[str]:
+        return [f"$ {Command(LIVE).shell()}", f"  (stop here, the binary kept, while it names a runtime at "
+                f"{', '.join(self.runtime_paths)} or one as its default; no answer: no dockerd runs)"]
+
+    def execute(self) -> str:
+        live = DockerEngine().live()
+        if live is None:
+            return ""
+        rts, default = live
+        ours = sorted(n for n, p in rts.items() if p in self.runtime_paths)
+        if ours:
+            raise StepFailed(f"the running dockerd still names runtime {', '.join(ours)}"
+                             + (f" (its default: {default})" if default in ours else "")
+                             + "; the runtime's binary stays until it does not: run `gpuprov uninstall` again (it "
+                             "reloads dockerd)")
+        return ""
+
+
+PASS_THROUGH = """#!/bin/sh
+{marker}: containers started under gpuprov's runtime outlived `gpuprov uninstall`
+# ({names}). Their engine still runs this file to stop and delete them; it hands every call to {runc} as it is.
+# The next `gpuprov uninstall` removes it once no running container uses it.
+exec {runc} "$@"
+"""
+
+
+def _runc() -> str:
+    try:
+        return load_settings().runc
+    except Exception:  # settings gone or unreadable: runc as the engines find it
+        return "/usr/sbin/runc"
+
+
+def _users(root: Path, rec: record.Record, bin_path: str) -> list[str]:
+    """The running docker containers created under gpuprov's runtime (by any name it was registered under)."""
+    if not is_live(root):
+        return []
+    names = {"nvidia", *(e.get("runtime_name") for e in rec.configs.values() if e.get("runtime_name"))}
+    live = DockerEngine().live()
+    names |= {n for n, p in (live[0] if live else {}).items() if p == bin_path}
+    return DockerEngine().users(tuple(sorted(names))) or []
+
+
+def runtime_steps(root: Path, rec: record.Record | None = None) -> list[Step]:
+    rec = rec or record.Record()
     bindir = f"{_prefix(root)}/bin"
     hook = f"{bindir}/{HOOK_NAME}"
-    files = [p for p in (f"{bindir}/gpuprov-runtime", settings_path()) if _exists(root, p)]
+    binary = f"{bindir}/gpuprov-runtime"
+    users = _users(root, rec, binary) if _exists(root, binary) else []
+    passing = PASS_MARKER in read_or_empty(under(root, binary), 4096)
+    files = [p for p in ((binary,) if not users else ()) + (settings_path(),) if _exists(root, p)]
     lib = f"{_prefix(root)}/{EDITOR_LIB}"  # the editor's copies (inject/install.py)
     trees = [lib] if _exists(root, lib) else []
     if HOOK_MARKER.decode() in read_or_empty(under(root, hook), 4096):  # NVIDIA's own hook is never gpuprov's
         files.append(hook)
     etc = os.path.dirname(settings_path())
     dirs = [etc] if _exists(root, etc) and _empty_after(root, etc, files) else []
-    pid = _editor_pid(root)
-    if not files and not dirs and not trees and pid is None:
+    editor = _editor(root)
+    keep = users and not passing
+    if not files and not dirs and not trees and editor is None and not keep:
         return []
-    acts: list = [Command(("kill", "-TERM", str(pid)), may_fail=True)] if pid else []
+    acts: list = [SignalProcess(*editor, "the warm editor")] if editor else []
+    shim = PASS_THROUGH.format(marker=PASS_MARKER, names=", ".join(users), runc=_runc()) if keep else ""
+    if keep:
+        acts.append(WriteFile(binary, shim, mode=0o755, backup=False))
+    elif binary in files:
+        acts.append(RuntimeForgotten(tuple(dict.fromkeys(_runtime_paths(rec) + (binary,)))))
     acts += [_rm(*files)] if files else []
     acts += [_rm(*trees, tree=True)] if trees else []
     acts += [Command(("rmdir", "--", *dirs))] if dirs else []
-    return [Step("uninstall.runtime", Stage.RUNTIME, "Remove gpuprov-runtime, its editor's code, its --gpus hook "
-                 "stand-in and its settings" + (f" (the warm editor, pid {pid}, stopped first)" if pid else ""),
-                 actions=tuple(acts), check=Undone(gone=tuple(files + trees + dirs)))]
+    title = ("Remove the pass-through gpuprov-runtime left for containers that outlived an uninstall" if passing
+             and not users and len(files) == 1 else
+             "Remove gpuprov-runtime, its editor's code, its --gpus hook stand-in and its settings")
+    if users:
+        title += (f"; gpuprov-runtime {'stays' if passing else 'becomes'} a pass-through to runc while running "
+                  f"containers use it ({', '.join(users)}): the next uninstall removes it once they are gone")
+    if editor:
+        title += f" (the warm editor, pid {editor[0]}, stopped first)"
+    check = Undone(files=((binary, shim),) if keep else (), gone=tuple(files + trees + dirs))
+    return [Step("uninstall.runtime", Stage.RUNTIME, title, actions=tuple(acts), check=check)]
+
+
+@dataclass(frozen=True)
+class Purge(Action):
+    """`apt-get purge` of the packages gpuprov installed, after apt's simulation of the very same purge: anything it
+    would remove beyond them (a package the operator installed since that depends on one of them, say) stops the
+    step with exit 14 naming those packages, unless --allow-remove. dnf hosts record no packages (the record keeps
+    only what apt installed), so they have nothing to purge."""
+    packages: tuple[str, ...]
+    allow_remove: bool
+
+    def simulate(self) -> Command:
+        return Command(("apt-get", "-s", "purge", *self.packages), APT_ENV)
+
+    def purge(self) -> Command:
+        return Command(("apt-get", "purge", "-y", *self.packages), APT_ENV)
+
+    def commands(self) -> list[Command]:
+        return [self.simulate(), self.purge()]
+
+    def lines(self) -> list[str]:
+        return [f"$ {self.simulate().shell()}",
+                "  (stop, nothing removed, where it would remove anything else"
+                + (f"; {ALLOW_REMOVE} given: go on)" if self.allow_remove else f", unless {ALLOW_REMOVE})"),
+                f"$ {self.purge().shell()}"]
+
+    def execute(self) -> str:
+        sim = self.simulate().run()
+        if sim.returncode != 0:
+            raise effects.failed(self.simulate().shell(), sim.returncode, sim.output)
+        gone = [ln.split()[1] for ln in sim.stdout.splitlines() if ln.startswith(("Purg ", "Remv "))]
+        extra = sorted({p.split(":")[0] for p in gone} - {p.split(":")[0] for p in self.packages})
+        if extra and not self.allow_remove:
+            raise RemovalRefused(f"purging {' '.join(self.packages)} would also remove {' '.join(extra)}, which "
+                                 f"gpuprov did not install; nothing was removed (keep them, or pass {ALLOW_REMOVE})")
+        return self.purge().execute()
 
 
 def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list[Step]:
     """Only what the record says gpuprov installed and held, and only what is still installed."""
     steps = []
-    for stage, asked in ((Stage.DRIVER, opt.driver), (Stage.ENGINE, opt.engine)):
+    for stage, asked in ((Stage.DRIVER, opt.purge_driver), (Stage.ENGINE, opt.purge_engine)):
         pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed("apt", (p,), root))
         holds = tuple(p for p in rec.holds if p in pkgs) if stage == Stage.DRIVER else ()
         extra = (NOUVEAU_CONF,) if stage == Stage.DRIVER and _exists(root, NOUVEAU_CONF) else ()
         if not asked or not (pkgs or extra):
             continue
         acts: list = [Command(("apt-mark", "unhold", *holds))] if holds else []
-        acts += [Command(("apt-get", "purge", "-y", *pkgs), APT_ENV)] if pkgs else []
+        acts += [Purge(pkgs, opt.allow_remove)] if pkgs else []
         acts += [_rm(*extra)] if extra else []
         steps.append(Step(f"uninstall.{stage.value}.packages", stage,
                           f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}",
@@ -223,17 +432,38 @@ def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list
     return steps
 
 
-def state_steps(root: Path) -> list[Step]:
-    """gpuprov's state (the install record included), caches, logs and /run/gpuprov (but the lock this run holds:
-    see release_step)."""
+def kept_packages(rec: record.Record, opt: UninstallOptions) -> record.Record:
+    """The part of the record an uninstall leaves: the packages (and holds) of the stages it does not purge."""
+    kept = {s: list(p) for s, p in rec.packages.items()
+            if p and not (s == Stage.DRIVER.value and opt.purge_driver or s == Stage.ENGINE.value and opt.purge_engine)}
+    return record.Record({}, kept, [h for h in rec.holds if any(h in p for p in kept.values())])
+
+
+def state_steps(root: Path, rec: record.Record | None = None, opt: UninstallOptions = UninstallOptions()) -> list[Step]:
+    """gpuprov's state, caches, logs and /run/gpuprov, but the host lock file (never removed: another run may be
+    waiting on it, and a new file would let a third run in beside it) and the record of the packages gpuprov
+    installed while they stay (a later `uninstall --purge-engine` still knows them)."""
+    rec = rec or record.Record()
     lock = lock_path()
-    run = [os.path.join(paths.RUN_DIR, e.name) for e in _scan(under(root, paths.RUN_DIR))
-           if os.path.join(paths.RUN_DIR, e.name) != lock]
-    trees = [d for d in (paths.STATE_DIR, str(LOG_FILE.parent), str(cache_dir())) if _exists(root, d)] + run
-    if not trees:
+    kept = kept_packages(rec, opt)
+    keep = {lock} | ({paths.INSTALL_RECORD} if kept.packages else set())
+    trees = []
+    for d in (paths.RUN_DIR, paths.STATE_DIR):
+        if any(k == d or k.startswith(d.rstrip("/") + "/") for k in keep):
+            trees += [p for p in (os.path.join(d, e.name) for e in _scan(under(root, d))) if p not in keep]
+        elif _exists(root, d):
+            trees.append(d)
+    trees += [d for d in (str(LOG_FILE.parent), str(cache_dir())) if _exists(root, d) and d not in trees]
+    shown = kept.to_json() if kept.packages else None
+    rewrite = shown is not None and _trusted(root, paths.INSTALL_RECORD) != shown
+    if not trees and not rewrite:
         return []
-    return [Step("uninstall.state", Stage.RUNTIME, "Remove gpuprov's state, discovery cache, logs and /run/gpuprov",
-                 actions=(_rm(*trees, tree=True),), check=Undone(gone=tuple(trees)))]
+    acts: list = [WriteFile(paths.INSTALL_RECORD, shown, mode=0o600, backup=False)] if rewrite else []
+    acts += [_rm(*trees, tree=True)] if trees else []
+    title = "Remove gpuprov's state, discovery cache, logs and /run/gpuprov" + (
+        f" (kept: the host lock{' and the record of the packages gpuprov installed' if shown else ''})")
+    return [Step("uninstall.state", Stage.RUNTIME, title, actions=tuple(acts),
+                 check=Undone(files=((paths.INSTALL_RECORD, shown),) if shown else (), gone=tuple(trees)))]
 
 
 def _scan(d: Path) -> list[os.DirEntry]:
@@ -247,19 +477,9 @@ def lock_path() -> str:
     return os.path.join(lock_dirs()[0], LOCK_NAME)
 
 
-def release_step() -> Step:
-    """Run once the host lock is released: its file, and its directory when nothing else is in it. It removes only
-    what the uninstall run itself made (taking the lock creates it), so it never counts as a change."""
-    lock = lock_path()
-    return Step("uninstall.lock", Stage.RUNTIME, f"Remove the host lock {lock} once released",
-                actions=(_rm(lock), Command(("rmdir", "--ignore-fail-on-non-empty", "--", os.path.dirname(lock)))),
-                check=Never("runs after the host lock is released"), verify_only=True)
-
-
 def uninstall_steps(root: Path, opt: UninstallOptions, rec: record.Record | None = None) -> list[Step]:
-    """The steps in the order they run, the release of the host lock last (the command runs it after the others,
-    with the lock released)."""
+    """The steps in the order they run; the install record read through the trusted reader (exit 6 when anyone but
+    root could have written it, or it is not of gpuprov's shape)."""
     rec = rec if rec is not None else record.read(str(under(root, paths.INSTALL_RECORD)))
-    return (engine_steps(root, rec) + image_steps(root) + service_steps(root) + file_steps(root)
-            + runtime_steps(root) + package_steps(root, rec, opt) + state_steps(root) + [release_step()])
-
+    return (engine_steps(root, rec, opt) + image_steps(root) + service_steps(root) + file_steps(root)
+            + runtime_steps(root, rec) + package_steps(root, rec, opt) + state_steps(root, rec, opt))

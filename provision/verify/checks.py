@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
 from provision import effects, engines
 from provision.engines.base import Engine
 from provision.errors import GpuprovError, StepFailed
+from provision.inject.edits import mismatch  # the runtime refuses with the same line
 from provision.k8s.labels import NFD_FILE
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
@@ -69,14 +71,26 @@ class NodeHost:
         rc, out, err = self.run(["gpuprov", "verify", "--prepare", engine])
         return None if rc == 0 else ((err or out).strip().splitlines() or [f"exit {rc}"])[-1]
 
+    gpuprov = ("gpuprov",)  # how this host's gpuprov is run (on a node reached through testinfra: from its PATH)
+
     @cached_property
     def facts(self) -> dict | None:
-        return self.json_of(["gpuprov", "detect", "--json"])
+        return self.json_of([*self.gpuprov, "detect", "--json"])
+
+    @cached_property
+    def set_up_for(self) -> list[Engine]:
+        """The engines this node is set up for: those whose config registers gpuprov's runtime (detect's facts: the
+        host's configuration, what bootstrap and `engine configure` wrote). Empty when none says so."""
+        names = {e.get("name") for e in (self.facts or {}).get("engines") or []
+                 if "nvidia" in (e.get("runtimes") or []) or e.get("default_runtime") == "nvidia"}
+        return [eng for eng in engines.every() if eng.name in names]
 
     @cached_property
     def engine(self) -> Engine | None:
-        """The first engine, in the adapters' order, whose daemon answers on this host (None: none does)."""
-        for eng in engines.every():
+        """The engine to check: the first one this node is set up for whose daemon answers; on a node set up for
+        none, the first whose daemon answers, in the adapters' order (None: none does). Another engine answering
+        does not stand in for the one the node is set up for (docker.io brings containerd as its backend)."""
+        for eng in self.set_up_for or engines.every():
             probe = eng.node_probe(self.run)
             if probe is not None:
                 self.__dict__["probe"] = probe  # what it answered: kept, not asked again
@@ -90,6 +104,8 @@ class NodeHost:
 
 
 class LocalHost(NodeHost):
+    gpuprov = (sys.executable, "-m", "provision")  # the gpuprov running verify (a venv need not be on PATH)
+
     def run(self, argv: list[str]) -> tuple[int, str, str]:
         try:
             r = effects.run(argv, check=False, timeout=120)
@@ -165,8 +181,7 @@ def coherent_result(gpus: bool, k: str | None, u: str | None) -> CheckResult:
     if not gpus:
         return CheckResult("driver versions coherent", "skip", NO_GPU)
     if not k or not u or k != u:
-        return CheckResult("driver versions coherent", "fail", f"kernel module {k} vs userspace {u}: a reboot is "
-                           "pending or an upgrade replaced one of them (\"Driver/library version mismatch\")")
+        return CheckResult("driver versions coherent", "fail", mismatch(k, u))
     return CheckResult("driver versions coherent", "pass", f"kernel module = userspace = {k}")
 
 
@@ -192,6 +207,12 @@ def next_boot_module(h: NodeHost) -> CheckResult:
 
 
 def engine_running(h: NodeHost) -> CheckResult:
+    if h.engine is None and h.set_up_for:
+        eng = h.set_up_for[0]
+        ask = " ".join(eng.ready_argv) or f"{eng.name} info"
+        fix = f"start it: systemctl start {eng.unit}" if eng.unit else f"see why `{ask}` fails"
+        return CheckResult("engine running", "fail", f"this node is set up for {eng.title} (its config registers "
+                           f"runtime 'nvidia'), and `{ask}` does not reach it: {fix}")
     if h.engine is None:
         return CheckResult("engine running", "fail", "neither `docker info` nor `ctr version` reaches a daemon, and "
                            "`podman info` fails: the engine is not running or not installed (gpuprov bootstrap "

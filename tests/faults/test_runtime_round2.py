@@ -167,8 +167,8 @@ def test_image_links_never_resolve_on_the_host(runtime, tmp_path):
             r, _ = rt.create(b)
             assert r.returncode == 0, r.stderr
             seen[how, present] = libdir_given(b)
-    # Inside the image the link leads nowhere: not a Debian image, whatever the host has.
-    assert set(seen.values()) == {"/usr/lib64"}, seen
+    # Inside the image the link leads nowhere: not a Debian image (nor one with /usr/lib64), whatever the host has.
+    assert set(seen.values()) == {"/usr/lib"}, seen
     # A link that leads to a file inside the image is followed there (the one resolver, scoped to the rootfs).
     for how, target in (("absolute-in", "/etc/debian_version.real"), ("relative-in", "debian_version.real"),
                         ("climbing-in", "../" * 12 + "etc/debian_version.real")):
@@ -182,7 +182,7 @@ def test_image_links_never_resolve_on_the_host(runtime, tmp_path):
     (b / "rootfs/etc").rmdir()
     (b / "rootfs/etc").write_text("not a directory\n")
     r, _ = rt.create(b)
-    assert r.returncode == 0 and libdir_given(b) == "/usr/lib64", r.stderr
+    assert r.returncode == 0 and libdir_given(b) == "/usr/lib", r.stderr  # nor /usr/lib64: musl's /usr/lib
 
 
 # --- 4. NVIDIA_REQUIRE_ARCH works ---

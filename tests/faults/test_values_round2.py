@@ -153,8 +153,13 @@ def test_bad_option_values_are_usage_errors_naming_value_and_rule(tmp_path, argv
 
 
 def test_good_values_pass(tmp_path):
-    r = run_cli(*PLAN, "--mirror", "docker-ce=https://m.example/docker-ce/linux", "--mirror", "cuda=file:///srv/cuda",
-                "--kernel", "6.1.0-28-amd64", "--runtime-name", "nvidia-gpu", timeout=120)
+    import shutil
+
+    root = tmp_path / "host"  # the capture with the --kernel installed (a kernel that is not is exit 4: issue 28.12)
+    shutil.copytree(H200, root, symlinks=True)
+    (root / "lib/modules/6.1.0-28-amd64").mkdir(parents=True)
+    r = run_cli("plan", "--root", str(root), "--mirror", "docker-ce=https://m.example/docker-ce/linux", "--mirror",
+                "cuda=file:///srv/cuda", "--kernel", "6.1.0-28-amd64", "--runtime-name", "nvidia-gpu", timeout=120)
     assert r.returncode == 0, r.stderr
 
 

@@ -41,6 +41,8 @@ oom_score = -999
       conf_dir = "/etc/cni/net.d"
 """
 CONTAINERD_EDIT = '\n[debug]\n  level = "info"\n'
+LOCK_DIR = "/run/gpuprov"
+LOCK = f"{LOCK_DIR}/host.lock"
 # Every tree gpuprov writes in (and /etc whole): what the round trip compares, path by path.
 ROOTS = ("/etc", "/usr/local", "/var/lib/gpuprov", "/run/gpuprov", "/var/log/gpuprov", "/var/cache/gpuprov",
          "/run/cdi", "/var/run/cdi")
@@ -126,13 +128,14 @@ def test_uninstall_round_trip(host):
 
     # byte-identical (content, mode, owner, links) but for the operator's edits, which are kept
     expected_daemon = json.dumps({**OPERATOR_DAEMON, "labels": ["site=lab"]}, indent=2) + "\n"
-    assert changed(before, after) == {DAEMON, CONTAINERD}, sorted(changed(before, after))[:20]
+    # and the host lock, never removed (another run may hold it)
+    assert changed(before, after) == {DAEMON, CONTAINERD, LOCK, LOCK_DIR}, sorted(changed(before, after))[:20]
     assert h.read(DAEMON).decode() == expected_daemon
     assert h.read(CONTAINERD).decode() == OPERATOR_CONTAINERD + CONTAINERD_EDIT
     for p in (DAEMON, CONTAINERD):
         assert after[p][:3] == before[p][:3], p  # mode and owner
 
-    # both engines run with the operator's settings (both restarted: keys taken out of daemon.json need it)
+    # both engines run with the operator's settings (dockerd reloaded live, containerd restarted: read at start only)
     info = json.loads(h.exec("docker info --format '{{json .}}'").stdout)
     assert info["DefaultRuntime"] == "runc" and "nvidia" not in info["Runtimes"]
     assert info["Labels"] == ["site=lab"] and info["RegistryConfig"]["Mirrors"] == ["https://mirror.lab.invalid/"]
@@ -148,22 +151,78 @@ def test_uninstall_round_trip(host):
     # `uninstall --dry-run` printed what ran: the same steps, the same file changes, every path it changed named
     planned = {s["id"]: s for s in plan["steps"]}
     ran = {s["id"]: s["status"] for s in res["steps"]}
-    assert set(planned) == set(ran) and all(v == "changed" for k, v in ran.items() if k != "uninstall.lock"), ran
+    assert set(planned) == set(ran) and all(v == "changed" for v in ran.values()), ran
     diffs = {p: d for s in plan["steps"] for p, d in s["diffs"].items()}
     assert set(diffs) == {DAEMON, CONTAINERD}
     for p in diffs:
         assert diffs[p] == unified_diff(edited[p], h.read(p).decode(), p)
     argvs = [shlex.split(c) for s in plan["steps"] for c in s["commands"]]
     removed = [a for argv in argvs if argv[0] in ("rm", "rmdir") for a in argv[argv.index("--") + 1:]]
-    for p in changed(mid, after):
+    for p in changed(mid, after) - {LOCK}:  # the lock names its holder: the uninstall run itself
         assert p in diffs or any(p == r or p.startswith(r + "/") for r in removed), p
     for r in removed:
         assert r not in after, r
 
     # a second uninstall changes nothing
     again = run_json(h, "gpuprov uninstall --yes --json")
-    assert again["changed"] == 0 and [s["id"] for s in again["steps"]] == ["uninstall.lock"], again
-    assert not changed(after, snapshot(h))
+    assert again["changed"] == 0 and again["steps"] == [], again
+    assert not changed(after, snapshot(h)) - {LOCK}
+
+
+# ---------------------------------------------------------------- containers that outlive uninstall
+
+# A local image with nothing in it but the merged-/usr links: its containers run the host's /usr (read-only).
+BASE_IMAGE = ("rm -rf /tmp/base && mkdir -p /tmp/base/usr && cd /tmp/base && ln -s usr/bin bin && ln -s usr/lib lib "
+              "&& ln -s usr/lib64 lib64 && tar -c . | docker import - uninstall-base >/dev/null")
+SLEEPER = "-v /usr:/usr:ro uninstall-base /bin/sh -c 'trap \"exit 0\" TERM; sleep 100000 & wait'"
+
+
+def test_uninstall_keeps_containers_running_and_stoppable(host):
+    """live-restore off, the operator's container (runc) and one started under gpuprov's runtime, both running: a
+    change that needs dockerd restarted is exit 14 naming --restart-engine, nothing written. Then uninstall killed
+    after it wrote daemon.json and before it reloaded dockerd (the file is the operator's again, the daemon still
+    defaults to `nvidia`): the next uninstall reloads dockerd live (no restart: both containers keep their
+    processes), dockerd forgets gpuprov's runtime and default, and gpuprov-runtime stays as a pass-through until
+    the GPU container is stopped, which `docker stop` does cleanly (exit 0, not 137); the uninstall after that
+    removes it."""
+    h = host
+    operators = h.read(DAEMON)
+    run_json(h, "gpuprov bootstrap --yes --driver skip --json")
+    h.exec(BASE_IMAGE, check=True)
+    for name, rt in (("op", "runc"), ("gpu", "nvidia")):
+        r = h.exec(f"docker run -d --name uninstall-{name} --runtime {rt} {SLEEPER}")
+        assert r.returncode == 0, r.stderr
+    pids = {c: h.exec(f"docker inspect -f '{{{{.State.Pid}}}}' uninstall-{c}").stdout.strip() for c in ("op", "gpu")}
+    dockerd = h.exec("systemctl show -p MainPID --value docker").stdout.strip()
+    # a change that needs dockerd restarted (features.cdi) would stop both: refused before anything is written
+    configured = h.read(DAEMON)
+    r = h.exec("gpuprov engine configure docker --cdi")
+    assert r.returncode == 14 and "--restart-engine" in r.stderr and "2 running container(s)" in r.stderr, r.stderr
+    assert h.read(DAEMON) == configured
+    h.write(DAEMON, operators.decode())  # what the killed run had written, without the reload
+
+    res = run_json(h, "gpuprov uninstall --yes --json")
+    steps = {s["id"]: s for s in res["steps"]}
+    assert "uninstall.engine.docker" in steps and "Reload docker" in steps["uninstall.engine.docker"]["title"]
+    assert h.exec("systemctl show -p MainPID --value docker").stdout.strip() == dockerd  # never restarted
+    for c, pid in pids.items():
+        assert h.exec(f"docker inspect -f '{{{{.State.Running}}}} {{{{.State.Pid}}}}' uninstall-{c}").stdout.split() \
+            == ["true", pid], c
+    info = json.loads(h.exec("docker info --format '{{json .}}'").stdout)
+    assert info["DefaultRuntime"] == "runc" and "nvidia" not in info["Runtimes"], info["Runtimes"]
+    assert h.read(DAEMON) == operators  # the file as the operator has it, byte for byte
+    assert b"pass-through" in h.read("/usr/local/bin/gpuprov-runtime")
+    assert h.exec("docker run --rm -v /usr:/usr:ro uninstall-base /bin/true").returncode == 0  # new ones: runc
+
+    r = h.exec("docker stop -t 20 uninstall-gpu")
+    assert r.returncode == 0, r.stderr
+    assert h.exec("docker inspect -f '{{.State.ExitCode}}' uninstall-gpu").stdout.strip() == "0"
+    again = run_json(h, "gpuprov uninstall --yes --json")
+    assert [s["id"] for s in again["steps"]] == ["uninstall.runtime"], again
+    assert h.exec("test -e /usr/local/bin/gpuprov-runtime").returncode == 1
+    assert run_json(h, "gpuprov uninstall --yes --json")["steps"] == []
+    assert h.exec("docker inspect -f '{{.State.Running}}' uninstall-op").stdout.strip() == "true"
+    h.exec("docker rm -f uninstall-op uninstall-gpu; docker image rm uninstall-base")
 
 
 # ---------------------------------------------------------------- upgrading gpuprov under running containers

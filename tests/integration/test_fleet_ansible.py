@@ -37,6 +37,19 @@ def run_testinfra(inv, *extra) -> subprocess.CompletedProcess:
                           cwd="/tmp", env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def test_0_check_diff_on_fresh_nodes_says_what_it_cannot_know(fleet):
+    """Issue 28.6: `--check --diff` on fresh nodes (no Python, no gpuprov) ends well, one line per node saying what
+    check mode cannot know there, and changes nothing (it failed with `/usr/bin/python3: not found`)."""
+    hosts, inv = fleet
+    rc, out, recap = playbook(inv, "--check", "--diff")
+    assert rc == 0, out[-3000:]
+    for h in hosts:
+        assert recap[h.name]["failed"] == 0 and recap[h.name]["unreachable"] == 0, recap
+        assert f"{h.name}: check mode cannot know what gpuprov would change here until a real run has installed " \
+               "Python 3 with venv and gpuprov on the node; nothing was changed" in out, out[-3000:]
+        assert h.exec("command -v python3 || test -e /opt/gpuprov").returncode != 0  # still fresh
+
+
 def test_1_first_run_configures_all(fleet):
     hosts, inv = fleet
     rc, out, recap = playbook(inv)
@@ -104,6 +117,25 @@ def test_3_check_diff_shows_daemon_json_and_changes_nothing(fleet):
     assert h.read("/etc/docker/daemon.json") == before
     rc, out, recap = playbook(inv, "--limit", h.name)  # put it back
     assert rc == 0 and recap[h.name]["changed"] >= 1
+
+
+def test_3b_check_reports_the_conflict_the_real_run_stops_at(fleet):
+    """Issue 28.5: with the operator's `default-runtime: runc`, --check --diff fails the task with the real run's
+    line and exit code (14), instead of `changed`; nothing is changed."""
+    hosts, inv = fleet
+    h = hosts[0]
+    before = h.read("/etc/docker/daemon.json")
+    doc = json.loads(before)
+    doc["default-runtime"] = "runc"
+    h.write("/etc/docker/daemon.json", json.dumps(doc, indent=2) + "\n")
+    mine = h.read("/etc/docker/daemon.json")
+    try:
+        rc, out, recap = playbook(inv, "--check", "--diff", "--limit", h.name)
+        assert rc != 0 and recap[h.name]["failed"] == 1, out[-3000:]
+        assert "default-runtime is 'runc', set by you" in out and "(exit 14)" in out, out[-3000:]
+        assert h.read("/etc/docker/daemon.json") == mine
+    finally:
+        h.write("/etc/docker/daemon.json", before.decode())
 
 
 def test_4_testinfra_suite_through_the_inventory(fleet):

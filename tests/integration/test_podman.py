@@ -88,6 +88,42 @@ def test_3_verify_passes(host):
     assert "CDI (podman" in checks["container through the runtime"]["detail"]
 
 
+def test_2b_runtime_wraps_podmans_crun(host):
+    """Issue 27.12: Debian's podman brings crun alone (Depends crun | runc): gpuprov-runtime hands over to crun,
+    so `podman run --runtime nvidia` works (it failed with "cannot exec /usr/sbin/runc"), GPU request included."""
+    assert host.exec("command -v runc").returncode != 0 and host.exec("command -v crun").returncode == 0
+    assert json.loads(host.read("/etc/gpuprov/runtime.json"))["runc"] == "/usr/bin/crun"
+    r = host.exec("podman --runtime nvidia info --format '{{.Host.OCIRuntime.Path}}'")
+    assert r.returncode == 0 and r.stdout.strip() == "/usr/local/bin/gpuprov-runtime", r.stderr
+    r = host.exec(f"podman run --runtime nvidia --rm --network none --pull never {CHECK} echo through-nvidia")
+    assert r.returncode == 0 and r.stdout.strip() == "through-nvidia", r.stderr
+    r = host.exec(f"podman run --runtime nvidia --rm --network none --pull never -e NVIDIA_VISIBLE_DEVICES=0 "
+                  f"{CHECK} sh -c '{LOOK}'")
+    assert r.returncode == 0 and {"nvidia0", "nvidiactl", "smi"} <= set(r.stdout.split()), r.stdout + r.stderr
+
+
+def test_3b_verify_and_configure_ask_podman(host):
+    """Issue 27.13: a later drop-in of the operator's points `nvidia` at crun: `podman --runtime nvidia info` says
+    crun, so verify fails naming it (it read gpuprov's drop-in and passed before); engine configure's check is
+    Podman's own answer; a --config Podman never reads is exit 2 and nothing is written."""
+    assert host.exec("gpuprov engine configure podman").returncode == 0
+    late = "/etc/containers/containers.conf.d/zz-operator.conf"
+    host.write(late, '[engine.runtimes]\nnvidia = ["/usr/bin/crun"]\n')
+    try:
+        r = host.exec("gpuprov verify --json")
+        checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+        assert r.returncode != 0 and checks["runtime registered"]["status"] == "fail", checks
+        assert "Podman runs /usr/bin/crun for --runtime nvidia" in checks["runtime registered"]["detail"]
+    finally:
+        host.exec(f"rm -f {late}")
+    r = host.exec("gpuprov engine configure podman --config /etc/containers/containers.conf.d/50-x.toml")
+    assert r.returncode == 2 and "*.conf files in a containers.conf.d" in r.stderr, r.stderr
+    assert host.exec("test -e /etc/containers/containers.conf.d/50-x.toml").returncode != 0
+    r = host.exec("gpuprov verify --json")
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["runtime registered"]["status"] == "pass", checks
+
+
 def test_4_refusals_in_one_line(host):
     host.write("/etc/containers/containers.conf.d/50-site.conf", '[engine.runtimes]\nnvidia = ["/opt/site/rt"]\n')
     try:

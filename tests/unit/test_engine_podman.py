@@ -116,10 +116,61 @@ def test_undo_removes_only_gpuprovs_dropin(tmp_path):
     assert plan.removals == [path] and not plan.edits
 
 
-def test_registered_reads_the_dropin():
-    text = podman.render(runtime_path=RT)
-    assert podman.registered(text, "nvidia") == RT and podman.registered(text, "gpu") is None
-    assert podman.registered("[engine\n", "nvidia") is None
+class Answers:
+    """What `podman …` prints on a node (issue 27.13: verify asks Podman, never gpuprov's drop-in)."""
+
+    def __init__(self, nvidia_path: str | None, default: str = "crun"):
+        self.nvidia_path, self.default, self.ran = nvidia_path, default, []
+
+    def __call__(self, argv):
+        self.ran.append(argv)
+        if argv[:3] == ["podman", "--runtime", "nvidia"]:
+            if self.nvidia_path is None:
+                return 125, "", 'Error: default OCI runtime "nvidia" not found: invalid argument'
+            return 0, self.nvidia_path + "\n", ""
+        if argv[:2] == ["podman", "info"]:
+            return 0, self.default + "\n", ""
+        return 1, "", "unexpected"
+
+
+def test_verify_asks_podman_which_binary_it_runs():
+    eng = podman.PodmanEngine()
+    assert eng.node_runtime(Answers(RT), None, "nvidia", RT) == (RT, None)
+    path, why = eng.node_runtime(Answers("/usr/bin/crun"), None, "nvidia", RT)  # an operator's later drop-in
+    assert path is None and "Podman runs /usr/bin/crun for --runtime nvidia, not " + RT in why
+    path, why = eng.node_runtime(Answers(None), None, "nvidia", RT)
+    assert path is None and "not found" in why
+    ran = Answers(RT)
+    eng.node_runtime(ran, None, "nvidia", RT)
+    assert not any(a[0] == "cat" for a in ran.ran)  # the drop-in is never read
+
+
+def test_configure_check_asks_podman():
+    class R:
+        def __init__(self, rc, out):
+            self.returncode, self.stdout, self.stderr = rc, out, ""
+
+    def run(answers):
+        return lambda argv: R(*answers(argv)[:2])
+
+    req = RuntimeRequest("nvidia", RT)
+    assert podman.asked_podman(run(Answers(RT)), req) is None
+    assert "says /usr/bin/crun, not" in podman.asked_podman(run(Answers("/usr/bin/crun")), req)
+    dflt = RuntimeRequest("nvidia", RT, default=True)
+    assert "default OCI runtime 'crun'" in podman.asked_podman(run(Answers(RT)), dflt)
+    assert podman.asked_podman(run(Answers(RT, default="nvidia")), dflt) is None
+
+
+@pytest.mark.parametrize("name", ["50-x.toml", "99-gpuprov.conf.bak", "gpuprov"])
+def test_config_podman_never_reads_is_exit_2(tmp_path, name):
+    d = tree(tmp_path)
+    r = run_cli("engine", "configure", "podman", "--config", str(d / name), "--runtime-path", RT, "--no-restart")
+    assert r.returncode == 2 and "Podman reads only *.conf files in a containers.conf.d" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (d / name).exists()
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    r = run_cli("engine", "configure", "podman", "--config", str(other / "x.conf"), "--runtime-path", RT)
+    assert r.returncode == 2 and not (other / "x.conf").exists()
 
 
 def test_run_argv_never_pulls_and_asks_cdi():

@@ -95,6 +95,9 @@ def test_unknown_gpu_and_mig_refused(disc):
     ("driver>=580,driver<581", True), ("brand=tesla", False), ("arch>=9.0", False),
 ])
 def test_requirements(disc, req, ok):
+    from dataclasses import replace
+
+    disc = replace(disc, gpus=tuple(replace(g, brand="nvidia") for g in disc.gpus))  # what the H200's driver says
     env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": req}
     if ok:
         edits.compute_edits(disc, env)
@@ -113,7 +116,7 @@ def test_arch_is_each_gpus_compute_capability(disc, req, ok):
     """Compared as libnvidia-container's dsl_compare_version: number by number, trailing zeros insignificant."""
     from dataclasses import replace
 
-    sm90 = replace(disc, gpus=tuple(replace(g, arch="9.0") for g in disc.gpus))
+    sm90 = replace(disc, gpus=tuple(replace(g, arch="9.0", brand="nvidia") for g in disc.gpus))
     env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_ARCH": req}
     if ok:
         edits.compute_edits(sm90, env)

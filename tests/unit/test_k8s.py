@@ -279,3 +279,30 @@ def test_verify_checks_the_cri_handler(tmp_path):
     configure("containerd", config=str(cfg), runtime_path="/usr/local/bin/gpuprov-runtime")
     r = cri_handler(Node())
     assert r.status == "pass" and r.detail.startswith("containerd handler 'nvidia'")
+
+
+@needs("containerd")
+@pytest.mark.parametrize("keep", [False, True])
+def test_node_turns_env_selection_off_unless_kept(tmp_path, keep):
+    """A Kubernetes node is multi-tenant: `k8s node` turns accept_env_unprivileged off (a pod's own
+    NVIDIA_VISIBLE_DEVICES=all would otherwise reach every GPU, the other tenants' too); --accept-env-unprivileged
+    keeps it on. Dry run: said, not done; set_setting does it, checked as the runtime reads the file."""
+    import json
+
+    from provision.inject.settings import load_settings, set_setting
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("version = 2\n")
+    rt = tmp_path / "runtime.json"
+    rt.write_text(json.dumps({"runc": "/usr/sbin/runc", "accept_env_unprivileged": True}))
+    env = {"GPUPROV_RUNTIME_CONFIG": str(rt), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+           "GPUPROV_LOCK_DIR": str(tmp_path / "lock")}
+    p = subprocess.run([sys.executable, "-m", "provision", "k8s", "node", "--engine", "containerd", "--config", str(cfg),
+                        "--runtime-path", "/usr/local/bin/gpuprov-runtime", "--no-cdi", "--dry-run", "--json",
+                        *(["--accept-env-unprivileged"] if keep else [])], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    said = [c for c in json.loads(p.stdout)["changed"] if "accept_env_unprivileged" in c]
+    assert said == ([] if keep else [f"would set accept_env_unprivileged false in {rt}"])
+    assert json.loads(rt.read_text())["accept_env_unprivileged"] is True  # a dry run changes nothing
+    assert set_setting("accept_env_unprivileged", keep, str(rt)) is (not keep)
+    assert load_settings(str(rt)).accept_env_unprivileged is keep and load_settings(str(rt)).runc == "/usr/sbin/runc"

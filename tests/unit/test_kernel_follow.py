@@ -436,8 +436,8 @@ def test_hold_is_the_whole_series(tmp_path):
 
 
 def test_debian_driver_with_its_module_on_the_old_kernel_only_is_red(tmp_path):
-    """As on the real bookworm host: Debian keeps libnvidia-ml.so.<version> under nvidia/current/ (the userspace
-    probe finds no version) and no GPU is there; the driver is still known to be installed by its module on the
+    """As on the real bookworm host: Debian keeps libnvidia-ml.so.<version> under nvidia/current/ (where the userspace
+    probe looks too) and no GPU is there; the driver is still known to be installed by its module on the
     kernel it was built for. The kernel that boots next without one is a failure, not a skip."""
     root = _kernels(make_host(tmp_path, "debian-12", "none", kernel=OLD), NEW, link=NEW)
     lib = root / "usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.535.261.03"
@@ -445,7 +445,7 @@ def test_debian_driver_with_its_module_on_the_old_kernel_only_is_red(tmp_path):
     lib.write_bytes(b"")
     _module(root, OLD)
     facts = detect_host(root, engines=False).to_dict()
-    assert facts["driver"]["userspace_version"] is None and facts["driver"]["module_kernels"] == [OLD]
+    assert facts["driver"]["userspace_version"] == "535.261.03" and facts["driver"]["module_kernels"] == [OLD]
     r = next_boot_module(FactsHost(facts))
     assert r.status == "fail" and f"kernel {NEW} boots next (/vmlinuz)" in r.detail, r
     _module(root, NEW)

@@ -28,7 +28,8 @@ NOT_BOOTSTRAP = {"kubernetes", "gpuprov", "state", "uninstall_driver", "uninstal
 # A value other than the default for each parameter (a parameter missing here fails the round trip below).
 SAMPLES = dict(driver="535", kernel_modules="open", driver_source="nvidia", engine="containerd",
                engine_source="docker-ce", runtime_name="gpu", default_runtime=False, cdi=True, validate=False,
-               replace_runtime=True, allow_remove=True, bundle="/var/lib/gpuprov/bundle", bundle_keyring="/var/lib/gpuprov/k.gpg",
+               replace_runtime=True, allow_remove=True, restart_engine=True, bundle="/var/lib/gpuprov/bundle",
+               bundle_keyring="/var/lib/gpuprov/k.gpg",
                for_gpus=["10de:2335", "10de:2330"], kernels=["6.1.0-28-amd64"], stages=["engine", "runtime"],
                mirrors={"cuda": "https://mirror.example/cuda", "docker-ce": "https://mirror.example/docker-ce"})
 
@@ -132,7 +133,7 @@ def test_absent_runs_uninstall_with_its_options(check_mode):
                                    "uninstall_engine": engine}, check_mode)
         assert argv[1:3] == ["--no-wait", "uninstall"]
         params = uninstall.make_context("uninstall", argv[3:]).params
-        assert (params["driver"], params["engine"], params["json_out"]) == (driver, engine, True)
+        assert (params["purge_driver"], params["purge_engine"], params["json_out"]) == (driver, engine, True)
         assert (params["dry_run"], params["yes"]) == (check_mode, not check_mode)
 
 

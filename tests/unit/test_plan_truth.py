@@ -68,7 +68,8 @@ def _planned_ops(step: st.Step) -> list[tuple]:
         elif isinstance(a, st.ConfigureEngine):
             ops.append(("engine configure", a.engine, {"config": a.config, "runtime_name": a.runtime_name,
                                                        "runtime_path": a.runtime_path, "default": a.default,
-                                                       "cdi": a.cdi, "replace": a.replace}))
+                                                       "cdi": a.cdi, "replace": a.replace,
+                                                       "restart_engine": a.restart_engine}))
     return ops
 
 
@@ -468,3 +469,50 @@ def test_check_reads_through_the_root(tmp_path):
     assert steps["driver.packages"]["would_change"] and steps["packages.recover"]["would_change"] is False
     r = run_cli("bootstrap", "--yes", "--root", str(root))
     assert r.returncode == 2 and "--dry-run or --check" in r.stderr
+
+
+# ---------------------------------------------------------------- uninstall
+
+
+# What an uninstall step may run: the engines' own clients (there only where the engine is), coreutils, systemd and
+# apt (every Debian host has them). No `kill`: a minimal host lacks procps (issue 28); signals go by os.kill.
+MINIMAL_HOST_TOOLS = {"rm", "rmdir", "systemctl", "apt-get", "apt-mark", "docker", "podman", "ctr"}
+
+
+def test_uninstall_runs_what_it_prints(tmp_path, monkeypatch):
+    """Every uninstall action (the engine's undo and live reload, the editor's signal, the runtime's guard, the
+    purges with their simulation, the state and the kept record of packages) applied with the host recorded: the
+    argvs run are the ones printed, in order, the files written the ones planned, and no step needs a tool a
+    minimal host lacks."""
+    from provision import record
+    from provision.plan import uninstall as un
+    from tests.unit.test_uninstall import host as host_fixture
+
+    tmp, cfg, original = host_fixture.__wrapped__(tmp_path, monkeypatch)
+    monkeypatch.setattr(paths, "INSTALL_RECORD", str(tmp / "state/installed.json"))
+    monkeypatch.setattr(un, "packages_installed", lambda pm, pkgs, root=Path("/"): True)
+    record.note_packages("driver", ["nvidia-driver"], held=["nvidia-driver"])
+    record.note_packages("engine", ["docker.io"])
+    sleeper = subprocess.Popen(["sleep", "60"])  # the warm editor, as its lock file names it
+    try:
+        start = Path(f"/proc/{sleeper.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        (tmp / "etc/gpuprov/runtime.json.sock.lock").write_text(f"{sleeper.pid} {start} sleep\n")
+        import fcntl
+
+        fd = os.open(tmp / "etc/gpuprov/runtime.json.sock.lock", os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        steps = un.uninstall_steps(Path("/"), un.UninstallOptions(purge_driver=True))
+        os.close(fd)
+        rec = Recorder(monkeypatch)
+        for step in steps:
+            step.apply()
+        assert sleeper.wait(timeout=10) == -15  # signalled in-process, as printed
+    finally:
+        sleeper.kill()
+    assert rec.argvs == [a for s in steps for a in st.executed_argvs(s)]
+    assert rec.argvs == [a for s in steps for a in _printed_argvs(s)]
+    assert rec.writes == [w for s in steps for w in _planned_writes(s)]
+    assert ("apt-get", "-s", "purge", "nvidia-driver") in rec.argvs  # the simulation before the purge
+    assert [p for p, _ in rec.writes] == [str(cfg), str(tmp / "state/installed.json")]  # the engine record kept
+    assert {a[0] for a in rec.argvs} <= MINIMAL_HOST_TOOLS, {a[0] for a in rec.argvs}
+    assert any("SIGTERM" in ln for s in steps for ln in s.lines())

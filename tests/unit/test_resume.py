@@ -42,8 +42,8 @@ def test_pending_on_a_tree_says_what_bootstrap_does(tmp_path, monkeypatch):
 @pytest.mark.parametrize("facts, words", [
     (None, "after the reboot: driver loaded: NVIDIA GPU present but no driver loaded"),
     (GOOD._replace(loaded=False), "after the reboot: driver loaded: "),
-    (GOOD._replace(userspace_version="570.2"), "after the reboot: driver versions coherent: kernel module 580.1 vs "
-                                               "userspace 570.2"),
+    (GOOD._replace(userspace_version="570.2"), "after the reboot: driver versions coherent: NVIDIA driver mismatch: "
+                                               "the loaded kernel module is 580.1 but the driver's libraries are 570.2"),
 ])
 def test_verify_driver_names_the_failed_check(facts, words, monkeypatch):
     monkeypatch.setattr(rs.effects, "run", lambda argv, **kw: pytest.fail(f"ran {argv}"))

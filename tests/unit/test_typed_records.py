@@ -153,11 +153,12 @@ def disc() -> Discovery:
 
 
 def test_discovery_json_is_pinned_field_by_field(disc):
-    """The cache's and `runtime discover --json`'s schema (3 since each GPU carries its arch): every key spelled out."""
+    """The cache's and `runtime discover --json`'s schema (3 since each GPU carries its arch, 4 since its brand):
+    every key spelled out."""
     doc = json.loads(disc.to_json())
     assert list(doc) == ["schema", "driver_root", "version", "libraries", "libraries32", "manifests",
                          "firmware_needed", "binaries", "nodes", "gpus", "ipc", "firmware"]
-    assert doc["schema"] == 3 and doc["driver_root"] == ROOT and doc["version"] == "580.159.04"
+    assert doc["schema"] == 4 and doc["driver_root"] == ROOT and doc["version"] == "580.159.04"
     assert doc["libraries"]["compute"][0] == {"name": "libcuda", "path": f"{ROOT}/lib64/libcuda.so.580.159.04",
                                               "soname": "libcuda.so.1"}
     assert doc["libraries32"] == {} and doc["firmware_needed"] is False and doc["ipc"] == {}
@@ -169,7 +170,8 @@ def test_discovery_json_is_pinned_field_by_field(disc):
                             "uvm": {"path": "/dev/nvidia-uvm", "major": 238, "minor": 0},
                             "uvm-tools": {"path": "/dev/nvidia-uvm-tools", "major": 238, "minor": 1}}
     assert doc["gpus"] == [{"bus_id": "0000:00:06.0", "uuid": UUID, "minor": 0, "model": "NVIDIA H200", "index": 0,
-                            "node": {"path": "/dev/nvidia0", "major": 195, "minor": 0}, "drm": [], "arch": None}]
+                            "node": {"path": "/dev/nvidia0", "major": 195, "minor": 0}, "drm": [], "arch": None,
+                            "brand": None}]
     assert doc["firmware"][0] == {"path": f"{ROOT}/firmware/nvidia/580.159.04/gsp_ga10x.bin",
                                   "container_path": "/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin"}
 
@@ -237,13 +239,13 @@ def test_cache_of_another_driver_is_a_miss(tmp_path, disc):
     cache = tmp_path / "discovery.json"
     cache.write_text(replace(disc, key="NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.00").to_json())
     assert discover.load_cached(str(cache), str(H200)) is None
-    cache.write_text(replace(disc, key=discover.version_key(str(H200))).to_json())
-    assert discover.load_cached(str(cache), str(H200)) == replace(disc, key=discover.version_key(str(H200)))
+    cache.write_text(replace(disc, key=discover.host_key(str(H200))).to_json())
+    assert discover.load_cached(str(cache), str(H200)) == replace(disc, key=discover.host_key(str(H200)))
 
 
 def test_warm_editor_reuses_its_parse_until_the_cache_changes(tmp_path, disc):
     cache = tmp_path / "discovery.json"
-    first = replace(disc, key=discover.version_key(str(H200)))
+    first = replace(disc, key=discover.host_key(str(H200)))
     cache.write_text(first.to_json())
     a = discover.load_cached(str(cache), str(H200))
     assert discover.load_cached(str(cache), str(H200)) is a  # same file: no second parse

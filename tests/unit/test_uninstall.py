@@ -123,7 +123,7 @@ def test_docker_without_a_record_finds_gpuprovs_keys_by_what_they_are(tmp_path):
     plan = DockerEngine().unplan(cfg, None)
     assert json.loads(plan.edits[0].new) == {"debug": True, "runtimes": {"runc2": {"path": "/usr/bin/runc"}},
                                              "features": {"cdi": True}}  # cdi: nobody can tell it was gpuprov's
-    assert plan.needs_restart  # default-runtime taken out: dockerd's reload would keep it
+    assert not plan.needs_restart  # default-runtime taken out: reloaded live (DockerEngine.reload_live), no restart
     still = tmp_path / "still.json"
     still.write_text(json.dumps({"runtimes": {"runc2": {"path": "/usr/bin/runc"}, "nvidia": {"path": RT}}}))
     assert not DockerEngine().unplan(still, None).needs_restart  # `runtimes` stays in the file: a reload
@@ -244,8 +244,7 @@ def test_uninstall_runs_what_it_prints(host, monkeypatch):
     assert ran == printed
     assert wrote == [(a.path, a.content) for s in steps for a in s.actions if isinstance(a, st.WriteFile)]
     assert wrote == [(str(cfg), original)]
-    assert [s.id for s in steps] == ["uninstall.engine.docker", "uninstall.runtime", "uninstall.state",
-                                     "uninstall.lock"]
+    assert [s.id for s in steps] == ["uninstall.engine.docker", "uninstall.runtime", "uninstall.state"]
     rm = [a for a in ran if a[0] == "rm"]
     assert rm[1][3:] == (str(tmp / "usr/local/bin/gpuprov-runtime"), str(tmp / "etc/gpuprov/runtime.json"),
                          str(tmp / "usr/local/bin/nvidia-container-runtime-hook"))
@@ -259,10 +258,11 @@ def test_uninstall_applied_leaves_the_files_as_they_were_and_a_second_plan_is_em
     assert res.changed == 3
     assert cfg.read_text() == original and not list(tmp.glob("daemon.json.gpuprov-*.bak"))
     assert sorted(p.name for p in (tmp / "usr/local/bin").iterdir()) == ["keep-me"]
-    for gone in ("etc/gpuprov", "state", "log", "cache", "run/mps", "lock"):
+    for gone in ("etc/gpuprov", "state", "log", "cache", "run/mps"):
         assert not (tmp / gone).exists(), gone
+    assert (tmp / "lock/host.lock").exists()  # never removed: another run may hold it
     again = un.uninstall_steps(LIVE, un.UninstallOptions())
-    assert [s.id for s in again] == ["uninstall.lock"]
+    assert [s.id for s in again] == []
     assert ap.check_plan(again)["would_change"] == 0
 
 
@@ -272,10 +272,12 @@ def test_packages_only_from_the_record_and_only_when_asked(host, monkeypatch):
     record.note_packages("engine", ["docker.io"])
     ids = lambda opt: {s.id: s for s in un.uninstall_steps(LIVE, opt)}  # noqa: E731
     assert not {"uninstall.driver.packages", "uninstall.engine.packages"} & set(ids(un.UninstallOptions()))
-    steps = ids(un.UninstallOptions(driver=True, engine=True))
+    steps = ids(un.UninstallOptions(purge_driver=True, purge_engine=True))
     assert [c.argv for c in steps["uninstall.driver.packages"].commands] == [
-        ("apt-mark", "unhold", "nvidia-driver"), ("apt-get", "purge", "-y", "nvidia-driver", "firmware-misc-nonfree")]
-    assert [c.argv for c in steps["uninstall.engine.packages"].commands] == [("apt-get", "purge", "-y", "docker.io")]
+        ("apt-mark", "unhold", "nvidia-driver"), ("apt-get", "-s", "purge", "nvidia-driver", "firmware-misc-nonfree"),
+        ("apt-get", "purge", "-y", "nvidia-driver", "firmware-misc-nonfree")]
+    assert [c.argv for c in steps["uninstall.engine.packages"].commands] == [("apt-get", "-s", "purge", "docker.io"),
+                                                                             ("apt-get", "purge", "-y", "docker.io")]
 
 
 def test_cli_dry_run_json_changes_nothing(tmp_path):
@@ -288,7 +290,7 @@ def test_cli_dry_run_json_changes_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["schema"] == "gpuprov.uninstall-plan/v1"
-    assert [s["id"] for s in doc["steps"]][-2:] == ["uninstall.state", "uninstall.lock"]
+    assert [s["id"] for s in doc["steps"]][-1:] == ["uninstall.state"]
     assert (tmp_path / "s").is_dir() and not (tmp_path / "lock").exists()
     r = run_cli("uninstall", env=env)
     assert r.returncode == 2 and "without --yes" in r.stderr

@@ -31,6 +31,8 @@ CASES = {
                ["::1:9400", "host:0", "host:65536", "host", ":9400", "ho st:1", "[::1]"]),
     "packages": (["docker-ce,containerd.io", "nvidia-driver-535", "libnvidia-gl-535:i386", "g++"],
                  ["docker-ce,--allow-unauthenticated", "a b", "-y", "x\n"]),
+    "package": (["docker.io", "nvidia-driver-535", "libnvidia-gl-535:i386", "g++"],
+                ["-y", "--allow-remove-essential", "a b", "docker.io,x", "x\n", "", 7, ["docker.io"]]),
     "boolean": ([True, False], ["false", 0, 1, None]),
 }
 

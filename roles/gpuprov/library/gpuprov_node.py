@@ -36,6 +36,9 @@ options:
     default-runtime (otherwise gpuprov refuses, exit 14)."}
   allow_remove: {type: bool, default: false, description: "Let a package install remove installed packages
     (otherwise an install that would remove any stops before it runs, exit 14)."}
+  restart_engine: {type: bool, default: false, description: "Let gpuprov restart dockerd where a change needs it
+    (features.cdi, a newer --gpus hook) although that stops its running containers (live-restore off); otherwise
+    such a run stops before it writes anything, exit 14."}
   bundle: {type: path, description: Offline bundle directory on the node (the only package source).}
   bundle_keyring: {type: path, description: "Keyring on the node with the bundle's signer key: the bundle must be
     signed by it."}
@@ -54,9 +57,9 @@ options:
   state: {type: str, default: present, choices: [present, absent], description: "present: `gpuprov bootstrap`;
     absent: `gpuprov uninstall` (gpuprov's keys out of the engine configs, the operator's kept; packages stay)."}
   uninstall_driver: {type: bool, default: false, description: "With state absent: also purge the driver packages
-    gpuprov installed (`uninstall --driver`)."}
+    gpuprov installed (`uninstall --purge-driver`)."}
   uninstall_engine: {type: bool, default: false, description: "With state absent: also purge the engine packages
-    gpuprov installed, never one it found (`uninstall --engine`)."}
+    gpuprov installed, never one it found (`uninstall --purge-engine`)."}
 author: gpuprov developers
 """
 RETURN = r"""
@@ -81,6 +84,7 @@ ARGUMENT_SPEC = dict(
     validate=dict(type="bool", default=True),
     replace_runtime=dict(type="bool", default=False),
     allow_remove=dict(type="bool", default=False),
+    restart_engine=dict(type="bool", default=False),
     bundle=dict(type="path"),
     bundle_keyring=dict(type="path"),
     for_gpus=dict(type="list", elements="str", default=[]),
@@ -144,6 +148,7 @@ def bootstrap_argv(p: dict, check_mode: bool) -> list[str]:
     argv += [] if p["validate"] else ["--no-validate"]
     argv += ["--replace-runtime"] if p["replace_runtime"] else []
     argv += ["--allow-remove"] if p["allow_remove"] else []
+    argv += ["--restart-engine"] if p["restart_engine"] else []
     argv += ["--bundle", p["bundle"]] if p["bundle"] else []
     argv += ["--bundle-keyring", p["bundle_keyring"]] if p["bundle_keyring"] else []
     argv += [a for gpu in p["for_gpus"] or () for a in ("--for-gpu", gpu)]
@@ -156,8 +161,8 @@ def bootstrap_argv(p: dict, check_mode: bool) -> list[str]:
 def uninstall_argv(p: dict, check_mode: bool) -> list[str]:
     """`gpuprov uninstall` for `state: absent` (a dry run in check mode)."""
     argv = [p["gpuprov"], "--no-wait", "uninstall", "--json"]
-    argv += ["--driver"] if p["uninstall_driver"] else []
-    argv += ["--engine"] if p["uninstall_engine"] else []
+    argv += ["--purge-driver"] if p["uninstall_driver"] else []
+    argv += ["--purge-engine"] if p["uninstall_engine"] else []
     return argv + (["--dry-run"] if check_mode else ["--yes"])
 
 
