@@ -138,3 +138,60 @@ class FakeNVML:
         if not samples:
             raise NVMLError(NVML_ERROR_NOT_FOUND)  # what NVML says when no process ran in the sample window
         return [SimpleNamespace(pid=p, smUtil=u, memUtil=0, timeStamp=ts) for p, u in samples.items()]
+
+
+MIG_L = Path(__file__).parent / "fixtures/hosts/h100-mig/commands/nvidia-smi-L.txt"
+MIG_LCI = Path(__file__).parent / "fixtures/hosts/h100-mig/commands/nvidia-smi-mig-lci.txt"
+
+
+class FakeMigNVML(FakeNVML):
+    """NVML on the MIG host of tests/fixtures/hosts/h100-mig: its one GPU (the `nvidia-smi -L` GPU line: the real
+    H100's name and UUID) and MIG devices (`-L`: index, UUID, profile in NVML's index order; `nvidia-smi mig -lci`: GI
+    and CI IDs, matched in order; the fixture's README says how the two were put together). A MIG handle is
+    (gpu handle, index). Everything else answers from FakeNVML's capture."""
+
+    def __init__(self, xml: Path = XML, listing: Path = MIG_L, lci: Path = MIG_LCI):
+        super().__init__(xml)
+        self.mig: list[dict] = []
+        for line in listing.read_text().splitlines():
+            line = line.strip()
+            if line.startswith("GPU "):
+                self.gpu_name = line.split(": ", 1)[1].split(" (UUID")[0]
+                self.gpu_uuid = line.split("UUID: ")[1].rstrip(")")
+            elif line.startswith("MIG "):
+                profile, _, rest = line[4:].partition(" ")
+                index = int(rest.split("Device")[1].split(":")[0])
+                uuid = rest.split("UUID: ")[1].rstrip(")")
+                self.mig.append({"index": index, "uuid": uuid, "profile": profile})
+        lci_rows = [r for r in (line.strip("| ").split() for line in lci.read_text().splitlines())
+                    if len(r) == 7 and r[0].isdigit() and r[1].isdigit()]
+        for dev, row in zip(self.mig, lci_rows):  # row: GPU, GI ID, MIG, profile, profile ID, CI ID, placement
+            assert row[3] == dev["profile"], (row, dev)
+            dev["gi"], dev["ci"] = int(row[1]), int(row[5])
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):  # noqa: N802
+        if uuid != self.gpu_uuid:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return 0
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):  # noqa: N802 - 7 on every MIG-capable GPU so far
+        self._gpu(h)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):  # noqa: N802
+        self._gpu(h)
+        if i >= len(self.mig):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return (h, i)
+
+    def nvmlDeviceGetGpuInstanceId(self, m):  # noqa: N802
+        return self.mig[m[1]]["gi"]
+
+    def nvmlDeviceGetComputeInstanceId(self, m):  # noqa: N802
+        return self.mig[m[1]]["ci"]
+
+    def nvmlDeviceGetUUID(self, h):  # noqa: N802
+        return self.mig[h[1]]["uuid"] if isinstance(h, tuple) else self.gpu_uuid
+
+    def nvmlDeviceGetName(self, h):  # noqa: N802 - NVML names a MIG device "<GPU name> MIG <profile>"
+        return f"{self.gpu_name} MIG {self.mig[h[1]]['profile']}" if isinstance(h, tuple) else self.gpu_name

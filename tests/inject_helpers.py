@@ -155,3 +155,27 @@ def stop_editors(runtime_json: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+# --- MIG: the h100-mig fixture (a real H100 capture, MIG disabled) with its instances, and their caps nodes ---
+MIG_FIXTURE = H200.parent / "h100-mig"
+MIG_GIS = (2, 3, 9, 10)  # the fixture's GPU instances (one compute instance 0 each)
+
+
+def mig_proc(base: Path) -> str:
+    """A proc root: the H100's proc/ with the fixture's instances on top (the same host once GPU instances exist)."""
+    import shutil
+
+    shutil.copytree(MIG_FIXTURE / "proc", base / "proc", symlinks=True)
+    shutil.copytree(MIG_FIXTURE / "instances/proc", base / "proc", dirs_exist_ok=True)
+    return str(base)
+
+
+def mig_caps_nodes(dev_root: Path) -> None:
+    """/dev/nvidia-caps/nvidia-cap<minor> (nvidia-caps major 241, as on the H100) for every instance's GI and CI."""
+    caps = dev_root / "dev/nvidia-caps"
+    caps.mkdir(parents=True, exist_ok=True)
+    for gi in MIG_GIS:
+        for minor in (3 + 9 * gi, 4 + 9 * gi):
+            if not (caps / f"nvidia-cap{minor}").exists():
+                os.mknod(caps / f"nvidia-cap{minor}", 0o444 | 0o020000, os.makedev(241, minor))

@@ -17,7 +17,7 @@ from provision.hostlock import host_lock
 from provision.inject.settings import load_settings, set_setting, settings_path
 from provision.k8s import node
 from provision.k8s.labels import NFD_FILE, gfd_labels, kubelet_flag, nfd_file
-from provision.k8s.manifests import NodeSettings, decide_sharing, decide_strategy, render_all
+from provision.k8s.manifests import MIG_STRATEGIES, NodeSettings, decide_mig_strategy, decide_sharing, decide_strategy, render_all
 from provision.k8s.node import CDI_SPEC, installed_engine_has_cdi, write_if_changed
 from provision.metrics import nvml
 from provision.options import check_choice, rule
@@ -30,6 +30,7 @@ k8s_app = typer.Typer(help="Kubernetes GPU nodes: CRI handler, CDI, node labels,
 LABEL_FORMATS = ("nfd", "kubelet", "json")
 SHARING_METAVAR = "auto|none|time-slicing|mps"
 SHARING_HELP = "auto (gpuprov share state) | none | time-slicing | mps (the device plugin's own MPS daemon)."
+MIG_HELP = "none | single | mixed (how the device plugin and the labels offer MIG devices; GFD's --mig-strategy)."
 STRATEGY_HELP = "auto | envvar | volume-mounts | cdi-annotations (how the device plugin passes GPUs to the runtime)."
 
 
@@ -44,8 +45,14 @@ def _settings(engine_cdi: bool | None = None):
                         driver_root=s.driver_root)
 
 
-def _labels(sharing: str, replicas: Optional[int]) -> dict[str, str]:
-    return gfd_labels(nvml.snapshot(), decide_sharing(_settings(), sharing, replicas))
+def _labels(sharing: str, replicas: Optional[int], mig_strategy: str = "none") -> dict[str, str]:
+    sharing_d = decide_sharing(_settings(), sharing, replicas)
+    mig_strategy = decide_mig_strategy(mig_strategy, sharing_d)
+    profiles = None
+    if mig_strategy != "none":  # the MIG devices as the runtime's discovery sees them (NVML's profiles)
+        layout = _discover(None, arch=True).mig
+        profiles = [d.profile for d in layout.devices] if layout is not None else []
+    return gfd_labels(nvml.snapshot(), sharing_d, mig_strategy, profiles)
 
 
 @k8s_app.command("labels")
@@ -56,11 +63,12 @@ def labels_cmd(
                                "/etc/kubernetes/node-feature-discovery/features.d/gpuprov (atomic)."),
     sharing: str = typer.Option("auto", "--sharing", metavar=SHARING_METAVAR, help=SHARING_HELP),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Pods per GPU when shared."),
+    mig_strategy: str = typer.Option("none", "--mig-strategy", metavar="|".join(MIG_STRATEGIES), help=MIG_HELP),
 ) -> None:
     """This node's GPU labels in GPU Feature Discovery's format (product, memory, count, family, compute capability,
     CUDA driver/runtime versions, sharing strategy and replicas, MIG capability)."""
     check_choice(fmt, LABEL_FORMATS, "--format")  # before anything is written
-    labels = _labels(sharing, replicas)
+    labels = _labels(sharing, replicas, mig_strategy)
     if write:
         with host_lock("k8s labels --write"):
             changed = write_if_changed(NFD_FILE, nfd_file(labels))
@@ -95,13 +103,16 @@ def manifests_cmd(
     namespace: str = typer.Option("nvidia-device-plugin", "--namespace", callback=rule("namespace"),
                                   help="The device plugin's namespace."),
     allow_shared_dir: bool = typer.Option(False, SHARED_DIR_OPTION, help=SHARED_DIR_HELP),
+    mig_strategy: str = typer.Option("none", "--mig-strategy", metavar="|".join(MIG_STRATEGIES), help=MIG_HELP),
 ) -> None:
     """RuntimeClass `nvidia`, and the NVIDIA device plugin's config (file, ConfigMap, Helm values) from gpuprov's
     sharing and runtime settings."""
     if output is not None:
         _check_output_dir(Path(output))
     s = _settings()
-    files = render_all(s, decide_sharing(s, sharing, replicas), decide_strategy(s, strategy), namespace)
+    sharing_d = decide_sharing(s, sharing, replicas)
+    files = render_all(s, sharing_d, decide_strategy(s, strategy), namespace,
+                       decide_mig_strategy(mig_strategy, sharing_d))
     if output is None:
         for name, text in files.items():
             print(f"---\n# {name}\n{text}", end="")
@@ -166,7 +177,7 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
                            f"{str(env_unprivileged).lower()} in {settings_path()}")
     if manifests and not dry_run:
         manifests_cmd(output=manifests, sharing=sharing, replicas=replicas, strategy="auto",
-                      namespace="nvidia-device-plugin", allow_shared_dir=False)
+                      namespace="nvidia-device-plugin", allow_shared_dir=False, mig_strategy="none")
     if json_out:
         emit_json(res.to_dict())
         return

@@ -16,6 +16,7 @@ from provision.hostlock import changes_host, host_lock
 from provision.inject.cdi import generate_spec, render
 from provision.inject.discover import write_manifests
 from provision.inject.edits import Refused, compute_edits
+from provision.inject.mig import describe as describe_mig
 from provision.options import rule
 from provision.output import emit_json, kv
 from provision.plan import runtime as runtime_host
@@ -67,6 +68,7 @@ def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: 
               ("gpus", ", ".join(f"{g.index}:{g.bus_id} {g.uuid} arch {g.arch or 'unknown'}" for g in disc.gpus)
                or "none"),
               ("nodes", " ".join(n.path for n in disc.nodes.present())),
+              *((("mig", describe_mig(disc.mig.devices)),) if disc.mig is not None else ()),
               *((f"libs {c}", " ".join(x.soname for x in v)) for c, v in disc.libraries.items())]))
 
 

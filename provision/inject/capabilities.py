@@ -53,3 +53,10 @@ MANIFEST_DIRS = ("usr/share", "share", "etc", "")
 # older kernel the first open of the GPU from inside a container would make the kernel look in the container's
 # filesystem — that is why NVIDIA's toolkit mounts gsp*.bin. gpuprov mounts it only on such kernels.
 FIRMWARE_FROM_INIT_NS = (5, 7)
+
+# NVIDIA's variables that add MIG's host-wide capabilities (mig/config, mig/monitor) to a privileged container
+# (provision/inject/mig.py: admin_nodes).
+MIG_ENV = ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
+
+# Where NVIDIA's cuda-compat packages put the forward-compatibility libraries in an image (provision/inject/compat.py).
+CUDA_COMPAT_DIR = "/usr/local/cuda/compat"

@@ -51,6 +51,14 @@ def generate_spec(disc: Discovery, *, libdirs: tuple[str, ...] = LIBDIRS) -> dic
         if g.uuid:
             gpu_devices.append({"name": g.uuid, "containerEdits": _gpu_edits(g)})
     all_nodes = [n for g in disc.gpus for n in _gpu_edits(g)["deviceNodes"]]
+    for d in disc.mig.devices if disc.mig is not None else ():  # each MIG device under each of its names (mig.py)
+        parent = next((g for g in disc.gpus if g.index == d.gpu), None)
+        if parent is None:
+            continue
+        caps = [edits.device_node(n).cdi() for n in disc.mig.nodes(d)]
+        nodes = [edits.device_node(parent.node).cdi(), *caps]
+        gpu_devices += [{"name": name, "containerEdits": {"deviceNodes": nodes}} for name in d.names()]
+        all_nodes += [n for n in caps if n not in all_nodes]  # `all`: every GPU and every instance
     control = [edits.device_node(n).cdi() for n in disc.nodes.present()]
     if disc.gpus and disc.nodes.uvm is None:  # every NVIDIA GPU computes: CUDA needs these, and a spec without them
         # starts containers where nvidia-smi works and CUDA fails. Listed by path only (no major: nvidia-uvm is not

@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from provision import paths
 from provision.fsutil import make_dirs, open_trusted, write_file
+from provision.inject import mig
 from provision.inject.capabilities import (
     BINARIES,
     DRIVER_LIB32_DIRS,
@@ -126,6 +127,7 @@ class Discovery:
     key: str | None = None  # the cache's host key (host_key()); None outside the cache
     userspace: str | None = None  # the driver root's userspace version when none of its libraries is the loaded
     # module's version (an upgrade before the reboot): GPU containers are then refused (edits.mismatch)
+    mig: mig.MigLayout | None = None  # MIG instances (provision/inject/mig.py); None: none on this host
 
     def to_dict(self) -> dict:
         """The JSON form: the cache file's and `gpuprov runtime discover --json`'s (schema SCHEMA)."""
@@ -162,6 +164,8 @@ class Discovery:
             doc["key"] = self.key
         if self.userspace is not None:
             doc["userspace"] = self.userspace
+        if self.mig is not None:
+            doc["mig"] = self.mig.to_dict()
         return doc
 
     def to_json(self) -> str:
@@ -190,6 +194,7 @@ class Discovery:
                 firmware=tuple(_firmware(f) for f in doc["firmware"]),
                 key=_typed(doc.get("key"), str, None),
                 userspace=_typed(doc.get("userspace"), str, None),
+                mig=_mig_layout(doc["mig"]) if doc.get("mig") is not None else None,
             )
         except (KeyError, TypeError, AttributeError) as exc:  # a missing key, an unknown one, a wrong container
             raise ValueError(f"not a discovery document: {type(exc).__name__}: {exc}") from None
@@ -203,12 +208,24 @@ class Discovery:
 # The keys each JSON object may have (to_dict's): anything else is another writer's form, so a miss.
 _FIELDS = {
     "doc": {"schema", "driver_root", "version", "libraries", "libraries32", "manifests", "firmware_needed", "binaries",
-            "nodes", "gpus", "ipc", "firmware", "key", "userspace"},
+            "nodes", "gpus", "ipc", "firmware", "key", "userspace", "mig"},
     "nodes": {k for k, _ in _NODE_KEYS}, "node": {"path", "major", "minor"}, "library": {"name", "path", "soname"},
     "manifest": {"cap", "path", "container_path", "library", "rewrite", "generated"}, "ipc": {"persistenced"},
     "gpu": {"bus_id", "uuid", "minor", "model", "index", "node", "drm", "arch", "brand"},
-    "firmware": {"path", "container_path"},
+    "firmware": {"path", "container_path"}, "mig": {"major", "devices", "config", "monitor"},
 }
+
+
+def _mig_layout(doc: dict) -> mig.MigLayout:
+    _only(doc, _FIELDS["mig"])
+    devices = []
+    for d in doc["devices"]:
+        _only(d, set(mig.MigDevice.FIELDS))
+        devices.append(mig.MigDevice(*(_typed(d[k], int) for k in mig.MigDevice.FIELDS[:6]),
+                                     _typed(d["uuid"], str, None), _typed(d["profile"], str, None),
+                                     _typed(d["index"], int, None)))
+    return mig.MigLayout(_typed(doc["major"], int), tuple(devices), _typed(doc["config"], int, None),
+                         _typed(doc["monitor"], int, None))
 
 
 def _only(obj: dict, keys: set[str]) -> dict:
@@ -539,6 +556,8 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
         firmware=firmware,
         userspace=userspace,
     )
+    # MIG instances: NVML names them (UUID, index) only where instances exist, whoever asks (CDI names need it too)
+    disc = replace(disc, mig=mig.identify(mig.scan(proc_root, majors.get("nvidia-caps"), disc.gpus), disc.gpus))
     return with_arches(disc) if arch else disc
 
 
@@ -677,8 +696,9 @@ def write_manifests(disc: Discovery, gen_dir: str = GENERATED_DIR) -> Discovery:
 def host_key(proc_root: str = "/") -> str:
     """What a discovery depends on, read on every GPU start: the loaded module's version line, the NVIDIA modules
     loaded (/proc/modules: nvidia-uvm loaded after the cache was built), their character majors (/proc/devices: a
-    major can move across a reboot) and the boot id. Any change is a miss. Raw reads, bytes only: ~4 small procfs
-    reads and no decoding (bench/editor_bench.py measures it with the rest of a start)."""
+    major can move across a reboot), the boot id and the MIG layout (mig.layout_key: "" without instances; creating
+    or destroying an instance changes it). Any change is a miss. Raw reads, bytes only: ~4 small procfs reads and
+    no decoding, plus the MIG listdirs (bench/editor_bench.py measures it with the rest of a start)."""
     version = _raw(_join(proc_root, "proc/driver/nvidia/version")).split(b"\n", 1)[0]
     modules = sorted(line.split(b" ", 1)[0] for line in _raw(_join(proc_root, "proc/modules")).split(b"\n")
                      if line.startswith(b"nvidia"))
@@ -686,7 +706,8 @@ def host_key(proc_root: str = "/") -> str:
     char = devices[:devices.find(b"Block devices")] if b"Block devices" in devices else devices
     majors = sorted(line.strip() for line in char.split(b"\n") if b" nvidia" in line)
     boot = _raw(_join(proc_root, "proc/sys/kernel/random/boot_id")).strip()
-    return b"|".join((version, b",".join(modules), b",".join(majors), boot)).decode(errors="replace")
+    return b"|".join((version, b",".join(modules), b",".join(majors), boot)).decode(errors="replace") + \
+        mig.layout_key(proc_root)
 
 
 def _raw(path: str, limit: int = 1 << 20) -> bytes:

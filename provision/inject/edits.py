@@ -8,10 +8,10 @@ device-cgroup rules, bind mounts, env), turned into OCI (or CDI) JSON only by wh
 from __future__ import annotations
 
 import re
-from operator import itemgetter
 
 from provision.errors import Refused
-from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES, LIB32_DEST
+from provision.inject.capabilities import CAPABILITIES, DEFAULT_CAPABILITIES, IMPLIES, LIB32_DEST, MIG_ENV
+from provision.inject.records import Record, fields
 from provision.share.limits import is_index
 from provision.versions import numbers
 
@@ -32,23 +32,7 @@ DRIVER_CUDA = ((595, "13.2"), (590, "13.1"), (580, "13.0"), (575, "12.9"), (570,
                (465, "11.3"), (460, "11.2"), (455, "11.1"), (450, "11.0"), (440, "10.2"), (418, "10.1"))
 
 
-# --- the records: immutable, compared by value (tuples with named fields). Neither dataclasses nor namedtuples:
-# this module is imported by every cold GPU start (`python3 -I -S modify_main.py`), where building a frozen
-# dataclass costs 0.5-4 ms and a namedtuple subclass ~60 us at import; one of these ~8 us (python -I -S, here).
-
-class Record(tuple):
-    """A tuple whose items are named by FIELDS (each one a read-only property, from fields())."""
-    __slots__ = ()
-    FIELDS: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in zip(self.FIELDS, self))})"
-
-
-def fields(*names: str) -> tuple[property, ...]:
-    """A Record's field properties, in FIELDS' order."""
-    return tuple(property(itemgetter(i), doc=name) for i, name in enumerate(names))
-
+# --- the records (records.py: tuples with named fields, µs to build on a cold start) ---
 
 class DeviceNode(Record):
     """A character device the container gets: its path (the same in the host's and the container's /dev) and
@@ -190,8 +174,6 @@ def select_gpus(selectors: list[str], gpus: tuple[Gpu, ...]) -> list[Gpu]:
             if len(match) > 1:  # a prefix must name one GPU, never several (tests/faults/test_detect_selectors.py)
                 raise Refused(f"NVIDIA_VISIBLE_DEVICES={s!r} is ambiguous: it is the start of "
                               f"{', '.join(g.uuid or '' for g in match)}; give more of the UUID")
-        elif s.startswith("MIG-") or (s.count(":") == 1 and is_index(s.replace(":", ""))):
-            raise Refused(f"MIG device {s} requested but no MIG instances are configured on this host")
         else:
             match = []
         if not match:
@@ -329,9 +311,37 @@ def driver_mounts(disc: Discovery, caps: list[str], *, libdir: str = DEBIAN_LIBD
     return out
 
 
+def select_devices(selectors: list[str], disc: Discovery, env: dict[str, str], privileged: bool
+                   ) -> tuple[list[Gpu], list[Node], list[str]]:
+    """The GPUs whose /dev/nvidiaN the container gets (whole GPUs asked for, and each MIG device's parent), the
+    MIG capability nodes it gets (mig.py: each instance's GI and CI access nodes; config/monitor for privileged
+    containers that ask), and the names it sees in NVIDIA_VISIBLE_DEVICES. `all` is every GPU and MIG device."""
+    mig_sel = [s for s in selectors if s.startswith("MIG-") or ":" in s]
+    gpus = select_gpus([s for s in selectors if s not in mig_sel], disc.gpus) if len(mig_sel) < len(selectors) else []
+    visible = [g.uuid or str(g.index) for g in gpus]
+    if not mig_sel and (disc.mig is None or not disc.mig.devices) and not any(
+            env.get(v, "").strip() for v in MIG_ENV):
+        return gpus, [], visible  # no MIG request on a host without instances: as before MIG
+    from provision.inject import mig  # lazy: 0.3 ms (-X importtime -I -S, min of 5); MIG requests or instances only
+
+    devices = list(disc.mig.devices) if selectors == ["all"] and disc.mig is not None else mig.select(mig_sel, disc.mig)
+    parents = {d.gpu for d in devices}
+    gpus += [g for g in disc.gpus if g.index in parents and g not in gpus]
+    if selectors != ["all"]:
+        visible += [d.uuid or d.ids for d in devices]
+    caps: list[Node] = []
+    for n in [n for d in devices for n in disc.mig.nodes(d)] + mig.admin_nodes(env, disc.mig, privileged):
+        if n not in caps:  # two CIs of one GI share its access node
+            caps.append(n)
+    return gpus, caps, visible
+
+
 def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_LIBDIR,
-                  selectors: list[str] | None = None) -> Edits | None:
-    """The edits for one container, or None when it asked for no GPU. Raises Refused."""
+                  selectors: list[str] | None = None, privileged: bool = False, compat=None) -> Edits | None:
+    """The edits for one container, or None when it asked for no GPU. Raises Refused. `privileged`: the container
+    has CAP_SYS_ADMIN (only then may NVIDIA_MIG_CONFIG_DEVICES / _MONITOR_DEVICES give it MIG's admin nodes).
+    `compat`: the image's CUDA forward-compatibility libraries (compat.find); when compat.decide says they apply,
+    they are mounted where the host's would be and NVIDIA_REQUIRE_CUDA is judged against their CUDA."""
     if selectors is None:
         selectors = requested_devices(env)
     if selectors is None:
@@ -342,18 +352,28 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
     why = driver_refusal(disc, caps)
     if why:
         raise Refused(why)
-    gpus = select_gpus(selectors, disc.gpus) if selectors else []
-    check_requirements(env, {"cuda": cuda_version(disc.version), "driver": disc.version}, gpus)
+    gpus, caps_nodes, visible = select_devices(selectors, disc, env, privileged) if selectors else ([], [], [])
+    host = {"cuda": cuda_version(disc.version), "driver": disc.version}
+    swap: dict[str, str] = {}
+    if compat is not None and "compute" in caps:
+        from provision.inject.compat import decide  # lazy: 0.2 ms (-X importtime -I -S); images with compat libraries
+
+        if decide(compat, disc.version, [g.model for g in gpus]):
+            host["cuda"] = compat.cuda or cuda_version(compat.version)
+            swap = {f"{libdir}/{lib.soname}": compat.files[lib.name] for cap in caps
+                    for lib in disc.libraries.get(cap, ()) if lib.name in compat.files}
+    check_requirements(env, host, gpus)
     ctl = disc.nodes
     nodes = [ctl.ctl]
     if "compute" in caps:
         nodes += [n for n in (ctl.uvm, ctl.uvm_tools) if n is not None]
     if "display" in caps and ctl.modeset is not None:
         nodes.append(ctl.modeset)
-    nodes += [g.node for g in gpus]
+    nodes += [g.node for g in gpus] + caps_nodes
     if "graphics" in caps or "display" in caps:
         nodes += [n for g in gpus for n in g.drm]
-    mounts = driver_mounts(disc, caps, libdir=libdir, with_firmware=bool(gpus))
+    mounts = [Mount(swap.get(m.destination, m.source), m.destination, m.options)
+              for m in driver_mounts(disc, caps, libdir=libdir, with_firmware=bool(gpus))]
     ipc = persistenced_mount(disc) if "utility" in caps else None
     if ipc is not None:
         mounts.append(ipc)
@@ -361,6 +381,6 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
         devices=tuple(device_node(n) for n in nodes),
         rules=tuple(CgroupRule(n.major, n.minor, "rwm") for n in nodes),
         mounts=tuple(mounts),
-        env=(EnvVar("NVIDIA_VISIBLE_DEVICES", ",".join(g.uuid or str(g.index) for g in gpus) or "none"),
+        env=(EnvVar("NVIDIA_VISIBLE_DEVICES", ",".join(visible) or "none"),
              EnvVar("NVIDIA_DRIVER_CAPABILITIES", ",".join(caps))),
     )

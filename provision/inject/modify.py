@@ -4,7 +4,8 @@ env, MPS), each taking the container's `Start` and run in order, as NVIDIA's too
 
 Safety rules (REFERENCE.md §6), each with a test in tests/unit/test_inject_security.py:
 - mount *sources* come from discovery of the host's driver root only, must be regular files (not symlinks) and
-  never lie inside the container's rootfs (files the image controls are never mounted as driver libraries);
+  never lie inside the container's rootfs (files the image controls are never mounted as driver libraries), except
+  the image's own cuda-compat libraries (compat.py: regular files found through scoped_resolve, mounted within it);
 - every path *inside the image* (mount destinations, the image's /etc/debian_version that picks its library
   directory) is resolved by one resolver, `scoped_resolve`, with symlinks interpreted relative to the rootfs (never
   the host): an image that turns /usr/lib/x86_64-linux-gnu into a link to a host path still gets its mounts inside
@@ -26,6 +27,7 @@ import sys
 from provision.errors import Refused, UntrustedPath
 from provision.fsutil import open_trusted, write_file
 from provision.inject import discover, edits, ldcache, nodes
+from provision.inject.capabilities import CUDA_COMPAT_DIR
 from provision.share.limits import MPS_VARS, aliyun_visible, limits_asked, mps_env, share_request
 
 TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every GPU start's path
@@ -227,7 +229,7 @@ class Start:
     (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
     its build at import on every cold GPU start (see edits.py's records)."""
     __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed",
-                 "libdir")
+                 "libdir", "compat_sources")
 
     def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
         self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
@@ -238,6 +240,7 @@ class Start:
         self.disc: discover.Discovery | None = None
         self.edits: edits.Edits | None = None  # what the container gets (plan_edits)
         self.libdir = edits.DEBIAN_LIBDIR  # where the image's loader looks (plan_edits: image_libdir)
+        self.compat_sources: frozenset[str] = frozenset()  # the image's own cuda-compat files it mounts (plan_edits)
         self.changed = False
 
 
@@ -302,7 +305,14 @@ def plan_edits(s: Start) -> bool:
             nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
             s.disc = load_discovery(s.settings)
     s.libdir = image_libdir(s.rootfs)
-    s.edits = edits.compute_edits(s.disc, s.env, libdir=s.libdir, selectors=s.selectors)
+    compat_libs = None
+    if s.selectors and in_image(s.rootfs, CUDA_COMPAT_DIR):  # an image with forward-compatibility libraries
+        from provision.inject import compat  # lazy: 0.2 ms (-X importtime -I -S); such images only
+
+        compat_libs = compat.find(s.rootfs, image_path)
+        s.compat_sources = frozenset(compat_libs.files.values()) if compat_libs else frozenset()
+    s.edits = edits.compute_edits(s.disc, s.env, libdir=s.libdir, selectors=s.selectors,
+                                  privileged=is_privileged(s.config), compat=compat_libs)
     s.changed = True
     return True
 
@@ -332,8 +342,8 @@ def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount]) ->
     mounts = s.config.setdefault("mounts", [])
     taken = {m.get("destination") for m in mounts}
     for m in wanted:
-        if not _safe_source(m.source, rootfs_real):
-            continue
+        if not _safe_source(m.source, rootfs_real) and m.source not in s.compat_sources:
+            continue  # the image's own files only as its cuda-compat libraries (compat.find: regular, in-rootfs)
         dest = scoped_resolve(rootfs, m.destination)
         if dest in taken:
             continue

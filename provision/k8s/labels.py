@@ -42,7 +42,32 @@ def sanitise(name: str) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9-_. ]", "", name).split())
 
 
-def gfd_labels(snap: Snapshot, sharing: Sharing) -> dict[str, str]:
+def mig_labels(product: str, strategy: str, profiles: list[str | None]) -> dict[str, str]:
+    """GFD's MIG labels (internal/lm/mig-strategy.go): `nvidia.com/mig.strategy`; `single`: the node's GPUs are its
+    MIG devices (product `<GPU>-MIG-<profile>`, count = MIG devices; all of one profile, as GFD requires); `mixed`:
+    `nvidia.com/mig-<profile>.count` and `.product` per profile. `profiles`: each MIG device's (discovery's, from
+    NVML; None where NVML did not answer). GFD's memory/multiprocessor/slice/engine MIG labels are not written."""
+    if strategy == "none":
+        return {}
+    if any(p is None for p in profiles):
+        raise Unsupported("the MIG devices' profiles are unknown (NVML did not answer when discovery ran): run "
+                          "`gpuprov runtime install` to refresh it, or use --mig-strategy none")
+    labels = {"nvidia.com/mig.strategy": strategy}
+    if strategy == "single" and profiles:
+        if len(set(profiles)) > 1:
+            raise Unsupported(f"--mig-strategy single needs every MIG device of one profile; this node has "
+                              f"{', '.join(sorted(set(profiles)))}: use --mig-strategy mixed")
+        labels.update({"nvidia.com/gpu.product": f"{product}-MIG-{profiles[0]}",
+                       "nvidia.com/gpu.count": str(len(profiles))})
+    elif strategy == "mixed":
+        for p in sorted(set(profiles)):
+            labels.update({f"nvidia.com/mig-{p}.count": str(profiles.count(p)),
+                           f"nvidia.com/mig-{p}.product": f"{product}-MIG-{p}"})
+    return labels
+
+
+def gfd_labels(snap: Snapshot, sharing: Sharing, mig_strategy: str = "none",
+               mig_profiles: list[str | None] | None = None) -> dict[str, str]:
     if not snap.gpus:
         raise Unsupported("no NVIDIA GPU visible to NVML: nothing to label (gpuprov verify)")
     g = snap.gpus[0]
@@ -70,6 +95,7 @@ def gfd_labels(snap: Snapshot, sharing: Sharing) -> dict[str, str]:
         cmaj, cmin = snap.cuda_version.split(".")
         labels.update({"nvidia.com/cuda.runtime-version.major": cmaj, "nvidia.com/cuda.runtime-version.minor": cmin,
                        "nvidia.com/cuda.runtime-version.full": snap.cuda_version})
+    labels.update(mig_labels(sanitise(g.name), mig_strategy, mig_profiles or []))
     for k, v in labels.items():
         check_label(k, v)
     return dict(sorted(labels.items()))

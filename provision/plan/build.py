@@ -87,6 +87,8 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
         source = eng.default_source(target)
     pkgs = eng.packages(target, source)
     pre: tuple[Command, ...] = ()
+    opts: tuple[str, ...] = ()
+    post: tuple[Command, ...] = ()
     if source == "docker-ce":
         if target.family == "debian":
             src = WriteFile("/etc/apt/sources.list.d/docker.list", repos.docker_ce_apt_source(target, opt.mirrors))
@@ -96,10 +98,17 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
                                                 "/etc/apt/keyrings/docker.asc")), src),
                               check=FilesMatch(((src.path, src.content),))))
         else:
-            cm = ("dnf", "config-manager") if target.package_manager == "dnf" else ("yum-config-manager",)
-            pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),)
+            # Added disabled, enabled for this install alone, and for good once it succeeded: a refused install
+            # (exit 14) must not leave an enabled repository whose containerd.io replaces the distribution's runc at
+            # the operator's next `dnf upgrade` (a real dnf does: tests/integration/test_el_dnf.py).
+            cm, rid = repos.config_manager(target.package_manager), repos.DOCKER_CE_REPO_ID
+            pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),
+                   Command((*cm, "--save", *repos.mirror_setopts("docker-ce", target, opt.mirrors),
+                            f"--setopt={rid}.enabled=0")))
+            opts, post = (f"--enablerepo={rid}",), (Command((*cm, "--save", f"--setopt={rid}.enabled=1")),)
     steps.append(package_step("engine.packages", Stage.ENGINE, f"Install the container engine: {' '.join(pkgs)}"
-                              + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle))
+                              + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle,
+                              opts=opts, post=post))
     return steps
 
 

@@ -52,7 +52,15 @@ from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.packages import APT_ENV, PackageInstall, installed_versions, package_changes, package_step
+from provision.plan.packages import (
+    APT_ENV,
+    PackageInstall,
+    RepoInstalled,
+    installed_versions,
+    mirror_commands,
+    package_changes,
+    package_step,
+)
 from provision.plan.sources import enable_components
 from provision.plan.steps import (
     Action,
@@ -82,6 +90,14 @@ DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open
 HOLD_SERIES = ("apt-mark hold \"$@\" $(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
                "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
                "'$1 ~ /^[ih]i$/ && index(want, \" \" $2 \" \") {print $3}')")
+# dnf/yum: lock the named packages and every installed nvidia package at their version (ELRepo's kmod-nvidia-open,
+# nvidia-x11-drv and nvidia-x11-drv-libs; the CUDA repository's nvidia-driver-*). With the kmod alone locked,
+# `dnf upgrade` meets the next nvidia-x11-drv, which needs the next kmod, and (best=True, EL's default) fails whole:
+# kernel updates included (tests/integration/test_el_dnf.py).
+LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u); "
+               "[ $(printf '%s\\n' \"$v\" | wc -l) = 1 ] || { echo \"driver packages at several versions: $v\" >&2; "
+               "exit 1; }; exec \"$pm\" versionlock add $({ printf '%s\\n' \"$@\"; rpm -qa --qf '%{NAME} %{VERSION}\\n' | "
+               "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u)")
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -710,12 +726,12 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         pm = target.package_manager
         plugin = "python3-dnf-plugin-versionlock" if pm == "dnf" else "yum-plugin-versionlock"
         names = tuple(p.split(":")[0] for p in packages)
-        acts = (PackageInstall(pm, (plugin,)), Command((pm, "versionlock", "add", *names)))
+        acts = (PackageInstall(pm, (plugin,)), Command(("sh", "-c", LOCK_SERIES, "lock-series", pm, *names)))
         packages = names
         how = f"{pm} versionlock delete"
     title = (f"Hold the driver packages against upgrades: {' '.join(packages)}"
              + (", and every installed package built from their source packages" if target.package_manager == "apt"
-                else ""))
+                else ", and every installed nvidia package of their version"))
     return Step("driver.hold", Stage.DRIVER, title, actions=acts, check=Held(target.package_manager, packages),
                 notes=(f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",))
 
@@ -726,13 +742,15 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
         return []  # the bundle's repository already holds the kmod / module packages
     if opt.driver_source in ("distro", "elrepo") and el:
         pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
-               PackageInstall(target.package_manager, (repos.elrepo_release(el, opt.mirrors),)))
+               PackageInstall(target.package_manager, (repos.elrepo_release(el, opt.mirrors),)),
+               *mirror_commands("elrepo", target, opt.mirrors))
+        mirror = repos.base("elrepo", opt.mirrors) if opt.mirrors.get("elrepo") else None
         return [package_step("driver.repo", Stage.DRIVER, "Add ELRepo (elrepo-release + its key)", target, (), pre=pre,
-                             check=PackagesInstalled(target.package_manager, ("elrepo-release",)),
+                             check=RepoInstalled(target.package_manager, "elrepo-release",
+                                                 "/etc/yum.repos.d/elrepo.repo", mirror),
                              notes=("ELRepo kmods are kABI-tracking and signed",))]
     pm = target.package_manager
-    add = ("dnf", "config-manager") if pm == "dnf" else ("yum-config-manager",)
     pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)),) if el else ()) + \
-        (Command((*add, "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
+        (Command((*repos.config_manager(pm), "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
     return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)", actions=pre,
                  check=PathExists("/etc/yum.repos.d/" + repos.cuda_repo(target, opt.mirrors).rsplit("/", 1)[1]))]

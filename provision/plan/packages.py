@@ -15,9 +15,10 @@ from pathlib import Path
 from provision import effects, paths
 from provision.decide.targets import Target
 from provision.errors import RemovalRefused
+from provision.facts.rootfs import under
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.steps import Action, Command, PackagesInstalled, Step, WriteFile
+from provision.plan.steps import Action, Command, PackagesInstalled, Step, WriteFile, read_or_empty
 
 APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
 BUNDLE_APT = paths.BUNDLE_APT
@@ -155,8 +156,33 @@ def removals(manager: str, output: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+@dataclass(frozen=True)
+class RepoInstalled:
+    """The release package that defines a repository is installed and, behind `--mirror`, its repository file
+    points at the mirror (repos.mirror_setopts)."""
+    manager: str
+    package: str
+    repo_file: str
+    mirror: str | None = None  # the base URL the file must name; None: upstream's, as the package wrote it
+
+    def satisfied(self, root: Path) -> bool:
+        if not PackagesInstalled(self.manager, (self.package,)).satisfied(root):
+            return False
+        return self.mirror is None or self.mirror in read_or_empty(under(root, self.repo_file))
+
+    def describe(self) -> str:
+        return (f"skipped when rpm lists {self.package} as installed"
+                + (f" and {self.repo_file} names {self.mirror}" if self.mirror else ""))
+
+
+def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
+    """The repository `name` pointed at its mirror, saved into its repository file; () without a mirror."""
+    opts = repos.mirror_setopts(name, target, mirrors)
+    return (Command((*repos.config_manager(target.package_manager), "--save", *opts)),) if opts else ()
+
+
 def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,
-                    allow_remove: bool = False) -> list:
+                    allow_remove: bool = False, opts: tuple[str, ...] = ()) -> list:
     """The commands that install `packages`: apt refreshes its lists first (each package step, so a step that runs
     alone after an earlier run never installs from stale lists); with a bundle, apt sees the bundle alone."""
     pm = target.package_manager
@@ -175,17 +201,21 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
         return [PackageInstall("dnf", packages, tuple(repos.dnf_bundle_options(bundle)), allow_remove=allow_remove)]
     mods = [p for p in packages if ":" in p]
     plain = tuple(p for p in packages if ":" not in p)
-    acts: list = [PackageInstall(pm, plain, allow_remove=allow_remove)] if plain else []
-    acts += [PackageInstall(pm, (m,), verb=("module", "install"), allow_remove=allow_remove) for m in mods]
+    acts: list = [PackageInstall(pm, plain, opts, allow_remove=allow_remove)] if plain else []
+    acts += [PackageInstall(pm, (m,), opts, verb=("module", "install"), allow_remove=allow_remove) for m in mods]
     return acts
 
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
                  pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
-                 **kw) -> Step:
+                 opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), **kw) -> Step:
+    """pre: what runs before the install (a repository added); opts: dnf's options for the install and its dry run
+    (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three."""
     hint = (f"a package may be missing from bundle {bundle}: rebuild it with `gpuprov bundle create`; nothing was "
             "fetched from the network") if bundle else None
     return Step(sid, stage, title, actions=(*([] if bundle else pre),
-                                            *install_actions(target, packages, bundle, allow_remove)),
+                                            *install_actions(target, packages, bundle, allow_remove,
+                                                             () if bundle else opts),
+                                            *([] if bundle else post)),
                 check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
 

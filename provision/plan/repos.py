@@ -35,6 +35,9 @@ def epel_release(el: int, mirrors: MirrorMap | None = None) -> str:
     return f"{base('epel', mirrors)}/epel-release-latest-{el}.noarch.rpm"
 
 
+DOCKER_CE_REPO_ID = "docker-ce-stable"  # the enabled repository of Docker's docker-ce.repo
+
+
 def docker_ce_gpg(target: Target, mirrors: MirrorMap | None = None) -> str:
     return f"{base('docker-ce', mirrors)}/{target.os_id}/gpg"
 
@@ -42,6 +45,28 @@ def docker_ce_gpg(target: Target, mirrors: MirrorMap | None = None) -> str:
 def docker_ce_repo_file(target: Target, mirrors: MirrorMap | None = None) -> str:
     distro = "rhel" if target.os_id == "rhel" else "centos"
     return f"{base('docker-ce', mirrors)}/{distro}/docker-ce.repo"
+
+
+def config_manager(manager: str) -> tuple[str, ...]:
+    """The command that adds and edits repository files: dnf's plugin, or yum-utils' on EL 7."""
+    return ("dnf", "config-manager") if manager == "dnf" else ("yum-config-manager",)
+
+
+def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) -> tuple[str, ...]:
+    """`--setopt` options that point the enabled repository a release package (elrepo-release) or a fetched .repo
+    file (Docker's) defines at the mirror: those files name upstream's hosts whatever URL they came from, so without
+    this every later dnf run behind `--mirror` fails on upstream's metadata. () without a mirror for `name`."""
+    if not (mirrors or {}).get(name):
+        return ()
+    b = base(name, mirrors)
+    if name == "elrepo":
+        return (f"--setopt=elrepo.baseurl={b}/linux/elrepo/el{target.el_major}/$basearch/",
+                "--setopt=elrepo.mirrorlist=")
+    if name == "docker-ce":
+        distro = "rhel" if target.os_id == "rhel" else "centos"
+        return (f"--setopt={DOCKER_CE_REPO_ID}.baseurl={b}/{distro}/$releasever/$basearch/stable",
+                f"--setopt={DOCKER_CE_REPO_ID}.gpgkey={b}/{distro}/gpg")
+    return ()
 
 
 def docker_ce_apt_source(target: Target, mirrors: MirrorMap | None = None) -> str:

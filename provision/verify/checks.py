@@ -297,8 +297,45 @@ def cri_handler(h: NodeHost, name: str = "nvidia") -> CheckResult:
     return CheckResult("CRI handler", "pass", f"{where} handler {name!r}; {labels}")
 
 
+def mig_result(modes: str, listing: str) -> CheckResult:
+    """Which GPUs are in MIG mode and how many MIG devices each has, from `nvidia-smi --query-gpu=index,
+    mig.mode.current --format=csv,noheader` and `nvidia-smi -L` (its indented `MIG …` lines under each GPU).
+    Information, never a failure: a GPU without MIG says `[N/A]`, one with MIG and no instance is legal."""
+    count: dict[str, int] = {}
+    gpu = None
+    for line in listing.splitlines():
+        if line.startswith("GPU "):
+            gpu = line.split(":", 1)[0].split()[1]
+            count[gpu] = 0
+        elif line.strip().startswith("MIG ") and gpu is not None:
+            count[gpu] += 1
+    parts, on = [], 0
+    for line in modes.splitlines():
+        idx, _, mode = (x.strip() for x in line.partition(","))
+        if not idx.isdigit():
+            continue
+        if mode == "Enabled":
+            on += 1
+            parts.append(f"GPU {idx}: MIG enabled, {count.get(idx, 0)} MIG device(s)")
+        else:
+            parts.append(f"GPU {idx}: MIG {'disabled' if mode == 'Disabled' else 'not supported'}")
+    if not parts:
+        return CheckResult("MIG", "skip", "nvidia-smi reported no GPU")
+    return CheckResult("MIG", "pass", f"{on} of {len(parts)} GPU(s) in MIG mode: " + "; ".join(parts))
+
+
+def mig_mode(h: NodeHost) -> CheckResult:
+    skip = _skip_without_gpu("MIG", h)
+    if skip:
+        return skip
+    rc, modes, err = h.run(["nvidia-smi", "--query-gpu=index,mig.mode.current", "--format=csv,noheader"])
+    if rc != 0:
+        return CheckResult("MIG", "skip", f"nvidia-smi could not say: {(err or modes).strip()[-150:]}")
+    return mig_result(modes, h.run(["nvidia-smi", "-L"])[1])
+
+
 CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, next_boot_module, engine_running, runtime_registered,
-          plain_container, gpu_container, cri_handler)
+          plain_container, gpu_container, cri_handler, mig_mode)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:

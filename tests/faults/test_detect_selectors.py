@@ -81,7 +81,7 @@ def test_compute_edits_refuses_ambiguous_prefix():
                      firmware_needed=False, binaries={}, nodes=ControlNodes(Node("/dev/nvidiactl", 195, 255)),
                      gpus=GPUS, persistenced=None, firmware=())
     with pytest.raises(Refused, match="ambiguous"):
-        compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "GPU-3c1e"})
+        compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "GPU-3c1e", "NVIDIA_DRIVER_CAPABILITIES": "utility"})
 
 
 @pytest.mark.parametrize("sel", ["１", "\u0663"])

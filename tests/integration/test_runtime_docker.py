@@ -120,6 +120,40 @@ def test_refusal_reaches_docker_run_in_one_line(host, installed):
     assert "unable to retrieve OCI runtime error" not in r.stderr, r.stderr
 
 
+MIG_PROC = "/opt/fake-mig-proc"
+
+
+def test_mig_instance_gets_exactly_its_nodes(host, installed):
+    """A MIG layout (tests/fixtures/hosts/h100-mig: the H100 capture's proc with instances; caps nodes by mknod): through
+    dockerd and runc, `0:9:0` (env) and `--gpus device=0:2:0` each get the parent GPU's node, nvidiactl, the uvm nodes
+    and exactly their instance's two nvidia-caps nodes; a missing instance is refused in one line naming those that
+    exist. The runtime is pointed back at the plain capture afterwards. Fails before mig.py (all MIG refused)."""
+    caps = " && ".join(f"mknod -m 444 {FAKE_DEV}/dev/nvidia-caps/nvidia-cap{m} c 241 {m}"
+                       for gi in (2, 3, 9, 10) for m in (3 + 9 * gi, 4 + 9 * gi))
+    mig_fix = "/src/tests/fixtures/hosts/h100-mig"
+    host.exec(f"rm -rf {MIG_PROC} {FAKE_DEV}/dev/nvidia-caps && mkdir -p {MIG_PROC} {FAKE_DEV}/dev/nvidia-caps && "
+              f"cp -a {mig_fix}/proc {MIG_PROC}/ && cp -a {mig_fix}/instances/proc {MIG_PROC}/ && {caps}", check=True)
+    install = f"gpuprov runtime install --driver-root {FIXTURE}/usr/local/nvidia --dev-root {FAKE_DEV} --proc-root "
+    try:
+        r = host.exec(install + MIG_PROC + " --json")
+        assert r.returncode == 0, r.stderr
+        assert "0:9:0" in host.exec("gpuprov runtime discover").stdout
+        want = {"nvidia-cap84", "nvidia-cap85"}
+        for args in (["-e", "NVIDIA_VISIBLE_DEVICES=0:9:0"], ["--gpus", "device=0:9:0"]):
+            r = docker(host, "run", "--rm", "--runtime", "nvidia", *args, IMAGE, "sh", "-c",
+                       "ls /dev; echo caps: $(ls /dev/nvidia-caps); echo NVD=$NVIDIA_VISIBLE_DEVICES")
+            assert r.returncode == 0, (args, r.stderr)
+            caps_seen = set(next(ln for ln in r.stdout.splitlines() if ln.startswith("caps:")).split()[1:])
+            assert caps_seen == want, (args, r.stdout)
+            assert {"nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} <= set(r.stdout.split())
+            assert "NVD=0:9:0" in r.stdout
+        r = docker(host, "run", "--rm", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=0:4:0", IMAGE, "true")
+        assert r.returncode != 0 and "MIG device '0:4:0', which does not exist; this host has: 0:2:0" in r.stderr, \
+            r.stderr
+    finally:
+        host.exec(install + FIXTURE + " --json", check=True)
+
+
 def test_python_front_end_refusal_reaches_docker_run(host, installed):
     """The Python fallback (hosts where no compiled front-end runs) parses runc's options the same way: before, it
     stopped at `--root`'s value, never saw `--log`, and users read `unable to retrieve OCI runtime error`."""

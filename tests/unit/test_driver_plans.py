@@ -42,8 +42,8 @@ FAMILIES = {
     "debian-tesla": ("debian-12", "volta", "470", "nvidia-tesla-470-driver", "apt-mark hold"),
     "debian-main": ("debian-13", "datacenter", "550", "nvidia-driver", "apt-mark hold"),
     "ubuntu": ("ubuntu-22.04", "datacenter", "535", "nvidia-headless-535-server-open", "apt-mark hold"),
-    "elrepo": ("rocky-9", "volta", "580", "kmod-nvidia-580xx", "dnf versionlock add"),
-    "elrepo-el7": ("centos-7", "kepler", "470", "kmod-nvidia-470xx", "yum versionlock add"),
+    "elrepo": ("rocky-9", "volta", "580", "kmod-nvidia-580xx", "lock-series dnf"),
+    "elrepo-el7": ("centos-7", "kepler", "470", "kmod-nvidia-470xx", "lock-series yum"),
 }
 
 
@@ -60,7 +60,7 @@ def test_pinned_branch_installed_and_held(tmp_path, family):
 def test_nvidia_repo_stream_pinned(tmp_path):
     steps = plan(tmp_path, "rocky-9", "datacenter", pin="570", driver_source="nvidia")
     assert "dnf module install -y nvidia-driver:570-open" in " ".join(steps["driver.packages"]["actions"])
-    assert "dnf versionlock add nvidia-driver" in " ".join(steps["driver.hold"]["actions"])
+    assert "lock-series dnf nvidia-driver" in " ".join(steps["driver.hold"]["actions"])
 
 
 @pytest.mark.parametrize("distro,sysfs,pin,needle", [
@@ -244,3 +244,47 @@ def test_headers_apt_lacks_refused_before_installing(monkeypatch):
     with pytest.raises(Unsupported, match="apt offers no linux-headers-6.1.0-99-amd64") as exc:
         act.execute()
     assert exc.value.exit_code == 4 and ["apt-get", "install"] not in ran
+
+
+def test_elrepo_mirror_is_what_dnf_keeps_using(tmp_path):
+    """--mirror elrepo=URL: elrepo-release's repository file names upstream's hosts whatever URL the package came
+    from, so the plan saves the mirror into it (dnf config-manager --save), and the step is not done while the file
+    still names upstream. On the previous commit the plan fetched the release package from the mirror only, and the
+    next dnf run went upstream (test_el_dnf.py saw it fail on a host with no network)."""
+    steps = plan(tmp_path, "rocky-9", mirrors={"elrepo": "http://mirror.example/elrepo"})
+    assert ("$ dnf config-manager --save '--setopt=elrepo.baseurl=http://mirror.example/elrepo/linux/elrepo/el9/"
+            "$basearch/' --setopt=elrepo.mirrorlist=") in steps["driver.repo"]["actions"]
+    from provision.plan.packages import RepoInstalled
+    root = tmp_path / "host"
+    check = RepoInstalled("dnf", "elrepo-release", "/etc/yum.repos.d/elrepo.repo", "http://mirror.example/elrepo")
+    (root / "etc/yum.repos.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/yum.repos.d/elrepo.repo").write_text("[elrepo]\nbaseurl=http://elrepo.org/linux/elrepo/el9/$basearch/\n")
+    assert "names http://mirror.example/elrepo" in check.describe()
+    assert not check.satisfied(root)
+
+
+def test_el_hold_locks_the_driver_series(tmp_path):
+    """The kmod alone locked leaves nvidia-x11-drv free to move to the next release, which needs the next kmod: with
+    EL's best=True `dnf upgrade` then fails whole, kernel updates included (seen with a real dnf in
+    test_el_dnf.py). The hold locks every installed nvidia package at the driver's version."""
+    acts = plan(tmp_path, "rocky-9")["driver.hold"]["actions"]
+    lock = next(a for a in acts if "versionlock add" in a)
+    assert "lock-series dnf kmod-nvidia-open" in lock and "/nvidia/" in lock, lock
+
+
+def test_docker_ce_repo_enabled_only_once_installed(tmp_path):
+    """Docker CE on EL: its repository is added disabled, enabled for the install's dry run and install alone, and
+    for good only after the install. On the previous commit a refused install (exit 14: containerd.io would replace
+    runc) left docker-ce-stable enabled, and the operator's next plain `dnf upgrade` replaced the distribution's runc
+    with containerd.io (seen with a real dnf in tests/integration/test_el_dnf.py)."""
+    root = make_host(tmp_path, "rocky-9", "datacenter", kernel="5.14.0-427.el9.x86_64")
+    o = Options(engine="docker", engine_source="docker-ce", driver="skip", mirrors={"docker-ce": "http://m.example/d"})
+    rep = detect_host(root, engines=False)
+    step = next(s for s in build_plan(rep, o) if s.id == "engine.packages")
+    lines = [ln for ln in step.lines() if ln.startswith("$")]
+    assert lines[0] == "$ dnf config-manager --add-repo http://m.example/d/centos/docker-ce.repo"
+    assert lines[1].startswith("$ dnf config-manager --save ") and lines[1].endswith("--setopt=docker-ce-stable.enabled=0")
+    assert "docker-ce-stable.baseurl=http://m.example/d/centos/$releasever/$basearch/stable" in lines[1]
+    assert lines[2] == "$ dnf --enablerepo=docker-ce-stable install --assumeno docker-ce docker-ce-cli containerd.io"
+    assert lines[3] == "$ dnf --enablerepo=docker-ce-stable install -y docker-ce docker-ce-cli containerd.io"
+    assert lines[4] == "$ dnf config-manager --save --setopt=docker-ce-stable.enabled=1"

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from provision.errors import USAGE, GpuprovError, UsageError
+from provision.errors import USAGE, GpuprovError, Unsupported, UsageError
 from provision.k8s import labels as L
 from provision.k8s import manifests as M
 from provision.metrics import nvml
@@ -279,6 +279,60 @@ def test_verify_checks_the_cri_handler(tmp_path):
     configure("containerd", config=str(cfg), runtime_path="/usr/local/bin/gpuprov-runtime")
     r = cri_handler(Node())
     assert r.status == "pass" and r.detail.startswith("containerd handler 'nvidia'")
+
+
+@pytest.mark.parametrize("mig", ["none", "single", "mixed"])
+def test_mig_strategy_goes_into_the_plugin_config(mig):
+    """`k8s manifests --mig-strategy`: the plugin's flags.migStrategy (main wrote "none" whatever was asked)."""
+    st = settings()
+    cfg = dpc.parse(yaml.safe_load(M.render_all(st, L.Sharing(), "envvar", mig_strategy=mig)["device-plugin-config.yaml"]))
+    assert cfg["flags"]["migStrategy"] == mig
+    with pytest.raises(UsageError, match="--mig-strategy 'both'"):
+        M.decide_mig_strategy("both", L.Sharing())
+    with pytest.raises(UsageError, match="cannot go with the device plugin's MPS"):  # the plugin refuses it too
+        M.decide_mig_strategy("mixed", M.decide_sharing(st, "mps", 4))
+
+
+def test_mig_labels_follow_gfd():
+    """GFD's MIG labels, from the MIG devices' profiles (the h100-mig fixture's: 1g.10gb x2, 2g.20gb, 3g.40gb)."""
+    snap = nvml.snapshot(FakeNVML())
+    profiles = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert "nvidia.com/mig.strategy" not in L.gfd_labels(snap, L.Sharing(), "none", profiles)
+    mixed = L.gfd_labels(snap, L.Sharing(), "mixed", profiles)
+    assert mixed["nvidia.com/mig.strategy"] == "mixed" and mixed["nvidia.com/mig-1g.10gb.count"] == "2"
+    assert mixed["nvidia.com/mig-3g.40gb.product"] == "NVIDIA-H200-MIG-3g.40gb" and mixed["nvidia.com/gpu.count"] == "1"
+    single = L.gfd_labels(snap, L.Sharing(), "single", ["1g.10gb"] * 7)
+    assert single["nvidia.com/gpu.product"] == "NVIDIA-H200-MIG-1g.10gb" and single["nvidia.com/gpu.count"] == "7"
+    with pytest.raises(Unsupported, match="one profile"):
+        L.gfd_labels(snap, L.Sharing(), "single", profiles)
+    with pytest.raises(Unsupported, match="profiles are unknown"):
+        L.gfd_labels(snap, L.Sharing(), "mixed", [None])
+
+
+def test_labels_cli_mixed_reads_the_mig_layout(tmp_path, monkeypatch, capsys):
+    """`k8s labels --mig-strategy mixed` on the h100-mig fixture: the profiles come from the runtime's discovery."""
+    import json
+
+    from provision.inject import mig
+    from tests.conftest import H200
+    from tests.fake_nvml import FakeMigNVML
+    from tests.inject_helpers import MIG_FIXTURE, mig_proc
+
+    monkeypatch.setattr(nvml, "load", FakeNVML)
+    monkeypatch.setattr(mig, "identify", lambda layout, gpus: mig.merge(
+        layout, mig.read_nvml(FakeMigNVML(), [g.uuid for g in gpus]), gpus))
+    (tmp_path / "p").mkdir()
+    cfg = {"share_state": str(tmp_path / "share.json"), "driver_root": str(H200 / "usr/local/nvidia"),
+           "proc_root": mig_proc(tmp_path / "p"), "dev_root": str(MIG_FIXTURE)}
+    (tmp_path / "runtime.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(tmp_path / "runtime.json"))
+    from provision.cli import main
+
+    assert main(["k8s", "labels", "--format", "json", "--mig-strategy", "mixed"]) == 0
+    labels = json.loads(capsys.readouterr().out)
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+    assert (labels["nvidia.com/mig-1g.10gb.count"], labels["nvidia.com/mig-2g.20gb.count"],
+            labels["nvidia.com/mig-3g.40gb.count"]) == ("2", "1", "1")
 
 
 @needs("containerd")

@@ -1,0 +1,207 @@
+"""An EL host as a container: Rocky Linux presented to gpuprov (os-release, redhat-release, dnf and rpm configured
+in their EL places, a release package in the rpm database), with Debian's own dnf 4.14 and rpm 4.18 as the package
+manager, and stand-in repositories (ELRepo, the distribution's BaseOS/AppStream, Docker CE) built with rpmbuild and
+createrepo_c from tests/fixtures/el-repos (where each fact came from: its README) and served over loopback HTTP
+inside the host. The host runs with `--network none`: nothing it does can reach an upstream archive.
+
+The image is built once and named by a hash of its recipe; the repositories are built once per recipe into a cache
+directory on this machine (both reused across test sessions, as tests/integration/hosts.py's images are).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+from tests.integration.hosts import ensure_image, ensure_wheelhouse, sh
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "el-repos"
+PORT = 8089  # the loopback HTTP server inside the host (its own network namespace: no clash with anything)
+APT = "dnf rpm createrepo-c dnf-plugins-core dracut-core python3 python3-venv curl gnupg"
+# Where Debian's dnf/rpm differ from EL's, set as EL has them: rpm's database in /var/lib/rpm (Debian: ~/.rpmdb), no
+# Debian marker, EL's dnf.conf. The versionlock plugin leaves its Debian place and comes back only with the stand-in
+# python3-dnf-plugin-versionlock rpm (its payload is Debian's real plugin), as on EL where that package brings it.
+# Debian's dracut is patched to name its image /boot/initrd.img-K; EL's (Fedora's) names it /boot/initramfs-K.img,
+# and EL ships hostonly="yes" (which is what puts /etc/modprobe.d into the image): both set back to EL's.
+PREP = r"""set -e
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends %(apt)s >/dev/null
+apt-get clean
+mkdir -p /etc/rpm /var/lib/rpm /etc/yum.repos.d /etc/pki/rpm-gpg /usr/share/el-standin
+echo '%%_dbpath /var/lib/rpm' > /etc/rpm/macros
+mv /usr/lib/python3/dist-packages/dnf-plugins/versionlock.py /etc/dnf/plugins/versionlock.conf /usr/share/el-standin/
+rm -f /etc/dnf/plugins/versionlock.list /etc/debian_version
+cp /el/dnf.conf /etc/dnf/dnf.conf
+sed -i 's|/boot/initrd.img-${kernel}"|/boot/initramfs-${kernel}.img"|' /usr/bin/dracut
+grep -q 'boot/initramfs-${kernel}.img' /usr/bin/dracut
+echo 'hostonly="yes"' > /etc/dracut.conf.d/01-dist.conf
+rpm --initdb
+rpmbuild -bb --quiet --define '_topdir /tmp/rb' /el/rocky-release.spec
+rpm -i --nodeps /tmp/rb/RPMS/noarch/*.rpm
+rm -rf /tmp/rb
+"""
+
+
+def _recipe_key(tree: Path, *parts: str) -> str:
+    """A hash of the recipe's text and of every file under `tree` (names and contents)."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+    for f in sorted(tree.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(tree).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def el_image() -> str:
+    """gpuprov-test/el9-dnf:<recipe hash>: Debian minbase + Debian's dnf/rpm, presenting Rocky 9."""
+    tag = _recipe_key(FIXTURE / "host", PREP, APT)
+    name = f"gpuprov-test/el9-dnf:{tag}"
+    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
+        return name
+    box = f"el-prep-{uuid.uuid4().hex[:8]}"
+    try:
+        r = sh("docker", "run", "--name", box, "-v", f"{FIXTURE / 'host'}:/el:ro", ensure_image(), "bash", "-c",
+               PREP % {"apt": APT}, check=False, timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        sh("docker", "cp", str(FIXTURE / "host" / "os-release"), f"{box}:/etc/os-release")
+        sh("docker", "commit", "-c", 'CMD ["sleep", "infinity"]', box, name)
+    finally:
+        sh("docker", "rm", "-f", box, check=False)
+    return name
+
+
+def el_repos() -> Path:
+    """The stand-in repositories' tree (served as the HTTP root inside the host), built when missing: every rpm of
+    tests/fixtures/el-repos/packages.json with rpmbuild, signed with a throwaway key, in the upstream layouts below
+    each repository's base URL. Packages marked `later` are kept aside under later/ (the test publishes them)."""
+    key = _recipe_key(FIXTURE, el_image(), BUILD)
+    out = Path(os.environ.get("GPUPROV_TEST_EL_REPOS", "/tmp/gpuprov-el-repos")) / key
+    if (out / ".done").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as td:
+        box = f"el-repos-{uuid.uuid4().hex[:8]}"
+        r = sh("docker", "run", "--rm", "--name", box, "--network", "none", "-v", f"{FIXTURE}:/fx:ro",
+               "-v", f"{td}:/out", el_image(), "python3", "-c", BUILD, check=False, timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        sh("chmod", "-R", "a+rX", td)
+        os.rename(td, out)
+        os.mkdir(td)  # TemporaryDirectory removes its own path
+    (out / ".done").write_text("ok")
+    return out
+
+
+# Runs inside a container of el_image(): one spec per package of packages.json, built, signed, placed, indexed.
+BUILD = r'''
+import json, os, subprocess, pathlib, glob, shutil
+fx = pathlib.Path("/fx"); out = pathlib.Path("/out"); top = pathlib.Path("/tmp/rb")
+pk = json.loads((fx / "packages.json").read_text())
+env = dict(os.environ, GNUPGHOME="/tmp/gnupg")
+os.makedirs("/tmp/gnupg", mode=0o700)
+subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "gpuprov stand-in signer <el@invalid>",
+                "rsa2048", "sign", "never"], check=True, env=env, capture_output=True)
+pub = subprocess.run(["gpg", "--armor", "--export"], check=True, env=env, capture_output=True).stdout
+def spec(p):
+    lines = [f"Name: {p['name']}", f"Version: {p['version']}", f"Release: {p['release']}",
+             "Summary: stand-in for " + p['name'], "License: stand-in", f"BuildArch: {p.get('arch', 'x86_64')}"]
+    if "epoch" in p: lines.append(f"Epoch: {p['epoch']}")
+    for tag in ("Requires", "Provides", "Conflicts", "Obsoletes"):
+        lines += [f"{tag}: {v}" for v in p.get(tag.lower(), [])]
+    lines += ["AutoReqProv: no", "%description", "stand-in (tests/fixtures/el-repos/README.md)", "%install"]
+    files = p.get("files", {})
+    for path, src in files.items():
+        lines.append(f"mkdir -p %{{buildroot}}$(dirname {path})")
+        if src.startswith("@"):
+            lines.append(f"cp {src[1:]} %{{buildroot}}{path}")
+        elif src == "/":
+            lines.append(f"mkdir -p %{{buildroot}}{path}")
+        else:
+            lines.append(f"printf '%s\\n' {json.dumps(src)} > %{{buildroot}}{path}")
+    lines += ["%files"] + [f"%dir {f}" if s == "/" else f for f, s in files.items()]
+    return "\n".join(lines) + "\n"
+gpgkeys = {}
+for p in pk["packages"]:
+    for k, v in list(p.get("files", {}).items()):
+        if v == "@KEY":
+            pathlib.Path("/tmp/key.asc").write_bytes(pub); p["files"][k] = "@/tmp/key.asc"
+    s = top / "SPECS" / (p["name"] + "-" + p["version"] + ".spec"); s.parent.mkdir(parents=True, exist_ok=True)
+    s.write_text(spec(p))
+    subprocess.run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", str(s)], check=True)
+    rpm = glob.glob(str(top / "RPMS" / "*" / f"{p['name']}-{p['version']}-{p['release']}.*.rpm"))[0]
+    subprocess.run(["rpmsign", "--define", "__gpg /usr/bin/gpg", "--define", "_gpg_name gpuprov stand-in signer",
+                    "--addsign", rpm], check=True, env=env,
+                   capture_output=True)
+    dest = out / ("later" if p.get("later") else "") / p["repo"]
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(rpm, dest / (p.get("file_name") or os.path.basename(rpm)))
+for d in pk["repos"]:
+    (out / d).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["createrepo_c", "-q", str(out / d)], check=True)
+for f in pk["keys"]:
+    (out / f).parent.mkdir(parents=True, exist_ok=True); (out / f).write_bytes(pub)
+for f, text in pk["texts"].items():
+    (out / f).parent.mkdir(parents=True, exist_ok=True); (out / f).write_text(text)
+'''
+
+
+class ElHost:
+    """A Rocky host container, `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it."""
+
+    def __init__(self):
+        self.name = f"el-host-{uuid.uuid4().hex[:8]}"
+        repos = el_repos()
+        # /run a tmpfs, as on a server: a restart (the reboot) empties it
+        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run",
+           "-v", f"{repos}:/srv/repos:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", el_image())
+        # The served tree is a copy (later/ gets published into it); the distribution's key is in place as an
+        # installed Rocky has it (rocky-release ships it), imported into rpm as the installer does.
+        self.exec("set -e; cp -a /srv/repos /srv/www; rm -rf /srv/www/later; "
+                  "install -m0644 /srv/www/rocky/RPM-GPG-KEY-Rocky-9 /etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-9; "
+                  "rpm --import /etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-9", check=True)
+        self.serve()
+
+    def serve(self) -> None:
+        self.spawn(f"cd /srv/www && exec python3 -m http.server --bind 127.0.0.1 {PORT} >/var/log/repos.log 2>&1")
+        self.exec(f"for i in $(seq 50); do curl -fs http://127.0.0.1:{PORT}/ >/dev/null && exit 0; sleep 0.1; done; "
+                  "exit 1", check=True)
+
+    def exec(self, script: str, check: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
+        r = sh("docker", "exec", self.name, "bash", "-c", script, check=False, timeout=timeout)
+        if check:
+            assert r.returncode == 0, f"{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        return r
+
+    def spawn(self, script: str) -> None:
+        sh("docker", "exec", "-d", self.name, "bash", "-c", script)
+
+    def publish_later(self, repo: str) -> None:
+        """An upstream update: the kept-aside packages of `repo` join it, and its metadata is regenerated."""
+        self.exec(f"set -e; cp /srv/repos/later/{repo}/*.rpm /srv/www/{repo}/; createrepo_c -q --update /srv/www/{repo}",
+                  check=True)
+
+    def install_gpuprov(self) -> None:
+        self.exec("set -e; python3 -m venv /opt/gpuprov && /opt/gpuprov/bin/pip install -q --no-index --find-links /wh "
+                  "gpuprov && ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov && gpuprov --version", check=True)
+
+    def rpms(self) -> dict[str, str]:
+        """Installed packages: name -> epoch:version-release (epoch 0 when none)."""
+        out = self.exec("rpm -qa --qf '%{NAME} %{EPOCHNUM}:%{VERSION}-%{RELEASE}\\n'", check=True).stdout
+        return dict(line.split(" ", 1) for line in out.splitlines() if line)
+
+    def remove(self) -> None:
+        sh("docker", "rm", "-f", self.name, check=False)
+
+
+def url(path: str = "") -> str:
+    return f"http://127.0.0.1:{PORT}/{path}"
+
+
+def packages_table() -> dict:
+    return json.loads((FIXTURE / "packages.json").read_text())
