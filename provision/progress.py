@@ -42,8 +42,9 @@ def wrap(text: str, indent: str = "      ", width: int = WIDTH) -> list[str]:
     return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False) or [""]
 
 
-# A shell word as Command.shell() writes it (shlex.join quotes with single quotes only): split there and nowhere else
-SHELL_WORD = re.compile(r"(?:'[^']*'|[^\s'])+")
+# A shell word as Command.shell() writes it (shlex.join quotes with single quotes, and a quote inside as '"'"'):
+# split there and nowhere else
+SHELL_WORD = re.compile(r"""(?:'[^']*'|"[^"]*"|[^\s'"])+""")
 
 
 def wrap_command(line: str, indent: str, width: int = WIDTH) -> list[str]:
