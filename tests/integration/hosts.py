@@ -130,8 +130,8 @@ class Host:
         return subprocess.run(["docker", "exec", self.name, "cat", path], capture_output=True, check=True).stdout
 
     def install_gpuprov(self) -> subprocess.CompletedProcess:
-        """install.sh from the wheelhouse, stopping at a dry run (prints the plan, changes nothing else)."""
-        return self.exec("GPUPROV_WHEELHOUSE=/wh /src/install.sh --dry-run", timeout=900)
+        """install.sh from the wheelhouse, installing gpuprov only (--install-only: no bootstrap run)."""
+        return self.exec("GPUPROV_WHEELHOUSE=/wh /src/install.sh --install-only", timeout=900)
 
     def remove(self) -> None:
         sh("docker", "rm", "-f", self.name, check=False)
