@@ -140,3 +140,16 @@ class Host:
 def steps(out: str) -> dict[str, dict]:
     """`gpuprov bootstrap --json`'s steps by id."""
     return {s["id"]: s for s in json.loads(out)["steps"]}
+
+
+def export_rootfs(image: str, root) -> None:
+    """An image's filesystem unpacked into the directory `root` (docker create + export), for runc bundles."""
+    import subprocess
+
+    cid = sh("docker", "create", image, "true").stdout.strip()
+    try:
+        exp = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", str(root)], stdin=exp.stdout, check=True)
+        exp.wait()
+    finally:
+        sh("docker", "rm", "-f", cid)
