@@ -1,12 +1,34 @@
 #!/usr/bin/env bash
 # Install gpuprov into /opt/gpuprov (a virtualenv, so the distro's Python stays untouched), link the commands
-# into /usr/local/bin, then run `gpuprov bootstrap` with the arguments given (e.g. --yes, --dry-run).
+# into /usr/local/bin, then run `gpuprov bootstrap` with the arguments given (e.g. --yes, --dry-run: that one changes
+# nothing on the host), or nothing with --install-only.
 # Offline: set GPUPROV_WHEELHOUSE=DIR to install from a local wheel directory only: the newest gpuprov there replaces
 # an older one (a newer one installed stays: exit 14, unless GPUPROV_ALLOW_DOWNGRADE=1). GPUPROV_PREFIX and
 # GPUPROV_BIN_DIR move the virtualenv and the command's link.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 prefix=${GPUPROV_PREFIX:-/opt/gpuprov}
+pip_index=() what=("$here")  # where pip takes gpuprov (and its dependencies) from
+[ -z "${GPUPROV_WHEELHOUSE:-}" ] || { pip_index=(--no-index --find-links "$GPUPROV_WHEELHOUSE"); what=(gpuprov); }
+# --install-only: install gpuprov and link it, and run nothing (the test hosts' set-up, an image bake).
+install_only=""
+for arg in "$@"; do [ "$arg" != --install-only ] || install_only=1; done
+# --dry-run changes nothing on the host: no package, no $prefix, no link; gpuprov runs its plan from a throwaway
+# virtualenv (its Python front-end: no compiler is fetched), removed afterwards.
+for arg in "$@"; do
+  [ "$arg" = --dry-run ] || continue
+  echo "install.sh --dry-run: would install gpuprov into $prefix (a virtualenv; its wheel kept in $prefix/wheels)" \
+       "and link ${GPUPROV_BIN_DIR:-/usr/local/bin}/gpuprov, then run: gpuprov bootstrap $*" >&2
+  if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+    echo "install.sh --dry-run: would install python3-venv first (missing); without it no plan can be shown" >&2
+    exit 0
+  fi
+  scratch=$(mktemp -d /tmp/gpuprov-dry-run.XXXXXX)
+  trap 'rm -rf "$scratch"' EXIT
+  python3 -m venv "$scratch/venv" && "$scratch/venv/bin/pip" install -q "${pip_index[@]}" "${what[@]}"
+  "$scratch/venv/bin/gpuprov" bootstrap "$@"
+  exit
+done
 if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
   echo "installing python3-venv (needed for an isolated install)" >&2
   if command -v apt-get >/dev/null; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv;
@@ -69,12 +91,21 @@ sys.exit(not V(sys.argv[1]) > V(sys.argv[2]))' "$have" "$want" && [ "${GPUPROV_A
     exit 14
   fi
   "$prefix/bin/pip" install -q --no-index --find-links "$GPUPROV_WHEELHOUSE" "gpuprov==$want"
+  keep_wheel() { "$prefix/bin/pip" download -q --no-deps -d "$prefix/wheels" "${pip_index[@]}" "gpuprov==$want"; }
   if [ "$have" = "-" ]; then echo "installed gpuprov $want from $GPUPROV_WHEELHOUSE" >&2
   elif [ "$have" = "$want" ]; then echo "gpuprov $want is installed already (the newest in $GPUPROV_WHEELHOUSE)" >&2
   else echo "gpuprov $want replaced gpuprov $have (from $GPUPROV_WHEELHOUSE)" >&2; fi
 else
-  "$prefix/bin/pip" install -q "$here"
+  keep_wheel() { :; }  # built there, below
+  rm -rf "$prefix/wheels.new"
+  "$prefix/bin/pip" wheel -q --no-deps "$here" -w "$prefix/wheels.new"
+  "$prefix/bin/pip" install -q "$prefix"/wheels.new/gpuprov-*.whl
 fi
+# The wheel gpuprov was installed from is kept in $prefix/wheels: `gpuprov bundle create` packs it into bundles (an
+# installed gpuprov has no checkout to build one from).
+mkdir -p "$prefix/wheels" && rm -f "$prefix"/wheels/gpuprov-*.whl
+keep_wheel
+if [ -d "$prefix/wheels.new" ]; then mv "$prefix"/wheels.new/gpuprov-*.whl "$prefix/wheels/" && rm -rf "$prefix/wheels.new"; fi
 if [ -n "$toolchain" ]; then rm -rf "$toolchain"; toolchain=""; PATH=$path_before; fi
 # gpuprov-runtime itself is installed by `gpuprov runtime install`: the compiled front-end the wheel carries (built
 # when the wheel was built, on a machine with a C compiler), else compiled here, else a Python fallback. Say so now
@@ -87,4 +118,5 @@ if ! "$prefix/bin/python" -I -c 'import sys, provision.inject.install as i; sys.
 fi
 bindir=${GPUPROV_BIN_DIR:-/usr/local/bin}
 ln -sf "$prefix/bin/gpuprov" "$bindir/gpuprov"
+[ -z "$install_only" ] || exit 0
 exec "$bindir/gpuprov" bootstrap "$@"

@@ -12,9 +12,11 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from provision.errors import StepFailed
 
@@ -48,11 +50,37 @@ def _cannot_start(argv: list[str], exc: OSError) -> StepFailed:
     return StepFailed(f"cannot run `{shlex.join(argv)}`: {exc.strerror or exc}")
 
 
+class Watcher(Protocol):
+    """Who sees a command's output while it runs (provision/progress.py: the run's log and the live tail)."""
+
+    def started(self, shown: str) -> None: ...
+
+    def line(self, text: str) -> None: ...  # called from reader threads: must be thread-safe
+
+    def ended(self, shown: str, returncode: int | None, seconds: float) -> None: ...
+
+
+_watcher: Watcher | None = None
+
+
+def watch(watcher: Watcher | None) -> Watcher | None:
+    """Stream every command `run` starts from now on to `watcher` (None: capture only, as probes and detect do);
+    the previous watcher. The output is captured all the same: callers see the same CommandResult."""
+    global _watcher
+    previous, _watcher = _watcher, watcher
+    return previous
+
+
 def run(argv: list[str], *, check: bool = True, env: dict | None = None, timeout: float | None = DEFAULT_TIMEOUT,
-        input_text: str | bytes | None = None) -> CommandResult:
+        input_text: str | bytes | None = None, private_stdout: bool = False, probe: bool = False) -> CommandResult:
     """Run argv, output captured. `input_text` as bytes feeds binary stdin (e.g. an image tar to `docker import`).
-    Cannot start, or still running after `timeout` s (then killed): StepFailed, whatever `check` says."""
+    Cannot start, or still running after `timeout` s (then killed): StepFailed, whatever `check` says.
+    While a watcher is set (a plan being applied), each line of output reaches it as it comes; `private_stdout`:
+    standard output is not shown to it (a secret written to a file of its own); `probe`: a question asked of the
+    host (is the daemon up, is the package installed), not shown to it either (wait loops ask many times)."""
     argv = [str(a) for a in argv]
+    if _watcher is not None and not probe:
+        return _run_watched(_watcher, argv, check, env, timeout or DEFAULT_TIMEOUT, input_text, private_stdout)
     binary = isinstance(input_text, bytes)
     try:
         p = subprocess.run(argv, capture_output=True, env=env, timeout=timeout or DEFAULT_TIMEOUT, input=input_text,
@@ -69,10 +97,62 @@ def run(argv: list[str], *, check: bool = True, env: dict | None = None, timeout
     return res
 
 
-def try_run(argv: list[str], *, timeout: float, env: dict | None = None) -> CommandResult | None:
-    """A probe: the result, or None when the command cannot start or does not finish within `timeout` s."""
+def _run_watched(watcher: Watcher, argv: list[str], check: bool, env: dict | None, timeout: float,
+                 input_text: str | bytes | None, private_stdout: bool) -> CommandResult:
+    """`run` with each output line passed to `watcher` as it comes (a reader thread per stream, so neither pipe
+    fills while the other is read), the same result and the same failures."""
+    shown, t0 = shlex.join(argv), time.monotonic()
     try:
-        return run(argv, check=False, env=env, timeout=timeout)
+        p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise _cannot_start(argv, exc) from None
+    watcher.started(shown)
+    chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+
+    def read(stream, key: str, show: bool) -> None:
+        for raw in iter(stream.readline, b""):
+            chunks[key].append(raw)
+            if show:
+                watcher.line(raw.decode(errors="replace").rstrip("\r\n"))
+        stream.close()
+
+    readers = [threading.Thread(target=read, args=(p.stdout, "out", not private_stdout), daemon=True),
+               threading.Thread(target=read, args=(p.stderr, "err", True), daemon=True)]
+    for t in readers:
+        t.start()
+    if input_text is not None:
+        threading.Thread(target=_feed, args=(p.stdin, input_text), daemon=True).start()
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        watcher.ended(shown, None, time.monotonic() - t0)
+        raise StepFailed(f"timed out after {timeout:g} s: {shown}") from None
+    for t in readers:  # (a daemon the command started may hold the pipes: as subprocess.run, wait for their end)
+        t.join(max(1.0, timeout - (time.monotonic() - t0)))
+    watcher.ended(shown, p.returncode, time.monotonic() - t0)
+    out, err = (b"".join(chunks[k]).decode(errors="replace") for k in ("out", "err"))
+    res = CommandResult(argv, p.returncode, out + err, out, err)
+    if check and p.returncode != 0:
+        raise failed(shown, p.returncode, res.output)
+    return res
+
+
+def _feed(stdin, data: str | bytes) -> None:
+    try:
+        stdin.write(data.encode() if isinstance(data, str) else data)
+        stdin.close()
+    except OSError:  # the command exited without reading it all: its exit status tells
+        pass
+
+
+def try_run(argv: list[str], *, timeout: float, env: dict | None = None, probe: bool = False) -> CommandResult | None:
+    """A command whose failure is an answer: the result, or None when the command cannot start or does not finish
+    within `timeout` s. `probe`: as run's."""
+    try:
+        return run(argv, check=False, env=env, timeout=timeout, probe=probe)
     except StepFailed:
         return None
 
@@ -155,6 +235,23 @@ def spawn(argv: list[str], log: str | Path, env: dict | None = None) -> int:
     return p.pid
 
 
+def run_bounded(argv: list[str], timeout: float, env: dict | None = None) -> int | None:
+    """A short command whose output nobody reads (`modprobe nvidia-uvm` on a container start): its exit status, or
+    None when it did not finish within `timeout` (OSError when it cannot start). A late one is killed, its whole
+    session, and never waited for: a modprobe stuck in the kernel (D state) cannot be reaped and must not hold up the
+    caller, as subprocess.run's wait after its kill would."""
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=env, start_new_session=True, close_fds=True)
+    try:
+        return child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        return None
+
+
 def unified_diff(old: str, new: str, path: str) -> str:
     return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"{path} (current)",
                                         f"{path} (gpuprov)"))
@@ -184,7 +281,7 @@ def wait_for(pred, timeout: float = 30.0, interval: float = 0.3) -> bool:
 
 def daemon_answers(ready: tuple[str, ...]) -> bool:
     """Whether an engine's client command (its adapter's ready_argv: `docker info`, `ctr version`) succeeds now."""
-    r = try_run(list(ready), timeout=10)
+    r = try_run(list(ready), timeout=10, probe=True)
     return r is not None and r.returncode == 0
 
 

@@ -96,6 +96,7 @@ MODULE_PARAMS: dict[str, str | None] = {
     "yes": None,
     "check": None,
     "json_out": None,
+    "verbose": None,  # what the screen shows (the module reads --json; the run's log has everything)
     "dry_run": None,
     "reboot": None,
     "root": None,

@@ -25,12 +25,18 @@ def kv(pairs: Iterable[tuple[str, object]]) -> str:
 
 def print_steps(title: str, steps: list[dict]) -> None:
     """A plan as people read it (`plan`, `bootstrap --dry-run`, `uninstall --dry-run`): each step (a Step.to_dict)
-    with its check, its commands and its files' diffs."""
+    with its check, its commands and its files' diffs. Lines fit 100 columns (progress.WIDTH): words wrap, a command
+    breaks between shell words with ` \\` (pasted, it is the same command); a diff's lines are the file's own."""
+    from provision.progress import wrap, wrap_command  # lazy: textwrap 1.5 ms (-X importtime); plans only, not detect
+
     print(f"{title} ({len(steps)} steps):")
     for i, s in enumerate(steps, 1):
-        print(f"{i:2}. {s['title']}{'  [reboot]' if s['reboot'] else ''}  ({s['check']})")
+        print("\n".join(wrap(f"{i:2}. {s['title']}{'  [reboot]' if s['reboot'] else ''}  ({s['check']})")))
         for line in s["actions"]:
-            print(f"      {line}")
+            if line.lstrip().startswith("$ "):  # (a roll-back's commands are indented under their step's)
+                print("\n".join(wrap_command(line.lstrip(), "      " + line[:len(line) - len(line.lstrip())])))
+            else:
+                print("\n".join(wrap("      " + line, "        ")))
         for p, diff in s["diffs"].items():
             print(diff.rstrip("\n") if diff else f"      (file {p} unchanged)")
 

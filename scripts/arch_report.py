@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engines", ("engines", "probe")),
     ("host report", ("report", "options")),
     ("facts and decisions", ("facts", "decide")),
-    ("foundation", ("effects", "fsutil", "hostlock", "record", "output", "render", "paths", "values", "versions",
+    ("foundation", ("effects", "progress", "fsutil", "hostlock", "record", "output", "render", "paths", "values", "versions",
                     "errors")),
 )
 # Packages on one layer that must not import each other either.

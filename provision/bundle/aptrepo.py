@@ -1,10 +1,15 @@
-"""A flat apt repository (Packages + Release) written in Python from the .debs' own control data (dpkg-deb),
-and the apt options that make apt use that repository alone."""
+"""A flat apt repository (Packages + Release) from the .debs' own control data (dpkg-deb), its index files
+written by python-debian's deb822 classes (Packages stanzas, the Release file with its Date and checksums) rather
+than by hand: a hand-written Release once lacked `Date`, and apt warned `Invalid 'Date' entry in Release file` on
+every install from a bundle."""
 from __future__ import annotations
 
+import email.utils
 import gzip
 import hashlib
 from pathlib import Path
+
+from debian.deb822 import Deb822, Packages, Release
 
 from provision import effects
 
@@ -18,20 +23,20 @@ def write_flat_repo(repo: Path) -> list[dict]:
     stanzas, index = [], []
     for deb in sorted(repo.glob("*.deb")):
         data = deb.read_bytes()
-        ctl = control(deb)
-        fields = dict(line.split(": ", 1) for line in ctl.splitlines() if ": " in line and not line.startswith(" "))
-        stanzas.append(f"{ctl}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
-                       f"MD5sum: {hashlib.md5(data).hexdigest()}\nSHA256: {hashlib.sha256(data).hexdigest()}\n")
-        index.append({"package": fields.get("Package"), "version": fields.get("Version"), "filename": deb.name})
+        stanza = Packages(Deb822(control(deb)))
+        stanza.update({"Filename": f"./{deb.name}", "Size": str(len(data)), "MD5sum": hashlib.md5(data).hexdigest(),
+                       "SHA256": hashlib.sha256(data).hexdigest()})
+        stanzas.append(stanza.dump())
+        index.append({"package": stanza.get("Package"), "version": stanza.get("Version"), "filename": deb.name})
     packages = "\n".join(stanzas)
     (repo / "Packages").write_text(packages)
     (repo / "Packages.gz").write_bytes(gzip.compress(packages.encode(), mtime=0))
-    lines = ["Origin: gpuprov", "Label: gpuprov offline bundle", "Suite: gpuprov", "Codename: gpuprov",
-             "Architectures: amd64 all", "SHA256:"]
-    for name in ("Packages", "Packages.gz"):
-        b = (repo / name).read_bytes()
-        lines.append(f" {hashlib.sha256(b).hexdigest()} {len(b)} {name}")
-    (repo / "Release").write_text("\n".join(lines) + "\n")
+    release = Release({"Origin": "gpuprov", "Label": "gpuprov offline bundle", "Suite": "gpuprov",
+                       "Codename": "gpuprov", "Date": email.utils.formatdate(usegmt=True),
+                       "Architectures": "amd64 all"})
+    release["SHA256"] = [{"sha256": hashlib.sha256(b).hexdigest(), "size": str(len(b)), "name": name}
+                         for name, b in ((n, (repo / n).read_bytes()) for n in ("Packages", "Packages.gz"))]
+    (repo / "Release").write_text(release.dump())
     return index
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import tomlkit
 
-from provision import effects, engines
+from provision import __version__, effects, engines
 from provision.bundle import aptrepo, manifest
-from provision.bundle.images import ensure_image
+from provision.bundle.images import ensure_image, image_name
 from provision.decide.packages import debian_components
 from provision.decide.targets import Target
 from provision.errors import StepFailed, Unsupported, UsageError
@@ -26,6 +26,12 @@ COMPONENTS = ("driver", "engine", "runtime")
 TARGET_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13", "jammy": "3.10", "noble": "3.12",
                  "focal": "3.8"}
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
+# Where install.sh keeps the wheel it installed gpuprov from: an installed gpuprov (no checkout) packs that one.
+KEPT_WHEELS = Path(sys.prefix) / "wheels"
+# Each tool a create may need and how to get it (which are needed when: prerequisites()). docker here is this
+# machine's client for the target's clean root, not a node's engine.
+HOW_TO_GET = (("docker", "apt-get install docker.io"), ("debootstrap", "apt-get install debootstrap"),
+              ("dpkg-deb", "apt-get install dpkg"), ("gpg", "apt-get install gpg"))
 
 
 @dataclass
@@ -94,13 +100,42 @@ def py_deps() -> list[str]:
     return [str(d) for d in doc["project"]["dependencies"]]
 
 
+def own_wheel() -> Path | None:
+    """The wheel an installed gpuprov was installed from (install.sh keeps it in KEPT_WHEELS), this version's."""
+    found = sorted(KEPT_WHEELS.glob(f"gpuprov-{__version__}-*.whl"))
+    return found[-1] if found else None
+
+
+def prerequisites(opt: CreateOptions) -> list[str]:
+    """What this machine lacks for the create, each with how to get it; asked before anything is downloaded (seen:
+    debootstrap missing after the fact, and "runs from a gpuprov checkout" after minutes of downloads)."""
+    need = ["docker", "dpkg-deb"] + (["gpg"] if opt.sign_key else [])
+    image = effects.which("docker") and effects.run(["docker", "image", "inspect", image_name(opt.target)],
+                                                    check=False, timeout=60, probe=True).returncode == 0
+    if not image:  # the clean root of the target is built once (debootstrap), then kept as an image
+        need.append("debootstrap")
+    missing = [f"{t} ({dict(HOW_TO_GET)[t]})" for t in need if not effects.which(t)]
+    if "runtime" in opt.components:
+        if not (SOURCE_ROOT / "pyproject.toml").exists() and own_wheel() is None:
+            missing.append(f"gpuprov's own wheel (none in {KEPT_WHEELS}: reinstall with install.sh, which keeps it, "
+                           "or run from a gpuprov checkout)")
+        if effects.try_run([sys.executable, "-m", "pip", "--version"], timeout=60, probe=True) is None:
+            missing.append(f"pip for {sys.executable} (python3 -m ensurepip)")
+    return missing
+
+
 def build_wheels(target: Target, wheels: Path) -> None:
     py = TARGET_PYTHON.get(target.codename)
     if not py:
         raise Unsupported(f"no Python version known for {target.name}")
-    if not (SOURCE_ROOT / "pyproject.toml").exists():
-        raise UsageError("bundle create runs from a gpuprov checkout (it packs gpuprov itself as a wheel)")
-    effects.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(SOURCE_ROOT), "-w", str(wheels)])
+    if (SOURCE_ROOT / "pyproject.toml").exists():
+        effects.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(SOURCE_ROOT), "-w", str(wheels)])
+    else:  # an installed gpuprov: the wheel it was installed from (prerequisites() checked there is one)
+        kept = own_wheel()
+        if kept is None:
+            raise UsageError(f"no gpuprov wheel in {KEPT_WHEELS} to pack: reinstall with install.sh, which keeps it")
+        make_dirs(wheels, 0o755)
+        shutil.copy2(kept, wheels / kept.name)
     plats = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "any"]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", py,
            "--implementation", "cp", "-d", str(wheels), *[a for p in plats for a in ("--platform", p)], *py_deps()]
@@ -116,10 +151,28 @@ def create(opt: CreateOptions) -> dict:
     t0 = time.monotonic()
     comps = apt_packages(opt)
     tar_out = opt.output.name.endswith((".tar.gz", ".tgz"))
+    if not tar_out and opt.output.exists() and any(opt.output.iterdir()):
+        raise UsageError(f"{opt.output} exists and is not empty: choose a new directory or a .tar.gz name")
+    missing = prerequisites(opt)
+    if missing:
+        raise Unsupported(f"bundle create needs {'; '.join(missing)}; nothing was downloaded")
+    existed = opt.output.exists()
     work = Path(tempfile.mkdtemp(prefix="gpuprov-bundle-")) if tar_out else opt.output
+    try:
+        return _create(opt, comps, work, tar_out, t0)
+    except BaseException:  # a failed or interrupted create leaves nothing of its own behind (seen: "exists and is
+        # not empty" on the next try): its work directory goes, an --output directory it made or found empty too
+        if tar_out or not existed:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            for child in work.iterdir():
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() and not child.is_symlink() \
+                    else child.unlink(missing_ok=True)
+        raise
+
+
+def _create(opt: CreateOptions, comps: dict[str, list[str]], work: Path, tar_out: bool, t0: float) -> dict:
     if not tar_out:
-        if work.exists() and any(work.iterdir()):
-            raise UsageError(f"{work} exists and is not empty: choose a new directory or a .tar.gz name")
         make_dirs(work, 0o755)
     repo = work / "repo"
     repo.mkdir(parents=True, exist_ok=True)

@@ -107,12 +107,14 @@ def install_cmd(
     opt = Options(driver="auto" if "driver" in comps else "skip", engine="docker" if "engine" in comps else "none",
                   validate=not no_validate, bundle=str(bundle / "repo"))
     report = detect_host(Path("/"), engines=False)
-    res = ap.apply_plan(build_plan(report, opt), quiet=json_out)
+    with ap.open_run("bundle-install", json_out=json_out) as run:
+        res = ap.apply_plan(build_plan(report, opt), run=run)
     doc = {"bundle": str(bundle), "target": man["target"]["name"], **res.to_dict()}
     if json_out:
         emit_json(doc)
     else:
-        print(f"bundle install: {res.changed} change(s), {len(res.outcomes)} steps, from {bundle} only")
+        print(f"bundle install: {res.changed} change(s), {len(res.outcomes)} steps, from {bundle} only; "
+              f"{ap.log_named(res)}")
 
 
 @bundle_app.command("plan")

@@ -118,6 +118,8 @@ def bootstrap_cmd(
                                "change, with diffs (Ansible's check mode); change nothing."),
     reboot: bool = typer.Option(False, "--reboot", help="Reboot by itself when the driver needs it."),
     json_out: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every command and all of its output as it "
+                                 "runs (without it: a live tail on a terminal; the full output is in the run's log)."),
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip the validation container."),
     bundle: Optional[Path] = typer.Option(None, "--bundle", callback=param_rule("bundle"),
                                           help="Install packages from this offline bundle only "
@@ -151,7 +153,8 @@ def bootstrap_cmd(
                          "to plan or check a host tree")
     # Held from planning to the end (the prompt included), so the plan shown is the one applied.
     with host_lock("bootstrap"):
-        _bootstrap(opt, yes=yes, reboot=reboot, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
+        _bootstrap(opt, yes=yes, reboot=reboot, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring,
+                   verbose=verbose)
 
 
 def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Path],
@@ -189,7 +192,7 @@ def _bundle_repo(bundle: Optional[Path], keyring: Optional[str], root: Path) -> 
 
 
 def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional[Path],
-               bundle_keyring: Optional[str] = None) -> None:
+               bundle_keyring: Optional[str] = None, verbose: bool = False) -> None:
     if bundle is not None:
         checked, _ = check_bundle(bundle, bundle_keyring, private=True)  # installed from a verified private copy
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
@@ -202,17 +205,23 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
         if not typer.confirm("Apply this plan?"):
             raise errors.Declined("declined at the prompt; nothing was changed")
     missing, res = ap.missing_packages(steps), ap.ApplyResult()
-    try:
-        res = ap.apply_plan(steps, quiet=json_out)
-    finally:  # what got installed is kept even when a later step fails (uninstall --driver/--engine read it)
-        ap.record_installed(steps, missing, res)
+    with ap.open_run("bootstrap", json_out=json_out, verbose=verbose) as run:
+        try:
+            res = ap.apply_plan(steps, run=run)
+        except errors.GpuprovError:
+            if not json_out:  # the failure's Error line follows: where all of its commands' output is
+                print(f"bootstrap: stopped; full log: {run.log.path or 'none (it could not be written)'}",
+                      file=sys.stderr)
+            raise
+        finally:  # what got installed is kept even when a later step fails (uninstall --driver/--engine read it)
+            ap.record_installed(steps, missing, res)
     if res.reboot_required:
         rs.reboot_pending(rs.reason_of(steps, res.changed_ids()))
     if json_out:
         emit_json(res.to_dict())
     else:
         print(f"bootstrap: {res.changed} change(s), {len(res.outcomes)} steps"
-              + ("; REBOOT REQUIRED" if res.reboot_required else ""))
+              + ("; REBOOT REQUIRED" if res.reboot_required else "") + f"; {ap.log_named(res)}")
     if res.reboot_required:
         if reboot:
             effects.run(["systemctl", "reboot"])

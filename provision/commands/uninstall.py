@@ -34,6 +34,8 @@ def uninstall_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command and file diff it would run; change "
                                  "nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan (with --dry-run) or the result as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every command and all of its output as it "
+                                 "runs (the full output is in the run's log either way)."),
     purge_driver: bool = typer.Option(False, PURGE_OPTIONS["driver"], help="Also purge the driver packages gpuprov "
                                       "installed (its own record) and their holds."),
     purge_engine: bool = typer.Option(False, PURGE_OPTIONS["engine"], help="Also purge the engine packages gpuprov "
@@ -71,15 +73,18 @@ def uninstall_cmd(
             if not typer.confirm("Apply this plan?"):
                 raise errors.Declined("declined at the prompt; nothing was changed")
         work = [s for s in steps if s.id != "uninstall.state"]
-        res = ap.apply_plan(work, quiet=json_out, logged=False, keep_going=True)
-        state = [s for s in steps if s.id == "uninstall.state"]
-        if state and not res.failed:  # the record stays for the next run while anything is left to undo
-            res.outcomes += ap.apply_plan(state, quiet=json_out, logged=False, keep_going=True).outcomes
+        # Its run's log lies outside the log directory it removes (ap.UNINSTALL_LOGS); the one-line-a-step log
+        # is not written (logged=False): it is in that directory.
+        with ap.open_run("uninstall", json_out=json_out, verbose=verbose, log_dir=ap.UNINSTALL_LOGS) as run:
+            res = ap.apply_plan(work, logged=False, keep_going=True, run=run)
+            state = [s for s in steps if s.id == "uninstall.state"]
+            if state and not res.failed:  # the record stays for the next run while anything is left to undo
+                res.outcomes += ap.apply_plan(state, logged=False, keep_going=True, run=run).outcomes
     left = [f"{o.id}: {o.detail}" for o in res.failed]
     if json_out:
         emit_json({"schema": "gpuprov.uninstall/v1", **res.to_dict(), "left": left})
     else:
-        print(f"uninstall: {res.changed} change(s), {len(res.outcomes)} steps"
+        print(f"uninstall: {res.changed} change(s), {len(res.outcomes)} steps; {ap.log_named(res)}"
               + (f"; left, run `gpuprov uninstall` again once fixed: {'; '.join(left)}" if left else ""))
     if res.failed:
         first = res.failed[0]

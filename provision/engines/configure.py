@@ -31,6 +31,16 @@ class ConfigureResult:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    def summary(self) -> str:
+        """What was done, in one line of words (bootstrap's step result): the settings changed, the backup, what
+        the live engine was told, whether it lists the runtime."""
+        what = (f"set {', '.join(self.changes)} in {self.path}" if self.changes else f"updated {self.path}") \
+            if self.changed else f"{self.path} already registers the runtime"
+        parts = [what] + ([f"backup {self.backup}"] if self.backup else []) + ([self.restart] if self.restart else [])
+        parts += {True: [f"{self.engine} lists the runtime"], False: [f"{self.engine} does NOT list the runtime"],
+                  None: []}[self.verified]
+        return "; ".join(parts + [f"warning: {w}" for w in self.warnings])
+
     def lines(self, dry_run: bool = False) -> list[str]:
         """What was done, for people (`engine configure` prints it after the diff; bootstrap's step reports its
         last line)."""

@@ -143,21 +143,13 @@ def load_module(name: str, proc_root: str = "/", timeout: float = MODPROBE_TIMEO
     prog = modprobe_program(proc_root)
     if prog is None:
         return "no modprobe program (/proc/sys/kernel/modprobe) that only root can change"
-    import subprocess  # lazy: 3-5 ms, only when a module is missing
+    from provision import effects  # lazy: ~13 ms (-X importtime -I -S), only when a module is missing
 
     try:
-        child = subprocess.Popen([prog, name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, env={"PATH": "/sbin:/usr/sbin:/bin:/usr/bin"},
-                                 start_new_session=True, close_fds=True)
+        rc = effects.run_bounded([prog, name], timeout, env={"PATH": "/sbin:/usr/sbin:/bin:/usr/bin"})
     except OSError as exc:
         return f"{prog} did not start: {exc.strerror}"
-    try:
-        rc = child.wait(timeout)
-    except subprocess.TimeoutExpired:
-        try:  # killed, never waited for: a modprobe stuck in the kernel (D state) must not hold up the caller
-            os.killpg(child.pid, 9)
-        except OSError:
-            pass
+    if rc is None:  # killed at the deadline, never waited for
         return f"`modprobe {name}` did not finish within {timeout:g} s"
     if name.replace("-", "_") in loaded_modules(proc_root):
         return None

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from provision import record
+from provision import progress, record
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import is_live
 from provision.fsutil import make_dirs
-from provision.output import progress
 from provision.plan import persistence
 from provision.plan.packages import PackageInstall
 from provision.plan.steps import PackagesInstalled, Step, packages_installed
@@ -45,6 +44,7 @@ class StepOutcome:
 class ApplyResult:
     outcomes: list[StepOutcome] = field(default_factory=list)
     reboot_required: bool = False
+    log: str | None = None  # the run's full log (provision/progress.py)
 
     @property
     def failed(self) -> list[StepOutcome]:
@@ -59,7 +59,7 @@ class ApplyResult:
 
     def to_dict(self) -> dict:
         return {"changed": self.changed, "reboot_required": self.reboot_required,
-                "steps": [o.to_dict() for o in self.outcomes]}
+                "steps": [o.to_dict() for o in self.outcomes], "log": self.log}
 
 
 def log(line: str) -> None:
@@ -147,18 +147,35 @@ def record_installed(steps: list[Step], missing: dict[str, list[str]], res: Appl
             record.note_enabled(persistence.UNIT)
 
 
-def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True,
-               keep_going: bool = False) -> ApplyResult:
+RUN_LOGS = LOG_FILE.parent / "runs"  # each run's full log (provision/progress.py), beside the one-line-a-step log
+UNINSTALL_LOGS = LOG_FILE.parent.with_name(f"{LOG_FILE.parent.name}-uninstall")  # kept: uninstall removes RUN_LOGS
+
+
+def step_line(i: int, n: int, title: str, status: Status, detail: str | None, seconds: float) -> str:
+    """A step's one line when it ends: what it changed, in words (never a tool's own output: that is in the log)."""
+    words = {Status.OK: "nothing to do (already done)", Status.FAILED: "FAILED",
+             Status.VERIFIED: "checked", Status.CHANGED: "done"}[status]
+    said = f"FAILED: {detail}" if status is Status.FAILED and detail else detail or words
+    return f"[{i}/{n}] {title}: {said} ({seconds:.1f}s)"
+
+
+def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True, keep_going: bool = False,
+               run: progress.Run | None = None) -> ApplyResult:
     """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order.
     `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory). `keep_going` (uninstall,
-    whose steps are each idempotent): a failed step is recorded and the next one runs; the caller reports them."""
-    res = ApplyResult()
+    whose steps are each idempotent): a failed step is recorded and the next one runs; the caller reports them.
+    `run`: the run's log and screen (provision/progress.py); without one, a run of its own (no log file unless
+    `logged`)."""
+    if run is None:
+        with progress.Run("bootstrap", log_dir=RUN_LOGS if logged else None,
+                          mode="quiet" if quiet else None) as own:
+            return apply_plan(steps, logged=logged, keep_going=keep_going, run=own)
+    res = ApplyResult(log=str(run.log.path) if run.log.path else None)
     n = len(steps)
-    say = (lambda m: None) if quiet else progress
     note = log if logged else (lambda line: None)
     for i, step in enumerate(steps, 1):
         t = time.monotonic()
-        say(f"[{i}/{n}] {step.title} …")
+        run.step_started(f"[{i}/{n}] {step.title}")
         try:
             if step.verify_only:
                 detail = step.apply() if step.actions else None
@@ -170,15 +187,27 @@ def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True,
                 status = Status.CHANGED
                 res.reboot_required |= step.reboot
         except GpuprovError as exc:
-            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), time.monotonic() - t,
-                                            exc.exit_code))
+            dt = time.monotonic() - t
+            res.outcomes.append(StepOutcome(step.id, step.title, Status.FAILED, str(exc), dt, exc.exit_code))
             note(f"FAILED {step.id}: {exc}")
-            say(f"[{i}/{n}] FAILED: {step.title}" + (f": {exc}" if keep_going else ""))
+            run.step_ended(step_line(i, n, step.title, Status.FAILED, str(exc) if keep_going else None, dt),
+                           f"FAILED {step.id}: {exc}")
             if keep_going:
                 continue
             raise step_failure(step, exc) from None
         dt = time.monotonic() - t
         res.outcomes.append(StepOutcome(step.id, step.title, status, detail, dt))
         note(f"{status.value.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")
-        say(f"[{i}/{n}] {status.value}{': ' + detail if detail else ''} ({dt:.1f}s)")
+        run.step_ended(step_line(i, n, step.title, status, detail, dt))
     return res
+
+
+def open_run(command: str, *, json_out: bool = False, verbose: bool = False, log_dir: Path | None = RUN_LOGS):
+    """The Run a host-changing command applies its plan in: nothing on the screen with --json, every line with
+    -v/--verbose, else the live tail on a terminal and one line a step when piped."""
+    return progress.Run(command, log_dir=log_dir, mode="quiet" if json_out else "verbose" if verbose else None)
+
+
+def log_named(res: ApplyResult) -> str:
+    """The summary's pointer to the run's log."""
+    return f"full log: {res.log}" if res.log else "no log file could be written"

@@ -181,7 +181,7 @@ def validate_steps(report: HostReport, target: Target, opt: Options, runtime_pat
         return []
     has_gpu = bool(report.gpus)
     actions = (ImportImage(val.image, validate.BINARIES),
-               *(RunContainer(r.argv, r.log, r.expect) if r.log else Command(r.argv, may_fail=r.may_fail)
+               *(RunContainer(r.argv, r.log, r.expect) if r.log else Command(r.argv, may_fail=r.may_fail, result=True)
                  for r in val.runs))
     return [Step("validate", Stage.VALIDATE, f"Start a validation container {val.route}"
                  + (" with the GPU" if has_gpu else " (no GPU on this host: plain container)") + val.where,

@@ -57,7 +57,15 @@ from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.plan import repos
-from provision.plan.packages import APT_ENV, PackageInstall, RepoInstalled, mirror_commands, package_step
+from provision.plan.packages import (
+    APT_ENV,
+    PackageInstall,
+    RepoInstalled,
+    installed_versions,
+    mirror_commands,
+    package_changes,
+    package_step,
+)
 from provision.plan.sources import enable_components
 from provision.plan.steps import (
     Action,
@@ -343,6 +351,7 @@ class DriverInstall(Action):
 
     A change of branch first unholds the old series, then removes it in the install's own transaction (`pkg-`), so
     apt never sees the host without a package that provides what others depend on (libcuda1-any …)."""
+    reports = True  # what it installed and built, in words
     packages: tuple[str, ...]
     kernels: tuple[str, ...]
     dkms_package: str | None  # the kernel-module package DKMS builds (None: precompiled kmods)
@@ -430,6 +439,7 @@ class DriverInstall(Action):
             if self.unhold:  # nothing changed: the old series is pinned again
                 Command(("sh", "-c", PIN_SERIES, "pin-series", *self.unhold)).execute()
             raise
+        before = installed_versions("apt")
         install = install.install()
         res = install.run()
         if res.returncode == 0:
@@ -448,7 +458,8 @@ class DriverInstall(Action):
                 raise self._rollback(k)
         if res.returncode != 0:
             raise effects.failed(install.shell(), res.returncode, res.output)
-        return res.output
+        built = f"; DKMS built {self.dkms_package} for {', '.join(self.kernels)}" if self.dkms_package else ""
+        return package_changes(before, installed_versions("apt"), self.packages) + built
 
     def _rollback(self, kernel: str) -> DkmsBuildFailed:
         first, kept = first_build_error(kernel)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import paths
+from provision import effects, paths
 from provision.decide.targets import Target
 from provision.errors import RemovalRefused
 from provision.facts.rootfs import under
@@ -83,9 +83,51 @@ class PackageInstall(Action):
 
     def execute(self) -> str:
         self.check_removals()
+        before = installed_versions(self.manager)
         self.install().execute()
-        return f"installed {' '.join(self.packages)}; nothing removed" if not self.allow_remove else \
-            f"installed {' '.join(self.packages)}"
+        return package_changes(before, installed_versions(self.manager), self.packages)
+
+
+def installed_versions(manager: str) -> dict[str, str]:
+    """Every installed package and its version, from the package database (one query, ~50 ms): read before and
+    after an install, so that its result says what it really changed."""
+    argv = (["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n"] if manager == "apt"
+            else ["rpm", "-qa", "--qf", "%{NAME} %{VERSION}-%{RELEASE} ii\n"])
+    res = effects.try_run(argv, timeout=60, probe=True)
+    out = {}
+    for line in (res.output if res else "").splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[2][1:2] == "i":  # dpkg's "ii"/"hi": installed (not just known or removed)
+            out[words[0]] = words[1]
+    return out
+
+
+def package_changes(before: dict[str, str], after: dict[str, str], asked: tuple[str, ...] = ()) -> str:
+    """An install's result in words, from the package database before and after it: `installed docker.io
+    20.10.24+dfsg1-1+b3 and 9 dependencies (containerd, runc, …); nothing removed`."""
+    names = [re.split(r"[=:]", p)[0].rstrip("-") for p in asked]
+    new = [p for p in after if p not in before]
+    changed = [p for p in after if p in before and before[p] != after[p]]
+    gone = sorted(p for p in before if p not in after)
+    main = [p for p in names if p in new]
+    deps = [p for p in new if p not in main]
+    parts = []
+    if main or deps:
+        said = ", ".join(f"{p} {after[p]}" for p in main) or f"{len(deps)} package(s)"
+        more = f" and {len(deps)} dependencies ({_some(deps)})" if main and deps else \
+            (f" ({_some(deps)})" if not main else "")
+        parts.append(f"installed {said}{more}")
+    if changed:
+        parts.append("upgraded " + ", ".join(f"{p} {before[p]} -> {after[p]}" for p in changed[:5])
+                     + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""))
+    if not parts:
+        parts.append("nothing installed (all of it was already there)")
+    parts.append(f"removed {_some(gone, 10)}" if gone else "nothing removed")
+    return "; ".join(parts)
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (", …" if len(names) > n else "")
 
 
 APT_REMV = re.compile(r"^Remv (\S+)", re.M)

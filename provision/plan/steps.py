@@ -45,7 +45,8 @@ class Action:
     """What every action offers: the commands it runs, in order (`commands`; plan --json, --check and the
     printed-vs-executed test read them), and those it runs only to undo a failure (`on_failure`). Both are the
     very Command objects `execute` runs, so what is listed is what runs. `reports`: the last line of what it
-    returns is the step's result (a command's last output line, an install's summary)."""
+    returns is the step's result, in words (an install's "installed docker.io 20.10.24; nothing removed", the
+    validation container's own line); a command's output is not (it goes to the run's log: provision/progress.py)."""
 
     reports: ClassVar[bool] = False
 
@@ -62,11 +63,15 @@ class Action:
 
 @dataclass(frozen=True)
 class Command(Action):
-    reports = True
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()  # extra environment, printed as `K=V` before the command
     may_fail: bool = False  # its failure is not the step's (printed `|| true`): the next command repairs it
     stdout_to: str | None = None  # its standard output is written there by gpuprov, 0600 from the first byte
+    result: bool = False  # its last output line is the step's result (the validation container's own line)
+
+    @property
+    def reports(self) -> bool:  # type: ignore[override]
+        return self.result and not self.may_fail
 
     def shell(self) -> str:
         return " ".join([f"{k}={shlex.quote(v)}" for k, v in self.env] + [shlex.join(self.argv)]
@@ -82,7 +87,8 @@ class Command(Action):
 
     def run(self) -> effects.CommandResult:
         """The argv with its environment; a failure is returned, not raised."""
-        return effects.run(list(self.argv), check=False, env={**os.environ, **dict(self.env)})
+        return effects.run(list(self.argv), check=False, env={**os.environ, **dict(self.env)},
+                           private_stdout=self.stdout_to is not None)
 
     def execute(self) -> str:
         res = self.run()
@@ -171,7 +177,7 @@ class StartService(Action):
                 f"{effects.daemon_log(self.daemon)}; {wait})"]
 
     def execute(self) -> str:
-        return effects.start_daemon(self.unit, self.daemon, self.ready, self.systemd)
+        return f"started {self.daemon}: {effects.start_daemon(self.unit, self.daemon, self.ready, self.systemd)}"
 
 
 @dataclass(frozen=True)
@@ -219,7 +225,11 @@ class InstallRuntime(Action):
                 "systemctl daemon-reload)"]
 
     def execute(self) -> str:
-        return "\n".join(runtime_host.install(self.prefix, driver_root=self.driver_root)[1])
+        doc, _ = runtime_host.install(self.prefix, driver_root=self.driver_root)
+        kind = f"compiled front-end, {doc['front_end_origin']}" if doc["compiled"] else "Python front-end"
+        changed = ", ".join(doc["changed"]) or "nothing"
+        return "; ".join([f"installed {doc['runtime_path']} ({kind}); changed: {changed}",
+                          *(f"note: {n}" for n in doc.get("notes", []))])
 
 
 @dataclass(frozen=True)
@@ -284,7 +294,7 @@ class ConfigureEngine(Action):
         res = configure(self.engine, config=self.config, runtime_name=self.runtime_name,
                         runtime_path=self.runtime_path, default=self.default, cdi=self.cdi, replace=self.replace,
                         restart_engine=self.restart_engine)
-        return "\n".join(res.lines())
+        return res.summary()
 
 
 @dataclass(frozen=True)
@@ -516,7 +526,10 @@ class Step:
         return self.check.satisfied(root)
 
     def apply(self) -> str | None:
-        outs = []
+        """Run the actions in order; the step's result in words (what each action that `reports` returned, its
+        notes), never a tool's own output (that goes to the run's log)."""
+        outs: list[str] = []
+        ran: list[Command] = []
         for a in self.actions:
             try:
                 out = a.execute()
@@ -525,9 +538,12 @@ class Step:
                     raise type(exc)(f"{exc}; {self.hint}", exit_code=exc.exit_code) from None
                 raise
             last = [ln for ln in (out or "").strip().splitlines() if ln.strip()]
-            # a command that may fail is not the step's result (e.g. "not found" from removing a leftover)
-            if last and a.reports and not getattr(a, "may_fail", False):
+            if last and a.reports:
                 outs.append(last[-1].strip())
+            elif isinstance(a, Command):
+                ran.append(a)
+        if not outs and ran:  # only commands, whose output is the log's: say which ran
+            outs.append("ran " + "; ".join(f"`{shlex.join(c.argv)}`" for c in ran))
         detail = "; ".join(outs + self.shown_notes())
         return detail or None
 
@@ -565,7 +581,7 @@ def packages_installed(pm: str, packages: tuple[str, ...], root: Path = LIVE) ->
     else:
         argv = ["rpm", "--root", str(root), "-q", "--whatprovides", *[p.split(":")[0] for p in packages]]
     try:
-        p = effects.run(argv, check=False)
+        p = effects.run(argv, check=False, probe=True)
     except StepFailed:  # the package manager itself is missing under this root: nothing is installed by it
         return False
     if pm == "apt":

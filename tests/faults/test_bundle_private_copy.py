@@ -34,7 +34,7 @@ def installs(monkeypatch):
     monkeypatch.setattr(bundle_cmd, "detect_host", lambda *a, **k: None)
     monkeypatch.setattr(bundle_cmd, "build_plan", lambda report, opt: seen.append(opt.bundle) or [])
     monkeypatch.setattr(bundle_cmd.ap, "apply_plan",
-                        lambda steps, quiet: types.SimpleNamespace(changed=0, outcomes=[], to_dict=lambda: {}))
+                        lambda steps, **kw: types.SimpleNamespace(changed=0, outcomes=[], to_dict=lambda: {}, log=None))
     return seen
 
 

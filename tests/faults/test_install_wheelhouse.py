@@ -43,15 +43,16 @@ def fake_wheel(d: Path, version: str) -> Path:
     return path
 
 
-def install(tmp_path: Path, wheelhouse: Path, **env) -> subprocess.CompletedProcess:
+def install(tmp_path: Path, wheelhouse: Path, arg: str = "--check", **env) -> subprocess.CompletedProcess:
     (tmp_path / "bin").mkdir(exist_ok=True)
     e = {**os.environ, "GPUPROV_WHEELHOUSE": str(wheelhouse), "GPUPROV_PREFIX": str(tmp_path / "venv"),
          "GPUPROV_BIN_DIR": str(tmp_path / "bin"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", **env}
     # A private mount namespace with a tmpfs over /usr/local/bin: whatever this install.sh does (an older one links
     # there unasked), the host's commands stay as they were.
-    script = 'mount -t tmpfs gpuprov-test /usr/local/bin && exec bash "$0" --dry-run'
+    # (--check: a bootstrap argument passed through; --dry-run would install nothing, issue 28 item 13)
+    script = 'mount -t tmpfs gpuprov-test /usr/local/bin && exec bash "$0" "$1"'
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                           str(REPO / "install.sh")], capture_output=True, text=True, env=e, timeout=600)
+                           str(REPO / "install.sh"), arg], capture_output=True, text=True, env=e, timeout=600)
 
 
 @needs("python3", "unshare")
@@ -63,12 +64,14 @@ def test_wheelhouse_upgrades_and_refuses_a_downgrade(tmp_path):
     fake_wheel(wh, "0.9.0")
     r = install(tmp_path, wh)
     assert r.returncode == 0, r.stderr
-    assert "installed gpuprov 0.9.0" in r.stderr and r.stdout.strip() == "fake gpuprov 0.9.0 bootstrap --dry-run"
+    assert "installed gpuprov 0.9.0" in r.stderr and r.stdout.strip() == "fake gpuprov 0.9.0 bootstrap --check"
+    assert [w.name.split("-")[1] for w in (tmp_path / "venv/wheels").glob("gpuprov-*.whl")] == ["0.9.0"]  # kept
 
     fake_wheel(wh, "0.10.0")  # newer (and sorted after 0.9.0 only as a version, not as text)
     r = install(tmp_path, wh)
     assert r.returncode == 0, r.stderr
     assert "gpuprov 0.10.0 replaced gpuprov 0.9.0" in r.stderr and r.stdout.startswith("fake gpuprov 0.10.0")
+    assert [w.name.split("-")[1] for w in (tmp_path / "venv/wheels").glob("gpuprov-*.whl")] == ["0.10.0"]
 
     r = install(tmp_path, wh)  # the same again: nothing to replace, said so
     assert r.returncode == 0 and "0.10.0 is installed already" in r.stderr
@@ -90,3 +93,20 @@ def test_wheelhouse_upgrades_and_refuses_a_downgrade(tmp_path):
     empty.mkdir()
     r = install(tmp_path, empty)
     assert r.returncode == 2 and "no gpuprov wheel" in r.stderr
+
+
+@needs("python3", "unshare")
+@root_only
+@pytest.mark.slow
+def test_dry_run_installs_nothing(tmp_path):
+    """`install.sh --dry-run` (issue 28 item 13): gpuprov's plan from a throwaway virtualenv, nothing installed or
+    linked, nothing left in /tmp. (Before: it installed gpuprov into the prefix and linked it, then ran the plan.)"""
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    fake_wheel(wh, "0.9.0")
+    scratch = set(Path("/tmp").glob("gpuprov-dry-run.*"))
+    r = install(tmp_path, wh, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "fake gpuprov 0.9.0 bootstrap --dry-run" and "would install gpuprov into" in r.stderr
+    assert not (tmp_path / "venv").exists() and list((tmp_path / "bin").iterdir()) == []
+    assert set(Path("/tmp").glob("gpuprov-dry-run.*")) == scratch

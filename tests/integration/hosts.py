@@ -130,8 +130,8 @@ class Host:
         return subprocess.run(["docker", "exec", self.name, "cat", path], capture_output=True, check=True).stdout
 
     def install_gpuprov(self) -> subprocess.CompletedProcess:
-        """install.sh from the wheelhouse, stopping at a dry run (prints the plan, changes nothing else)."""
-        return self.exec("GPUPROV_WHEELHOUSE=/wh /src/install.sh --dry-run", timeout=900)
+        """install.sh from the wheelhouse, installing gpuprov only (--install-only: no bootstrap run)."""
+        return self.exec("GPUPROV_WHEELHOUSE=/wh /src/install.sh --install-only", timeout=900)
 
     def remove(self) -> None:
         sh("docker", "rm", "-f", self.name, check=False)
@@ -140,3 +140,16 @@ class Host:
 def steps(out: str) -> dict[str, dict]:
     """`gpuprov bootstrap --json`'s steps by id."""
     return {s["id"]: s for s in json.loads(out)["steps"]}
+
+
+def export_rootfs(image: str, root) -> None:
+    """An image's filesystem unpacked into the directory `root` (docker create + export), for runc bundles."""
+    import subprocess
+
+    cid = sh("docker", "create", image, "true").stdout.strip()
+    try:
+        exp = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", str(root)], stdin=exp.stdout, check=True)
+        exp.wait()
+    finally:
+        sh("docker", "rm", "-f", cid)

@@ -21,7 +21,7 @@ PROBE = Path(__file__).resolve().parents[1] / "gpu/probes/gfx_probe.c"
 
 @pytest.fixture(scope="module")
 def base_rootfs(tmp_path_factory) -> Path:
-    from tests.integration.hosts import ensure_image, sh
+    from tests.integration.hosts import ensure_image, export_rootfs, sh
 
     if sh("docker", "image", "inspect", IMAGE, check=False).returncode != 0:
         name = "caps-loaders-build"
@@ -33,13 +33,7 @@ def base_rootfs(tmp_path_factory) -> Path:
         sh("docker", "rm", "-f", name)
     root = tmp_path_factory.mktemp("loaders") / "rootfs"
     root.mkdir()
-    cid = sh("docker", "create", IMAGE, "true").stdout.strip()
-    try:
-        exp = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
-        subprocess.run(["tar", "-x", "-C", str(root)], stdin=exp.stdout, check=True)
-        exp.wait()
-    finally:
-        sh("docker", "rm", "-f", cid)
+    export_rootfs(IMAGE, root)
     subprocess.run(["gcc", "-O2", "-o", str(root / "gfx_probe"), str(PROBE), "-ldl"], check=True)
     return root
 

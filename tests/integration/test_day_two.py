@@ -88,7 +88,7 @@ def run_json(h: Host, cmd: str) -> dict:
 @pytest.fixture(scope="module")
 def host():
     """The operator's server: docker.io from Debian's archive, their daemon.json and config.toml, both engines
-    restarted on them; then gpuprov installed from the wheelhouse (install.sh stops at a dry run)."""
+    restarted on them; then gpuprov installed from the wheelhouse (install.sh --install-only)."""
     h = Host(systemd=True, tmpfs=("/var/lib/containerd",))
     try:
         r = h.exec("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "

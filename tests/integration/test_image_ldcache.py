@@ -43,18 +43,12 @@ def _so(tmp: Path, whose: str) -> Path:
 @pytest.fixture(scope="module")
 def image(tmp_path_factory) -> Path:
     """The image's rootfs: its own libcuda.so.1 in /opt/vendor/lib, in its ld.so.cache (its own ldconfig)."""
-    from tests.integration.hosts import ensure_image, sh
+    from tests.integration.hosts import ensure_image, export_rootfs
 
     tmp = tmp_path_factory.mktemp("ldcache")
     root = tmp / "rootfs"
     root.mkdir()
-    cid = sh("docker", "create", ensure_image(), "true").stdout.strip()
-    try:
-        exp = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
-        subprocess.run(["tar", "-x", "-C", str(root)], stdin=exp.stdout, check=True)
-        exp.wait()
-    finally:
-        sh("docker", "rm", "-f", cid)
+    export_rootfs(ensure_image(), root)
     (root / "opt/vendor/lib").mkdir(parents=True)
     shutil.copy(_so(tmp, "image"), root / "opt/vendor/lib/libcuda.so.1")
     (root / "etc/ld.so.conf.d/00-vendor.conf").write_text("/opt/vendor/lib\n")

@@ -51,10 +51,12 @@ def test_checkout_install_on_a_bare_server_gets_the_compiled_front_end(host):
     r = host.exec("mkdir /tmp/checkout && cd /src && tar -c --exclude=./.venv --exclude=./.git --exclude='./.gpu-*' "
                   "--exclude=./build --exclude='*.egg-info' . | tar -x -C /tmp/checkout", timeout=300)
     assert r.returncode == 0, r.stderr
-    r = host.exec("cd /tmp/checkout && PIP_NO_INDEX=1 PIP_FIND_LINKS=/bw ./install.sh --dry-run", timeout=1200)
+    r = host.exec("cd /tmp/checkout && PIP_NO_INDEX=1 PIP_FIND_LINKS=/bw ./install.sh --install-only", timeout=1200)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "fetching one into a temporary directory" in r.stderr
     assert "Python front-end" not in r.stderr, r.stderr[-2000:]
+    # the wheel it installed from is kept beside the install: `gpuprov bundle create` packs it (issue 28 item 13)
+    assert host.exec("ls /opt/gpuprov/wheels/gpuprov-*.whl").returncode == 0
     # the host is as bare as before: no compiler on PATH, none installed, no toolchain directory left
     assert host.exec(COMPILERS).stdout == ""
     assert host.exec(TOOLCHAIN_PACKAGES).stdout == ""

@@ -187,7 +187,7 @@ def test_dkms_failure_rolls_back_and_names_the_first_error(tmp_path, monkeypatch
     monkeypatch.setattr(drv, "LOG_DIR", str(tmp_path / "log"))
     ran = []
 
-    def run(argv, *, check=True, env=None, timeout=None, input_text=None):
+    def run(argv, *, check=True, env=None, timeout=None, input_text=None, private_stdout=False, probe=False):
         ran.append(tuple(argv))
         if argv[:2] == ["apt-get", "install"]:
             return effects.CommandResult(list(argv), 100, "Error! Bad return status for module build on kernel\n")
@@ -216,7 +216,7 @@ def test_apt_failing_before_dkms_is_a_step_failure(monkeypatch):
 
     monkeypatch.setattr(drv, "build_logs", lambda: [])
 
-    def run(argv, *, check=True, env=None, timeout=None, input_text=None):
+    def run(argv, *, check=True, env=None, timeout=None, input_text=None, private_stdout=False, probe=False):
         rc = 100 if argv[:2] == ["apt-get", "install"] else 0
         return effects.CommandResult(list(argv), rc, "E: Could not get lock /var/lib/dpkg/lock-frontend\n")
 
@@ -233,7 +233,7 @@ def test_headers_apt_lacks_refused_before_installing(monkeypatch):
 
     ran = []
 
-    def run(argv, *, check=True, env=None, timeout=None, input_text=None):
+    def run(argv, *, check=True, env=None, timeout=None, input_text=None, private_stdout=False, probe=False):
         ran.append(argv[:2])
         rc = 100 if argv[0] == "apt-cache" else 0
         return effects.CommandResult(list(argv), rc, "")

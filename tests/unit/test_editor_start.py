@@ -16,7 +16,7 @@ from tests.conftest import REPO
 
 # Never on a cold GPU create that finds the discovery cache current (prefixes: a package and all below it).
 NOT_LOADED = ("provision.facts", "provision.effects", "provision.inject.server", "provision.share.state", "typing",
-              "shutil", "subprocess", "bz2", "lzma", "glob", "struct")
+              "shutil", "subprocess", "bz2", "lzma", "glob", "struct", "rich", "provision.progress", "textwrap")
 
 # modify_main.py's own steps, in a child started as the front-end starts it (-I -S), then the modules it loaded.
 COLD = """

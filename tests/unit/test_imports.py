@@ -155,7 +155,9 @@ HEAVY = ("typer", "click", "jinja2", "yaml", "tomlkit", "pynvml", "http.server",
          "provision.bundle", "provision.k8s", "provision.engines", "provision.verify", "provision.share",
          # what detect's own records and readers avoid (issue 20, item 7): frozen dataclasses cost ~1 ms a class and
          # their module 6 ms; `distro` 11 ms (read only for CentOS, legacy release files, incomplete os-release)
-         "dataclasses", "distro")
+         "dataclasses", "distro",
+         # the live tail of a step's command (provision/progress.py, issue 28 item 8): only a run on a terminal
+         "rich", "provision.progress")
 
 
 def test_detect_loads_only_what_it_needs():

@@ -362,6 +362,8 @@ def test_driver_install_builds_for_every_kernel_as_printed(monkeypatch):
     ran: list[tuple[str, ...]] = []
 
     def run(argv, check=True, **kw):
+        if kw.get("probe"):  # the package database read before and after the install (its result in words)
+            return effects.CommandResult(list(argv), 0, "", "")
         ran.append(tuple(argv))
         out = (f"nvidia-tesla-470/470.256.02, {argv[-1]}, x86_64: installed\n" if argv[:2] == ["dkms", "status"]
                else "Package: x\n")

@@ -53,6 +53,9 @@ class Configured:
     def lines(self):
         return [f"configured {self.engine}"]
 
+    def summary(self):
+        return f"configured {self.engine}"
+
 
 def _planned_ops(step: st.Step) -> list[tuple]:
     """gpuprov's in-process operations the step's actions name, as the Recorder records them."""
@@ -81,7 +84,9 @@ class Recorder:
         self.write_kw: list[dict] = []
         real_run = effects.run
 
-        def run(argv, *, check=True, env=None, timeout=None, input_text=None):
+        def run(argv, *, check=True, env=None, timeout=None, input_text=None, private_stdout=False, probe=False):
+            if probe:  # a question asked of the host (the package database before and after an install): no step's
+                return effects.CommandResult(list(argv), 0, "", "")
             if argv[0] == "ldd":  # the read that finds the libraries of the image's binaries, as printed
                 return real_run(argv, check=check)
             self.argvs.append(tuple(argv))
@@ -101,7 +106,8 @@ class Recorder:
         # arguments the step's action passes (what it printed)
         self.ops: list[tuple] = []
         monkeypatch.setattr(runtime_host, "install", lambda prefix, driver_root: self.ops.append(
-            ("runtime install", prefix, driver_root)) or ({}, ["done"]))
+            ("runtime install", prefix, driver_root)) or ({"runtime_path": f"{prefix}/bin/gpuprov-runtime", "compiled": False,
+                                                   "front_end_origin": None, "changed": []}, ["done"]))
         monkeypatch.setattr(runtime_host, "refresh_cdi", lambda driver_root, install_units: self.ops.append(
             ("cdi refresh", driver_root, install_units)) or ["done"])
         monkeypatch.setattr(st, "configure", lambda engine, **kw: self.ops.append(("engine configure", engine, kw)) or
