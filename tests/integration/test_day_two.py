@@ -229,7 +229,9 @@ def test_uninstall_keeps_containers_running_and_stoppable(host):
 
 FIXTURE = "/src/tests/fixtures/hosts/h200-vm"
 NODES = {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (238, 0), "nvidia-uvm-tools": (238, 1)}
-GPU_RUN = "docker run --rm --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all {image} ls /dev"
+# utility only: this host shows the H200's /proc/driver but its kernel lists no nvidia-uvm (the real /proc/modules),
+# and a compute container is refused without it since issue 26; the editor's path is the same either way
+GPU_RUN = "docker run --rm --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all -e NVIDIA_DRIVER_CAPABILITIES=utility {image} ls /dev"
 # Three workers start GPU containers back to back until /tmp/stop-starts exists; one line per start.
 STARTS = ("rm -f /tmp/stop-starts; for w in 1 2 3; do (while [ ! -e /tmp/stop-starts ]; do "
           "if {run} 2>>/tmp/starts-$w.err | grep -qx nvidia0; then echo ok; else echo FAIL; fi; done "
@@ -288,7 +290,7 @@ def test_upgrade_under_running_containers_and_concurrent_starts(host, tmp_path_f
     assert "nvidia0" in h.exec(GPU_RUN.format(image=IMAGE)).stdout.split()
     for i in (1, 2, 3):
         r = h.exec(f"docker run -d -i --name uninstall-upg-{i} --runtime nvidia -e NVIDIA_VISIBLE_DEVICES=all "
-                   f"{IMAGE} sh -c 'read x'")
+                   f"-e NVIDIA_DRIVER_CAPABILITIES=utility {IMAGE} sh -c 'read x'")
         assert r.returncode == 0, r.stderr
     copy_before = h.exec("readlink /usr/local/lib/gpuprov-runtime/current").stdout.strip()
     editor_before = h.exec("cut -d' ' -f1 /run/gpuprov/runtime-editor.sock.lock").stdout.strip()

@@ -97,7 +97,9 @@ def test_2b_runtime_wraps_podmans_crun(host):
     assert r.returncode == 0 and r.stdout.strip() == "/usr/local/bin/gpuprov-runtime", r.stderr
     r = host.exec(f"podman run --runtime nvidia --rm --network none --pull never {CHECK} echo through-nvidia")
     assert r.returncode == 0 and r.stdout.strip() == "through-nvidia", r.stderr
+    # utility: the host's kernel lists no nvidia-uvm (only /proc/driver is the H200's), so compute would be refused
     r = host.exec(f"podman run --runtime nvidia --rm --network none --pull never -e NVIDIA_VISIBLE_DEVICES=0 "
+                  "-e NVIDIA_DRIVER_CAPABILITIES=utility "
                   f"{CHECK} sh -c '{LOOK}'")
     assert r.returncode == 0 and {"nvidia0", "nvidiactl", "smi"} <= set(r.stdout.split()), r.stdout + r.stderr
 
