@@ -210,10 +210,14 @@ def service_steps(root: Path) -> list[Step]:
     if units:
         systemd = under(root, "/run/systemd/system").is_dir()
         names = tuple(os.path.basename(u) for u in units)
+        # the links `systemctl enable` made (what disable removes), named so the plan says every path that goes,
+        # and removed by rm too where systemd is not running to do it
+        wants = sorted(str(Path("/") / w.relative_to(root)) for n in names
+                       for w in under(root, UNIT_DIR).glob(f"*.wants/{n}"))
         acts = ([Command(("systemctl", "disable", "--now", *names), may_fail=True)] if systemd else []) \
-            + [_rm(*units)] + ([Command(("systemctl", "daemon-reload"))] if systemd else [])
+            + [_rm(*units, *wants)] + ([Command(("systemctl", "daemon-reload"))] if systemd else [])
         steps.append(Step("uninstall.units", Stage.RUNTIME, f"Stop and remove gpuprov's units: {' '.join(names)}",
-                          actions=tuple(acts), check=Undone(gone=tuple(units))))
+                          actions=tuple(acts), check=Undone(gone=tuple(units) + tuple(wants))))
     return steps
 
 
