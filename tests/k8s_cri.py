@@ -50,11 +50,15 @@ def private_runtime(base: Path, driver_root: Path | None = None) -> dict:
 
 
 def k8s_node(c: Containerd, runtime_path: str, env: dict | None = None, cdi: bool = False,
-             default: bool = False) -> dict:
+             default: bool = False, accept_env: bool = True) -> dict:
+    """`gpuprov k8s node` on this containerd. accept_env: these harnesses have no device plugin (pods ask with
+    NVIDIA_VISIBLE_DEVICES), so they keep env selection on (`--accept-env-unprivileged`), which k8s node turns off
+    by default since issue 26."""
     cfg = c.base / "config.toml"
     cfg.write_text(base_config(c))
     r = gpuprov("k8s", "node", "--engine", "containerd", "--config", str(cfg), "--runtime-path", runtime_path,
-                "--cdi" if cdi else "--no-cdi", *(["--default"] if default else []), "--json", env=env)
+                "--cdi" if cdi else "--no-cdi", *(["--default"] if default else []),
+                *(["--accept-env-unprivileged"] if accept_env else []), "--json", env=env)
     if r.returncode != 0:
         raise RuntimeError(f"gpuprov k8s node failed ({r.returncode}): {r.stderr}")
     return json.loads(r.stdout)
