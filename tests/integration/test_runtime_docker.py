@@ -8,6 +8,7 @@ mknod device nodes inside the host), then containers are started with `docker ru
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -353,7 +354,8 @@ def test_dev_char_verify_boot_unit_and_uninstall_scope(host, systemd_cgroups):
     host.exec("mv /tmp/devchar-195-0 /dev/char/195:0", check=True)
     r = host.exec("gpuprov uninstall --dry-run")
     # (the `installed` fixture's --dev-root made its links in /opt/fake-gpu/dev/char: they are gpuprov's too)
-    line = next((ln for ln in r.stdout.splitlines() if ln.strip().startswith("$ rm -f --") and "/char/" in ln), "")
+    joined = re.sub(r" \\\n\s*", " ", r.stdout)  # a long command is wrapped at 100 columns with ` \`
+    line = next((ln for ln in joined.splitlines() if ln.strip().startswith("$ rm -f --") and "/char/" in ln), "")
     assert " /dev/char/195:0" in line and " /dev/char/238:0" in line and " /dev/char/195:255" not in line, \
         r.stdout + r.stderr + host.exec("cat /run/gpuprov/dev-char-links; ls -l /dev/char").stdout
     # this server has no udev: no rule written, and no /etc/udev made for one (uninstall would leave it behind)
