@@ -11,7 +11,7 @@ enables the unit: seen on bookworm, nvidia-persistenced 535.171.04-1~deb12u1), a
 only then (plan/uninstall.py)."""
 from __future__ import annotations
 
-from provision.decide.driver import is_datacenter
+from provision.decide.driver import default_source, is_datacenter
 from provision.decide.gputable import parse_pci_id, table_entry
 from provision.decide.targets import Target
 from provision.options import Stage
@@ -29,7 +29,8 @@ def package(target: Target, driver_source: str) -> tuple[str, ...]:
     """The package that carries the daemon, where the driver's packages do not: Ubuntu's nvidia-headless-B-server
     pulls in nvidia-compute-utils-B-server, which has it; ELRepo's nvidia-x11-drv has it. Debian and NVIDIA's own
     repositories package it apart (Debian: a Recommends of nvidia-driver)."""
-    if target.os_id == "ubuntu" or driver_source == "elrepo":
+    source = default_source(target) if driver_source == "distro" else driver_source  # `distro` on EL is ELRepo
+    if target.os_id == "ubuntu" or source == "elrepo":
         return ()
     return ("nvidia-persistenced",)
 

@@ -53,8 +53,14 @@ def test_not_for_a_consumer_gpu(tmp_path):
 
 
 def test_ubuntu_enables_what_its_driver_package_carries(tmp_path):
-    assert persistence.package(type("T", (), {"os_id": "ubuntu"})(), "distro") == ()
-    assert persistence.package(type("T", (), {"os_id": "debian"})(), "distro") == ("nvidia-persistenced",)
+    from provision.decide.targets import parse_target as resolve_target
+
+    assert persistence.package(resolve_target("ubuntu-24.04"), "distro") == ()
+    assert persistence.package(resolve_target("debian-12"), "distro") == ("nvidia-persistenced",)
+    # EL: `distro` is ELRepo, whose nvidia-x11-drv carries the daemon (a real dnf found no nvidia-persistenced in
+    # ELRepo's metadata: tests/integration/test_el_dnf.py); NVIDIA's repository packages it apart
+    assert persistence.package(resolve_target("rocky-9"), "distro") == ()
+    assert persistence.package(resolve_target("rocky-9"), "nvidia") == ("nvidia-persistenced",)
 
 
 def test_recorded_only_when_gpuprov_enabled_it_and_undone_only_then(tmp_path):
