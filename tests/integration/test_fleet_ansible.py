@@ -245,8 +245,12 @@ def test_6_state_absent_takes_gpuprov_off_every_node_then_changes_nothing(fleet)
         assert not any(r.get("path") == "/usr/local/bin/gpuprov-runtime" for r in runtimes.values()), runtimes
     for h in hosts:
         gone = h.exec("ls -d /usr/local/bin/gpuprov-runtime /usr/local/bin/nvidia-container-runtime-hook "
-                      "/usr/local/lib/gpuprov-runtime /etc/gpuprov /var/lib/gpuprov /run/gpuprov /var/log/gpuprov "
+                      "/usr/local/lib/gpuprov-runtime /etc/gpuprov /var/log/gpuprov "
                       "/opt/gpuprov /usr/local/bin/gpuprov 2>/dev/null")
         assert gone.stdout == "", (h.name, gone.stdout)
+        # what stays, on purpose: the host lock (never removed, issue 27.8) and the record of the packages gpuprov
+        # installed and uninstall kept (issue 28.4: a later `uninstall --purge-engine` still knows them)
+        left = h.exec("find /run/gpuprov /var/lib/gpuprov -mindepth 1 2>/dev/null").stdout.split()
+        assert set(left) <= {"/run/gpuprov/host.lock", "/var/lib/gpuprov/installed.json"}, (h.name, left)
     rc, out, recap = playbook(inv, "-e", "gpuprov_state=absent")
     assert rc == 0 and all(r["changed"] == 0 for r in recap.values()), (recap, out[-2000:])
