@@ -26,6 +26,7 @@ from provision import paths
 from provision.fsutil import make_dirs
 
 RECORD = f"{paths.RUN_DIR}/dev-char-links"  # one line per link gpuprov made: "<link> <target>"
+UNDER_DEV_ROOT = "under dev_root"  # link_nodes' default record: record_for(dev_root)
 CAPS_DIR = "nvidia-caps"
 FIXED = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -196,12 +197,19 @@ def _note(record: str, link: str, target: str) -> None:
         os.close(fd)
 
 
-def link_nodes(dev_root: str = "/", names=None, record: str | None = RECORD) -> Links:
+def record_for(dev_root: str) -> str:
+    """The record of the links made under DEV_ROOT/dev: RECORD for the host's own /dev, the same path under any
+    other root (where `uninstall --root` looks), so a --dev-root never writes the host's record."""
+    return RECORD if os.path.realpath(dev_root) == "/" else os.path.join(dev_root, RECORD.lstrip("/"))
+
+
+def link_nodes(dev_root: str = "/", names=None, record: str | None = UNDER_DEV_ROOT) -> Links:
     """THE helper: make DEV_ROOT/dev/char/MAJ:MIN -> ../NAME for NVIDIA's nodes (`names`: only these, as names
     under /dev or /dev/… paths, e.g. ["nvidia-uvm"] after making that node; None: every NVIDIA node there). A name
     already taken (udev's link, anyone's file) is left as it is. Raises DevCharRefused (nothing changed) when
-    dev/char is a link, not a directory, or writable by others."""
-    return _walk(dev_root, names, True, record)
+    dev/char is a link, not a directory, or writable by others. `record`: where the links made are noted
+    (default record_for(dev_root); None: nowhere)."""
+    return _walk(dev_root, names, True, record_for(dev_root) if record == UNDER_DEV_ROOT else record)
 
 
 def check_links(dev_root: str = "/") -> Links:

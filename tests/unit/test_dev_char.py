@@ -49,6 +49,20 @@ def test_every_nvidia_node_gets_its_link_recorded(tmp_path):
     assert again.made == [] and sorted(again.ok) == sorted(res.made)
 
 
+def test_a_dev_root_keeps_its_record_under_it(tmp_path, monkeypatch):
+    """`runtime install --dev-root D` (as tests/k8s_cri.py's private runtime does on the CI host) notes its links
+    under D, never in the host's /run/gpuprov: a host record there made the host's uninstall plan a dev-char step
+    for a test's links (CI of session 8). The host record is moved to tmp so a regression cannot write the host."""
+    host_record = tmp_path / "host-run" / "dev-char-links"
+    monkeypatch.setattr(devchar, "RECORD", str(host_record))
+    root = _dev_root(tmp_path / "fixture")
+    res = devchar.link_nodes(str(root))
+    assert res.made and not host_record.exists()
+    assert [link for link, _ in devchar.recorded(devchar.record_for(str(root)))] == res.made
+    assert devchar.record_for(str(root)) == str(root) + str(host_record)
+    assert devchar.record_for("/") == str(host_record)
+
+
 def test_only_the_named_node(tmp_path):
     """What the start path calls after making one node (fieldrt): that node's link, nothing else."""
     root = _dev_root(tmp_path)

@@ -18,6 +18,7 @@ from provision.engines.base import undo_text
 from provision.engines.configure import configure
 from provision.engines.crio import CrioEngine, render
 from provision.engines.docker import DockerEngine
+from provision.inject import devchar
 from provision.plan import apply as ap
 from provision.plan import steps as st
 from provision.plan import uninstall as un
@@ -209,6 +210,9 @@ def host(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPROV_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(tmp_path / "etc/gpuprov/runtime.json"))
     monkeypatch.setattr(un, "lock_dirs", lambda: (str(tmp_path / "lock"),))
+    # the /dev/char record and udev rule live at absolute paths: this host's own (if any) are not the plan's
+    monkeypatch.setattr(devchar, "RECORD", str(run / "dev-char-links"))
+    monkeypatch.setattr(devchar, "UDEV_RULE", str(tmp_path / "etc/udev/rules.d/71-gpuprov-dev-char.rules"))
     monkeypatch.setattr(validate, "leftover_image_argvs", lambda: [])
     cfg = tmp_path / "daemon.json"
     original = json.dumps(OPERATOR, indent=2) + "\n"
