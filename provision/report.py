@@ -13,7 +13,7 @@ from provision.errors import HostUnreadable, Unsupported
 from provision.facts.distro_facts import DistroFacts, read_distro
 from provision.facts.driver_facts import DriverFacts, read_driver
 from provision.facts.engines import EngineFacts, read_engines
-from provision.facts.packages import archive_versions
+from provision.facts.packages import archive_versions, fetched_suites
 from provision.facts.pci import PciDisplayDevice, scan_pci
 
 SCHEMA = "gpuprov.detect/v1"
@@ -79,14 +79,17 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
     offered = (archive_versions(root, debian_driver_packages(target.codename))
                if (nvidia or for_gpus) and target and target.os_id == "debian" and (source or "debian") == "debian"
                else None)
+    # and whether apt fetched its security suite: where the lists cannot tell yet, that decides the flavour
+    security = (f"{target.codename}-security" if offered is not None
+                and f"{target.codename}-security" in fetched_suites(root) else None)
     gpus = []
     for dev in nvidia:
         pci = PciId(dev.vendor_id, dev.device_id, dev.subsystem_vendor_id, dev.subsystem_device_id)
         gpus.append((dev, decide_gpu(pci, target, kernel_modules=kernel_modules, source=source, address=dev.address,
-                                     pin=pin, offered=offered)))
+                                     pin=pin, offered=offered, security=security)))
     if for_gpus:
         gpus = [(None, decide_gpu(parse_pci_id(p), target, kernel_modules=kernel_modules, source=source, pin=pin,
-                                  offered=offered)) for p in for_gpus]
+                                  offered=offered, security=security)) for p in for_gpus]
     return HostReport(
         root=str(root), distro=distro, target=target, gpus=gpus,
         other_display=[d for d in devices if not d.is_nvidia], driver=read_driver(root),

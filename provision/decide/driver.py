@@ -139,14 +139,24 @@ def identify(pci: PciId) -> Identity:
     return Identity(name, entry["branch"], entry["modules"], True, ())
 
 
-def open_module_lags(drv: debian.DebianDriver, offered: Mapping[str, frozenset[str]]) -> str | None:
+def open_module_lags(drv: debian.DebianDriver, offered: Mapping[str, frozenset[str]],
+                     security: str | None = None) -> str | None:
     """Why the suite's open module cannot follow its driver, from what the apt lists offer (upstream versions per
     package), or None. Debian's driver metapackage depends on a kernel module of exactly its own version, and the
     security suite updates the proprietary module with the driver (bookworm-security: nvidia-driver and
     nvidia-kernel-dkms 535.309.01) while the open one (contrib, another source package) stays behind (535.261.03):
     apt cannot install the open module with the newest driver, and a held open module gets no update for a newer
-    kernel it fails to build against."""
+    kernel it fails to build against. security: the suite's security suite, where apt has fetched its lists."""
     drivers, opens = offered.get(drv.package, frozenset()), offered.get(drv.open_dkms or "", frozenset())
+    if not opens and not drivers and security:
+        # the lists cannot tell yet (non-free and contrib not enabled: the installer's default), and what they will
+        # show must not change the flavour on the next run: the security suite is where the driver's updates come from
+        return (f"apt fetches {security}, and its lists show neither {drv.package} nor {drv.open_dkms} yet "
+                f"(their components are not enabled): Debian's security suite updates {drv.package} with its "
+                f"proprietary module (one source package), not {drv.open_dkms} (contrib, another source package; "
+                "bookworm-security: 535.309.01 without it), so the open module does not follow the driver's updates")
+    if not opens and drivers:
+        opens = frozenset({drv.version})  # contrib not enabled yet: the suite's own open module (the point release's)
     missing = sorted(drivers - opens)
     if not opens or not missing:
         return None
@@ -155,7 +165,7 @@ def open_module_lags(drv: debian.DebianDriver, offered: Mapping[str, frozenset[s
 
 
 def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite: str, pin: str | None,
-                     offered: Mapping[str, frozenset[str]] | None = None
+                     offered: Mapping[str, frozenset[str]] | None = None, security: str | None = None
                      ) -> tuple[tuple[str, ...], str | None, str | None, tuple[str, ...]]:
     """Debian's own recommendation (nvidia-detect's lists and order), or the pinned branch's package; the last item:
     notes on the module flavour chosen."""
@@ -164,7 +174,7 @@ def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite
         return (), None, problem + ("; use NVIDIA's repository (--driver-source nvidia)" if not pin else ""), ()
     if modules == "open" and not drv.open_dkms and allowed == "either" and wanted == "auto":
         modules = "proprietary"  # a Tesla/legacy package: proprietary modules only, which this GPU also runs
-    lags = open_module_lags(drv, offered or {}) if modules == "open" and drv.open_dkms else None
+    lags = open_module_lags(drv, offered or {}, security) if modules == "open" and drv.open_dkms else None
     notes: tuple[str, ...] = ()
     if lags and allowed == "either" and wanted == "auto":
         modules, notes = "proprietary", (f"{lags}; installing the proprietary module ({drv.kernel_dkms}), which this "
@@ -318,10 +328,11 @@ def packaged_branches(target: Target, source: str | None = None) -> tuple[int, .
 
 def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto", source: str | None = None,
                address: str | None = None, pin: str | None = None,
-               offered: Mapping[str, frozenset[str]] | None = None) -> GpuDecision:
+               offered: Mapping[str, frozenset[str]] | None = None, security: str | None = None) -> GpuDecision:
     """pin: a driver branch ("535") asked for with --driver; refused (no packages, a warning with the way out)
     where the branch does not drive this GPU or the target does not package it. offered: the upstream versions
-    the host's apt lists offer per package (facts.packages.archive_versions), where known."""
+    the host's apt lists offer per package (facts.packages.archive_versions), where known; security: the target's
+    security suite where apt has fetched its lists (Debian)."""
     ident = identify(pci)
     allowed = ident.kernel_modules
     if pin and pin != "current" and int(pin) < 515 and allowed == "either":
@@ -346,7 +357,7 @@ def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto
             pkgs, ver, problem = _elrepo_packages(entry, branch, modules, target.el_major, pin)
     elif target.os_id == "debian":
         pkgs, ver, problem, notes = _debian_packages(pci.device, modules, allowed, kernel_modules, target.codename,
-                                                     pin, offered)
+                                                     pin, offered, security)
         warnings += notes
         if pkgs and modules == "open" and "nvidia-open-kernel-dkms" not in pkgs:
             base["modules"] = "proprietary"

@@ -138,6 +138,13 @@ def _decompressed(path: Path, suffix: str) -> str:
         raise ValueError(str(exc)) from exc
 
 
+def fetched_suites(root: Path) -> frozenset[str]:
+    """The suites whose package lists `apt-get update` last fetched (from the lists' file names,
+    `<host>_<path>_dists_<suite>_<component>_binary-<arch>_Packages`): what apt installs and upgrades from."""
+    return frozenset(m.group(1) for p in under(root, APT_LISTS).glob("*_dists_*_binary-*_Packages*")
+                     if (m := re.search(r"_dists_([^_]+)_", p.name)))
+
+
 def offered_module_packages(root: Path) -> frozenset[str]:
     """The `linux-modules-nvidia-*` names in the apt lists of the restricted component (Ubuntu's precompiled, signed
     NVIDIA modules), as `apt-get update` last fetched them."""

@@ -73,6 +73,35 @@ def test_detect_reads_the_offered_versions_from_the_apt_lists(tmp_path):
     assert gpu.modules == "proprietary" and "nvidia-kernel-dkms" in gpu.packages
 
 
+def test_before_the_drivers_components_are_enabled_the_security_suite_decides(tmp_path):
+    """Issue 31, the installer's default: the point release and bookworm-security with `main non-free-firmware`, so
+    the lists show neither the driver (non-free) nor the open module (contrib). gpuprov enables both, and apt then
+    refused the open module beside bookworm-security's 535.309.01 (seen with real apt). Where apt fetches the security
+    suite, the flavour is the one that suite updates, and what the lists show after the components are enabled
+    (SECURITY) keeps it: the next run does not change flavour."""
+    assert open_module_lags(BOOKWORM, {}, "bookworm-security")  # nothing in the lists, the security suite on
+    assert open_module_lags(BOOKWORM, {}) is None  # the point release alone: the open module as before
+    # non-free on, contrib not yet: the open module is the suite's own (535.261.03), behind the security driver
+    non_free = {k: v for k, v in SECURITY.items() if k != "nvidia-open-kernel-dkms"}
+    assert "535.309.01" in (open_module_lags(BOOKWORM, non_free) or "")
+    assert open_module_lags(BOOKWORM, {"nvidia-driver": frozenset({"535.261.03"})}) is None
+    root = make_host(tmp_path, "debian-12", "none")
+    lists = root / "var/lib/apt/lists"
+    lists.mkdir(parents=True)
+    for suite in ("bookworm", "bookworm-security"):
+        for comp in ("main", "non-free-firmware"):
+            (lists / f"deb.debian.org_debian_dists_{suite}_{comp}_binary-amd64_Packages").write_text(
+                "Package: base-files\nVersion: 12.4+deb12u13\n\n")
+    (gpu,) = [d for _, d in detect_host(root, engines=False, for_gpus=(H100,)).gpus]
+    assert gpu.modules == "proprietary" and gpu.packages[0] == "nvidia-kernel-dkms", gpu
+    assert any("bookworm-security" in w and "proprietary module" in w for w in gpu.warnings), gpu.warnings
+    # the same host without the security suite fetched: the open module, which the point release keeps in step
+    for p in lists.glob("*bookworm-security*"):
+        p.unlink()
+    (gpu,) = [d for _, d in detect_host(root, engines=False, for_gpus=(H100,)).gpus]
+    assert gpu.packages[0] == "nvidia-open-kernel-dkms", gpu
+
+
 def _inst(name: str, source: str, version: str = "535.261.03-1", held: bool = True) -> InstalledPackage:
     return InstalledPackage(name, version, source=source, held=held)
 
