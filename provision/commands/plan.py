@@ -22,6 +22,7 @@ from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan import resume as rs
 from provision.plan.build import build_plan
+from provision.plan.dnf import InstallWatch
 from provision.plan.options import Options
 from provision.plan.resume import Resume
 from provision.report import detect_host
@@ -204,17 +205,17 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
         _print_plan(report, steps, False)
         if not typer.confirm("Apply this plan?"):
             raise errors.Declined("declined at the prompt; nothing was changed")
-    missing, res = ap.missing_packages(steps), ap.ApplyResult()
+    missing, res, watch = ap.missing_packages(steps), ap.ApplyResult(), InstallWatch()
     with ap.open_run("bootstrap", json_out=json_out, verbose=verbose) as run:
         try:
-            res = ap.apply_plan(steps, run=run)
+            res = ap.apply_plan(steps, run=run, watch=watch)
         except errors.GpuprovError:
             if not json_out:  # the failure's Error line follows: where all of its commands' output is
                 print(f"bootstrap: stopped; full log: {run.log.path or 'none (it could not be written)'}",
                       file=sys.stderr)
             raise
         finally:  # what got installed is kept even when a later step fails (uninstall --driver/--engine read it)
-            ap.record_installed(steps, missing, res)
+            ap.record_installed(steps, missing, res, watch)
     if res.reboot_required:
         rs.reboot_pending(rs.reason_of(steps, res.changed_ids()))
     if json_out:

@@ -29,7 +29,8 @@ from provision import effects, engines, paths, record
 from provision.engines import validate
 from provision.engines.base import RUNTIME_PATH, RuntimeRequest
 from provision.engines.docker import LIVE, DockerEngine
-from provision.errors import RemovalRefused, StepFailed, UntrustedPath
+from provision.errors import GpuprovError, RemovalRefused, StepFailed, UntrustedPath
+from provision.facts.distro_facts import read_distro
 from provision.facts.rootfs import is_live, under
 from provision.fsutil import read_trusted, resolve
 from provision.hostlock import LOCK_NAME, lock_dirs
@@ -39,7 +40,7 @@ from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
-from provision.plan import persistence
+from provision.plan import dnf, persistence
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import gpuprov_files
 from provision.plan.packages import APT_ENV
@@ -407,8 +408,7 @@ def runtime_steps(root: Path, rec: record.Record | None = None) -> list[Step]:
 class Purge(Action):
     """`apt-get purge` of the packages gpuprov installed, after apt's simulation of the very same purge: anything it
     would remove beyond them (a package the operator installed since that depends on one of them, say) stops the
-    step with exit 14 naming those packages, unless --allow-remove. dnf hosts record no packages (the record keeps
-    only what apt installed), so they have nothing to purge."""
+    step with exit 14 naming those packages, unless --allow-remove. dnf/yum hosts: provision/plan/dnf.py's DnfPurge."""
     packages: tuple[str, ...]
     allow_remove: bool
 
@@ -442,19 +442,33 @@ class Purge(Action):
 def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list[Step]:
     """Only what the record says gpuprov installed and held, and only what is still installed."""
     steps = []
+    pm = _package_manager(root)
     for stage, asked in ((Stage.DRIVER, opt.purge_driver), (Stage.ENGINE, opt.purge_engine)):
-        pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed("apt", (p,), root))
+        pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed(pm, (p,), root))
         holds = tuple(p for p in rec.holds if p in pkgs) if stage == Stage.DRIVER else ()
         extra = gpuprov_files(root) if stage == Stage.DRIVER else ()
         if not asked or not (pkgs or extra):
             continue
-        acts: list = [Command(("apt-mark", "unhold", *holds))] if holds else []
-        acts += [Purge(pkgs, opt.allow_remove)] if pkgs else []
+        note = ""
+        if pm in dnf.MANAGERS:
+            acts, note = dnf.purge_actions(root, pm, pkgs, holds, opt.allow_remove)
+        else:
+            acts = [Command(("apt-mark", "unhold", *holds))] if holds else []
+            acts += [Purge(pkgs, opt.allow_remove)] if pkgs else []
         acts += [_rm(*extra)] if extra else []
         steps.append(Step(f"uninstall.{stage.value}.packages", stage,
-                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}",
+                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}{note}",
                           actions=tuple(acts), check=Undone(gone=extra) if not pkgs else Never()))
     return steps
+
+
+def _package_manager(root: Path) -> str:
+    """The host's package manager (its os-release's family); apt where none can be read (the record's packages are
+    then looked up in dpkg's database, as before rpm hosts had any)."""
+    try:
+        return read_distro(root).package_manager
+    except GpuprovError:
+        return "apt"
 
 
 def kept_packages(rec: record.Record, opt: UninstallOptions) -> record.Record:

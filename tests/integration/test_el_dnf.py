@@ -13,10 +13,14 @@ One host through its stages (module-scoped, in order, each starting where the la
 2. bootstrap (driver only) with --mirror elrepo=...: elrepo-release, kmod-nvidia-open and nvidia-x11-drv from
    the mirror, the driver locked with dnf versionlock; a second run changes nothing.
 3. ELRepo publishes 570.144 and the distribution a kernel: `dnf upgrade` takes the kernel, the lock keeps 570.133.07.
-4. `gpuprov uninstall --driver` purges the driver packages it recorded, and nothing the operator had.
+4. `gpuprov uninstall --purge-driver` stops with exit 14 where a package of the operator's needs the driver (dnf's
+   own dry run says so), and once it is gone purges the driver packages gpuprov recorded (dependencies included:
+   every package its transactions added) and their version locks, and nothing the operator had.
 Marked slow; about two minutes once the image and repositories are cached (built once per recipe).
 """
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -69,6 +73,11 @@ def test_driver_from_elrepo_mirror(host, driven):
     assert after["nvidia-x11-drv"] == after["nvidia-x11-drv-libs"] == after[KMOD], after
     assert "elrepo-release" in after and "kmod-nvidia" not in after
     assert {p: v for p, v in before.items() if after.get(p) != v} == {}, "a package was changed or removed"
+    # the record names every package this bootstrap added (dependencies, elrepo-release and the versionlock plugin
+    # included), and nothing the operator had
+    rec = json.loads(host.exec("cat /var/lib/gpuprov/installed.json", check=True).stdout)
+    assert sorted(rec["packages"]["driver"]) == sorted(after.keys() - before.keys()), rec
+    assert KMOD in rec["holds"], rec
     # The repository dnf keeps using is the mirror, not upstream: a later `dnf upgrade` must reach it.
     repo = host.exec("dnf repoinfo elrepo 2>/dev/null | grep -i '^repo-baseurl'").stdout
     assert url("elrepo") in repo, repo
@@ -100,14 +109,44 @@ def test_versionlock_holds_across_dnf_upgrade(host, driven):
     assert any("503.40.1" in k for k in kernels), kernels  # the kernel is not held
 
 
-@pytest.mark.xfail(strict=True, reason="uninstall records apt packages only: `gpuprov uninstall --driver` exits 0 "
-                   "and leaves every dnf package (the uninstall item of issue 29's work; strict: its fix turns this red "
-                   "until the marker goes)")
+# The operator's own package, built and installed on the host after gpuprov: it needs the driver's libraries.
+OPERATOR_RPM = r"""set -e; mkdir -p /tmp/op/SPECS; cat > /tmp/op/SPECS/op.spec <<'SPEC'
+Name: site-cuda-app
+Version: 1.0
+Release: 1
+Summary: an operator's package that needs the driver's libraries
+License: site
+BuildArch: noarch
+Requires: nvidia-x11-drv-libs
+%description
+the operator's
+%files
+SPEC
+rpmbuild -bb --quiet --define '_topdir /tmp/op' /tmp/op/SPECS/op.spec
+rpm -i /tmp/op/RPMS/noarch/site-cuda-app-1.0-1.noarch.rpm"""
+
+
+def test_purge_stops_at_a_package_that_needs_the_driver(host, driven):
+    host.exec(OPERATOR_RPM, check=True)
+    try:
+        before = host.rpms()
+        r = host.exec("gpuprov uninstall --yes --purge-driver")
+        assert r.returncode == 14, r.stdout[-3000:] + r.stderr[-3000:]
+        assert "site-cuda-app" in r.stderr and "nothing was removed" in r.stderr, r.stderr
+        assert host.rpms() == before  # dnf's dry run only: nothing removed, nothing unlocked
+        assert KMOD in host.exec("dnf versionlock list").stdout
+    finally:
+        host.exec("rpm -e site-cuda-app", check=True)
+
+
 def test_uninstall_purges_only_what_gpuprov_recorded(host, driven):
     before, _ = driven  # the operator's packages, before gpuprov
-    r = host.exec("gpuprov uninstall --yes --driver")
+    r = host.exec("gpuprov uninstall --yes --purge-driver")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     after = host.rpms()
     assert not {KMOD, "nvidia-x11-drv", "nvidia-x11-drv-libs"} & after.keys(), after
-    assert before.keys() <= after.keys(), sorted(before.keys() - after.keys())  # kernel, podman, runc stay
-    assert "nvidia" not in host.exec("dnf versionlock list 2>/dev/null").stdout
+    # what gpuprov installed is gone (the versionlock plugin and elrepo-release with the driver), and all the
+    # operator had stays (the kernels, podman, runc)
+    assert after.keys() == before.keys(), (sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys()))
+    assert "nvidia" not in host.exec("cat /etc/dnf/plugins/versionlock.list 2>/dev/null").stdout
+    assert host.exec("test -e /var/lib/gpuprov/installed.json").returncode == 1  # nothing left to undo
