@@ -90,6 +90,7 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
     pre: tuple[Command, ...] = ()
     opts: tuple[str, ...] = ()
     post: tuple[Command, ...] = ()
+    kept = ""
     if source == "docker-ce":
         if target.family == "debian":
             src = WriteFile("/etc/apt/sources.list.d/docker.list", repos.docker_ce_apt_source(target, opt.mirrors))
@@ -107,9 +108,11 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
                    Command((*cm, "--save", *repos.mirror_setopts("docker-ce", target, opt.mirrors),
                             f"--setopt={rid}.enabled=0")))
             opts, post = (f"--enablerepo={rid}",), (Command((*cm, "--save", f"--setopt={rid}.enabled=1")),)
+            kept = (f"Docker CE's repository file {repos.DOCKER_CE_REPO_FILE} was written and stays, disabled: no "
+                    "dnf run uses it unless asked")
     steps.append(package_step("engine.packages", Stage.ENGINE, f"Install the container engine: {' '.join(pkgs)}"
                               + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle,
-                              opts=opts, post=post))
+                              opts=opts, post=post, kept_before=kept))
     return steps
 
 

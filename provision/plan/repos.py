@@ -36,6 +36,7 @@ def epel_release(el: int, mirrors: MirrorMap | None = None) -> str:
 
 
 DOCKER_CE_REPO_ID = "docker-ce-stable"  # the enabled repository of Docker's docker-ce.repo
+DOCKER_CE_REPO_FILE = "/etc/yum.repos.d/docker-ce.repo"  # where `config-manager --add-repo` saves it
 
 
 def docker_ce_gpg(target: Target, mirrors: MirrorMap | None = None) -> str:

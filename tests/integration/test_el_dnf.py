@@ -52,6 +52,9 @@ def test_docker_ce_replacing_runc_stops_with_14(host):
                   f"--mirror docker-ce={url('docker-ce')}")
     assert r.returncode == 14, r.stdout[-3000:] + r.stderr[-3000:]
     assert "runc" in r.stderr, r.stderr
+    # what the step did before its dry run refused the install is said, not "nothing was changed"
+    assert "nothing was changed" not in r.stderr and "/etc/yum.repos.d/docker-ce.repo was written" in r.stderr
+    assert "enabled = 0" in host.exec("dnf config-manager --dump docker-ce-stable").stdout
     assert host.rpms() == before
     # and nothing left behind makes the operator's next `dnf upgrade` do what gpuprov refused to do
     upgrade = host.exec("dnf upgrade --assumeno 2>&1").stdout
