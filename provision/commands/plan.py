@@ -163,7 +163,7 @@ def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Pa
     """--dry-run (the plan) and --check (each step evaluated): what bootstrap would do under `root`, changing
     nothing. The resume after a reboot is said, not done; a bundle is verified as a real run verifies it, a .tar.gz
     in a private temporary directory removed afterwards (see _bundle_repo)."""
-    resume = rs.pending(root)
+    resume = rs.pending(root, plans_driver(opt))
     with _bundle_repo(bundle, bundle_keyring, root) as repo:
         if repo:
             opt = dataclasses.replace(opt, bundle=repo)
@@ -192,12 +192,17 @@ def _bundle_repo(bundle: Optional[Path], keyring: Optional[str], root: Path) -> 
             yield str(kept_path(extract_base(), checked) / "repo")
 
 
+def plans_driver(opt) -> bool:
+    """The run plans the driver's steps (after the driver's reboot, it verifies the driver first)."""
+    return opt.driver != "skip" and "driver" in opt.stages
+
+
 def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional[Path],
                bundle_keyring: Optional[str] = None, verbose: bool = False) -> None:
     if bundle is not None:
         checked, _ = check_bundle(bundle, bundle_keyring, private=True)  # installed from a verified private copy
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
-    rs.resume()
+    rs.resume(plans_driver(opt))
     report, steps = _plan(Path("/"), None, opt)
     if not yes:
         if not sys.stdin.isatty():

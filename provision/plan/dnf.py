@@ -18,7 +18,6 @@ from pathlib import Path
 from provision import effects
 from provision.errors import RemovalRefused
 from provision.facts.rootfs import under
-from provision.plan.driver import versionlock_list
 from provision.plan.packages import ALLOW_REMOVE, PackageInstall, installed_versions, removals
 from provision.plan.steps import Action, Command, Step, read_or_empty
 
@@ -31,14 +30,87 @@ NOT_PACKAGES = ("gpg-pubkey",)
 NO_AUTOREMOVE = "--setopt=clean_requirements_on_remove=0"
 
 
-def locked_names(root: Path, manager: str) -> list[str]:
-    """The package names in the versionlock list under `root` (entries `[!]NAME-[EPOCH:]VERSION-RELEASE.ARCH`)."""
+def versionlock_list(manager: str) -> str:
+    return "/etc/dnf/plugins/versionlock.list" if manager == "dnf" else "/etc/yum/pluginconf.d/versionlock.list"
+
+
+LOCK_ENTRY = re.compile(r"^!?(?:\d+:)?(.+?)-(?:\d+:)?([^-]+)-[^-]+$")  # [!]NAME-[EPOCH:]VERSION-RELEASE.ARCH
+
+
+def locks(root: Path, manager: str) -> list[tuple[str, str]]:
+    """(name, version) of each entry of the versionlock list under `root`, in order."""
     out = []
     for line in read_or_empty(under(root, versionlock_list(manager))).splitlines():
-        m = re.match(r"^!?(?:\d+:)?(.+?)-(?:\d+:)?[^-]+-[^-]+$", line.strip())
+        m = LOCK_ENTRY.match(line.strip())
         if m and not line.lstrip().startswith("#"):
-            out.append(m.group(1))
-    return list(dict.fromkeys(out))
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
+def locked_names(root: Path, manager: str) -> list[str]:
+    return list(dict.fromkeys(n for n, _ in locks(root, manager)))
+
+
+def rpm_versions(root: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """The installed VERSION of each of `names` that rpm's database under `root` lists."""
+    res = effects.try_run(["rpm", "--root", str(root), "-q", "--qf", "%{NAME} %{VERSION}\n", *names], timeout=60,
+                          probe=True)
+    return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
+
+
+def locks_current(root: Path, manager: str, names: tuple[str, ...]) -> bool:
+    """Each of `names` is locked, and only at the version installed (after a stream switch the old branch's lock
+    would keep the new packages from their updates within the branch, and hold nothing)."""
+    have = locks(root, manager)
+    installed = rpm_versions(root, names)
+    return all(any(n == name for n, _ in have) and all(v == installed.get(name) for n, v in have if n == name)
+               for name in names)
+
+
+def enabled_streams(root: Path) -> dict[str, str]:
+    """The module streams dnf has enabled under `root` (its /etc/dnf/modules.d/NAME.module state files)."""
+    out = {}
+    d = under(root, "/etc/dnf/modules.d")
+    for f in sorted(d.glob("*.module")) if d.is_dir() else ():
+        text = read_or_empty(f)
+        state = re.search(r"^state\s*=\s*(\S+)", text, re.M)
+        stream = re.search(r"^stream\s*=\s*(\S+)", text, re.M)
+        if state and state.group(1) == "enabled" and stream:
+            out[f.name[:-len(".module")]] = stream.group(1)
+    return out
+
+
+def streams_to_switch(root: Path, specs: tuple[str, ...]) -> tuple[str, ...]:
+    """The `NAME:STREAM` specs whose module has another stream enabled: a branch change, `dnf module switch-to`."""
+    on = enabled_streams(root)
+    return tuple(s for s in specs if ":" in s and on.get(s.split(":")[0]) not in (None, s.split(":")[1]))
+
+
+@dataclass(frozen=True)
+class StreamsEnabled:
+    """A check and, besides it, the module streams `specs` (NAME:STREAM) enabled (dnf's state under the root)."""
+    check: object
+    specs: tuple[str, ...]
+
+    def satisfied(self, root: Path) -> bool:
+        return self.check.satisfied(root) and not streams_to_switch(root, self.specs) and all(
+            s.split(":")[0] in enabled_streams(root) for s in self.specs)
+
+    def describe(self) -> str:
+        return f"{self.check.describe()}, with module stream {', '.join(self.specs)} enabled"
+
+
+@dataclass(frozen=True)
+class ReposAt:
+    """These repository files exist, each naming its mirror where one was given (path, base URL or None)."""
+    files: tuple[tuple[str, str | None], ...]
+
+    def satisfied(self, root: Path) -> bool:
+        return all(under(root, f).is_file() and (m is None or m in read_or_empty(under(root, f)))
+                   for f, m in self.files)
+
+    def describe(self) -> str:
+        return "skipped when " + " and ".join(f + (f" names {m}" if m else " exists") for f, m in self.files)
 
 
 @dataclass

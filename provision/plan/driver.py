@@ -56,7 +56,7 @@ from provision.facts.packages import (
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
-from provision.plan import repos
+from provision.plan import dnf, repos
 from provision.plan.packages import (
     APT_ENV,
     PackageInstall,
@@ -73,7 +73,6 @@ from provision.plan.steps import (
     Command,
     FilesMatch,
     PackagesInstalled,
-    PathExists,
     Step,
     WriteFile,
     read_or_empty,
@@ -117,10 +116,13 @@ PIN_EXACT = _pin_script('"$v"')
 # nvidia-x11-drv and nvidia-x11-drv-libs; the CUDA repository's nvidia-driver-*). With the kmod alone locked,
 # `dnf upgrade` meets the next nvidia-x11-drv, which needs the next kmod, and (best=True, EL's default) fails whole:
 # kernel updates included (tests/integration/test_el_dnf.py).
+# Their earlier locks (another branch's, before a module stream switch) are deleted first: two entries of one name
+# would let dnf take either version.
 LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u); "
                "[ $(printf '%s\\n' \"$v\" | wc -l) = 1 ] || { echo \"driver packages at several versions: $v\" >&2; "
-               "exit 1; }; exec \"$pm\" versionlock add $({ printf '%s\\n' \"$@\"; rpm -qa --qf '%{NAME} %{VERSION}\\n' | "
-               "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u)")
+               "exit 1; }; n=$({ printf '%s\\n' \"$@\"; rpm -qa --qf '%{NAME} %{VERSION}\\n' | "
+               "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u); "
+               "\"$pm\" versionlock delete $n >/dev/null; exec \"$pm\" versionlock add $n")
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -290,8 +292,7 @@ class Held:
     def satisfied(self, root: Path) -> bool:
         if self.manager == "apt":
             return apt_pinned(root, self.packages)
-        locks = read_or_empty(under(root, versionlock_list(self.manager)))
-        return all(re.search(rf"^\d*:?{re.escape(p)}-\d", locks, re.M) for p in self.packages)
+        return dnf.locks_current(root, self.manager, self.packages)
 
     def describe(self) -> str:
         if self.manager == "apt":
@@ -318,10 +319,6 @@ def apt_pinned(root: Path, packages: tuple[str, ...]) -> bool:
 def series_installed(root: Path) -> dict:
     """dpkg's packages, those of the sources gpuprov pinned counted as held (decide/kernel.py: pinned_series)."""
     return pinned_series(dpkg_installed(root), read_pins(root))
-
-
-def versionlock_list(manager: str) -> str:
-    return "/etc/dnf/plugins/versionlock.list" if manager == "dnf" else "/etc/yum/pluginconf.d/versionlock.list"
 
 
 @dataclass(frozen=True)
@@ -604,7 +601,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement)
-    steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg))
+    steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg, root))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
         steps.append(Step("driver.flavour", Stage.DRIVER, f"Make `modprobe nvidia` load the {modules} module ({mod})",
@@ -752,13 +749,18 @@ class KernelPlan:
 
 
 def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
-                   dkms_pkg: str | None) -> Step:
+                   dkms_pkg: str | None, root: Path = Path("/")) -> Step:
     """Headers and driver packages in one transaction. On apt (not from a bundle) a DriverInstall, which checks
     each kernel's DKMS build and rolls a failed one back; elsewhere the family's package step."""
     kernels, rep = kp.kernels, kp.replacement
     all_pkgs = kp.headers + kp.follow + tuple(packages)
+    # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
+    # `dnf module switch-to` makes (the hold step then locks the new branch)
+    streams = tuple(p for p in all_pkgs if ":" in p) if target.package_manager == "dnf" and not opt.bundle else ()
+    switch = dnf.streams_to_switch(root, streams)
     title = ((f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
               f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
+              f"Switch the driver's module stream to {' '.join(switch)} (another branch is enabled)" if switch else
               f"Install the driver: {' '.join(packages)}")
              + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
     why = (f"{f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for {', '.join(kernels.releases)} "
@@ -788,10 +790,11 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
         return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
                     reboot=True, reboot_reason=why, notes=tuple(notes))
+    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False)
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
                         reboot_reason=why,
-                        allow_remove=opt.allow_remove,
-                        check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
+                        allow_remove=opt.allow_remove, switch=switch,
+                        check=dnf.StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))
 
 
@@ -888,7 +891,13 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
                                                  "/etc/yum.repos.d/elrepo.repo", mirror),
                              notes=("ELRepo kmods are kABI-tracking and signed",))]
     pm = target.package_manager
-    pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)),) if el else ()) + \
-        (Command((*repos.config_manager(pm), "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
+    # behind --mirror, each repository file is pointed at its mirror (its own URLs are upstream's)
+    pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)), *mirror_commands("epel", target, opt.mirrors))
+           if el else ()) + \
+        (Command((*repos.config_manager(pm), "--add-repo", repos.cuda_repo(target, opt.mirrors))),
+         *mirror_commands("cuda", target, opt.mirrors))
+    files = ((("/etc/yum.repos.d/epel.repo", repos.base("epel", opt.mirrors) if opt.mirrors.get("epel") else None),)
+             if el else ()) + \
+        ((repos.cuda_repo_file(target), repos.base("cuda", opt.mirrors) if opt.mirrors.get("cuda") else None),)
     return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)", actions=pre,
-                 check=PathExists("/etc/yum.repos.d/" + repos.cuda_repo(target, opt.mirrors).rsplit("/", 1)[1]))]
+                 check=dnf.ReposAt(files))]

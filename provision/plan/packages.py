@@ -187,7 +187,8 @@ def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
 
 
 def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,
-                    allow_remove: bool = False, opts: tuple[str, ...] = (), kept_before: str = "") -> list:
+                    allow_remove: bool = False, opts: tuple[str, ...] = (), kept_before: str = "",
+                    switch: tuple[str, ...] = ()) -> list:
     """The commands that install `packages`: apt refreshes its lists first (each package step, so a step that runs
     alone after an earlier run never installs from stale lists); with a bundle, apt sees the bundle alone."""
     pm = target.package_manager
@@ -207,14 +208,18 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
     mods = [p for p in packages if ":" in p]
     plain = tuple(p for p in packages if ":" not in p)
     acts: list = [PackageInstall(pm, plain, opts, allow_remove=allow_remove, kept_before=kept_before)] if plain else []
-    acts += [PackageInstall(pm, (m,), opts, verb=("module", "install"), allow_remove=allow_remove,
+    # a stream switch (`switch`: a branch change) runs, dry run included, without the versionlock plugin: the old
+    # branch's locks are gpuprov's own, and the hold step replaces them with the new branch's
+    acts += [PackageInstall(pm, (m,), (*opts, "--disableplugin=versionlock") if m in switch else opts,
+                            verb=("module", "switch-to" if m in switch else "install"), allow_remove=allow_remove,
                             kept_before=kept_before) for m in mods]
     return acts
 
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
                  pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
-                 opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), kept_before: str = "", **kw) -> Step:
+                 opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), kept_before: str = "",
+                 switch: tuple[str, ...] = (), **kw) -> Step:
     """pre: what runs before the install (a repository added); opts: dnf's options for the install and its dry run
     (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three. kept_before: what
     `pre` leaves when the install's dry run refuses it, in words (its exit 14 says so)."""
@@ -223,7 +228,7 @@ def package_step(sid: str, stage: Stage, title: str, target: Target, packages: t
     return Step(sid, stage, title, actions=(*([] if bundle else pre),
                                             *install_actions(target, packages, bundle, allow_remove,
                                                              () if bundle else opts,
-                                                             "" if bundle else kept_before),
+                                                             "" if bundle else kept_before, switch),
                                             *([] if bundle else post)),
                 check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
 

@@ -578,10 +578,14 @@ def packages_installed(pm: str, packages: tuple[str, ...], root: Path = LIVE) ->
     if pm == "apt":
         argv = ["dpkg-query", f"--admindir={under(root, 'var/lib/dpkg')}", "-W", "-f", "${Package} ${Status}\n",
                 *packages]
-    else:
-        argv = ["rpm", "--root", str(root), "-q", "--whatprovides", *[p.split(":")[0] for p in packages]]
+    else:  # by name or NEVRA (kernel-devel-K.x86_64), else by what provides it (a module spec: its name)
+        argv = ["rpm", "--root", str(root), "-q", *[p.split(":")[0] for p in packages]]
     try:
         p = effects.run(argv, check=False, probe=True)
+        if pm != "apt" and p.returncode != 0:
+            argv[3:] = ["-q", "--whatprovides",
+                        *[n for n in argv[4:] if f"package {n} is not installed" in p.output]]
+            p = effects.run(argv, check=False, probe=True)
     except StepFailed:  # the package manager itself is missing under this root: nothing is installed by it
         return False
     if pm == "apt":

@@ -144,6 +144,27 @@ for p in pk["packages"]:
 for d in pk["repos"]:
     (out / d).mkdir(parents=True, exist_ok=True)
     subprocess.run(["createrepo_c", "-q", str(out / d)], check=True)
+# Module streams (modulemd v2, defaults v1), as a repository's `modules` metadata: each stream's artifacts are its
+# packages at its versions, by their NEVRAs from the packages built above. JSON is YAML (flow style).
+def nevra(p):
+    return f"{p['name']}-{p.get('epoch', 0)}:{p['version']}-{p['release']}.{p.get('arch', 'x86_64')}"
+docs = {}
+for i, m in enumerate(pk.get("modules", [])):
+    arts = sorted(nevra(p) for p in pk["packages"] if p["repo"] == m["repo"] and p["name"] in m["artifacts"]
+                  and p["version"] in m["versions"])
+    data = {"name": m["name"], "stream": m["stream"], "version": 1000 + i, "context": "00000000", "arch": "x86_64",
+            "summary": "stand-in " + m["name"], "description": "stand-in (tests/fixtures/el-repos/README.md)",
+            "license": {"module": ["stand-in"]}, "dependencies": [{"requires": {"platform": [m["platform"]]}}],
+            "profiles": {k: {"rpms": v} for k, v in m["profiles"].items()}, "artifacts": {"rpms": arts}}
+    docs.setdefault(m["repo"], []).append({"document": "modulemd", "version": 2, "data": data})
+for d in pk.get("module_defaults", []):
+    data = {"module": d["module"], "stream": d["stream"], "profiles": d["profiles"]}
+    docs.setdefault(d["repo"], []).append({"document": "modulemd-defaults", "version": 1, "data": data})
+for repo, ds in docs.items():
+    y = pathlib.Path("/tmp/modules.yaml")
+    y.write_text("".join("---\n" + json.dumps(d) + "\n...\n" for d in ds))
+    subprocess.run(["modifyrepo_c", "--mdtype=modules", str(y), str(out / repo / "repodata")], check=True,
+                   capture_output=True)
 for f in pk["keys"]:
     (out / f).parent.mkdir(parents=True, exist_ok=True); (out / f).write_bytes(pub)
 for f, text in pk["texts"].items():
@@ -171,6 +192,11 @@ class ElHost:
         self.spawn(f"cd /srv/www && exec python3 -m http.server --bind 127.0.0.1 {PORT} >/var/log/repos.log 2>&1")
         self.exec(f"for i in $(seq 50); do curl -fs http://127.0.0.1:{PORT}/ >/dev/null && exit 0; sleep 0.1; done; "
                   "exit 1", check=True)
+
+    def reboot(self) -> None:
+        """The host restarted: /run (a tmpfs) emptied, so no reboot is pending; the repositories served again."""
+        sh("docker", "restart", "-t", "1", self.name)
+        self.serve()
 
     def exec(self, script: str, check: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
         r = sh("docker", "exec", self.name, "bash", "-c", script, check=False, timeout=timeout)
