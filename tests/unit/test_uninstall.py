@@ -307,7 +307,7 @@ def test_dnf_purge_names_the_record_and_unlocks_only_gpuprov_locks(tmp_path, mon
     along: the record names them), then gpuprov's version locks off, then the removal. The versionlock plugin
     gpuprov installed stays while the lock list keeps a lock of the operator's (it would stop holding without it)."""
     (tmp_path / "etc/dnf/plugins").mkdir(parents=True)
-    shutil.copy(Path(__file__).parents[1] / "fixtures/el-repos/host/os-release", tmp_path / "etc/os-release")
+    shutil.copy(Path(__file__).parents[1] / "fixtures/el-repos/host/os-release-9", tmp_path / "etc/os-release")
     locks = tmp_path / "etc/dnf/plugins/versionlock.list"
     locks.write_text("# Added lock on Sat Nov 28\nkmod-nvidia-open-0:570.133.07-1.el9_5.elrepo.*\n"
                      "nvidia-x11-drv-libs-0:570.133.07-1.el9_5.elrepo.*\n")
