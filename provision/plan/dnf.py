@@ -165,11 +165,12 @@ class DnfPurge(Action):
                 *(f"$ {c.shell()}" for c in rest)]
 
     def check(self) -> None:
-        """The dry run: dnf answers `--assumeno` with its transaction and "Operation aborted." (exit 1); any other
-        failure is the package manager's own (a package it cannot find), reported as it says it."""
+        """The dry run: dnf answers `--assumeno` with its transaction and "Operation aborted." (yum: "Exiting on
+        user command"), exit 1; any other failure is the package manager's own (a package it cannot find), reported
+        as it says it."""
         sim = self.simulate()
         res = sim.run()
-        if res.returncode != 0 and "Operation aborted" not in res.output:
+        if res.returncode != 0 and not any(w in res.output for w in ("Operation aborted", "Exiting on user command")):
             raise effects.failed(sim.shell(), res.returncode, res.output)
         extra = sorted(set(removals(self.manager, res.output)) - set(self.packages))
         if extra and not self.allow_remove:
