@@ -593,8 +593,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         steps += _el_repo_steps(target, opt)
     pre = ubuntu_precompiled(packages, apt.kernel_metas, kernels.releases, apt.offered) \
         if target.os_id == "ubuntu" and dkms and not opt.bundle else None
-    if pre and pre.package:
-        packages, dkms = [pre.package, *packages], False  # Canonical's signed modules: no DKMS, no headers
+    if pre and pre.package:  # Canonical's signed modules: no DKMS, no headers
+        packages, dkms = [pre.package, *pre.driver], False
     headers = headers_packages(target, kernels.releases) if dkms else []
     follow = headers_metapackages(apt.kernel_metas) if dkms and target.package_manager == "apt" else ()
     if target.family == "rhel" and dkms and not opt.bundle:
@@ -611,7 +611,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
                           actions=(Command(("update-alternatives", "--set", "nvidia", alt)),),
                           check=ModprobeLoads(mod)))
     steps.append(_initramfs_step(target, kernels.releases))
-    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith("firmware-"))))
+    # Ubuntu's precompiled modules metapackage follows the kernel (its source is the kernel's metapackages'):
+    # pinning it would pin linux-generic's source too
+    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-")))))
     if target.package_manager == "apt" and dkms_pkg and dkms:
         steps.append(_kernel_hook_step(root, target))
     if drv and drv.secure_boot and dkms:

@@ -391,7 +391,13 @@ class UbuntuHost:
         """The archive's -updates suite gets the kept-aside update (a kernel ABI bump and its precompiled modules;
         on 22.04 also the 570-server branch retired into 580's transitional packages)."""
         self.exec(f"set -e; rm -rf /srv/www/dists/{self.codename}-updates; "
-                  f"cp -a /srv/archive/later/{self.codename}-updates /srv/www/dists/", check=True)
+                  f"cp -r /srv/archive/later/{self.codename}-updates /srv/www/dists/", check=True)
+        # new mtimes (cp -r): the server answers If-Modified-Since by mtime, and an older one is apt's "Hit"
+
+    def reboot(self) -> None:
+        """docker restart: /run (a tmpfs, as on a server) starts empty, so gpuprov's pending-reboot mark goes."""
+        sh("docker", "restart", self.name, timeout=300)
+        self.serve()
 
     def install_gpuprov(self) -> None:
         self.exec("set -e; python3 -m venv /opt/gpuprov && /opt/gpuprov/bin/pip install -q --no-index --find-links /wh "
