@@ -146,7 +146,7 @@ def test_uninstall_removes_the_driver_and_keeps_the_kernels(jammy, upgraded):
     r = jammy.exec("gpuprov uninstall --yes --driver")
     assert r.returncode == 0, _out(r)
     after = jammy.debs()
-    assert not [p for p in after if "nvidia" in p], sorted(p for p in after if "nvidia" in p)
+    assert not [p for p in after if "nvidia" in p], (sorted(p for p in after if "nvidia" in p), _out(r))
     kept = {p: v for p, v in before.items() if "nvidia" not in p}
     assert {p: after.get(p) for p in kept} == kept  # linux-generic, both kernels, their headers
     assert jammy.exec(f"test -e {PIN}").returncode == 1

@@ -198,6 +198,8 @@ for rel, r in table["releases"].items():
         deb(suite, "main", f"linux-headers-{K}", k["version"], source=k["source"], maint=KERNEL_TEAM,
             section="kernel", files={f"/usr/src/linux-headers-{K}/Makefile": "# stand-in\n",
                                      f"/usr/src/linux-headers-{K}/.config": "CONFIG_MODULES=y\n",
+                                     f"/usr/src/linux-headers-{K}/include/generated/utsrelease.h":
+                                         f'#define UTS_RELEASE "{K}"\n',
                                      f"/lib/modules/{K}/build": ("link", f"/usr/src/linux-headers-{K}")},
             scripts={"postinst": f"""
                 [ "$1" = configure ] || exit 0
