@@ -44,6 +44,7 @@ class Precompiled:
     package: str | None  # linux-modules-nvidia-<series>-<flavour>, the metapackage that follows the kernel flavour
     why: str  # why it is used, or why not (DKMS then)
     driver: tuple[str, ...] = ()  # the driver packages to install with it (no DKMS package among their depends)
+    abi: tuple[str, ...] = ()  # each kernel's own modules package: the metapackage brings only its newest kernel's
 
 
 def without_dkms(driver_packages: Iterable[str]) -> tuple[str, ...]:
@@ -88,7 +89,7 @@ def ubuntu_precompiled(driver_packages: Iterable[str], kernel_metas: Iterable[st
         return Precompiled(None, f"the archive has no linux-modules-nvidia-{series}-{missing[0]} (kernel "
                            f"{missing[0]}): DKMS builds the module")
     return Precompiled(meta, f"Ubuntu's precompiled, signed modules ({meta}, following linux-image-{flavour})",
-                       without_dkms(driver_packages))
+                       without_dkms(driver_packages), tuple(f"linux-modules-nvidia-{series}-{k}" for k in kernels))
 
 
 # ---------------------------------------------------------------- a change of driver branch

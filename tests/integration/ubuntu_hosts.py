@@ -95,7 +95,7 @@ def ubuntu_archive() -> Path:
 # Runs inside a container of ubuntu_image(): packages.json expanded into .debs (dpkg-deb), indexed (apt-ftparchive)
 # and signed (gpg), one suite per release and its -updates.
 BUILD = r'''
-import json, os, subprocess, pathlib, shutil, textwrap
+import json, os, subprocess, pathlib, shutil, textwrap, time
 fx = pathlib.Path("/fx"); out = pathlib.Path("/out"); work = pathlib.Path("/tmp/build")
 table = json.loads((fx / "packages.json").read_text())
 COMPS = ("main", "restricted", "universe", "multiverse")
@@ -327,10 +327,13 @@ def index(top, suite, with_packages):
 
 for rel in table["releases"]:
     index(out / "www", rel, True)
-    index(out / "www", rel + "-updates", True)
-    (out / "later").mkdir(exist_ok=True)
-    shutil.move(str(out / "www" / "dists" / (rel + "-updates")), str(out / "later" / (rel + "-updates")))
     index(out / "www", rel + "-updates", False)
+time.sleep(1.1)  # the update's Release dated after the empty one's: apt keeps the newer of the two it has seen
+for rel in table["releases"]:
+    index(out / "later-root", rel + "-updates", True)
+    (out / "later").mkdir(exist_ok=True)
+    shutil.move(str(out / "later-root" / "dists" / (rel + "-updates")), str(out / "later" / (rel + "-updates")))
+shutil.rmtree(out / "later-root")
 '''
 
 

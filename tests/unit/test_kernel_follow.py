@@ -238,6 +238,7 @@ def test_ubuntu_precompiled_decision():
     assert ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({meta, abi})).package == meta
     assert ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({meta, abi})).driver == (
         "nvidia-headless-no-dkms-580-server-open", "nvidia-utils-580-server")
+    assert ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({meta, abi})).abi == (abi,)
     no_abi = ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({meta}))
     assert no_abi.package is None and UBU_K in no_abi.why
     assert ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({abi})).package is None
@@ -256,7 +257,10 @@ def test_ubuntu_plan_takes_the_precompiled_modules_where_offered(tmp_path):
     text = "\n".join(step.lines())
     install = next(ln for ln in step.lines() if "apt-get install" in ln)
     # the headless metapackage's no-DKMS twin: nvidia-headless-580-server-open depends on nvidia-dkms-580-server-open
-    assert f"linux-modules-nvidia-{SERIES}-generic nvidia-headless-no-dkms-580-server-open" in install
+    # and each kernel's own modules package (the metapackage brings only its newest kernel's), marked automatic
+    assert (f"linux-modules-nvidia-{SERIES}-generic linux-modules-nvidia-{SERIES}-{UBU_K} "
+            "nvidia-headless-no-dkms-580-server-open") in install
+    assert f"$ apt-mark auto linux-modules-nvidia-{SERIES}-{UBU_K}" in step.lines()
     assert "linux-headers" not in text and "dkms " not in text and "nvidia-dkms" not in text, text  # no DKMS build
     assert any("precompiled, signed" in n for n in step.notes), step.notes
     assert step.check.dkms and step.check.kernels == (UBU_K,)  # skipped only once the module is there
