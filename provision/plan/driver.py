@@ -210,8 +210,13 @@ class DriverBuilt:
     kernels: tuple[str, ...]
     dkms: bool
 
+    @property
+    def installs(self) -> PackagesInstalled:
+        """The packages part of the check (what the install record keeps: plan/apply.py's missing_packages)."""
+        return PackagesInstalled(self.manager, self.packages)
+
     def satisfied(self, root: Path) -> bool:
-        if not PackagesInstalled(self.manager, self.packages).satisfied(root):
+        if not self.installs.satisfied(root):
             return False
         return not self.dkms or all(module_built(root, k) for k in self.kernels)
 

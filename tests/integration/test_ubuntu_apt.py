@@ -83,6 +83,7 @@ def test_precompiled_modules_chosen_where_the_archive_has_them(jammy, installed)
     assert {"linux-modules-nvidia-570-server-open-generic", f"linux-modules-nvidia-570-server-open-{K91}",
             "nvidia-headless-no-dkms-570-server-open", "nvidia-utils-570-server"} <= new, sorted(new)
     assert not [p for p in new if p.startswith("nvidia-dkms-") or p == "nvidia-headless-570-server-open"], sorted(new)
+    assert f"linux-modules-nvidia-570-server-open-{K91}" in jammy.exec("apt-mark showauto").stdout.split()
     assert {p: v for p, v in _changed(before, after).items() if v[1] is None} == {}, "a package was removed"
     assert _modinfo(jammy, K91) == "570.195.03"
     assert jammy.exec(f"ls /lib/modules/{K91}/updates 2>/dev/null").stdout == ""  # nothing DKMS built
@@ -135,6 +136,7 @@ def test_branch_change_swaps_series_and_precompiled_modules(jammy, upgraded):
     assert {"linux-modules-nvidia-580-server-open-generic", f"linux-modules-nvidia-580-server-open-{K92}",
             "nvidia-headless-no-dkms-580-server-open"} <= after.keys(), sorted(after)
     assert _modinfo(jammy, K92) == "580.95.05"  # the kernel that boots next
+    assert _modinfo(jammy, K91) == "580.95.05"  # and the older one: its own ABI package, not only the meta's
     assert {p for p, v in _changed(before, after).items() if v[1] is None} <= {p for p in before if "570" in p}
     pin = jammy.exec(f"cat {PIN}").stdout
     assert "Pin: version 580.*" in pin and "570" not in pin, pin
@@ -143,11 +145,19 @@ def test_branch_change_swaps_series_and_precompiled_modules(jammy, upgraded):
 
 def test_uninstall_removes_the_driver_and_keeps_the_kernels(jammy, upgraded):
     before = jammy.debs()
+    named = ["linux-modules-nvidia-580-server-open-generic", f"linux-modules-nvidia-580-server-open-{K91}",
+             f"linux-modules-nvidia-580-server-open-{K92}", "nvidia-headless-no-dkms-580-server-open",
+             "nvidia-utils-580-server"]  # what the branch change's install step named
     r = jammy.exec("gpuprov uninstall --yes --purge-driver")
     assert r.returncode == 0, _out(r)
     after = jammy.debs()
+    assert not set(named) & after.keys(), f"{sorted(after)}\n{r.stdout[-6000:]}"
+    # what they pulled in stays, automatic: apt's autoremove takes it, nothing else of the operator's goes with it
     left = sorted(p for p in after if "nvidia" in p)
-    assert not left, f"{left}\n{r.stdout[-6000:]}\n{r.stderr[-2000:]}"
+    auto = set(jammy.exec("apt-mark showauto").stdout.split())
+    assert set(left) <= auto, sorted(set(left) - auto)
+    gone = {ln.split()[1] for ln in jammy.exec("apt-get -s autoremove").stdout.splitlines() if ln.startswith("Remv ")}
+    assert gone == set(left), (sorted(gone), left)
     kept = {p: v for p, v in before.items() if "nvidia" not in p}
     assert {p: after.get(p) for p in kept} == kept  # linux-generic, both kernels, their headers
     assert jammy.exec(f"test -e {PIN}").returncode == 1
