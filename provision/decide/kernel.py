@@ -20,7 +20,8 @@ NOT_META_PREFIX = ("linux-image-unsigned-", "linux-image-extra-", "linux-image-u
 # kernel modules, Ubuntu's precompiled modules.
 # The driver metapackage of a series (Debian's nvidia-driver / nvidia-tesla-470-driver, Ubuntu's nvidia-driver-535,
 # nvidia-headless-535-server, and its no-DKMS twin beside precompiled modules), to name the series being replaced.
-METAPACKAGE_RE = re.compile(r"^(nvidia-driver|nvidia-(tesla|legacy)-[0-9a-z]+-driver|nvidia-(driver|headless|headless-no-dkms)-\d.*)$")
+METAPACKAGE_RE = re.compile(r"^(nvidia-driver|nvidia-(tesla|legacy)-[0-9a-z]+-driver|"
+                            r"nvidia-(driver|headless|headless-no-dkms)-\d.*)$")
 DRIVER_SOURCES = ("nvidia-graphics-drivers", "nvidia-open-gpu-kernel-modules", "linux-restricted-modules")
 
 
