@@ -25,6 +25,8 @@ Marked slow; about three minutes here once the image and archive are cached (bui
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import needs
@@ -72,14 +74,24 @@ def test_removal_refused_with_14(jammy):
 def installed(jammy):
     jammy.exec("apt-get purge -y -q libnvidia-compute-580-server", check=True)
     before = jammy.debs()
-    return before, jammy.exec(f"{BOOT} --driver 570")
+    plan = jammy.exec(f"gpuprov plan --for-gpu {GPU} --engine none --driver 570 --json")
+    assert plan.returncode == 0, _out(plan)
+    step = next(s for s in json.loads(plan.stdout)["steps"] if s["id"] == "driver.packages")
+    return before, jammy.exec(f"{BOOT} --driver 570"), step["actions"]
 
 
 def test_precompiled_modules_chosen_where_the_archive_has_them(jammy, installed):
-    before, r = installed
+    before, r, planned = installed
     assert r.returncode == 7, _out(r)  # 7: the reboot is due
     after = jammy.debs()
     new = set(after) - set(before)
+    # what `gpuprov plan` printed is what ran: these four asked of apt, the ABI package then marked automatic
+    asked = (f"linux-modules-nvidia-570-server-open-generic linux-modules-nvidia-570-server-open-{K91} "
+             "nvidia-headless-no-dkms-570-server-open nvidia-utils-570-server")
+    assert any(a.endswith(f"install -y --no-install-recommends --no-remove {asked}") for a in planned), planned
+    assert f"$ apt-mark auto linux-modules-nvidia-570-server-open-{K91}" in planned, planned
+    manual = set(jammy.exec("apt-mark showmanual").stdout.split()) & new
+    assert manual == set(asked.split()) - {f"linux-modules-nvidia-570-server-open-{K91}"}, sorted(manual)
     assert {"linux-modules-nvidia-570-server-open-generic", f"linux-modules-nvidia-570-server-open-{K91}",
             "nvidia-headless-no-dkms-570-server-open", "nvidia-utils-570-server"} <= new, sorted(new)
     assert not [p for p in new if p.startswith("nvidia-dkms-") or p == "nvidia-headless-570-server-open"], sorted(new)
