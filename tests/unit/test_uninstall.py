@@ -326,3 +326,16 @@ def test_dnf_purge_names_the_record_and_unlocks_only_gpuprov_locks(tmp_path, mon
     [step] = un.package_steps(tmp_path, rec, opt)
     assert "python3-dnf-plugin-versionlock kept" in step.title
     assert step.commands[-1].argv == ("dnf", "remove", "-y", "--setopt=clean_requirements_on_remove=0", *pkgs[:3])
+
+
+def test_the_apt_driver_steps_packages_are_recorded_for_purge():
+    """The apt driver step's check is DriverBuilt (packages and each kernel's module), not PackagesInstalled: its
+    packages must still reach the install record, or `uninstall --purge-driver` purges nothing (seen for real on
+    tests/integration/test_ubuntu_apt.py's host: "Purge the driver packages gpuprov installed: none")."""
+    from provision.options import Stage
+    from provision.plan.driver import DriverBuilt
+
+    absent = ("gpuprov-test-absent-headless", "gpuprov-test-absent-utils")  # no such packages on this machine
+    step = st.Step("driver.packages", Stage.DRIVER, "Install the driver",
+                   check=DriverBuilt("apt", absent, ("6.8.0-49-generic",), False))
+    assert ap.missing_packages([step]) == {"driver.packages": list(absent)}
