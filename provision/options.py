@@ -93,6 +93,8 @@ MODULE_PARAMS: dict[str, str | None] = {
     "for_gpus": "for_gpus",
     "kernels": "kernels",
     "no_persistence": "persistence",
+    "engine_option": "engine_options",
+    "engine_user": "engine_users",
     "yes": None,
     "check": None,
     "json_out": None,

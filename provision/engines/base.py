@@ -64,6 +64,7 @@ class RuntimeRequest:
     default: bool = False
     cdi: bool = False
     replace: bool = False  # --replace-runtime: the operator's runtime of that name / default-runtime may be replaced
+    options: tuple[tuple[str, str], ...] = ()  # --engine-option: (daemon.json key, JSON value), Docker only
 
 
 @dataclass(frozen=True)

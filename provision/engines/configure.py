@@ -53,11 +53,13 @@ class ConfigureResult:
 
 def configure(engine: str, *, config: str | None = None, runtime_name: str = "nvidia", runtime_path: str,
               default: bool = False, cdi: bool = False, replace: bool = False, dry_run: bool = False,
-              restart: bool = True, unit_root: Path = Path("/"), restart_engine: bool = False) -> ConfigureResult:
+              restart: bool = True, unit_root: Path = Path("/"), restart_engine: bool = False,
+              options: tuple[tuple[str, str], ...] = ()) -> ConfigureResult:
     """`restart_engine`: consent to a restart that stops running containers (dockerd without live-restore); without
-    it such a restart is refused (exit 14) before anything is written."""
+    it such a restart is refused (exit 14) before anything is written. `options`: the operator's own daemon.json
+    keys (bootstrap --engine-option), merged by the same adapter."""
     eng = engines.get(engine)
-    req = RuntimeRequest(runtime_name, runtime_path, default=default, cdi=cdi, replace=replace)
+    req = RuntimeRequest(runtime_name, runtime_path, default=default, cdi=cdi, replace=replace, options=options)
     path = eng.config_path(config, req)
     daemon = eng.live_daemon(path)
     pending = eng.pending_restart(daemon) if daemon else None

@@ -69,7 +69,7 @@ def _planned_ops(step: st.Step) -> list[tuple]:
             ops.append(("engine configure", a.engine, {"config": a.config, "runtime_name": a.runtime_name,
                                                        "runtime_path": a.runtime_path, "default": a.default,
                                                        "cdi": a.cdi, "replace": a.replace,
-                                                       "restart_engine": a.restart_engine}))
+                                                       "restart_engine": a.restart_engine, "options": a.options}))
     return ops
 
 
@@ -165,7 +165,9 @@ CASES = [("debian-12", "datacenter", Options()), ("debian-12", "none", Options(e
          ("ubuntu-24.04", "datacenter", Options(cdi=True)), ("rocky-9", "datacenter", Options()),
          ("rocky-9", "none", Options(driver_source="nvidia", engine="containerd")),
          ("debian-12", "datacenter", Options(engine="containerd")),  # containerd's validation with the GPU
-         ("debian-12", "datacenter+secureboot", Options())]  # the MOK import, its one-time password redacted
+         ("debian-12", "datacenter+secureboot", Options()),  # the MOK import, its one-time password redacted
+         # the operator's daemon.json keys (merged by engine.config) and users added to the docker group
+         ("debian-12", "none+users", Options(engine_options=(("log-driver", '"local"'),), engine_users=("alice", "bob")))]
 PASSWORD = "0badc0de"
 
 
@@ -174,7 +176,13 @@ def test_printed_equals_executed(tmp_path, monkeypatch, distro, sysfs, opt):
     root = make_host(tmp_path, distro, sysfs.split("+")[0], kernel=KERNEL)
     if sysfs.endswith("+secureboot"):
         secure_boot(root)
+    if sysfs.endswith("+users"):
+        (root / "etc/passwd").write_text("root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n"
+                                         "bob:x:1001:1001::/home/bob:/bin/sh\n")
     steps = build_plan(detect_host(root, engines=False), opt)
+    if opt.engine_users:
+        assert [c.argv for s in steps if s.id == "engine.users" for c in s.commands] == \
+            [("usermod", "-aG", "docker", u) for u in opt.engine_users]
     rec = Recorder(monkeypatch)
     monkeypatch.setattr(driver.secrets, "token_hex", lambda n: PASSWORD)
     for step in steps:

@@ -55,6 +55,10 @@ options:
     default: [driver, engine, runtime, validate]
     description: Only these stages (`gpuprov bootstrap --only`); the role derives them from the play's tags.
   mirrors: {type: dict, default: {}, description: "Repository name (elrepo, epel, cuda, docker-ce) -> base URL of a mirror."}
+  engine_options: {type: dict, default: {}, description: "Docker: daemon.json key -> value, merged by gpuprov with its
+    own keys and the file's others (`--engine-option KEY=JSON`); not runtimes, default-runtime or features."}
+  engine_users: {type: list, elements: str, default: [], description: "Docker: existing users added to the docker
+    group (`--engine-user`)."}
   gpuprov: {type: path, default: /usr/local/bin/gpuprov, description: The gpuprov command on the node.}
   state: {type: str, default: present, choices: [present, absent], description: "present: `gpuprov bootstrap`;
     absent: `gpuprov uninstall` (gpuprov's keys out of the engine configs, the operator's kept; packages stay)."}
@@ -95,6 +99,8 @@ ARGUMENT_SPEC = dict(
     kubernetes=dict(type="bool", default=False),
     stages=dict(type="list", elements="str", choices=STAGES, default=STAGES),
     mirrors=dict(type="dict", default={}),
+    engine_options=dict(type="dict", default={}),
+    engine_users=dict(type="list", elements="str", default=[]),
     gpuprov=dict(type="path", default="/usr/local/bin/gpuprov"),
     state=dict(type="str", default="present", choices=["present", "absent"]),
     uninstall_driver=dict(type="bool", default=False),
@@ -159,6 +165,9 @@ def bootstrap_argv(p: dict, check_mode: bool) -> list[str]:
     argv += [a for kernel in p["kernels"] or () for a in ("--kernel", kernel)]
     argv += ["--only", ",".join(p["stages"])] if set(p["stages"]) != set(STAGES) else []
     argv += [a for name, url in sorted((p["mirrors"] or {}).items()) for a in ("--mirror", f"{name}={url}")]
+    argv += [a for key, value in sorted((p["engine_options"] or {}).items())
+             for a in ("--engine-option", rules.engine_option_text(key, value))]
+    argv += [a for user in p["engine_users"] or () for a in ("--engine-user", user)]
     return argv + (["--check"] if check_mode else ["--yes"])
 
 

@@ -1,0 +1,82 @@
+"""geerlingguy.docker's variables through gpuprov (issue 28 item 14): `--engine-option KEY=JSON` (the role's
+gpuprov_engine_options) merged into daemon.json by gpuprov's own merge, never written whole; `--engine-user` (the
+role's gpuprov_engine_users) added to the docker group by a planned step. The real fleet run is
+tests/integration/test_fleet_ansible.py::test_4d_engine_options_and_users_go_through_gpuprov."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from provision.engines import docker
+from provision.engines.docker import DockerEngine
+from provision.errors import UsageError
+from provision.plan.options import Options
+from provision.values import BadValue, engine_option, engine_option_text
+from tests.conftest import REPO, run_cli
+
+RT = "/usr/local/bin/gpuprov-runtime"
+MINE = {"data-root": "/srv/docker", "log-driver": "json-file", "dns": ["192.0.2.53"]}
+FIXTURE = str(REPO / "tests/fixtures/hosts/h200-vm")
+
+
+def test_options_are_merged_beside_gpuprovs_keys_and_the_operators():
+    opts = (("log-driver", '"local"'), ("max-concurrent-downloads", "4"), ("dns", '["192.0.2.53"]'))
+    m = docker.merge(json.dumps(MINE), runtime_path=RT, default=True, options=opts)
+    doc = json.loads(m.text)
+    assert list(doc) == ["data-root", "log-driver", "dns", "runtimes", "default-runtime", "max-concurrent-downloads"]
+    assert doc["log-driver"] == "local" and doc["max-concurrent-downloads"] == 4 and doc["data-root"] == "/srv/docker"
+    # only what differs is a change; dockerd reloads max-concurrent-downloads on SIGHUP, log-driver only at start
+    by_key = {c.key: c for c in m.changes}
+    assert set(by_key) == {"runtimes.nvidia", "default-runtime", "log-driver", "max-concurrent-downloads"}
+    assert by_key["max-concurrent-downloads"].reload and not by_key["log-driver"].reload
+    again = docker.merge(m.text, runtime_path=RT, default=True, options=opts)
+    assert not again.changed and again.text == m.text
+
+
+def test_uninstall_keeps_the_operators_options():
+    """They are the operator's settings (asked for through the role): gpuprov's undo takes out its own keys only."""
+    old = json.dumps(MINE, indent=2) + "\n"
+    written = docker.merge(old, runtime_path=RT, default=True, options=(("log-driver", '"local"'),)).text
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "daemon.json"
+        cfg.write_text(written)
+        plan = DockerEngine().unplan(cfg, {"files": {str(cfg): {"old": old, "written": written}}})
+    assert json.loads(plan.edits[0].new) == {**MINE, "log-driver": "local"}
+
+
+@pytest.mark.parametrize("bad", ['runtimes={"x":{"path":"/bin/true"}}', 'default-runtime="runc"', 'features={}',
+                                 "log-driver=local", "Log-Driver=\"x\"", "=1", "log-driver"])
+def test_a_key_gpuprov_sets_or_a_malformed_option_is_refused(bad):
+    with pytest.raises(BadValue):
+        engine_option(bad)
+    r = run_cli("plan", "--root", FIXTURE, "--engine-option", bad)
+    assert r.returncode == 2 and "--engine-option" in r.stderr and "KEY=JSON" in r.stderr, r.stderr
+
+
+def test_the_module_passes_each_entry_as_json():
+    assert engine_option_text("log-opts", {"max-size": "10m", "max-file": "3"}) == \
+        'log-opts={"max-file":"3","max-size":"10m"}'
+    assert engine_option(engine_option_text("live-restore", True)) == "live-restore=true"
+
+
+def test_options_and_users_are_dockers():
+    for kw in ({"engine_option": ['log-driver="local"']}, {"engine_user": ["alice"]}):
+        with pytest.raises(UsageError, match="is for --engine docker"):
+            Options.parse(engine="containerd", **kw)
+
+
+def test_the_plan_shows_the_merge_and_the_users_step(tmp_path):
+    r = run_cli("plan", "--root", FIXTURE, "--json", "--engine-option", 'log-driver="local"', "--engine-option",
+                "max-concurrent-downloads=4")
+    assert r.returncode == 0, r.stderr
+    (step,) = [s for s in json.loads(r.stdout)["steps"] if s["id"] == "engine.config"]
+    diff = "".join(step["diffs"].values())
+    assert '+  "log-driver": "local"' in diff and '+  "max-concurrent-downloads": 4' in diff, diff
+    assert "and set log-driver, max-concurrent-downloads" in step["title"], step["title"]
+    assert any("restart dockerd" in ln for ln in step["actions"]), step["actions"]  # log-driver: read at start only
+    r = run_cli("plan", "--root", FIXTURE, "--engine-user", "nosuchuser")
+    assert r.returncode == 2 and "--engine-user nosuchuser: no such user on this host" in r.stderr, r.stderr
