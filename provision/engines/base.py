@@ -310,8 +310,9 @@ class Engine(ABC):
         back. None: this engine has no offline check."""
         return None
 
-    def pending_restart(self, daemon: Daemon) -> str | None:
-        """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook)."""
+    def pending_restart(self, daemon: Daemon, installing: bool = False) -> str | None:
+        """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook; with
+        `installing`, one that this run's runtime.install will put in)."""
         return None
 
     def restart_stops(self, daemon: Daemon) -> int:

@@ -440,12 +440,15 @@ class DockerEngine(Engine):
         return "restart dockerd (a key taken out of daemon.json, or features: read at start only)" if restart else \
             "SIGHUP to dockerd (runtimes and default-runtime it sets reload live; containers keep running)"
 
-    def pending_restart(self, daemon: Daemon) -> str | None:
-        """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart."""
+    def pending_restart(self, daemon: Daemon, installing: bool = False) -> str | None:
+        """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart, and so does
+        one that is not there yet when `installing` (the plan: runtime.install puts it in before engine.config)."""
         hook = shutil.which("nvidia-container-runtime-hook",
                             path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
-        if not hook or not daemon.in_our_mount_namespace():
+        if not daemon.in_our_mount_namespace():
             return None
+        if not hook:
+            return "restart dockerd so that it finds the --gpus hook this run installs" if installing else None
         try:
             later = os.stat(hook).st_mtime > os.stat(f"/proc/{daemon.pid}").st_mtime
         except OSError:

@@ -152,26 +152,33 @@ def group_steps(report: HostReport, opt: Options) -> list[Step]:
                  check=InGroup(DOCKER_GROUP, opt.engine_users))]
 
 
-def restart_notes(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, ...]:
-    """Where the engine's config change needs a restart that stops containers (dockerd reads `features` and most
-    --engine-option keys only at start; live-restore off): how many it stops now, and that it needs
-    --restart-engine. On the live host only, and only for what the merge really changes."""
-    if not (action.start_only and eng.restart_stops_containers and is_live(Path(report.root or "/"))):
+def restart_notes(report: HostReport, eng, action: ConfigureEngine, installing: bool = False) -> tuple[str, ...]:
+    """Where the engine's config step will restart a daemon that runs containers (live-restore off): dockerd reads
+    `features` and most --engine-option keys only at start, and looks for the --gpus hook only at start, so a hook
+    newer than it, or one this run puts in (`installing`: runtime.install is planned), needs a restart too. How many
+    containers it stops now, and that it needs --restart-engine. On the live host only, and only for what changes."""
+    if not (eng.restart_stops_containers and is_live(Path(report.root or "/"))):
         return ()
     path = eng.config_path(action.config, action.request())
-    try:
-        if not eng.plan(path, action.request()).needs_restart:
-            return ()
-    except GpuprovError:  # a conflict or a bad file: the step itself stops on it, with its own line
-        return ()
     daemon = eng.live_daemon(path)
-    stops = eng.restart_stops(daemon) if daemon else 0
+    if daemon is None:
+        return ()
+    why = []
+    pending = eng.pending_restart(daemon, installing)
+    if pending:
+        why.append(pending)
+    if action.start_only:
+        try:
+            if eng.plan(path, action.request()).needs_restart:
+                why.append(f"{', '.join(action.start_only)}: read at start only")
+        except GpuprovError:  # a conflict or a bad file: the step itself stops on it, with its own line
+            pass
+    stops = eng.restart_stops(daemon) if why else 0
     if not stops:
         return ()
-    why = ", ".join(action.start_only)
-    return (f"restarting dockerd ({why}: read at start only) stops its {stops} running container(s) "
-            "(live-restore off): " + ("--restart-engine given" if action.restart_engine else
-                                      "without --restart-engine the step stops before writing anything, exit 14"),)
+    return (f"restarting dockerd ({'; '.join(why)}) stops its {stops} running container(s) (live-restore off): "
+            + ("--restart-engine given" if action.restart_engine else
+               "without --restart-engine the step stops before writing anything, exit 14"),)
 
 
 def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
@@ -194,7 +201,7 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                           + (f", and set {', '.join(k for k, _ in opt.engine_options)}" if opt.engine_options else "")
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
                           actions=(action,), check=EngineConfigured(action),
-                          notes=restart_notes(report, eng, action)))
+                          notes=restart_notes(report, eng, action, installing=True)))
     if cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
                           actions=(RefreshCdi(droot),), check=SpecCurrent(droot)))

@@ -80,3 +80,67 @@ def test_the_plan_shows_the_merge_and_the_users_step(tmp_path):
     assert any("restart dockerd" in ln for ln in step["actions"]), step["actions"]  # log-driver: read at start only
     r = run_cli("plan", "--root", FIXTURE, "--engine-user", "nosuchuser")
     assert r.returncode == 2 and "--engine-user nosuchuser: no such user on this host" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- restarts that stop containers (issue 28 item 1)
+
+
+@pytest.fixture
+def live_dockerd(tmp_path, monkeypatch):
+    """A dockerd that reads tmp_path/daemon.json and runs 3 containers without live-restore (the count stands in for
+    `docker info`; the fleet test restarts a real one): what configure and the plan's notes ask of it."""
+    import os
+    import shutil
+
+    from provision.engines.base import Daemon
+
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text('{"debug": true}\n')
+    daemon = Daemon(os.getpid(), ("dockerd", "--config-file", str(cfg)), str(cfg))
+    monkeypatch.setattr(DockerEngine, "live_daemon", lambda self, path: daemon)
+    monkeypatch.setattr(DockerEngine, "restart_stops", lambda self, d: 3)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None)  # no --gpus hook yet
+    done = []
+    monkeypatch.setattr(DockerEngine, "apply", lambda self, d, plan, restart: done.append(plan.needs_restart) or "x")
+    monkeypatch.setattr(DockerEngine, "verify", lambda self, d, req, wait=True: None)
+    monkeypatch.setattr(DockerEngine, "check", lambda self, path, req: None)
+    return cfg, done
+
+
+def _notes(cfg, options=(), installing=False):
+    from types import SimpleNamespace
+
+    from provision.plan.build import restart_notes
+    from provision.plan.steps import ConfigureEngine
+
+    action = ConfigureEngine("docker", "nvidia", RT, True, False, config=str(cfg), options=options)
+    return restart_notes(SimpleNamespace(root="/"), DockerEngine(), action, installing=installing)
+
+
+def test_the_plan_names_the_containers_a_restart_stops(live_dockerd):
+    """bootstrap's plan says when engine.config will restart dockerd, why, and how many containers that stops: for
+    the --gpus hook this run installs (dockerd finds it only at start), for a key it reads only at start; a key it
+    reloads (SIGHUP) or a host with no running container gets no such note."""
+    cfg, _ = live_dockerd
+    (hook,) = _notes(cfg, installing=True)
+    assert "finds the --gpus hook this run installs" in hook and "3 running container(s)" in hook, hook
+    assert "without --restart-engine the step stops before writing anything, exit 14" in hook
+    (key,) = _notes(cfg, options=(("log-driver", '"local"'),))
+    assert "log-driver: read at start only" in key and "3 running container(s)" in key, key
+    assert _notes(cfg, options=(("max-concurrent-downloads", "4"),)) == ()
+    assert _notes(cfg) == ()
+
+
+def test_a_start_only_option_is_exit_14_without_restart_engine(live_dockerd):
+    from provision.engines.configure import configure
+    from provision.errors import CONFLICT
+
+    cfg, done = live_dockerd
+    with pytest.raises(Exception) as exc:
+        configure("docker", config=str(cfg), runtime_path=RT, options=(("log-driver", '"local"'),))
+    assert getattr(exc.value, "exit_code", None) == CONFLICT and "--restart-engine" in str(exc.value)
+    assert "log-driver" in str(exc.value) and cfg.read_text() == '{"debug": true}\n' and not done
+    configure("docker", config=str(cfg), runtime_path=RT, options=(("max-concurrent-downloads", "4"),))
+    assert done == [False]  # reloadable: SIGHUP, no restart, no consent needed
+    configure("docker", config=str(cfg), runtime_path=RT, options=(("log-driver", '"local"'),), restart_engine=True)
+    assert done == [False, True] and json.loads(cfg.read_text())["log-driver"] == "local"
