@@ -3,12 +3,14 @@ option's callback, provision/options.py), the fleet role's Ansible module (roles
 is a link to this file) and the runtime's settings (/etc/gpuprov/runtime.json, provision/inject/settings.py).
 
 So this module imports nothing of gpuprov's (the module runs with the node's own Python, where gpuprov cannot be
-imported) and nothing costly: the runtime reads its settings on every container start. `re` is already loaded there
-(json imports it); urllib.parse is imported only by the URL rule, which the runtime never uses.
+imported) and nothing costly: the runtime reads its settings on every container start. `json` and `re` are already
+loaded there (its settings are JSON; json imports re); urllib.parse is imported only by the URL rule, which the runtime
+never uses.
 
 Each rule is a check that returns the value (unchanged) or raises BadValue naming the value and the rule."""
 from __future__ import annotations
 
+import json  # (the runtime has it loaded already: its settings are JSON)
 import re
 
 MAX_PATH = 4096  # PATH_MAX
@@ -239,8 +241,6 @@ ENGINE_OPTION_TEXT = ("KEY=JSON: a daemon.json key (lower-case letters, digits a
 def engine_option(value) -> str:
     """One key of Docker's daemon.json and its JSON value (bootstrap --engine-option, the role's
     gpuprov_engine_options): geerlingguy.docker's docker_daemon_options, merged by gpuprov, never written whole."""
-    import json  # (already loaded wherever this rule runs: the CLI and the module; the runtime never uses it)
-
     text = _text(value, ENGINE_OPTION_TEXT)
     key, sep, doc = text.partition("=")
     if not sep or not re.fullmatch(r"[a-z][a-z0-9-]{0,63}", key) or key in GPUPROV_DAEMON_KEYS or len(text) > 4096:
@@ -254,8 +254,6 @@ def engine_option(value) -> str:
 
 def engine_option_text(key: str, value) -> str:
     """KEY=JSON for one entry of the role's gpuprov_engine_options dict: what the module passes as --engine-option."""
-    import json
-
     return f"{key}={json.dumps(value, sort_keys=True, separators=(',', ':'))}"
 
 

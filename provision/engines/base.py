@@ -310,6 +310,10 @@ class Engine(ABC):
         back. None: this engine has no offline check."""
         return None
 
+    # config keys its running daemon applies on a reload (docker: daemon.json's, engines/docker.RELOADABLE); any other
+    # key an --engine-option sets needs a restart
+    reloadable_keys: frozenset[str] = frozenset()
+
     def pending_restart(self, daemon: Daemon, installing: bool = False) -> str | None:
         """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook; with
         `installing`, one that this run's runtime.install will put in)."""

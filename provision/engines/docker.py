@@ -327,6 +327,7 @@ class DockerEngine(Engine):
     cgroup_prefixes = (("docker-", "docker"),)
     cgroup_parents = ("docker",)
     container_store = CONTAINERS
+    reloadable_keys = RELOADABLE
 
     def packages(self, target, source: str) -> tuple[str, ...]:
         if source == "docker-ce":

@@ -170,13 +170,13 @@ def restart_notes(report: HostReport, eng, action: ConfigureEngine, installing: 
     if action.start_only:
         try:
             if eng.plan(path, action.request()).needs_restart:
-                why.append(f"{', '.join(action.start_only)}: read at start only")
+                why.append(f"restart dockerd for {', '.join(action.start_only)} (read at start only)")
         except GpuprovError:  # a conflict or a bad file: the step itself stops on it, with its own line
             pass
     stops = eng.restart_stops(daemon) if why else 0
     if not stops:
         return ()
-    return (f"restarting dockerd ({'; '.join(why)}) stops its {stops} running container(s) (live-restore off): "
+    return (f"{'; '.join(why)}: that stops its {stops} running container(s) (live-restore off): "
             + ("--restart-engine given" if action.restart_engine else
                "without --restart-engine the step stops before writing anything, exit 14"),)
 

@@ -274,9 +274,8 @@ class ConfigureEngine(Action):
     def start_only(self) -> tuple[str, ...]:
         """What it may set that dockerd reads only at start (features.cdi, an --engine-option key it does not
         reload): setting it restarts the daemon."""
-        from provision.engines.docker import RELOADABLE
-
-        keys = tuple(k for k, _ in self.options if k not in RELOADABLE) if self.engine == "docker" else ()
+        reloadable = engines.get(self.engine).reloadable_keys
+        keys = tuple(k for k, _ in self.options if k not in reloadable)
         return (("features.cdi",) if self.cdi else ()) + keys
 
     def edits(self, root: Path) -> list[FileEdit]:

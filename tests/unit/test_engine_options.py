@@ -126,7 +126,7 @@ def test_the_plan_names_the_containers_a_restart_stops(live_dockerd):
     assert "finds the --gpus hook this run installs" in hook and "3 running container(s)" in hook, hook
     assert "without --restart-engine the step stops before writing anything, exit 14" in hook
     (key,) = _notes(cfg, options=(("log-driver", '"local"'),))
-    assert "log-driver: read at start only" in key and "3 running container(s)" in key, key
+    assert "restart dockerd for log-driver (read at start only)" in key and "3 running container(s)" in key, key
     assert _notes(cfg, options=(("max-concurrent-downloads", "4"),)) == ()
     assert _notes(cfg) == ()
 
