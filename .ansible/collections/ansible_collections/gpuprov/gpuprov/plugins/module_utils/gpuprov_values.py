@@ -1,1 +1,0 @@
-../../provision/values.py
