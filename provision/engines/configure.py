@@ -78,7 +78,7 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
             return res
         res.changed = True
         if restart and daemon and not restart_engine and (pending or plan.needs_restart):
-            _refuse_stopping_restart(eng, daemon, pending or ", ".join(str(c) for c in plan.changes if not c.reload))
+            refuse_stopping_restart(eng, daemon, pending or ", ".join(str(c) for c in plan.changes if not c.reload))
         try:
             if plan.changed:  # the engine's own check reads files only: it runs with --no-restart too
                 made = _write(eng, plan, path, req, res)
@@ -107,8 +107,9 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
 RESTART_OPTION = "--restart-engine"
 
 
-def _refuse_stopping_restart(eng, daemon, why: str) -> None:
-    """A restart the change needs that would stop running containers: exit 14 naming them and the option."""
+def refuse_stopping_restart(eng, daemon, why: str) -> None:
+    """A restart the change needs that would stop running containers: exit 14 naming them and the option (also
+    check mode's stop: plan/steps.ConfigureEngine.check_restart)."""
     stops = eng.restart_stops(daemon)
     if stops:
         raise RestartRefused(f"{eng.name} needs a restart for {why}, and restarting it stops its {stops} running "

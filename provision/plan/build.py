@@ -8,7 +8,7 @@ from provision import engines
 from provision.decide.targets import Target
 from provision.engines import base, validate
 from provision.engines.base import Engine
-from provision.errors import GpuprovError, Unsupported, UsageError
+from provision.errors import Unsupported, UsageError
 from provision.facts.engines import EngineOrigin
 from provision.facts.rootfs import is_live, read_text, under
 from provision.inject.cdi import SpecCurrent
@@ -152,27 +152,14 @@ def group_steps(report: HostReport, opt: Options) -> list[Step]:
                  check=InGroup(DOCKER_GROUP, opt.engine_users))]
 
 
-def restart_notes(report: HostReport, eng, action: ConfigureEngine, installing: bool = False) -> tuple[str, ...]:
-    """Where the engine's config step will restart a daemon that runs containers (live-restore off): dockerd reads
-    `features` and most --engine-option keys only at start, and looks for the --gpus hook only at start, so a hook
-    newer than it, or one this run puts in (`installing`: runtime.install is planned), needs a restart too. How many
-    containers it stops now, and that it needs --restart-engine. On the live host only, and only for what changes."""
+def restart_notes(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, ...]:
+    """Where the engine's config step will restart a daemon that runs containers (live-restore off; the reasons:
+    ConfigureEngine.restart_reasons): how many containers that stops now, and that it needs --restart-engine. On the
+    live host only."""
     if not (eng.restart_stops_containers and is_live(Path(report.root or "/"))):
         return ()
-    path = eng.config_path(action.config, action.request())
-    daemon = eng.live_daemon(path)
-    if daemon is None:
-        return ()
-    why = []
-    pending = eng.pending_restart(daemon, installing)
-    if pending:
-        why.append(pending)
-    if action.start_only:
-        try:
-            if eng.plan(path, action.request()).needs_restart:
-                why.append(f"restart dockerd for {', '.join(action.start_only)} (read at start only)")
-        except GpuprovError:  # a conflict or a bad file: the step itself stops on it, with its own line
-            pass
+    daemon = eng.live_daemon(eng.config_path(action.config, action.request()))
+    why = action.restart_reasons(daemon) if daemon else []
     stops = eng.restart_stops(daemon) if why else 0
     if not stops:
         return ()
@@ -201,7 +188,7 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                           + (f", and set {', '.join(k for k, _ in opt.engine_options)}" if opt.engine_options else "")
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
                           actions=(action,), check=EngineConfigured(action),
-                          notes=restart_notes(report, eng, action, installing=True)))
+                          notes=restart_notes(report, eng, action)))
     if cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
                           actions=(RefreshCdi(droot),), check=SpecCurrent(droot)))

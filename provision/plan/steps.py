@@ -26,7 +26,7 @@ from typing import ClassVar, Union
 
 from provision import effects, engines
 from provision.engines.base import Change, EnginePlan, FileEdit, ImageImport, RuntimeRequest
-from provision.engines.configure import configure
+from provision.engines.configure import configure, refuse_stopping_restart
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import MAX_READ, is_live, read_text_file, under
 from provision.fsutil import write_file
@@ -277,6 +277,35 @@ class ConfigureEngine(Action):
         reloadable = engines.get(self.engine).reloadable_keys
         keys = tuple(k for k, _ in self.options if k not in reloadable)
         return (("features.cdi",) if self.cdi else ()) + keys
+
+    def restart_reasons(self, daemon) -> list[str]:
+        """Why this step will restart `daemon` (the live daemon that reads its config): dockerd looks for the --gpus
+        hook only at start (one newer than it, or the one runtime.install puts in before this step), and reads
+        `features` and most --engine-option keys only at start. The plan's note and check mode's stop say these."""
+        eng = engines.get(self.engine)
+        why = []
+        pending = eng.pending_restart(daemon, installing=True)
+        if pending:
+            why.append(pending)
+        if self.start_only:
+            path = eng.config_path(self.config, self.request())
+            try:
+                if eng.plan(path, self.request()).needs_restart:
+                    why.append(f"restart {eng.daemon_names[0]} for {', '.join(self.start_only)} (read at start only)")
+            except GpuprovError:  # a conflict or a bad file: the step itself stops on it, with its own line
+                pass
+        return why
+
+    def check_restart(self) -> None:
+        """Check mode on the live host: the exit 14 the real run stops with, before writing anything, where this
+        step's restart would stop running containers (live-restore off) and --restart-engine was not given."""
+        eng = engines.get(self.engine)
+        if self.restart_engine or not eng.restart_stops_containers:
+            return
+        daemon = eng.live_daemon(eng.config_path(self.config, self.request()))
+        why = self.restart_reasons(daemon) if daemon else []
+        if why:
+            refuse_stopping_restart(eng, daemon, "; ".join(why))
 
     def edits(self, root: Path) -> list[FileEdit]:
         """The adapter's plan against the config under `root`: host paths, and what would be written names host

@@ -107,28 +107,57 @@ def live_dockerd(tmp_path, monkeypatch):
     return cfg, done
 
 
-def _notes(cfg, options=(), installing=False):
+def _action(cfg, options=(), restart_engine=False):
+    from provision.plan.steps import ConfigureEngine
+
+    return ConfigureEngine("docker", "nvidia", RT, True, False, config=str(cfg), options=options,
+                           restart_engine=restart_engine)
+
+
+def _notes(cfg, options=()):
     from types import SimpleNamespace
 
     from provision.plan.build import restart_notes
-    from provision.plan.steps import ConfigureEngine
 
-    action = ConfigureEngine("docker", "nvidia", RT, True, False, config=str(cfg), options=options)
-    return restart_notes(SimpleNamespace(root="/"), DockerEngine(), action, installing=installing)
+    return restart_notes(SimpleNamespace(root="/"), DockerEngine(), _action(cfg, options))
 
 
-def test_the_plan_names_the_containers_a_restart_stops(live_dockerd):
+def test_the_plan_names_the_containers_a_restart_stops(live_dockerd, monkeypatch):
     """bootstrap's plan says when engine.config will restart dockerd, why, and how many containers that stops: for
     the --gpus hook this run installs (dockerd finds it only at start), for a key it reads only at start; a key it
     reloads (SIGHUP) or a host with no running container gets no such note."""
     cfg, _ = live_dockerd
-    (hook,) = _notes(cfg, installing=True)
+    (hook,) = _notes(cfg)
     assert "finds the --gpus hook this run installs" in hook and "3 running container(s)" in hook, hook
     assert "without --restart-engine the step stops before writing anything, exit 14" in hook
+    monkeypatch.setattr(DockerEngine, "pending_restart", lambda self, d, installing=False: None)  # hook there, older
     (key,) = _notes(cfg, options=(("log-driver", '"local"'),))
     assert "restart dockerd for log-driver (read at start only)" in key and "3 running container(s)" in key, key
     assert _notes(cfg, options=(("max-concurrent-downloads", "4"),)) == ()
     assert _notes(cfg) == ()
+    monkeypatch.setattr(DockerEngine, "restart_stops", lambda self, d: 0)
+    assert _notes(cfg, options=(("log-driver", '"local"'),)) == ()
+
+
+def test_check_mode_stops_where_the_real_run_would_refuse_the_restart(live_dockerd):
+    """Item 5 for restarts: `bootstrap --check` (and the role's check mode) reports the exit 14 the real run stops
+    with, naming --restart-engine; with it, the step is only a change."""
+    from pathlib import Path
+
+    from provision.plan import apply as ap
+    from provision.plan.steps import EngineConfigured, Step
+
+    cfg, _ = live_dockerd
+    for consent in (False, True):
+        action = _action(cfg, restart_engine=consent)
+        doc = ap.check_plan([Step("engine.config", "runtime", "Register", actions=(action,),
+                                  check=EngineConfigured(action))], Path("/"))
+        if consent:
+            assert doc["stop"] is None and doc["would_change"] == 1, doc
+        else:
+            assert doc["stop"]["exit_code"] == 14 and "--restart-engine" in doc["stop"]["error"], doc
+            assert "3 running container(s)" in doc["stop"]["error"] and "--gpus hook" in doc["stop"]["error"]
+    assert cfg.read_text() == '{"debug": true}\n'
 
 
 def test_a_start_only_option_is_exit_14_without_restart_engine(live_dockerd):
