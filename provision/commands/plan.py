@@ -84,6 +84,12 @@ OPTS = dict(
                                 "(live-restore off). Without it such a run stops before it writes anything: exit 14."),
     only=typer.Option(None, "--only", help="Only these stages, a comma list of driver, engine, runtime, validate "
                       "(the fleet role's tags)."),
+    engine_option=typer.Option([], "--engine-option", metavar="KEY=JSON", callback=param_rule("engine_option"),
+                               help="Docker: set this daemon.json key to this JSON value (e.g. "
+                               "log-driver='\"local\"'), merged with gpuprov's keys and the file's others; "
+                               "repeatable. A key dockerd reads only at start restarts it (see --restart-engine)."),
+    engine_user=typer.Option([], "--engine-user", metavar="USER", callback=param_rule("engine_user"),
+                             help="Docker: add this existing user to the docker group (usermod -aG); repeatable."),
     mirror=typer.Option([], "--mirror", help="NAME=URL: fetch repository NAME (elrepo, epel, cuda, docker-ce) from "
                         "a mirror of the same tree; repeatable."),
 )
@@ -100,6 +106,7 @@ def plan_cmd(
     allow_remove: bool = OPTS["allow_remove"], restart_engine: bool = OPTS["restart_engine"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     no_persistence: bool = OPTS["no_persistence"],
+    engine_option: list[str] = OPTS["engine_option"], engine_user: list[str] = OPTS["engine_user"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
@@ -107,7 +114,7 @@ def plan_cmd(
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         replace_runtime=replace_runtime, allow_remove=allow_remove, only=only, mirror=mirror,
                         for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
-                        no_persistence=no_persistence)
+                        no_persistence=no_persistence, engine_option=engine_option, engine_user=engine_user)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -135,6 +142,7 @@ def bootstrap_cmd(
     allow_remove: bool = OPTS["allow_remove"], restart_engine: bool = OPTS["restart_engine"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     no_persistence: bool = OPTS["no_persistence"],
+    engine_option: list[str] = OPTS["engine_option"], engine_user: list[str] = OPTS["engine_user"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
     root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
                               help="With --dry-run or --check: plan or check the host tree "
@@ -145,7 +153,7 @@ def bootstrap_cmd(
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         no_validate=no_validate, replace_runtime=replace_runtime, allow_remove=allow_remove,
                         only=only, mirror=mirror, for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
-                        no_persistence=no_persistence)
+                        no_persistence=no_persistence, engine_option=engine_option, engine_user=engine_user)
     if dry_run or check:  # they only report: no lock, no resume, no write
         _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
         return

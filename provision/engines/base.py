@@ -64,6 +64,7 @@ class RuntimeRequest:
     default: bool = False
     cdi: bool = False
     replace: bool = False  # --replace-runtime: the operator's runtime of that name / default-runtime may be replaced
+    options: tuple[tuple[str, str], ...] = ()  # --engine-option: (daemon.json key, JSON value), Docker only
 
 
 @dataclass(frozen=True)
@@ -309,8 +310,13 @@ class Engine(ABC):
         back. None: this engine has no offline check."""
         return None
 
-    def pending_restart(self, daemon: Daemon) -> str | None:
-        """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook)."""
+    # config keys its running daemon applies on a reload (docker: daemon.json's, engines/docker.RELOADABLE); any other
+    # key an --engine-option sets needs a restart
+    reloadable_keys: frozenset[str] = frozenset()
+
+    def pending_restart(self, daemon: Daemon, installing: bool = False) -> str | None:
+        """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook; with
+        `installing`, one that this run's runtime.install will put in)."""
         return None
 
     def restart_stops(self, daemon: Daemon) -> int:

@@ -15,7 +15,7 @@ from provision.fsutil import make_dirs
 from provision.plan import persistence
 from provision.plan.dnf import InstallWatch
 from provision.plan.packages import PackageInstall
-from provision.plan.steps import PackagesInstalled, Step, packages_installed
+from provision.plan.steps import ConfigureEngine, PackagesInstalled, Step, packages_installed
 
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
 
@@ -109,10 +109,12 @@ def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
                 item["actions"] = step.lines()
                 item["diff"] = ""
                 item["diff"] = "".join(d for d in step.diffs(root).values() if d)
-                if is_live(root):  # the package manager's dry run reads this host only
+                if is_live(root):  # the package manager's dry run and the live daemon: this host only
                     for a in step.actions:
                         if isinstance(a, PackageInstall):
                             a.check_removals()
+                        elif isinstance(a, ConfigureEngine):
+                            a.check_restart()
         except GpuprovError as exc:
             if acting and step.hint:  # as Step.apply says it
                 exc = type(exc)(f"{exc}; {step.hint}", exit_code=exc.exit_code)

@@ -8,9 +8,9 @@ from provision import engines
 from provision.decide.targets import Target
 from provision.engines import base, validate
 from provision.engines.base import Engine
-from provision.errors import Unsupported
+from provision.errors import Unsupported, UsageError
 from provision.facts.engines import EngineOrigin
-from provision.facts.rootfs import is_live, under
+from provision.facts.rootfs import is_live, read_text, under
 from provision.inject.cdi import SpecCurrent
 from provision.options import Stage
 from provision.plan import repos
@@ -26,6 +26,7 @@ from provision.plan.steps import (
     EngineConfigured,
     FilesMatch,
     ImportImage,
+    InGroup,
     InstallRuntime,
     Never,
     RefreshCdi,
@@ -134,18 +135,40 @@ def service_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                  check=ServiceAnswers(eng.ready_argv))]
 
 
+DOCKER_GROUP = "docker"  # the group dockerd gives its socket to (docker.io's and docker-ce's packages create it)
+
+
+def group_steps(report: HostReport, opt: Options) -> list[Step]:
+    """--engine-user (the role's gpuprov_engine_users, geerlingguy.docker's docker_users): each user added to the
+    docker group, after the engine's packages made it. Users that do not exist are refused while planning."""
+    if not opt.engine_users:
+        return []
+    root = Path(report.root or "/")
+    known = {ln.split(":", 1)[0] for ln in (read_text(root, "/etc/passwd") or "").splitlines()}
+    missing = [u for u in opt.engine_users if u not in known]
+    if missing:
+        raise UsageError(f"--engine-user {', '.join(missing)}: no such user on this host (/etc/passwd); create "
+                         f"{'them' if len(missing) > 1 else 'it'} first (the role: ansible.builtin.user)")
+    return [Step("engine.users", Stage.ENGINE, f"Add {', '.join(opt.engine_users)} to group {DOCKER_GROUP} (its "
+                 "members use the docker socket: root-equivalent)",
+                 actions=tuple(Command(("usermod", "-aG", DOCKER_GROUP, u)) for u in opt.engine_users),
+                 check=InGroup(DOCKER_GROUP, opt.engine_users))]
+
+
 def restart_notes(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, ...]:
-    """Where the engine's config change needs a restart that stops containers (dockerd reads `features` only at
-    start; live-restore off): how many it stops now, and that it needs --restart-engine. On the live host only."""
-    if not (action.cdi and eng.restart_stops_containers and is_live(Path(report.root or "/"))):
+    """Where the engine's config step will restart a daemon that runs containers (live-restore off; the reasons:
+    ConfigureEngine.restart_reasons): how many containers that stops now, and that it needs --restart-engine. On the
+    live host only."""
+    if not (eng.restart_stops_containers and is_live(Path(report.root or "/"))):
         return ()
     daemon = eng.live_daemon(eng.config_path(action.config, action.request()))
-    stops = eng.restart_stops(daemon) if daemon else 0
+    why = action.restart_reasons(daemon) if daemon else []
+    stops = eng.restart_stops(daemon) if why else 0
     if not stops:
         return ()
-    return (f"restarting dockerd (--cdi: features are read at start only) stops its {stops} running container(s) "
-            "(live-restore off): " + ("--restart-engine given" if action.restart_engine else
-                                      "without --restart-engine the step stops before writing anything, exit 14"),)
+    return (f"{'; '.join(why)}: that stops its {stops} running container(s) (live-restore off): "
+            + ("--restart-engine given" if action.restart_engine else
+               "without --restart-engine the step stops before writing anything, exit 14"),)
 
 
 def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
@@ -162,9 +185,10 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
         config = found.config if found and found.config != eng.default_config else None
         default = opt.default_runtime and not eng.gpus_through_cdi  # its own OCI runtime stays its default
         action = ConfigureEngine(opt.engine, opt.runtime_name, RUNTIME_PATH, default, opt.cdi, opt.replace_runtime,
-                                 config, opt.restart_engine)
+                                 config, opt.restart_engine, opt.engine_options)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
+                          + (f", and set {', '.join(k for k, _ in opt.engine_options)}" if opt.engine_options else "")
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
                           actions=(action,), check=EngineConfigured(action),
                           notes=restart_notes(report, eng, action)))
@@ -213,5 +237,5 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
         + driver + persistence_steps(driver, [d for _, d in report.gpus], target, opt, systemd) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \
-        + (service_steps(report, target, opt) if Stage.ENGINE in on else []) \
+        + (service_steps(report, target, opt) + group_steps(report, opt) if Stage.ENGINE in on else []) \
         + (validate_steps(report, target, opt) if Stage.VALIDATE in on else [])
