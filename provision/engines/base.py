@@ -204,6 +204,19 @@ class Engine(ABC):
     check_log: ClassVar[bool] = False  # verify's check container writes its output to a log file (ctr run)
     cgroup_prefixes: ClassVar[tuple[tuple[str, str], ...]] = ()  # (scope prefix, engine label) in /proc/PID/cgroup
     cgroup_parents: ClassVar[tuple[str, ...]] = ()  # cgroup directories whose children are this engine's containers
+
+    own_front_end: ClassVar[str | None] = None  # its own front-end's file name beside gpuprov-runtime (Podman's)
+
+    def front_end(self, runtime_path: str) -> str:
+        """The runtime path this engine registers for gpuprov's runtime at `runtime_path` (gpuprov-runtime): the
+        same file, unless the engine has its own front-end (Podman: the one wrapping Podman's OCI runtime)."""
+        p = Path(runtime_path)
+        return str(p.with_name(self.own_front_end)) if self.own_front_end and p.name == "gpuprov-runtime" else \
+            runtime_path
+
+    def oci_runtime(self) -> str | None:
+        """The OCI runtime this engine runs, where it has its own front-end and is installed (None otherwise)."""
+        return None
     container_store: ClassVar[str | None] = None  # where it keeps its containers' names and labels (stored_container)
     gpus_through_cdi: ClassVar[bool] = False  # its containers get GPUs through CDI (--device), not gpuprov's runtime
 

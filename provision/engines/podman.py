@@ -153,6 +153,22 @@ class PodmanEngine(dropin.DropinEngine):
     gpus_through_cdi = True
     cgroup_prefixes = (("libpod-", "podman"),)
 
+    # Podman's OCI runtime is Podman's (crun by its default, where runc is there too for dockerd or containerd):
+    # its runtime `nvidia` is gpuprov-runtime-podman, wrapping that, while gpuprov-runtime wraps theirs.
+    own_front_end = "gpuprov-runtime-podman"
+
+    def oci_runtime(self) -> str | None:
+        """The OCI runtime Podman runs its containers with, as Podman says (`podman info`: Host.OCIRuntime.Path); None
+        without podman. Where Podman's default is gpuprov's own front-end (configure --default): the one Podman takes
+        without it, crun, else runc (containers.conf's default order)."""
+        if not effects.which("podman"):
+            return None
+        r = effects.try_run(["podman", "info", "--format", "{{.Host.OCIRuntime.Path}}"], timeout=60)
+        path = r.stdout.strip() if r is not None and r.returncode == 0 else ""
+        if path.startswith("/") and not Path(path).name.startswith("gpuprov-runtime"):
+            return path
+        return effects.which("crun") or effects.which("runc")
+
     # --- installing it: the distribution's packages; no unit, no daemon (engine_steps' service step is skipped)
 
     def packages(self, target, source: str) -> tuple[str, ...]:

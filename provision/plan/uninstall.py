@@ -371,7 +371,8 @@ def runtime_steps(root: Path, rec: record.Record | None = None) -> list[Step]:
     binary = f"{bindir}/gpuprov-runtime"
     users = _users(root, rec, binary) if _exists(root, binary) else []
     passing = PASS_MARKER in read_or_empty(under(root, binary), 4096)
-    files = [p for p in ((binary,) if not users else ()) + (settings_path(),) if _exists(root, p)]
+    own = tuple(f"{bindir}/{e.own_front_end}" for e in engines.every() if e.own_front_end)  # Podman's front-end
+    files = [p for p in ((binary,) if not users else ()) + own + (settings_path(),) if _exists(root, p)]
     lib = f"{_prefix(root)}/{EDITOR_LIB}"  # the editor's copies (inject/install.py)
     trees = [lib] if _exists(root, lib) else []
     if HOOK_MARKER.decode() in read_or_empty(under(root, hook), 4096):  # NVIDIA's own hook is never gpuprov's
