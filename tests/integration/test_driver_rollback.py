@@ -85,12 +85,13 @@ PUBLISH = ("/opt/gpuprov/bin/python -c 'from pathlib import Path; from provision
 # The driver stage's DriverInstall as `bootstrap` builds it for this series (plan/driver.py), run as it runs.
 RUN_INSTALL = textwrap.dedent("""
     import sys
+    from pathlib import Path
     from provision.errors import GpuprovError
-    from provision.plan.driver import DriverInstall
+    from provision.plan.driver import DriverInstall, restore_sources
     k, kernels, previous = sys.argv[1], tuple(sys.argv[2].split(",")), tuple(filter(None, sys.argv[3].split(",")))
     act = DriverInstall((f"linux-headers-{k}", "nvidia-driver", "nvidia-kernel-dkms"), kernels, "nvidia-kernel-dkms",
                         (f"linux-headers-{k}",), "another kernel", unhold=("nvidia-driver", "nvidia-kernel-dkms")
-                        if previous else (), previous=previous)
+                        if previous else (), previous=previous, restore=restore_sources(Path("/"), previous))
     try:
         print(act.execute())
     except GpuprovError as exc:
