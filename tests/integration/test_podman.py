@@ -93,7 +93,7 @@ def test_3_verify_passes(host):
 def test_2b_runtime_wraps_podmans_crun(host):
     """Issue 27.12: Debian's podman brings crun alone (Depends crun | runc): gpuprov-runtime hands over to crun,
     so `podman run --runtime nvidia` works (it failed with "cannot exec /usr/sbin/runc"), GPU request included.
-    Podman's runtime is its own front-end, gpuprov-runtime-podman (test_5b: with runc installed too)."""
+    Podman's runtime is its own front-end, gpuprov-runtime-podman (test_4b: with runc installed too)."""
     assert host.exec("command -v runc").returncode != 0 and host.exec("command -v crun").returncode == 0
     assert json.loads(host.read("/etc/gpuprov/runtime.json"))["runc"] == "/usr/bin/crun"
     r = host.exec("podman --runtime nvidia info --format '{{.Host.OCIRuntime.Path}}'")
@@ -144,24 +144,7 @@ def test_4_refusals_in_one_line(host):
     assert host.exec("gpuprov engine configure podman").returncode == 0
 
 
-def test_5_rootless_gpu_through_cdi(host):
-    # (a nested host's masks over /proc, see the module's docstring; the driver's /proc/driver goes too)
-    host.exec("for m in $(awk '$5 ~ \"^/proc/\" {print $5}' /proc/self/mountinfo | sort -r); do umount -l $m; done",
-              check=True)
-    assert host.exec(AS_USER.format(f"podman import -q /tmp/check.tar {CHECK}")).returncode == 0
-    r = host.exec(AS_USER.format(run(f"{CHECK} sh -c \"{LOOK}; cat /proc/self/uid_map\"", "0")))
-    out = r.stdout.split()
-    assert r.returncode == 0 and {"nvidia0", "nvidiactl", "smi", "cuda"} <= set(out), r.stdout + r.stderr
-    assert out[-6:-3] == ["0", host.exec(f"id -u {USER}").stdout.strip(), "1"], out  # a user namespace: rootless
-    r = host.exec(AS_USER.format(run(f"{CHECK} ls /dev")))
-    assert r.returncode == 0 and "nvidia0" not in r.stdout.split()
-    r = host.exec(AS_USER.format(run(f"{CHECK} true", "7")))
-    assert r.returncode == 126 and r.stderr.strip().splitlines()[-1] == \
-        "Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=7", r.stderr
-    assert host.exec(f"find /home/{USER} ! -user {USER}").stdout == ""  # nothing under the home written by root
-
-
-def test_5b_podman_keeps_crun_where_runc_is_installed_too(host):
+def test_4b_podman_keeps_crun_where_runc_is_installed_too(host):
     """Issue 27.12, several engines' runtimes on one host: runc installed beside Podman's crun (as dockerd or
     containerd bring it). gpuprov-runtime wraps runc, theirs; Podman's runtime `nvidia` is gpuprov-runtime-podman,
     which wraps crun, the OCI runtime Podman itself runs (on main, Podman's `nvidia` wrapped runc: the one front-end
@@ -191,6 +174,23 @@ def test_5b_podman_keeps_crun_where_runc_is_installed_too(host):
     r = host.exec("gpuprov verify --json")
     checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
     assert checks["runtime registered"]["status"] == "pass" and PODMAN_RT in checks["runtime registered"]["detail"]
+
+
+def test_5_rootless_gpu_through_cdi(host):
+    # (a nested host's masks over /proc, see the module's docstring; the driver's /proc/driver goes too)
+    host.exec("for m in $(awk '$5 ~ \"^/proc/\" {print $5}' /proc/self/mountinfo | sort -r); do umount -l $m; done",
+              check=True)
+    assert host.exec(AS_USER.format(f"podman import -q /tmp/check.tar {CHECK}")).returncode == 0
+    r = host.exec(AS_USER.format(run(f"{CHECK} sh -c \"{LOOK}; cat /proc/self/uid_map\"", "0")))
+    out = r.stdout.split()
+    assert r.returncode == 0 and {"nvidia0", "nvidiactl", "smi", "cuda"} <= set(out), r.stdout + r.stderr
+    assert out[-6:-3] == ["0", host.exec(f"id -u {USER}").stdout.strip(), "1"], out  # a user namespace: rootless
+    r = host.exec(AS_USER.format(run(f"{CHECK} ls /dev")))
+    assert r.returncode == 0 and "nvidia0" not in r.stdout.split()
+    r = host.exec(AS_USER.format(run(f"{CHECK} true", "7")))
+    assert r.returncode == 126 and r.stderr.strip().splitlines()[-1] == \
+        "Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=7", r.stderr
+    assert host.exec(f"find /home/{USER} ! -user {USER}").stdout == ""  # nothing under the home written by root
 
 
 def test_6_uninstall_keeps_podman_and_the_users_images(host):
