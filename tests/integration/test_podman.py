@@ -159,8 +159,8 @@ def test_4b_podman_keeps_crun_where_runc_is_installed_too(host):
     assert host.exec(f"{PODMAN_RT} --gpuprov-front-end").stdout.split()[-1] == "/usr/bin/crun"
     r = host.exec("podman --runtime nvidia info --format '{{.Host.OCIRuntime.Path}}'")
     assert r.returncode == 0 and r.stdout.strip() == PODMAN_RT, r.stdout + r.stderr
-    r = host.exec(f"podman run -d --runtime nvidia --network none --pull never -e NVIDIA_VISIBLE_DEVICES=0 "
-                  f"-e NVIDIA_DRIVER_CAPABILITIES=utility {CHECK} sleep 300")
+    r = host.exec(f"podman run -d -i --runtime nvidia --network none --pull never -e NVIDIA_VISIBLE_DEVICES=0 "
+                  f"-e NVIDIA_DRIVER_CAPABILITIES=utility {CHECK} cat")  # it waits on its stdin, which podman holds
     cid = r.stdout.strip()
     assert r.returncode == 0 and cid, r.stderr
     try:
