@@ -217,6 +217,12 @@ class Engine(ABC):
     def oci_runtime(self) -> str | None:
         """The OCI runtime this engine runs, where it has its own front-end and is installed (None otherwise)."""
         return None
+
+    def stranded(self, names: tuple[str, ...]) -> list[str]:
+        """Running containers of this engine, created under gpuprov's runtime (any of `names`), that uninstall would
+        leave unstoppable and keeps no pass-through for: it refuses while they run (exit 14, --force to go on). []
+        for an engine whose containers uninstall keeps stoppable (Docker: plan/uninstall.py's pass-through)."""
+        return []
     container_store: ClassVar[str | None] = None  # where it keeps its containers' names and labels (stored_container)
     gpus_through_cdi: ClassVar[bool] = False  # its containers get GPUs through CDI (--device), not gpuprov's runtime
 

@@ -67,6 +67,7 @@ PASS_MARKER = "# gpuprov pass-through (uninstall)"
 PURGE_OPTIONS = {"driver": "--purge-driver", "engine": "--purge-engine"}
 ALLOW_REMOVE = "--allow-remove"
 RESTART_ENGINE = "--restart-engine"
+FORCE = "--force"
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class UninstallOptions:
     purge_engine: bool = False  # --purge-engine: purge the engine packages gpuprov installed (never ones it found)
     allow_remove: bool = False  # --allow-remove: a purge may take other packages with it (apt's simulation names them)
     restart_engine: bool = False  # --restart-engine: restart dockerd where a change needs it (features.cdi)
+    force: bool = False  # --force: go on while containers only gpuprov's runtime can stop still run (Podman's)
 
 
 def _trusted(root: Path, path: str) -> str:
@@ -503,10 +505,27 @@ def lock_path() -> str:
     return os.path.join(lock_dirs()[0], LOCK_NAME)
 
 
+def _refuse_stranding(root: Path, rec: record.Record, opt: UninstallOptions) -> None:
+    """Exit 14 before anything is planned or changed while an engine runs containers under gpuprov's runtime that it
+    could no longer stop once uninstall took the runtime away and keeps no pass-through for (Podman: it stops them
+    through the runtime its configuration names; Docker's keep a pass-through, runtime_steps), naming them; --force
+    goes on (the operator's call: those containers then run on with nothing to stop them through)."""
+    if opt.force or not is_live(root):
+        return
+    names = tuple(sorted({"nvidia", *(e.get("runtime_name") for e in rec.configs.values() if e.get("runtime_name"))}))
+    held = {e.title: got for e in engines.every() if (got := e.stranded(names))}
+    if held:
+        running = "; ".join(f"{title}: {', '.join(c)}" for title, c in held.items())
+        raise RemovalRefused(f"containers started under gpuprov's runtime still run ({running}); once uninstall "
+                             f"removed the runtime their engine could not stop them: stop them first (podman stop "
+                             f"NAME), or {FORCE} to go on (nothing was changed)")
+
+
 def uninstall_steps(root: Path, opt: UninstallOptions, rec: record.Record | None = None) -> list[Step]:
     """The steps in the order they run; the install record read through the trusted reader (exit 6 when anyone but
     root could have written it, or it is not of gpuprov's shape)."""
     rec = rec if rec is not None else record.read(str(under(root, paths.INSTALL_RECORD)))
+    _refuse_stranding(root, rec, opt)
     return (engine_steps(root, rec, opt) + image_steps(root) + service_steps(root) + dev_char_steps(root)
             + persistence_steps(root, rec) + file_steps(root)
             + runtime_steps(root, rec) + package_steps(root, rec, opt) + state_steps(root, rec, opt))

@@ -193,6 +193,25 @@ def test_5_rootless_gpu_through_cdi(host):
     assert host.exec(f"find /home/{USER} ! -user {USER}").stdout == ""  # nothing under the home written by root
 
 
+def test_5c_uninstall_refuses_while_podman_runs_a_container_under_the_runtime(host):
+    """Issue 27.6 for Podman: Podman stops a container through the runtime its configuration names, so with
+    gpuprov's drop-in and front-end gone `podman stop` of a container started with `--runtime nvidia` could not work.
+    Uninstall (and its dry run, the plan) refuses while one runs: exit 14, one line naming it, nothing changed; once
+    it is stopped, test_6's uninstall goes through. (On main uninstall removed both, exit 0.)"""
+    r = host.exec(f"podman run -d -i --name held-gpu --runtime nvidia --network none --pull never {CHECK} cat")
+    assert r.returncode == 0, r.stderr
+    try:
+        before = host.exec(f"md5sum {DROPIN} {PODMAN_RT} /etc/gpuprov/runtime.json").stdout
+        for cmd in ("gpuprov uninstall --dry-run", "gpuprov uninstall --yes"):
+            r = host.exec(cmd)
+            assert r.returncode == 14 and len(r.stderr.strip().splitlines()) == 1, (cmd, r.stdout, r.stderr)
+            assert "Podman: held-gpu" in r.stderr and "--force" in r.stderr, r.stderr
+        assert host.exec(f"md5sum {DROPIN} {PODMAN_RT} /etc/gpuprov/runtime.json").stdout == before
+        assert host.exec("podman stop -t 1 held-gpu").returncode == 0  # through gpuprov's runtime, still there
+    finally:
+        host.exec("podman rm -f held-gpu")
+
+
 def test_6_uninstall_keeps_podman_and_the_users_images(host):
     r = host.exec("gpuprov uninstall --yes --json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
