@@ -28,6 +28,7 @@ from pathlib import Path
 from provision import effects, engines, paths, record
 from provision.engines import validate
 from provision.engines.base import RUNTIME_PATH, RuntimeRequest
+from provision.engines.containerd import ContainerdEngine
 from provision.engines.docker import LIVE, DockerEngine
 from provision.errors import RemovalRefused, StepFailed, UntrustedPath
 from provision.facts.rootfs import is_live, under
@@ -357,13 +358,16 @@ def _runc() -> str:
 
 
 def _users(root: Path, rec: record.Record, bin_path: str) -> list[str]:
-    """The running docker containers created under gpuprov's runtime (by any name it was registered under)."""
+    """The running containers created under gpuprov's runtime: docker's (by any name it was registered under) and
+    containerd's tasks whose runtime options name it as their runc (ctr, CRI)."""
     if not is_live(root):
         return []
     names = {"nvidia", *(e.get("runtime_name") for e in rec.configs.values() if e.get("runtime_name"))}
     live = DockerEngine().live()
     names |= {n for n, p in (live[0] if live else {}).items() if p == bin_path}
-    return DockerEngine().users(tuple(sorted(names))) or []
+    docker = DockerEngine().users(tuple(sorted(names))) or []
+    return docker + [t for t in ContainerdEngine().tasks_under(bin_path)
+                     if not t.startswith("moby/")]  # dockerd's own namespace: its containers are named above
 
 
 def runtime_steps(root: Path, rec: record.Record | None = None) -> list[Step]:
