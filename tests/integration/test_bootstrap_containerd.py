@@ -94,7 +94,7 @@ def test_3b_uninstall_keeps_a_containerd_task_stoppable(host):
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert "default/held-gpu" in steps(r.stdout)["uninstall.runtime"]["title"]
         assert b"pass-through" in h.read(RT)
-        assert h.exec("ctr -n default tasks kill held-gpu").returncode == 0
+        assert h.exec("ctr -n default tasks kill -s SIGKILL held-gpu").returncode == 0  # cat is its PID 1
         for _ in range(20):  # the task stops; its shim reaps it
             if "STOPPED" in h.exec("ctr -n default tasks ls").stdout:
                 break
