@@ -142,6 +142,28 @@ class FakeNVML:
 
 MIG_L = Path(__file__).parent / "fixtures/hosts/h100-mig/commands/nvidia-smi-L.txt"
 MIG_LCI = Path(__file__).parent / "fixtures/hosts/h100-mig/commands/nvidia-smi-mig-lci.txt"
+MIG_LGIP = Path(__file__).parent / "fixtures/hosts/h100-mig-capture/mig.txt"  # the real H100's `nvidia-smi mig -lgip`
+
+
+def lgip_profiles(text: str) -> dict[str, dict[str, int]]:
+    """`nvidia-smi mig -lgip`'s table -> {profile: NVML's nvmlDeviceAttributes_t fields of a MIG device that is one
+    compute instance spanning its GPU instance (what `-cgi … -C` makes)}. Each profile takes two rows: `GPU Name ID
+    Instances Memory P2P SM DEC ENC` then `CE JPEG OFA`. nvidia-smi prints memorySizeMB / 1024 with two decimals
+    (9984 MiB -> 9.75, 20096 -> 19.62): the MiB are the one multiple of 32 that prints as that figure (NVIDIA's GPU
+    Operator MIG page shows 9984 and 20096 for this H100's 1g.10gb and 2g.20gb: tests/unit/test_k8s.py)."""
+    out: dict[str, dict[str, int]] = {}
+    rows = [r.strip("| ").split() for r in text.splitlines() if r.startswith("|")]
+    for first, second in zip(rows, rows[1:]):
+        if len(first) == 10 and first[1] == "MIG" and len(second) == 3 and all(x.isdigit() for x in second):
+            gib = first[5]
+            mib = next(m for m in range(int(float(gib) * 1024) - 64, int(float(gib) * 1024) + 64)
+                       if m % 32 == 0 and f"{m / 1024:.2f}" == gib)
+            slices = int(first[2].split("g.")[0])
+            out[first[2]] = {"memorySizeMB": mib, "multiprocessorCount": int(first[7]), "sharedDecoderCount": int(first[8]),
+                             "sharedEncoderCount": int(first[9]), "sharedCopyEngineCount": int(second[0]),
+                             "sharedJpegCount": int(second[1]), "sharedOfaCount": int(second[2]),
+                             "gpuInstanceSliceCount": slices, "computeInstanceSliceCount": slices}
+    return out
 
 
 class FakeMigNVML(FakeNVML):
@@ -150,8 +172,9 @@ class FakeMigNVML(FakeNVML):
     and CI IDs, matched in order; the fixture's README says how the two were put together). A MIG handle is
     (gpu handle, index). Everything else answers from FakeNVML's capture."""
 
-    def __init__(self, xml: Path = XML, listing: Path = MIG_L, lci: Path = MIG_LCI):
+    def __init__(self, xml: Path = XML, listing: Path = MIG_L, lci: Path = MIG_LCI, lgip: Path = MIG_LGIP):
         super().__init__(xml)
+        self.profiles = lgip_profiles(lgip.read_text())
         self.mig: list[dict] = []
         for line in listing.read_text().splitlines():
             line = line.strip()
@@ -168,6 +191,34 @@ class FakeMigNVML(FakeNVML):
         for dev, row in zip(self.mig, lci_rows):  # row: GPU, GI ID, MIG, profile, profile ID, CI ID, placement
             assert row[3] == dev["profile"], (row, dev)
             dev["gi"], dev["ci"] = int(row[1]), int(row[5])
+            # the compute instance's slices: the Size of -lci's Start:Size (a full-GI CI: the GI's own)
+            assert int(row[6].split(":")[1]) == self.profiles[dev["profile"]]["computeInstanceSliceCount"], row
+
+    def nvmlDeviceGetMigMode(self, h):  # noqa: N802 - this host's GPU has MIG on (current, pending)
+        self._gpu(h)
+        return [1, 1]
+
+    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802 - a MIG handle: its GPU instance's memory (-lgip's)
+        if not isinstance(h, tuple):  # the whole GPU: every instance's processes' memory too
+            whole = super().nvmlDeviceGetMemoryInfo(h)
+            inst = sum(p.usedGpuMemory or 0 for k, ps in self.compute.items() if isinstance(k, tuple) and k[0] == h
+                       for p in ps)
+            return SimpleNamespace(total=whole.total, used=whole.used + inst, free=whole.free - inst)
+        total = self.profiles[self.mig[h[1]]["profile"]]["memorySizeMB"] * MIB
+        used = sum(p.usedGpuMemory or 0 for p in self.compute.get(h, []))
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802 - the parent's list holds every instance's too
+        if isinstance(h, tuple):
+            return list(self.compute.get(h, []))
+        return list(self.compute.get(h, [])) + [p for (g, _), ps in
+                                                 ((k, v) for k, v in self.compute.items() if isinstance(k, tuple))
+                                                 if g == h for p in ps]
+
+    def nvmlDeviceGetAttributes(self, m):  # noqa: N802 - MIG devices only, as NVML (NOT_SUPPORTED on a GPU)
+        if not isinstance(m, tuple):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(**self.profiles[self.mig[m[1]]["profile"]])
 
     def nvmlDeviceGetHandleByUUID(self, uuid):  # noqa: N802
         if uuid != self.gpu_uuid:

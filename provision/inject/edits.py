@@ -104,14 +104,15 @@ class EnvVar(Record):
 
 
 class Edits(Record):
-    """Everything one GPU container gets: tuples of DeviceNode, CgroupRule, Mount and EnvVar, in order."""
+    """Everything one GPU container gets: tuples of DeviceNode, CgroupRule, Mount and EnvVar, in order, and the
+    container paths it must not see (`masked`: runc's linux.maskedPaths; MIG containers only, mig.proc_masks)."""
     __slots__ = ()
-    FIELDS = ("devices", "rules", "mounts", "env")
-    devices, rules, mounts, env = fields(*FIELDS)
+    FIELDS = ("devices", "rules", "mounts", "env", "masked")
+    devices, rules, mounts, env, masked = fields(*FIELDS)
 
     def __new__(cls, devices: tuple[DeviceNode, ...], rules: tuple[CgroupRule, ...], mounts: tuple[Mount, ...],
-                env: tuple[EnvVar, ...]) -> Edits:
-        return tuple.__new__(cls, (devices, rules, mounts, env))
+                env: tuple[EnvVar, ...], masked: tuple[str, ...] = ()) -> Edits:
+        return tuple.__new__(cls, (devices, rules, mounts, env, masked))
 
 
 def device_node(n: Node) -> DeviceNode:
@@ -312,16 +313,17 @@ def driver_mounts(disc: Discovery, caps: list[str], *, libdir: str = DEBIAN_LIBD
 
 
 def select_devices(selectors: list[str], disc: Discovery, env: dict[str, str], privileged: bool
-                   ) -> tuple[list[Gpu], list[Node], list[str]]:
+                   ) -> tuple[list[Gpu], list[Node], list[str], list[str]]:
     """The GPUs whose /dev/nvidiaN the container gets (whole GPUs asked for, and each MIG device's parent), the
     MIG capability nodes it gets (mig.py: each instance's GI and CI access nodes; config/monitor for privileged
-    containers that ask), and the names it sees in NVIDIA_VISIBLE_DEVICES. `all` is every GPU and MIG device."""
+    containers that ask), the names it sees in NVIDIA_VISIBLE_DEVICES, and, for a container given a MIG device or
+    capability, the /proc/driver/nvidia paths it must not see (mig.proc_masks). `all` is every GPU and MIG device."""
     mig_sel = [s for s in selectors if s.startswith("MIG-") or ":" in s]
     gpus = select_gpus([s for s in selectors if s not in mig_sel], disc.gpus) if len(mig_sel) < len(selectors) else []
     visible = [g.uuid or str(g.index) for g in gpus]
     if not mig_sel and (disc.mig is None or not disc.mig.devices) and not any(
             env.get(v, "").strip() for v in MIG_ENV):
-        return gpus, [], visible  # no MIG request on a host without instances: as before MIG
+        return gpus, [], visible, []  # no MIG request on a host without instances: as before MIG
     from provision.inject import mig  # lazy: 0.3 ms (-X importtime -I -S, min of 5); MIG requests or instances only
 
     devices = list(disc.mig.devices) if selectors == ["all"] and disc.mig is not None else mig.select(mig_sel, disc.mig)
@@ -330,10 +332,13 @@ def select_devices(selectors: list[str], disc: Discovery, env: dict[str, str], p
     if selectors != ["all"]:
         visible += [d.uuid or d.ids for d in devices]
     caps: list[Node] = []
-    for n in [n for d in devices for n in disc.mig.nodes(d)] + mig.admin_nodes(env, disc.mig, privileged):
+    admin = mig.admin_nodes(env, disc.mig, privileged)
+    for n in [n for d in devices for n in disc.mig.nodes(d)] + admin:
         if n not in caps:  # two CIs of one GI share its access node
             caps.append(n)
-    return gpus, caps, visible
+    # a container given whole GPUs only (on a MIG host) sees /proc as before; one given MIG sees only its own there
+    masked = mig.proc_masks(disc.mig, devices, admin, disc.gpus, gpus) if devices or admin else []
+    return gpus, caps, visible, masked
 
 
 def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_LIBDIR,
@@ -352,7 +357,7 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
     why = driver_refusal(disc, caps)
     if why:
         raise Refused(why)
-    gpus, caps_nodes, visible = select_devices(selectors, disc, env, privileged) if selectors else ([], [], [])
+    gpus, caps_nodes, visible, masked = select_devices(selectors, disc, env, privileged) if selectors else ([], [], [], [])
     host = {"cuda": cuda_version(disc.version), "driver": disc.version}
     swap: dict[str, str] = {}
     if compat is not None and "compute" in caps:
@@ -383,4 +388,5 @@ def compute_edits(disc: Discovery, env: dict[str, str], *, libdir: str = DEBIAN_
         mounts=tuple(mounts),
         env=(EnvVar("NVIDIA_VISIBLE_DEVICES", ",".join(visible) or "none"),
              EnvVar("NVIDIA_DRIVER_CAPABILITIES", ",".join(caps))),
+        masked=tuple(masked),
     )

@@ -29,6 +29,7 @@ from provision.inject.capabilities import MIG_ENV
 from provision.inject.records import Record, fields
 
 CAPS_DIR = "proc/driver/nvidia/capabilities"
+PROC_NVIDIA = "/proc/driver/nvidia"  # in the container (its own procfs shows the host driver's entries)
 CAPS_DEV = "/dev/nvidia-caps/nvidia-cap"
 NVML_TIMEOUT_S = 5.0
 
@@ -264,6 +265,34 @@ def describe(devices: tuple[MigDevice, ...]) -> str:
     if any(d.uuid is None for d in devices):
         text += " (no NVML answer when discovery ran: only GPU:GI:CI names work; `gpuprov runtime install` refreshes)"
     return text
+
+
+def proc_masks(layout: MigLayout | None, chosen: list[MigDevice], admin: list[CapNode], all_gpus: tuple,
+               given_gpus: list) -> list[str]:
+    """What a MIG container must not see under /proc/driver/nvidia, as container paths for runc's
+    linux.maskedPaths: the capability directory of every GPU instance it was not given (or, in a GI it was given, of
+    every other compute instance), mig/config and mig/monitor unless given (NVIDIA_MIG_*_DEVICES), and the
+    gpus/<bus id> directory of every GPU it was not given. libnvidia-container gets the same view the other way round
+    (a tmpfs over /proc/driver/nvidia, then the selected files bound back in, from a hook); runc refuses a mount
+    under /proc from config.json, but masks paths there itself (a read-only empty tmpfs over a directory, /dev/null
+    over a file; a path that does not exist is skipped), which needs no hook. The selected instance's access files
+    stay readable: NVML in the container reads them to open its nvidia-caps nodes."""
+    out: list[str] = []
+    base = f"{PROC_NVIDIA}/capabilities"
+    given_gis = {(d.gpu_minor, d.gi) for d in chosen}
+    for d in layout.devices if layout is not None else ():
+        if d in chosen:
+            continue
+        gi = f"{base}/gpu{d.gpu_minor}/mig/gi{d.gi}"
+        path = f"{gi}/ci{d.ci}" if (d.gpu_minor, d.gi) in given_gis else gi
+        if path not in out:
+            out.append(path)
+    minors = {n.minor for n in admin}
+    for which, minor in (("config", layout.config if layout else None), ("monitor", layout.monitor if layout else None)):
+        if minor is None or minor not in minors:
+            out.append(f"{base}/mig/{which}")
+    out += [f"{PROC_NVIDIA}/gpus/{g.bus_id}" for g in all_gpus if g not in given_gpus]
+    return out
 
 
 def admin_nodes(env: dict[str, str], layout: MigLayout | None, privileged: bool) -> list[CapNode]:

@@ -353,6 +353,15 @@ def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount]) ->
         mounts.append(oci)
 
 
+def mask_paths(s: Start) -> bool:
+    """A MIG container's view of /proc/driver/nvidia: the other instances', the admin capabilities' and the other
+    GPUs' entries masked by runc (linux.maskedPaths; edits.masked, mig.proc_masks), added to what the engine masks."""
+    if s.edits.masked:
+        masked = s.config.setdefault("linux", {}).setdefault("maskedPaths", [])
+        masked.extend(p for p in s.edits.masked if p not in masked)
+    return True
+
+
 def override_image_cache(s: Start) -> bool:
     """The host's driver libraries win over the image's copies: where the image's own /etc/ld.so.cache names a
     file for a driver library's SONAME (its own libcuda.so.1 in /opt/…, which the loader would take before
@@ -391,8 +400,8 @@ def share_gpus(s: Start) -> bool:
     return True
 
 
-MODIFIERS = (remove_hook, alias_aliyun, select_devices, plan_edits, add_devices, add_mounts, override_image_cache,
-             set_env, share_gpus)
+MODIFIERS = (remove_hook, alias_aliyun, select_devices, plan_edits, add_devices, add_mounts, mask_paths,
+             override_image_cache, set_env, share_gpus)
 
 
 def modify_config(config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr) -> bool:
@@ -438,7 +447,7 @@ def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: 
 OCI_SHAPE = {
     "process": {"env": [str], "capabilities": {"bounding": [str]}, "user": {"uid": int}},
     "mounts": [{"destination": str, "source": str, "type": str}],
-    "linux": {"devices": [dict], "resources": {"devices": list}, "namespaces": [dict]},
+    "linux": {"devices": [dict], "resources": {"devices": list}, "namespaces": [dict], "maskedPaths": [str]},
     "root": {"path": str},
     "hooks": {"prestart": [{"path": str}]},
 }

@@ -42,16 +42,22 @@ def sanitise(name: str) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9-_. ]", "", name).split())
 
 
-def mig_labels(product: str, strategy: str, profiles: list[str | None]) -> dict[str, str]:
-    """GFD's MIG labels (internal/lm/mig-strategy.go): `nvidia.com/mig.strategy`; `single`: the node's GPUs are its
-    MIG devices (product `<GPU>-MIG-<profile>`, count = MIG devices; all of one profile, as GFD requires); `mixed`:
-    `nvidia.com/mig-<profile>.count` and `.product` per profile. `profiles`: each MIG device's (discovery's, from
-    NVML; None where NVML did not answer). GFD's memory/multiprocessor/slice/engine MIG labels are not written."""
+def mig_labels(product: str, strategy: str, profiles: list[str | None],
+               attributes: dict[str, dict[str, int]] | None = None) -> dict[str, str]:
+    """GFD's MIG labels (internal/lm/mig-strategy.go, resource.go): `nvidia.com/mig.strategy`; `single`: the node's
+    GPUs are its MIG devices (`nvidia.com/gpu.product` `<GPU>-MIG-<profile>`, count = MIG devices; all of one profile,
+    as GFD requires); `mixed`: `nvidia.com/mig-<profile>.count`, `.product`, `.replicas` and `.sharing-strategy` per
+    profile. Both add each profile's attributes (`memory`, `multiprocessors`, `slices.gi`/`.ci`, `engines.copy`/
+    `decoder`/`encoder`/`jpeg`/`ofa`: NVML's nvmlDeviceGetAttributes of a MIG device, as GFD's newMigAttributeLabels)
+    under the resource's name (`nvidia.com/gpu.` for single, `nvidia.com/mig-<profile>.` for mixed).
+    `profiles`: each MIG device's (discovery's, from NVML; None where NVML did not answer); `attributes`: profile ->
+    {GFD's name: value} (metrics/nvml.py's MIG_ATTRIBUTES; a profile NVML gave none for gets no attribute labels)."""
     if strategy == "none":
         return {}
     if any(p is None for p in profiles):
         raise Unsupported("the MIG devices' profiles are unknown (NVML did not answer when discovery ran): run "
                           "`gpuprov runtime install` to refresh it, or use --mig-strategy none")
+    attributes = attributes or {}
     labels = {"nvidia.com/mig.strategy": strategy}
     if strategy == "single" and profiles:
         if len(set(profiles)) > 1:
@@ -59,11 +65,26 @@ def mig_labels(product: str, strategy: str, profiles: list[str | None]) -> dict[
                               f"{', '.join(sorted(set(profiles)))}: use --mig-strategy mixed")
         labels.update({"nvidia.com/gpu.product": f"{product}-MIG-{profiles[0]}",
                        "nvidia.com/gpu.count": str(len(profiles))})
+        # the MIG device's memory replaces the whole GPU's `nvidia.com/gpu.memory`, as in GFD
+        labels.update({f"nvidia.com/gpu.{k}": str(v) for k, v in attributes.get(profiles[0], {}).items()})
     elif strategy == "mixed":
         for p in sorted(set(profiles)):
             labels.update({f"nvidia.com/mig-{p}.count": str(profiles.count(p)),
-                           f"nvidia.com/mig-{p}.product": f"{product}-MIG-{p}"})
+                           f"nvidia.com/mig-{p}.product": f"{product}-MIG-{p}",
+                           f"nvidia.com/mig-{p}.replicas": "1", f"nvidia.com/mig-{p}.sharing-strategy": "none"})
+            labels.update({f"nvidia.com/mig-{p}.{k}": str(v) for k, v in attributes.get(p, {}).items()})
     return labels
+
+
+def mig_attributes(snap: Snapshot) -> dict[str, dict[str, int]]:
+    """Profile -> GFD's attribute labels, from the first MIG device of each profile NVML answered for (GFD, too,
+    labels a profile from one of its devices)."""
+    out: dict[str, dict[str, int]] = {}
+    for g in snap.gpus:
+        for d in g.mig_devices:
+            if d.profile and d.attributes is not None:
+                out.setdefault(d.profile, d.attributes)
+    return out
 
 
 def gfd_labels(snap: Snapshot, sharing: Sharing, mig_strategy: str = "none",
@@ -95,7 +116,7 @@ def gfd_labels(snap: Snapshot, sharing: Sharing, mig_strategy: str = "none",
         cmaj, cmin = snap.cuda_version.split(".")
         labels.update({"nvidia.com/cuda.runtime-version.major": cmaj, "nvidia.com/cuda.runtime-version.minor": cmin,
                        "nvidia.com/cuda.runtime-version.full": snap.cuda_version})
-    labels.update(mig_labels(sanitise(g.name), mig_strategy, mig_profiles or []))
+    labels.update(mig_labels(sanitise(g.name), mig_strategy, mig_profiles or [], mig_attributes(snap)))
     for k, v in labels.items():
         check_label(k, v)
     return dict(sorted(labels.items()))

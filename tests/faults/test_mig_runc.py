@@ -62,6 +62,33 @@ def test_runc_container_gets_exactly_its_instances_nodes(rig, visible, caps):
     assert f"NVD={visible}" in out
 
 
+def test_runc_masks_the_other_instances_proc_entries(rig):
+    """The maskedPaths gpuprov writes for `0:9:0`, applied by real runc. This machine has no /proc/driver/nvidia
+    (runc skips a masked path that does not exist), so the container gets the fixture's MIG /proc tree at /procfix
+    and the same paths under it: gi9's access files stay readable, every other instance's directory and mig/config,
+    mig/monitor read empty (main: all readable)."""
+    base, s, rootfs, runc = rig
+    cfg = oci.make_config(str(rootfs), ["true"], ["NVIDIA_VISIBLE_DEVICES=0:9:0"])
+    bundle = oci.write_bundle(base / "bundle-mask", cfg)
+    modify_bundle(str(bundle), s)
+    cfg = json.loads((bundle / "config.json").read_text())
+    ours = [p for p in cfg["linux"]["maskedPaths"] if p.startswith("/proc/driver/nvidia/")]
+    assert len(ours) == 5 and "/proc/kcore" in cfg["linux"]["maskedPaths"]  # added to runc's own, none lost
+    caps = "/procfix/driver/nvidia/capabilities"
+    cfg["linux"]["maskedPaths"] += [p.replace("/proc/", "/procfix/", 1) for p in ours]
+    cfg["mounts"].append({"destination": "/procfix", "source": str(base / "proc-root/proc"), "type": "bind",
+                          "options": ["rbind", "ro"]})
+    (rootfs / "procfix").mkdir()
+    cfg["process"]["args"] = ["sh", "-c", f"for d in 2 3 9 10; do echo gi$d: $(ls {caps}/gpu0/mig/gi$d); done; "
+                              f"cat {caps}/gpu0/mig/gi9/ci0/access; echo config: $(cat {caps}/mig/config)."]
+    (bundle / "config.json").write_text(json.dumps(cfg))
+    rc, out = oci.lifecycle(str(runc), bundle)
+    assert rc == 0, out
+    seen = {ln.split(":", 1)[0]: ln.split(":", 1)[1].split() for ln in out.splitlines() if ln.startswith("gi")}
+    assert seen == {"gi2": [], "gi3": [], "gi9": ["access", "ci0"], "gi10": []}, out
+    assert "DeviceFileMinor: 85" in out and "config: ." in out, out
+
+
 def test_missing_instance_never_reaches_runc(rig):
     base, s, rootfs, _ = rig
     cfg = oci.make_config(str(rootfs), ["true"], ["NVIDIA_VISIBLE_DEVICES=0:4:0"])

@@ -22,6 +22,7 @@ from provision.metrics import nvml
 from provision.share.state import MpsState
 from tests.conftest import needs
 from tests.fake_nvml import FakeNVML
+from tests.inject_helpers import MIG_FIXTURE
 from tests.k8s_contract import device_plugin_config as dpc
 from tests.k8s_contract.nfd_local import parse_feature_file, read_features_dir
 
@@ -309,6 +310,28 @@ def test_mig_labels_follow_gfd():
         L.gfd_labels(snap, L.Sharing(), "mixed", [None])
 
 
+def test_mig_attribute_labels_match_nvidias_h100_node():
+    """GFD's per-profile MIG labels (memory, multiprocessors, slices, engines, replicas, sharing-strategy), from NVML's
+    attributes of each MIG device (the fake answers the real H100's `nvidia-smi mig -lgip`), equal the labels NVIDIA's
+    GPU Operator page shows for an H100 80GB HBM3 node with this layout's 1g.10gb x2 and 2g.20gb (fixture
+    h100-mig/commands/gfd-labels-h100-mixed.txt). main wrote count and product only."""
+    from tests.fake_nvml import FakeMigNVML
+
+    snap = nvml.snapshot(FakeMigNVML(), kmsg="/nonexistent")
+    profiles = [d.profile for d in snap.gpus[0].mig_devices]
+    mixed = L.gfd_labels(snap, L.Sharing(), "mixed", profiles)
+    doc = MIG_FIXTURE / "commands/gfd-labels-h100-mixed.txt"
+    want = dict(line.split("=", 1) for line in doc.read_text().splitlines() if line and not line.startswith("#"))
+    assert len(want) == 20 and {k: mixed.get(k) for k in want} == want
+    assert (mixed["nvidia.com/mig-3g.40gb.memory"], mixed["nvidia.com/mig-3g.40gb.multiprocessors"],
+            mixed["nvidia.com/mig-3g.40gb.slices.gi"]) == ("40448", "60", "3")  # -lgip's 3g.40gb row
+    single = L.gfd_labels(snap, L.Sharing(), "single", ["1g.10gb"] * 7)
+    assert (single["nvidia.com/gpu.memory"], single["nvidia.com/gpu.multiprocessors"],
+            single["nvidia.com/gpu.slices.ci"], single["nvidia.com/gpu.engines.jpeg"],
+            single["nvidia.com/gpu.engines.ofa"]) == ("9984", "16", "1", "1", "0")  # the MIG device's, not the GPU's
+    assert not any(".engines." in k for k in L.gfd_labels(snap, L.Sharing(), "none", profiles))
+
+
 def test_labels_cli_mixed_reads_the_mig_layout(tmp_path, monkeypatch, capsys):
     """`k8s labels --mig-strategy mixed` on the h100-mig fixture: the profiles come from the runtime's discovery."""
     import json
@@ -318,7 +341,7 @@ def test_labels_cli_mixed_reads_the_mig_layout(tmp_path, monkeypatch, capsys):
     from tests.fake_nvml import FakeMigNVML
     from tests.inject_helpers import MIG_FIXTURE, mig_proc
 
-    monkeypatch.setattr(nvml, "load", FakeNVML)
+    monkeypatch.setattr(nvml, "load", FakeMigNVML)
     monkeypatch.setattr(mig, "identify", lambda layout, gpus: mig.merge(
         layout, mig.read_nvml(FakeMigNVML(), [g.uuid for g in gpus]), gpus))
     (tmp_path / "p").mkdir()
@@ -333,6 +356,7 @@ def test_labels_cli_mixed_reads_the_mig_layout(tmp_path, monkeypatch, capsys):
     assert labels["nvidia.com/mig.strategy"] == "mixed"
     assert (labels["nvidia.com/mig-1g.10gb.count"], labels["nvidia.com/mig-2g.20gb.count"],
             labels["nvidia.com/mig-3g.40gb.count"]) == ("2", "1", "1")
+    assert (labels["nvidia.com/mig-2g.20gb.memory"], labels["nvidia.com/mig-1g.10gb.engines.decoder"]) == ("20096", "1")
 
 
 @needs("containerd")

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from provision.metrics import containers, nvml, prom, usage
-from tests.fake_nvml import FakeNVML, Proc
+from tests.fake_nvml import FakeMigNVML, FakeNVML, Proc
 
 UUID = "GPU-266c8396-dfbe-13b3-5ad6-311117e6bd98"
 
@@ -132,6 +132,58 @@ def test_containers_named_from_cri_annotations_and_metrics_parse(fake_proc, tmp_
     assert fam["DCGM_FI_DEV_XID_ERRORS"][0].value == 0
 
 
+def test_mig_devices_reported_per_instance_with_their_container(fake_proc, tmp_path):
+    """MIG on (the h100-mig fixture's NVML: 1g.10gb GI 9 and 10, 2g.20gb GI 3, 3g.40gb GI 2): memory per GPU instance
+    (read through each MIG handle), each MIG device's UUID, index, GI/CI and parent, and the container on it. The
+    parent's process list holds every instance's processes too: each counts once, on its MIG device (main reported
+    whole GPUs only, with the processes on the GPU)."""
+    proc, cid, did = fake_proc
+    nv = FakeMigNVML()
+    nv.compute[(0, 2)] = [Proc(101, 3 << 30)]  # the containerd container on MIG device 2 (GI 3, 2g.20gb)
+    nv.compute[(0, 0)] = [Proc(102, 1 << 30), Proc(103, 64 << 20)]  # Docker's and a host process on device 0 (GI 9)
+    snap = nvml.snapshot(nv, kmsg=str(tmp_path / "none"))
+    g = snap.gpus[0]
+    assert g.mig_enabled and g.processes == [] and [d.gi for d in g.mig_devices] == [9, 10, 3, 2]
+    use = usage.by_container(snap, str(proc))
+    assert [(u.ref.id, u.mig, u.memory_bytes) for u in use] == [(did, 0, 1 << 30), (cid, 2, 3 << 30)]
+    fam = families(prom.render(snap, use, "node-a"))
+    fb = {s.labels.get("GPU_I_ID"): s.value for s in fam["DCGM_FI_DEV_FB_USED"]}
+    assert fb == {None: 4096 + 64, "9": 1024 + 64, "10": 0, "3": 3072, "2": 0}  # MiB; None: the whole GPU
+    total = {s.labels.get("GPU_I_ID"): s.value for s in fam["DCGM_FI_DEV_FB_TOTAL"]}
+    assert (total["9"], total["3"], total["2"]) == (9984, 20096, 40448)  # the H100's -lgip profiles
+    info = {s.labels["mig_uuid"]: s.labels for s in fam["gpuprov_mig_device_info"]}
+    d2 = info["MIG-50f1c4c9-1508-5e8d-bb06-d08145b22e01"]
+    assert (d2["mig_index"], d2["GPU_I_ID"], d2["GPU_CI_ID"], d2["GPU_I_PROFILE"], d2["gpu"], d2["UUID"]) == \
+        ("2", "3", "0", "2g.20gb", "0", "GPU-72078e36-3be8-e850-3cb6-446d44c26b39")
+    mem = {s.labels["id"]: s for s in fam["container_accelerator_memory_used_bytes"]}
+    trainer = mem[cid].labels
+    assert (trainer["container"], trainer["acc_id"], trainer["GPU_I_ID"], trainer["GPU_CI_ID"]) == \
+        ("trainer", "MIG-50f1c4c9-1508-5e8d-bb06-d08145b22e01", "3", "0")
+    assert trainer["model"] == "NVIDIA H100 80GB HBM3 MIG 2g.20gb" and mem[cid].value == 3 << 30
+    tot = {s.labels["id"]: s.value for s in fam["container_accelerator_memory_total_bytes"]}
+    assert tot == {cid: 20096 << 20, did: 9984 << 20}  # the instance's memory, not the GPU's
+    assert fam["container_accelerator_duty_cycle"] == []  # NVML has no per-process SM use on MIG: none, not 0
+
+
+def test_exposition_is_prometheus_clients():
+    """Issue 28 item 15: the text is prometheus_client's generate_latest over gpuprov's collector in a registry of
+    its own; DCGM-exporter's counters keep their names (the library would append `_total` to a counter: they are
+    untyped, the documented change), and every other TYPE is as before."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    snap = nvml.snapshot(FakeNVML(), kmsg="/nonexistent")
+    snap.gpus[0].energy_mj = 123456
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(prom.SnapshotCollector(snap, [], "h"))
+    text = prom.render(snap, [], "h")
+    assert text == generate_latest(reg).decode()
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE"))
+    for name in ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"):
+        assert types[name] == "untyped" and f"{name}{{" in text and f"{name}_total" not in text
+    assert types["DCGM_FI_DEV_FB_USED"] == types["container_accelerator_duty_cycle"] == "gauge"
+    assert families(text)["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0].value == 123456
+
+
 def test_mps_client_counted_once(fake_proc, tmp_path):
     """An MPS client is listed both as a compute process and as an MPS client: its memory counts once."""
     proc, cid, _ = fake_proc
@@ -236,6 +288,11 @@ def test_metrics_import_is_lazy():
     out = subprocess.run([sys.executable, "-c", "import sys, provision.cli; print('pynvml' in sys.modules)"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+    # prometheus_client (66 ms) only where text is written: not for start-up, `metrics --json`, labels or the runtime
+    code = ("import sys, provision.cli, provision.commands.metrics, provision.commands.k8s, provision.inject.modify; "
+            "print(sorted(m for m in sys.modules if m.startswith(('prometheus_client', 'provision.metrics.prom'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_share_status_and_metrics_agree(fake_proc, tmp_path, monkeypatch):

@@ -145,6 +145,35 @@ def test_config_and_monitor_only_for_privileged(proc, var, minor):
     assert nodes(edits.compute_edits(scan_only(str(MIG_FIX)), env, privileged=True)) == BASE + [cap(minor)]
 
 
+CAPS = "/proc/driver/nvidia/capabilities"
+
+
+def test_mig_container_sees_only_its_instance_in_proc(proc):
+    """NVIDIA's runtime leaves a MIG container only its own instance's /proc/driver/nvidia/capabilities files (and
+    its GPUs' gpus/ entries); gpuprov has runc mask the rest (linux.maskedPaths). main masked nothing: every
+    instance's access file and mig/config were readable in every MIG container."""
+    disc = with_nvml(scan_only(proc))
+    admin = [f"{CAPS}/mig/config", f"{CAPS}/mig/monitor"]
+    gi = {n: f"{CAPS}/gpu0/mig/gi{n}" for n in (2, 3, 9, 10)}
+    e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "0:9:0"})
+    assert e.masked == (gi[2], gi[3], gi[10], *admin)  # its own gi9 (with ci0) stays: NVML reads it
+    e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": UUIDS[2] + ",0:3"})  # GI 3 by UUID, GI 2 by index
+    assert e.masked == (gi[9], gi[10], *admin)
+    env = {"NVIDIA_VISIBLE_DEVICES": "0:9:0", "NVIDIA_MIG_MONITOR_DEVICES": "all"}
+    assert edits.compute_edits(disc, env, privileged=True).masked == (gi[2], gi[3], gi[10], admin[0])
+    for whole in ("0", "none"):  # whole GPUs (or none) on a MIG host: /proc as before
+        assert edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": whole}).masked == ()
+    # a second CI in GI 9 and a second GPU: the other CI's directory (not its GI's) and the other GPU's gpus/ entry
+    d9 = next(d for d in disc.mig.devices if d.gi == 9)
+    ci1 = mig.MigDevice(0, 0, 9, 1, d9.gi_minor, d9.ci_minor + 1, "MIG-00000000-0000-0000-0000-000000000001",
+                        "1g.10gb", 4)
+    g1 = replace(disc.gpus[0], bus_id="0000:00:07.0", index=1, minor=1, uuid="GPU-1")
+    two = replace(disc, gpus=(*disc.gpus, g1),
+                  mig=mig.MigLayout(disc.mig.major, (*disc.mig.devices, ci1), disc.mig.config, disc.mig.monitor))
+    e = edits.compute_edits(two, {"NVIDIA_VISIBLE_DEVICES": "0:9:0"})
+    assert e.masked == (gi[2], gi[3], gi[10], f"{gi[9]}/ci1", *admin, "/proc/driver/nvidia/gpus/0000:00:07.0")
+
+
 def test_changed_layout_rebuilds_the_cache(proc, tmp_path):
     from pathlib import Path
 

@@ -99,8 +99,8 @@ def test_persistenced_socket_defined_once(disc, tmp_path):
 
 def test_modifiers_run_in_order():
     assert [m.__name__ for m in modify.MODIFIERS] == ["remove_hook", "alias_aliyun", "select_devices", "plan_edits",
-                                                      "add_devices", "add_mounts", "override_image_cache", "set_env",
-                                                      "share_gpus"]
+                                                      "add_devices", "add_mounts", "mask_paths", "override_image_cache",
+                                                      "set_env", "share_gpus"]
 
 
 @needs_root
