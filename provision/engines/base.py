@@ -204,6 +204,8 @@ class Engine(ABC):
     check_log: ClassVar[bool] = False  # verify's check container writes its output to a log file (ctr run)
     cgroup_prefixes: ClassVar[tuple[tuple[str, str], ...]] = ()  # (scope prefix, engine label) in /proc/PID/cgroup
     cgroup_parents: ClassVar[tuple[str, ...]] = ()  # cgroup directories whose children are this engine's containers
+    container_store: ClassVar[str | None] = None  # where it keeps its containers' names and labels (stored_container)
+    gpus_through_cdi: ClassVar[bool] = False  # its containers get GPUs through CDI (--device), not gpuprov's runtime
 
     own_front_end: ClassVar[str | None] = None  # its own front-end's file name beside gpuprov-runtime (Podman's)
 
@@ -223,8 +225,6 @@ class Engine(ABC):
         leave unstoppable and keeps no pass-through for: it refuses while they run (exit 14, --force to go on). []
         for an engine whose containers uninstall keeps stoppable (Docker: plan/uninstall.py's pass-through)."""
         return []
-    container_store: ClassVar[str | None] = None  # where it keeps its containers' names and labels (stored_container)
-    gpus_through_cdi: ClassVar[bool] = False  # its containers get GPUs through CDI (--device), not gpuprov's runtime
 
     @property
     def daemon(self) -> str:

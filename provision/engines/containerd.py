@@ -548,6 +548,7 @@ class ContainerdEngine(Engine):
     ready_argv = ("ctr", "version")
     serves_cri = True
     check_log = True  # ctr's own stdout can drop a short-lived container's output (plan/steps.RunContainer)
+    cgroup_prefixes = (("cri-containerd-", "containerd"),)
 
     def tasks_under(self, binary: str) -> list[str]:
         """The running tasks, in every namespace (`ctr`, CRI's k8s.io included), whose container's runtime options
@@ -564,7 +565,6 @@ class ContainerdEngine(Engine):
                 if info is not None and info.returncode == 0 and _names_binary(info.stdout, binary):
                     out.append(f"{ns}/{cid}")
         return out
-    cgroup_prefixes = (("cri-containerd-", "containerd"),)
 
     def __init__(self) -> None:
         self.binary: Binary | None = None

@@ -51,7 +51,6 @@ def default_oci_runtime() -> str | None:
     return shutil.which("runc") or shutil.which("crun")
 
 
-
 def is_installed(driver_root: str = "/", prefix: str = "/usr/local", front_ends: dict[str, str] | None = None) -> bool:
     """Fast check for re-runs: same sources, paths and settings as the last install, and the files still there."""
     try:  # a stamp nobody but root could have written (fsutil.open_trusted); any other is a miss

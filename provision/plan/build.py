@@ -159,8 +159,8 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
         found = adopted(report, opt)
         config = found.config if found and found.config != eng.default_config else None
         default = opt.default_runtime and not eng.gpus_through_cdi  # its own OCI runtime stays its default
-        action = ConfigureEngine(opt.engine, opt.runtime_name, eng.front_end(RUNTIME_PATH), default, opt.cdi, opt.replace_runtime,
-                                 config, opt.restart_engine)
+        action = ConfigureEngine(opt.engine, opt.runtime_name, eng.front_end(RUNTIME_PATH), default, opt.cdi,
+                                 opt.replace_runtime, config, opt.restart_engine)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
