@@ -126,8 +126,11 @@ def missing_packages(steps: list[Step]) -> dict[str, list[str]]:
     `record_installed` keeps for `uninstall --driver/--engine`, which never remove a package gpuprov found."""
     out = {}
     for s in steps:
-        if isinstance(s.check, PackagesInstalled) and s.check.manager == "apt" and not s.satisfied():
-            out[s.id] = [p for p in s.check.packages if not packages_installed("apt", (p,))]
+        # the apt driver step's check (plan/driver.py's DriverBuilt) names its packages too: without it, the driver
+        # packages were never recorded and `uninstall --purge-driver` purged none (tests/integration/test_ubuntu_apt.py)
+        check = getattr(s.check, "installs", s.check)
+        if isinstance(check, PackagesInstalled) and check.manager == "apt" and not s.satisfied():
+            out[s.id] = [p for p in check.packages if not packages_installed("apt", (p,))]
     return out
 
 

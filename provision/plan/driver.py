@@ -211,8 +211,13 @@ class DriverBuilt:
     kernels: tuple[str, ...]
     dkms: bool
 
+    @property
+    def installs(self) -> PackagesInstalled:
+        """The packages part of the check (what the install record keeps: plan/apply.py's missing_packages)."""
+        return PackagesInstalled(self.manager, self.packages)
+
     def satisfied(self, root: Path) -> bool:
-        if not PackagesInstalled(self.manager, self.packages).satisfied(root):
+        if not self.installs.satisfied(root):
             return False
         return not self.dkms or all(module_built(root, k) for k in self.kernels)
 
@@ -618,8 +623,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         steps += _el_repo_steps(target, opt)
     pre = ubuntu_precompiled(packages, apt.kernel_metas, kernels.releases, apt.offered) \
         if target.os_id == "ubuntu" and dkms and not opt.bundle else None
-    if pre and pre.package:
-        packages, dkms = [pre.package, *packages], False  # Canonical's signed modules: no DKMS, no headers
+    if pre and pre.package:  # Canonical's signed modules: no DKMS, no headers
+        packages, dkms = [pre.package, *pre.abi, *pre.driver], False
     headers = headers_packages(target, kernels.releases) if dkms else []
     follow = headers_metapackages(apt.kernel_metas) if dkms and target.package_manager == "apt" else ()
     if target.family == "rhel" and dkms and not opt.bundle:
@@ -628,7 +633,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     # the package DKMS builds: named in Debian's list; pulled in by Ubuntu's metapackage (purged with it on a failure)
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
-    kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement)
+    kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
+                             pre.abi if pre and pre.package else ())
     steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg, root))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
@@ -636,7 +642,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
                           actions=(Command(("update-alternatives", "--set", "nvidia", alt)),),
                           check=ModprobeLoads(mod)))
     steps.append(_initramfs_step(target, kernels.releases))
-    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith("firmware-"))))
+    # Ubuntu's precompiled modules metapackage follows the kernel (its source is the kernel's metapackages'):
+    # pinning it would pin linux-generic's source too
+    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-")))))
     if target.package_manager == "apt" and dkms_pkg and dkms:
         steps.append(_kernel_hook_step(root, target))
     if drv and drv.secure_boot and dkms:
@@ -774,6 +782,7 @@ class KernelPlan:
     follow: tuple[str, ...]
     precompiled_why: str = ""
     replacement: Replacement | None = None
+    auto: tuple[str, ...] = ()  # Ubuntu: each kernel's precompiled modules, marked automatic after the install
 
 
 def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
@@ -811,7 +820,10 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                                 remove=rep.remove if rep else (), unpin=bool(rep and not rep.why),
                                 previous=rep.previous if rep and rep.why else (),
                                 restore=restore_sources(root, rep.previous) if rep and rep.why else ())
-        return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
+        # marked automatic: a manual package depending on an old kernel's image would keep that kernel from apt's
+        # autoremove; apt's own kernel protection (APT::VersionedKernelPackages) keeps the booted and newest ones'
+        auto = (Command(("apt-mark", "auto", *kp.auto)),) if kp.auto else ()
+        return Step("driver.packages", Stage.DRIVER, title, actions=(install, *auto),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
                     reboot=True, reboot_reason=why, notes=tuple(notes))
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,

@@ -300,3 +300,16 @@ def test_cli_dry_run_json_changes_nothing(tmp_path):
     assert r.returncode == 2 and "without --yes" in r.stderr
     shutil.rmtree(tmp_path / "lock", ignore_errors=True)
     assert os.path.isdir(tmp_path / "s")
+
+
+def test_the_apt_driver_steps_packages_are_recorded_for_purge():
+    """The apt driver step's check is DriverBuilt (packages and each kernel's module), not PackagesInstalled: its
+    packages must still reach the install record, or `uninstall --purge-driver` purges nothing (seen for real on
+    tests/integration/test_ubuntu_apt.py's host: "Purge the driver packages gpuprov installed: none")."""
+    from provision.options import Stage
+    from provision.plan.driver import DriverBuilt
+
+    absent = ("gpuprov-test-absent-headless", "gpuprov-test-absent-utils")  # no such packages on this machine
+    step = st.Step("driver.packages", Stage.DRIVER, "Install the driver",
+                   check=DriverBuilt("apt", absent, ("6.8.0-49-generic",), False))
+    assert ap.missing_packages([step]) == {"driver.packages": list(absent)}
