@@ -175,17 +175,18 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
     """The runtime, then its registration in the engine's config: both run in-process, as the `gpuprov runtime
     install` and `gpuprov engine configure` commands do."""
     droot = (report.driver.driver_root if report.driver else None) or "/"
+    eng = adapter(opt)
     steps = [Step("runtime.install", Stage.RUNTIME,
                   "Install gpuprov-runtime (+ --gpus hook) and its discovery cache",
-                  actions=(InstallRuntime(droot),), check=RuntimeInstalled(droot))]
-    eng = adapter(opt)
+                  actions=(InstallRuntime(droot, own=eng.own_front_end if eng else None),),
+                  check=RuntimeInstalled(droot))]
     cdi = opt.cdi or bool(eng and eng.gpus_through_cdi)  # an engine whose GPUs come through CDI needs the spec
     if eng is not None:
         found = adopted(report, opt)
         config = found.config if found and found.config != eng.default_config else None
         default = opt.default_runtime and not eng.gpus_through_cdi  # its own OCI runtime stays its default
-        action = ConfigureEngine(opt.engine, opt.runtime_name, RUNTIME_PATH, default, opt.cdi, opt.replace_runtime,
-                                 config, opt.restart_engine, opt.engine_options)
+        action = ConfigureEngine(opt.engine, opt.runtime_name, eng.front_end(RUNTIME_PATH), default, opt.cdi,
+                                 opt.replace_runtime, config, opt.restart_engine, opt.engine_options)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
                           + (f", and set {', '.join(k for k, _ in opt.engine_options)}" if opt.engine_options else "")

@@ -19,6 +19,7 @@ named (exit 16).
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 import secrets
@@ -364,6 +365,7 @@ class DriverInstall(Action):
     remove: tuple[str, ...] = ()  # … and every package of the old series, removed in the same transaction
     unpin: bool = False  # a change of branch: the branch pin goes first (the new branch may share its sources)
     previous: tuple[str, ...] = ()  # an update within the branch: the series as installed before (name=version)
+    restore: tuple[str, ...] = ()  # … what its rollback installs, per package: apt's cached .deb, else name=version
 
     def _install(self) -> PackageInstall:
         return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV, remove=self.remove)
@@ -401,7 +403,8 @@ class DriverInstall(Action):
         if self.previous:
             names = tuple(p.split("=", 1)[0] for p in self.previous)
             gone = (f"{self.dkms_package}-",) if self.dkms_package not in names else ()
-            return [Command(("apt-get", "install", "-y", "--allow-downgrades", *self.previous, *gone), APT_ENV),
+            return [Command(("apt-get", "install", "-y", "--allow-downgrades", *(self.restore or self.previous),
+                             *gone), APT_ENV),
                     Command(("dpkg", "--configure", "-a"), APT_ENV), *self._autoinstall(),
                     Command(("sh", "-c", PIN_EXACT, "pin-exact", *names)), *self._dkms_status(),
                     Command(("dpkg", "--audit"))]
@@ -498,10 +501,32 @@ class DriverInstall(Action):
         old = " ".join(self.previous)
         modules = (f"kernel {', '.join(lacking)} still has no nvidia module (`gpuprov verify` names it; boot another "
                    "kernel or fix the build)" if lacking else f"every kernel ({', '.join(self.kernels)}) has its module")
+        back = (f"Rolled back to the driver that worked: reinstalled and pinned {old}" if done.returncode == 0 else
+                f"The driver that worked ({old}) could not be reinstalled: "
+                f"{_last_error(done.output) or f'apt-get exit {done.returncode}'}")
         return DkmsBuildFailed(
             f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
-            f"{f' (full log: {kept})' if kept else ''}. Rolled back to the driver that worked: reinstalled and pinned "
-            f"{old}; {modules}; {state}. Ways out: {self.ways_out}")
+            f"{f' (full log: {kept})' if kept else ''}. {back}; {modules}; {state}. Ways out: {self.ways_out}")
+
+
+def _last_error(output: str) -> str:
+    """apt's last `E:` line (what it could not do), else ''."""
+    return next((ln.strip() for ln in reversed(output.splitlines()) if ln.startswith("E:")), "")
+
+
+APT_CACHE = "/var/cache/apt/archives"  # where apt keeps the .debs it downloaded (until apt-get clean)
+
+
+def restore_sources(root: Path, previous: tuple[str, ...]) -> tuple[str, ...]:
+    """What a failed update's rollback installs for each name=version of the series before it: the .deb apt kept in
+    its cache (apt knows no version that its lists no longer offer: once the archive carries only the update, the
+    version that worked is in the cache alone), else name=version, from the archive."""
+    out = []
+    for p in previous:
+        name, version = p.split("=", 1)
+        hits = sorted(under(root, APT_CACHE).glob(f"{glob.escape(name)}_{glob.escape(version.replace(':', '%3a'))}_*.deb"))
+        out.append(f"{APT_CACHE}/{hits[0].name}" if hits else p)
+    return tuple(out)
 
 
 def build_logs() -> list[Path]:
@@ -795,7 +820,8 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                                 tuple(h for h in kp.headers if h.startswith("linux-headers-")), "; ".join(ways),
                                 allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
                                 remove=rep.remove if rep else (), unpin=bool(rep and not rep.why),
-                                previous=rep.previous if rep and rep.why else ())
+                                previous=rep.previous if rep and rep.why else (),
+                                restore=restore_sources(root, rep.previous) if rep and rep.why else ())
         # marked automatic: a manual package depending on an old kernel's image would keep that kernel from apt's
         # autoremove; apt's own kernel protection (APT::VersionedKernelPackages) keeps the booted and newest ones'
         auto = (Command(("apt-mark", "auto", *kp.auto)),) if kp.auto else ()

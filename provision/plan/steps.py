@@ -214,10 +214,14 @@ class InstallRuntime(Action):
     reports = True
     driver_root: str
     prefix: str = "/usr/local"
+    own: str | None = None  # the engine's own front-end (Podman's), said here; installed wherever that engine is
 
     def lines(self) -> list[str]:
+        own = [f"and {self.prefix}/bin/{self.own}, the engine's own: it wraps the OCI runtime the engine names (podman "
+               "info: Host.OCIRuntime.Path), gpuprov-runtime the one dockerd and containerd use (runc, else crun)"]
         return [f"install gpuprov-runtime and the --gpus hook in {self.prefix}/bin and refresh the discovery cache "
                 f"(driver root {self.driver_root}), as gpuprov runtime install --driver-root {self.driver_root} does",
+                *(own if self.own else []),
                 "load nvidia-uvm while the NVIDIA driver is loaded and make its missing device nodes, as "
                 "nvidia-modprobe would (CUDA in containers needs /dev/nvidia-uvm)",
                 "make /dev/char/MAJ:MIN links for NVIDIA's device nodes and install gpuprov-dev-char.service and "
@@ -504,7 +508,7 @@ class RuntimeInstalled:
 
     def satisfied(self, root: Path) -> bool:
 
-        return is_live(root) and install.is_installed(self.driver_root)
+        return is_live(root) and install.is_installed(self.driver_root, front_ends=engines.front_ends())
 
     def describe(self) -> str:
         return "skipped when gpuprov-runtime is installed from these sources with these settings"
