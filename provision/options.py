@@ -67,10 +67,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 
 # bootstrap's options (the CLI's parameter names) -> the parameter of the fleet role's module that passes each
-# (roles/gpuprov/library/gpuprov_node.py; the role's variable is gpuprov_<parameter>). None: the module sets it
-# itself (--yes or --check follow Ansible's check mode, --json is how it reads the result, --dry-run is --check's
-# printed cousin, --reboot is the role's job: its handler drains, reboots and verifies, and --root plans or checks a
-# host tree, while the module works on the node it runs on).
+# (plugins/modules/gpuprov_node.py, linked as roles/gpuprov/library/gpuprov_node.py; the role's variable is
+# gpuprov_<parameter>). None: the module sets it itself (--yes or --check follow Ansible's check mode, --json is how
+# it reads the result, --dry-run is --check's printed cousin, --reboot is the role's job: its handler drains, reboots
+# and verifies, and --root plans or checks a host tree, while the module works on the node it runs on).
 # tests/unit/test_option_choices.py fails when bootstrap has an option this table does not place, and proves each
 # module parameter reaches its option by parsing the module's argv with the CLI itself.
 MODULE_PARAMS: dict[str, str | None] = {
@@ -93,6 +93,8 @@ MODULE_PARAMS: dict[str, str | None] = {
     "for_gpus": "for_gpus",
     "kernels": "kernels",
     "no_persistence": "persistence",
+    "engine_option": "engine_options",
+    "engine_user": "engine_users",
     "yes": None,
     "check": None,
     "json_out": None,

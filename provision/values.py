@@ -3,12 +3,14 @@ option's callback, provision/options.py), the fleet role's Ansible module (roles
 is a link to this file) and the runtime's settings (/etc/gpuprov/runtime.json, provision/inject/settings.py).
 
 So this module imports nothing of gpuprov's (the module runs with the node's own Python, where gpuprov cannot be
-imported) and nothing costly: the runtime reads its settings on every container start. `re` is already loaded there
-(json imports it); urllib.parse is imported only by the URL rule, which the runtime never uses.
+imported) and nothing costly: the runtime reads its settings on every container start. `json` and `re` are already
+loaded there (its settings are JSON; json imports re); urllib.parse is imported only by the URL rule, which the runtime
+never uses.
 
 Each rule is a check that returns the value (unchanged) or raises BadValue naming the value and the rule."""
 from __future__ import annotations
 
+import json  # (the runtime has it loaded already: its settings are JSON)
 import re
 
 MAX_PATH = 4096  # PATH_MAX
@@ -228,9 +230,46 @@ def boolean(value) -> bool:
     return value
 
 
+# daemon.json keys that gpuprov's own options set (--runtime-name, --default-runtime/--no-default-runtime, --cdi):
+# never through --engine-option, so that its merge keeps deciding them (conflicts, uninstall's undo).
+GPUPROV_DAEMON_KEYS = ("runtimes", "default-runtime", "features")
+ENGINE_OPTION_TEXT = ("KEY=JSON: a daemon.json key (lower-case letters, digits and '-', at most 64; not "
+                      f"{', '.join(GPUPROV_DAEMON_KEYS)}: gpuprov's own options set those) and its value as JSON "
+                      "(e.g. log-driver=\"local\", live-restore=true), at most 4096 characters")
+
+
+def engine_option(value) -> str:
+    """One key of Docker's daemon.json and its JSON value (bootstrap --engine-option, the role's
+    gpuprov_engine_options): geerlingguy.docker's docker_daemon_options, merged by gpuprov, never written whole."""
+    text = _text(value, ENGINE_OPTION_TEXT)
+    key, sep, doc = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9-]{0,63}", key) or key in GPUPROV_DAEMON_KEYS or len(text) > 4096:
+        raise BadValue(value, ENGINE_OPTION_TEXT)
+    try:
+        json.loads(doc)
+    except ValueError:
+        raise BadValue(value, ENGINE_OPTION_TEXT) from None
+    return text
+
+
+def engine_option_text(key: str, value) -> str:
+    """KEY=JSON for one entry of the role's gpuprov_engine_options dict: what the module passes as --engine-option."""
+    return f"{key}={json.dumps(value, sort_keys=True, separators=(',', ':'))}"
+
+
+USER_TEXT = ("a user name: lower-case letters, digits, '_' and '-', starting with a letter or '_', at most 32 "
+             "characters")
+
+
+def user_name(value) -> str:
+    """A local account (bootstrap --engine-user, added to the engine's group): what useradd accepts by default."""
+    return _matching(value, r"[a-z_][a-z0-9_-]{0,31}", USER_TEXT)
+
+
 # rule name -> check; the names are what the tables below, options.py and inject/settings.py refer to
 RULES = {f.__name__: f for f in (url, kernel_release, runtime_name, cri_handler, driver, path, abs_path, abs_paths,
-                                 namespace, pci_id, gpg_key, listen, packages, package, boolean)}
+                                 namespace, pci_id, gpg_key, listen, packages, package, boolean, engine_option,
+                                 user_name)}
 
 # The fleet role's module parameters (the bootstrap options they pass, options.MODULE_PARAMS) -> the rule of each
 # value, for lists each element and for `mirrors` each URL. bootstrap's options take the same rules from this table
@@ -244,6 +283,8 @@ PARAMS = {
     "for_gpus": "pci_id",
     "kernels": "kernel_release",
     "mirrors": "url",
+    "engine_options": "engine_option",  # the dict's entries, each as KEY=JSON (engine_option_text)
+    "engine_users": "user_name",
 }
 
 
@@ -252,6 +293,10 @@ def check(rule: str, value):
     element by element and a dict by its values (the role's `mirrors`)."""
     fn = RULES[rule]
     if value is None:
+        return value
+    if rule == "engine_option" and isinstance(value, dict):  # the role's dict: each entry as its KEY=JSON option
+        for k, v in value.items():
+            fn(engine_option_text(str(k), v))
         return value
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
     for v in items:

@@ -2,6 +2,7 @@
 that release, so nothing the building machine already has is left out), download, index, describe, checksum."""
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tarfile
@@ -43,6 +44,24 @@ class CreateOptions:
     kernel: str | None = None
     sign_key: str | None = None
     gnupghome: str | None = None
+    resume: bool = False  # --resume: a failed create keeps its work (OUTPUT.partial) and the next one goes on from it
+
+
+# With --resume the create works in OUTPUT.partial (this file in it says for what) and renames or packs it to OUTPUT
+# only when it is complete: OUTPUT never holds half a bundle, and a failed create's downloads stay for the next run
+# (apt skips a .deb already in its archive directory whose hash matches, pip a wheel already downloaded).
+PARTIAL_SUFFIX = ".partial"
+STARTED = ".gpuprov-create.json"
+
+
+def partial_dir(output: Path) -> Path:
+    return output.with_name(output.name + PARTIAL_SUFFIX)
+
+
+def _started_for(opt: CreateOptions, comps: dict[str, list[str]]) -> dict:
+    """What a resumed create must agree with: the target, the packages, the kernel, this gpuprov."""
+    return {"gpuprov": __version__, "target": opt.target.name, "kernel": opt.kernel if "driver" in comps else None,
+            "packages": comps}
 
 
 def apt_packages(opt: CreateOptions) -> dict[str, list[str]]:
@@ -153,9 +172,15 @@ def create(opt: CreateOptions) -> dict:
     tar_out = opt.output.name.endswith((".tar.gz", ".tgz"))
     if not tar_out and opt.output.exists() and any(opt.output.iterdir()):
         raise UsageError(f"{opt.output} exists and is not empty: choose a new directory or a .tar.gz name")
+    partial = partial_dir(opt.output)
+    if partial.exists() and not opt.resume:
+        raise UsageError(f"{partial} holds what an earlier `bundle create --resume` downloaded: run the same command "
+                         f"with --resume to go on from it, or remove {partial}")
     missing = prerequisites(opt)
     if missing:
         raise Unsupported(f"bundle create needs {'; '.join(missing)}; nothing was downloaded")
+    if opt.resume:
+        return _create_resumable(opt, comps, partial, tar_out, t0)
     existed = opt.output.exists()
     work = Path(tempfile.mkdtemp(prefix="gpuprov-bundle-")) if tar_out else opt.output
     try:
@@ -171,7 +196,51 @@ def create(opt: CreateOptions) -> dict:
         raise
 
 
-def _create(opt: CreateOptions, comps: dict[str, list[str]], work: Path, tar_out: bool, t0: float) -> dict:
+def _written_for(partial: Path) -> dict | None:
+    """What the manifest a failed resumable create already wrote says it was for (as _started_for), or None."""
+    try:
+        doc = json.loads((partial / "manifest.json").read_text())
+        return {"gpuprov": doc["gpuprov"], "target": doc["target"]["name"], "kernel": doc["target"]["kernel"],
+                "packages": {c: list(pkgs) for c, pkgs in doc["components"].items()}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _create_resumable(opt: CreateOptions, comps: dict[str, list[str]], partial: Path, tar_out: bool,
+                      t0: float) -> dict:
+    """--resume: work in OUTPUT.partial, started afresh or gone on with when it was started for the same bundle;
+    kept when this run fails too; renamed (a directory) or packed (a .tar.gz) to OUTPUT when complete."""
+    want = _started_for(opt, comps)
+    marker = partial / STARTED
+    if partial.exists():
+        try:
+            had = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            had = _written_for(partial)  # it failed while signing: its manifest (the marker gone) says for what
+        if had != want:
+            raise UsageError(f"{partial} was not started by `bundle create --resume` for this bundle (target, "
+                             f"packages, kernel and gpuprov version must be the same): remove it, or run the command "
+                             f"that started it")
+        progress(f"resuming in {partial}: {len(list((partial / 'repo').glob('*.deb')))} packages already there")
+    else:
+        make_dirs(partial, 0o755)
+        write_file(marker, json.dumps(want, indent=2) + "\n", mode=0o644, keep_mode=False, backup=False)
+    for name in manifest.META:  # a run that failed while signing: written again from the files
+        (partial / name).unlink(missing_ok=True)
+    try:
+        res = _create(opt, comps, partial, tar_out, t0, started=marker)
+    except BaseException:
+        progress(f"bundle create: kept what it downloaded in {partial}; run the same command with --resume to go on")
+        raise
+    if not tar_out:
+        partial.rename(opt.output)  # (an empty OUTPUT directory is replaced; a non-empty one was refused above)
+        res["output"] = str(opt.output)
+    return res
+
+
+def _create(opt: CreateOptions, comps: dict[str, list[str]], work: Path, tar_out: bool, t0: float,
+            started: Path | None = None) -> dict:
+    """`started`: the resumable create's marker, removed before the manifest lists the files."""
     if not tar_out:
         make_dirs(work, 0o755)
     repo = work / "repo"
@@ -192,6 +261,8 @@ def _create(opt: CreateOptions, comps: dict[str, list[str]], work: Path, tar_out
               "arch": "amd64", "kernel": opt.kernel if "driver" in comps else None, "name": opt.target.name}
     components = {c: {p: versions.get(p) for p in pkgs} for c, pkgs in comps.items()}
     progress("[4/4] writing manifest.json and SHA256SUMS" + (" and signing" if opt.sign_key else "") + " …")
+    if started is not None:
+        started.unlink(missing_ok=True)
     manifest.write_manifest(work, target, components)
     keys = []
     if opt.sign_key:

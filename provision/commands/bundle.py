@@ -43,6 +43,10 @@ def create_cmd(
     driver: str = typer.Option("auto", "--driver", callback=rule("driver"),
                                help="auto or a driver branch (535): as bootstrap --driver."),
     sign_key: Optional[str] = typer.Option(None, "--sign-key", callback=rule("gpg_key"), help="gpg key to sign SHA256SUMS with."),
+    resume: bool = typer.Option(False, "--resume", help="Work in OUTPUT.partial and keep it when the create fails, "
+                                "then go on from it when the same command is run again with --resume (what was "
+                                "downloaded is not downloaded again); OUTPUT appears only when complete. Without "
+                                "it a failed create removes what it wrote."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Resolve the full closure in a clean root of TARGET, download it, build a local repo, write the manifest."""
@@ -63,7 +67,7 @@ def create_cmd(
         decided.append(d)
     if persistence.datacenter(decided):  # bootstrap installs it with the driver there (plan/persistence.py)
         drv += [x for x in persistence.package(tgt, "distro") if x not in drv]
-    res = create(CreateOptions(tgt, comps, output, tuple(drv), kernel, sign_key))
+    res = create(CreateOptions(tgt, comps, output, tuple(drv), kernel, sign_key, resume=resume))
     if json_out:
         emit_json(res)
     else:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from provision import engines
 from provision.commands import summary
 from provision.engines.configure import configure
 from provision.hostlock import host_lock
@@ -50,7 +51,8 @@ def configure_cmd(
     """Register gpuprov-runtime in the engine's config (backup, atomic write, reload only on change, verify)."""
     with nullcontext() if dry_run else host_lock(f"engine configure {engine}"):
         res = configure(engine, config=config, runtime_name=runtime_name,
-                        runtime_path=runtime_path or default_runtime_path(), default=default, cdi=cdi,
+                        runtime_path=runtime_path or engines.get(engine).front_end(default_runtime_path()),
+                        default=default, cdi=cdi,
                         replace=replace, dry_run=dry_run, restart=not no_restart, restart_engine=restart_engine)
     if json_out:
         emit_json(res.to_dict())

@@ -11,7 +11,7 @@ RULE_METAVARS = {
     "path": "PATH", "abs_path": "PATH", "abs_paths": "PATH:PATH", "pci_id": "VENDOR:DEVICE",
     "kernel_release": "KERNEL", "driver": "auto|skip|BRANCH", "url": "URL", "runtime_name": "NAME",
     "cri_handler": "NAME", "namespace": "NAMESPACE", "gpg_key": "KEYFILE", "listen": "HOST:PORT",
-    "packages": "PKG,PKG", "boolean": "true|false",
+    "packages": "PKG,PKG", "boolean": "true|false", "engine_option": "KEY=JSON", "user_name": "USER",
 }
 # options named alike on several commands, whose value is of one kind everywhere
 NAME_METAVARS = {

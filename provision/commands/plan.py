@@ -22,6 +22,7 @@ from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan import resume as rs
 from provision.plan.build import build_plan
+from provision.plan.dnf import InstallWatch
 from provision.plan.options import Options
 from provision.plan.resume import Resume
 from provision.report import detect_host
@@ -83,6 +84,12 @@ OPTS = dict(
                                 "(live-restore off). Without it such a run stops before it writes anything: exit 14."),
     only=typer.Option(None, "--only", help="Only these stages, a comma list of driver, engine, runtime, validate "
                       "(the fleet role's tags)."),
+    engine_option=typer.Option([], "--engine-option", metavar="KEY=JSON", callback=param_rule("engine_option"),
+                               help="Docker: set this daemon.json key to this JSON value (e.g. "
+                               "log-driver='\"local\"'), merged with gpuprov's keys and the file's others; "
+                               "repeatable. A key dockerd reads only at start restarts it (see --restart-engine)."),
+    engine_user=typer.Option([], "--engine-user", metavar="USER", callback=param_rule("engine_user"),
+                             help="Docker: add this existing user to the docker group (usermod -aG); repeatable."),
     mirror=typer.Option([], "--mirror", help="NAME=URL: fetch repository NAME (elrepo, epel, cuda, docker-ce) from "
                         "a mirror of the same tree; repeatable."),
 )
@@ -99,6 +106,7 @@ def plan_cmd(
     allow_remove: bool = OPTS["allow_remove"], restart_engine: bool = OPTS["restart_engine"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     no_persistence: bool = OPTS["no_persistence"],
+    engine_option: list[str] = OPTS["engine_option"], engine_user: list[str] = OPTS["engine_user"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
     """Print every command and file diff bootstrap would run; change nothing."""
@@ -106,7 +114,7 @@ def plan_cmd(
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         replace_runtime=replace_runtime, allow_remove=allow_remove, only=only, mirror=mirror,
                         for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
-                        no_persistence=no_persistence)
+                        no_persistence=no_persistence, engine_option=engine_option, engine_user=engine_user)
     report, steps = _plan(root, target, opt)
     _print_plan(report, steps, json_out)
 
@@ -134,6 +142,7 @@ def bootstrap_cmd(
     allow_remove: bool = OPTS["allow_remove"], restart_engine: bool = OPTS["restart_engine"],
     only: Optional[str] = OPTS["only"], mirror: list[str] = OPTS["mirror"],
     no_persistence: bool = OPTS["no_persistence"],
+    engine_option: list[str] = OPTS["engine_option"], engine_user: list[str] = OPTS["engine_user"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
     root: Path = typer.Option(Path("/"), "--root", callback=rule("path"),
                               help="With --dry-run or --check: plan or check the host tree "
@@ -144,7 +153,7 @@ def bootstrap_cmd(
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         no_validate=no_validate, replace_runtime=replace_runtime, allow_remove=allow_remove,
                         only=only, mirror=mirror, for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
-                        no_persistence=no_persistence)
+                        no_persistence=no_persistence, engine_option=engine_option, engine_user=engine_user)
     if dry_run or check:  # they only report: no lock, no resume, no write
         _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
         return
@@ -162,7 +171,7 @@ def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Pa
     """--dry-run (the plan) and --check (each step evaluated): what bootstrap would do under `root`, changing
     nothing. The resume after a reboot is said, not done; a bundle is verified as a real run verifies it, a .tar.gz
     in a private temporary directory removed afterwards (see _bundle_repo)."""
-    resume = rs.pending(root)
+    resume = rs.pending(root, plans_driver(opt))
     with _bundle_repo(bundle, bundle_keyring, root) as repo:
         if repo:
             opt = dataclasses.replace(opt, bundle=repo)
@@ -191,12 +200,17 @@ def _bundle_repo(bundle: Optional[Path], keyring: Optional[str], root: Path) -> 
             yield str(kept_path(extract_base(), checked) / "repo")
 
 
+def plans_driver(opt) -> bool:
+    """The run plans the driver's steps (after the driver's reboot, it verifies the driver first)."""
+    return opt.driver != "skip" and "driver" in opt.stages
+
+
 def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional[Path],
                bundle_keyring: Optional[str] = None, verbose: bool = False) -> None:
     if bundle is not None:
         checked, _ = check_bundle(bundle, bundle_keyring, private=True)  # installed from a verified private copy
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
-    rs.resume()
+    rs.resume(plans_driver(opt))
     report, steps = _plan(Path("/"), None, opt)
     if not yes:
         if not sys.stdin.isatty():
@@ -204,17 +218,17 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
         _print_plan(report, steps, False)
         if not typer.confirm("Apply this plan?"):
             raise errors.Declined("declined at the prompt; nothing was changed")
-    missing, res = ap.missing_packages(steps), ap.ApplyResult()
+    missing, res, watch = ap.missing_packages(steps), ap.ApplyResult(), InstallWatch()
     with ap.open_run("bootstrap", json_out=json_out, verbose=verbose) as run:
         try:
-            res = ap.apply_plan(steps, run=run)
+            res = ap.apply_plan(steps, run=run, watch=watch)
         except errors.GpuprovError:
             if not json_out:  # the failure's Error line follows: where all of its commands' output is
                 print(f"bootstrap: stopped; full log: {run.log.path or 'none (it could not be written)'}",
                       file=sys.stderr)
             raise
         finally:  # what got installed is kept even when a later step fails (uninstall --driver/--engine read it)
-            ap.record_installed(steps, missing, res)
+            ap.record_installed(steps, missing, res, watch)
     if res.reboot_required:
         rs.reboot_pending(rs.reason_of(steps, res.changed_ids()))
     if json_out:

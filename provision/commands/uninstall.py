@@ -18,7 +18,14 @@ from provision.hostlock import host_lock
 from provision.options import rule
 from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
-from provision.plan.uninstall import ALLOW_REMOVE, PURGE_OPTIONS, RESTART_ENGINE, UninstallOptions, uninstall_steps
+from provision.plan.uninstall import (
+    ALLOW_REMOVE,
+    FORCE,
+    PURGE_OPTIONS,
+    RESTART_ENGINE,
+    UninstallOptions,
+    uninstall_steps,
+)
 
 
 def _print(steps, root: Path, json_out: bool) -> None:
@@ -49,6 +56,9 @@ def uninstall_cmd(
                                         "(features.cdi is read at start only). It stops running containers unless "
                                         "live-restore is on; without this option the change waits for dockerd's "
                                         "next restart."),
+    force: bool = typer.Option(False, FORCE, help="Go on while Podman containers started under gpuprov's runtime "
+                               "still run (without it: exit 14 naming them, nothing changed); Podman cannot stop "
+                               "them through that runtime afterwards."),
     root: Path = typer.Option(Path("/"), "--root", metavar="PATH", callback=rule("path"),
                               help="With --dry-run: plan for the host tree under ROOT."),
 ) -> None:
@@ -57,7 +67,7 @@ def uninstall_cmd(
     Engines are reloaded live, never restarted unasked."""
     opt = UninstallOptions(purge_driver=purge_driver or old_driver, purge_engine=purge_engine or old_engine,
                            allow_remove=allow_remove,
-                           restart_engine=restart_engine)
+                           restart_engine=restart_engine, force=force)
     read_host_root(root)  # exit 3 for a --root that is no host tree, as plan and detect say
     if dry_run:
         _print(uninstall_steps(root, opt), root, json_out)

@@ -19,8 +19,9 @@ NOT_META_PREFIX = ("linux-image-unsigned-", "linux-image-extra-", "linux-image-u
 # Where a driver series' packages come from (dpkg's Source): Debian's and Ubuntu's driver sources, Debian's open
 # kernel modules, Ubuntu's precompiled modules.
 # The driver metapackage of a series (Debian's nvidia-driver / nvidia-tesla-470-driver, Ubuntu's nvidia-driver-535,
-# nvidia-headless-535-server), to name the series being replaced.
-METAPACKAGE_RE = re.compile(r"^(nvidia-driver|nvidia-(tesla|legacy)-[0-9a-z]+-driver|nvidia-(driver|headless)-\d.*)$")
+# nvidia-headless-535-server, and its no-DKMS twin beside precompiled modules), to name the series being replaced.
+METAPACKAGE_RE = re.compile(r"^(nvidia-driver|nvidia-(tesla|legacy)-[0-9a-z]+-driver|"
+                            r"nvidia-(driver|headless|headless-no-dkms)-\d.*)$")
 DRIVER_SOURCES = ("nvidia-graphics-drivers", "nvidia-open-gpu-kernel-modules", "linux-restricted-modules")
 
 
@@ -43,12 +44,24 @@ def headers_metapackages(kernel_metas: Iterable[str]) -> tuple[str, ...]:
 class Precompiled:
     package: str | None  # linux-modules-nvidia-<series>-<flavour>, the metapackage that follows the kernel flavour
     why: str  # why it is used, or why not (DKMS then)
+    driver: tuple[str, ...] = ()  # the driver packages to install with it (no DKMS package among their depends)
+    abi: tuple[str, ...] = ()  # each kernel's own modules package: the metapackage brings only its newest kernel's
+
+
+def without_dkms(driver_packages: Iterable[str]) -> tuple[str, ...]:
+    """The driver packages with Ubuntu's headless metapackage swapped for its no-DKMS twin: nvidia-headless-580-server
+    depends on nvidia-dkms-580-server (= its version), nvidia-headless-no-dkms-580-server on everything else of it, so
+    next to the precompiled modules the twin is what keeps DKMS, a compiler and a build per kernel off the host (as
+    ubuntu-drivers installs it)."""
+    return tuple(f"nvidia-headless-no-dkms-{p.removeprefix('nvidia-headless-')}"
+                 if p.startswith("nvidia-headless-") and p.removeprefix("nvidia-headless-")[:1].isdigit() else p
+                 for p in driver_packages)
 
 
 def ubuntu_series(driver_packages: Iterable[str]) -> str | None:
     """The series suffix of Ubuntu's driver metapackage: nvidia-headless-535-server-open -> 535-server-open."""
     for p in driver_packages:
-        for meta in ("nvidia-headless-", "nvidia-driver-"):
+        for meta in ("nvidia-headless-no-dkms-", "nvidia-headless-", "nvidia-driver-"):
             rest = p.removeprefix(meta)
             if rest != p and rest[:1].isdigit():
                 return rest
@@ -76,7 +89,8 @@ def ubuntu_precompiled(driver_packages: Iterable[str], kernel_metas: Iterable[st
     if missing:
         return Precompiled(None, f"the archive has no linux-modules-nvidia-{series}-{missing[0]} (kernel "
                            f"{missing[0]}): DKMS builds the module")
-    return Precompiled(meta, f"Ubuntu's precompiled, signed modules ({meta}, following linux-image-{flavour})")
+    return Precompiled(meta, f"Ubuntu's precompiled, signed modules ({meta}, following linux-image-{flavour})",
+                       without_dkms(driver_packages), tuple(f"linux-modules-nvidia-{series}-{k}" for k in kernels))
 
 
 # ---------------------------------------------------------------- a change of driver branch
@@ -107,8 +121,13 @@ def branch_replacement(installed: dict, new_packages: Iterable[str], needed: fro
         return None
     sources = {p.source for p in held}
     old = [p for p in ours if p.source in sources]
-    remove = sorted(p.name for p in old if p.name not in needed)
     meta = next((p for p in held if METAPACKAGE_RE.match(p.name)), held[0])
+    # Ubuntu: the old branch's precompiled modules (linux-modules-nvidia-570-server-open-generic and its per-ABI
+    # packages) need the old series' nvidia-kernel-common: they go with it, or apt removes them on its own (exit 14)
+    series = ubuntu_series([meta.name])
+    lrm = f"linux-modules-nvidia-{series.split('-')[0]}-" if series else None
+    old += [p for p in installed.values() if lrm and p.name.startswith(lrm) and p not in old]
+    remove = sorted(p.name for p in old if p.name not in needed)
     return Replacement(tuple(sorted(p.name for p in old if p.held)), tuple(remove),
                        f"{meta.name} {meta.version.split('-')[0]}")
 

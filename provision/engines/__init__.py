@@ -28,3 +28,14 @@ def get(name: str) -> Engine:
 def every() -> list[Engine]:
     """One adapter of each engine, in ADAPTERS' order."""
     return [e() for e in ADAPTERS]
+
+
+def front_ends() -> dict[str, str]:
+    """The engines' own front-ends beside gpuprov-runtime, for those installed here: file name -> the OCI runtime it
+    wraps (inject/install.py installs them)."""
+    out = {}
+    for eng in every():
+        oci = eng.oci_runtime() if eng.own_front_end else None
+        if oci:
+            out[eng.own_front_end] = oci
+    return out

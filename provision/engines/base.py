@@ -64,6 +64,7 @@ class RuntimeRequest:
     default: bool = False
     cdi: bool = False
     replace: bool = False  # --replace-runtime: the operator's runtime of that name / default-runtime may be replaced
+    options: tuple[tuple[str, str], ...] = ()  # --engine-option: (daemon.json key, JSON value), Docker only
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,25 @@ class Engine(ABC):
     container_store: ClassVar[str | None] = None  # where it keeps its containers' names and labels (stored_container)
     gpus_through_cdi: ClassVar[bool] = False  # its containers get GPUs through CDI (--device), not gpuprov's runtime
 
+    own_front_end: ClassVar[str | None] = None  # its own front-end's file name beside gpuprov-runtime (Podman's)
+
+    def front_end(self, runtime_path: str) -> str:
+        """The runtime path this engine registers for gpuprov's runtime at `runtime_path` (gpuprov-runtime): the
+        same file, unless the engine has its own front-end (Podman: the one wrapping Podman's OCI runtime)."""
+        p = Path(runtime_path)
+        return str(p.with_name(self.own_front_end)) if self.own_front_end and p.name == "gpuprov-runtime" else \
+            runtime_path
+
+    def oci_runtime(self) -> str | None:
+        """The OCI runtime this engine runs, where it has its own front-end and is installed (None otherwise)."""
+        return None
+
+    def stranded(self, names: tuple[str, ...]) -> list[str]:
+        """Running containers of this engine, created under gpuprov's runtime (any of `names`), that uninstall would
+        leave unstoppable and keeps no pass-through for: it refuses while they run (exit 14, --force to go on). []
+        for an engine whose containers uninstall keeps stoppable (Docker: plan/uninstall.py's pass-through)."""
+        return []
+
     @property
     def daemon(self) -> str:
         return self.daemon_names[0]
@@ -309,8 +329,13 @@ class Engine(ABC):
         back. None: this engine has no offline check."""
         return None
 
-    def pending_restart(self, daemon: Daemon) -> str | None:
-        """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook)."""
+    # config keys its running daemon applies on a reload (docker: daemon.json's, engines/docker.RELOADABLE); any other
+    # key an --engine-option sets needs a restart
+    reloadable_keys: frozenset[str] = frozenset()
+
+    def pending_restart(self, daemon: Daemon, installing: bool = False) -> str | None:
+        """A reason the live daemon needs a restart even when the file is unchanged (docker: the --gpus hook; with
+        `installing`, one that this run's runtime.install will put in)."""
         return None
 
     def restart_stops(self, daemon: Daemon) -> int:

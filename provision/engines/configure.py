@@ -53,11 +53,13 @@ class ConfigureResult:
 
 def configure(engine: str, *, config: str | None = None, runtime_name: str = "nvidia", runtime_path: str,
               default: bool = False, cdi: bool = False, replace: bool = False, dry_run: bool = False,
-              restart: bool = True, unit_root: Path = Path("/"), restart_engine: bool = False) -> ConfigureResult:
+              restart: bool = True, unit_root: Path = Path("/"), restart_engine: bool = False,
+              options: tuple[tuple[str, str], ...] = ()) -> ConfigureResult:
     """`restart_engine`: consent to a restart that stops running containers (dockerd without live-restore); without
-    it such a restart is refused (exit 14) before anything is written."""
+    it such a restart is refused (exit 14) before anything is written. `options`: the operator's own daemon.json
+    keys (bootstrap --engine-option), merged by the same adapter."""
     eng = engines.get(engine)
-    req = RuntimeRequest(runtime_name, runtime_path, default=default, cdi=cdi, replace=replace)
+    req = RuntimeRequest(runtime_name, runtime_path, default=default, cdi=cdi, replace=replace, options=options)
     path = eng.config_path(config, req)
     daemon = eng.live_daemon(path)
     pending = eng.pending_restart(daemon) if daemon else None
@@ -76,7 +78,7 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
             return res
         res.changed = True
         if restart and daemon and not restart_engine and (pending or plan.needs_restart):
-            _refuse_stopping_restart(eng, daemon, pending or ", ".join(str(c) for c in plan.changes if not c.reload))
+            refuse_stopping_restart(eng, daemon, pending or ", ".join(str(c) for c in plan.changes if not c.reload))
         try:
             if plan.changed:  # the engine's own check reads files only: it runs with --no-restart too
                 made = _write(eng, plan, path, req, res)
@@ -105,8 +107,9 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
 RESTART_OPTION = "--restart-engine"
 
 
-def _refuse_stopping_restart(eng, daemon, why: str) -> None:
-    """A restart the change needs that would stop running containers: exit 14 naming them and the option."""
+def refuse_stopping_restart(eng, daemon, why: str) -> None:
+    """A restart the change needs that would stop running containers: exit 14 naming them and the option (also
+    check mode's stop: plan/steps.ConfigureEngine.check_restart)."""
     stops = eng.restart_stops(daemon)
     if stops:
         raise RestartRefused(f"{eng.name} needs a restart for {why}, and restarting it stops its {stops} running "

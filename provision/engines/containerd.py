@@ -19,10 +19,12 @@ otherwise configure rolls both files back (engines/configure.py).
 """
 from __future__ import annotations
 
+import base64
 import copy
 import fnmatch
 import glob
 import io
+import json
 import os
 import re
 import shutil
@@ -518,6 +520,21 @@ def _refuse_cri_disabled(path: Path, dump: dict | None) -> None:
 
 # --- the adapter ---------------------------------------------------------------------------------------------------
 
+def _names_binary(info: str, binary: str) -> bool:
+    """`ctr containers info`'s JSON names `binary` in its runtime options: plain, or inside the protobuf of
+    Runtime.Options.value (base64: runc's options message carries BinaryName as its bytes)."""
+    try:
+        opts = (json.loads(info).get("Runtime") or {}).get("Options") or {}
+    except (ValueError, AttributeError):
+        return False
+    raw = opts.get("value", "") if isinstance(opts, dict) else ""
+    try:
+        decoded = base64.b64decode(raw) if isinstance(raw, str) else b""
+    except ValueError:
+        decoded = b""
+    return binary.encode() in decoded or binary in json.dumps(opts)
+
+
 class ContainerdEngine(Engine):
     """containerd behind the Engine interface: plan = the drop-in and the `imports` entry; check = `containerd config
     dump` (runtime listed, nothing of the operator's changed; else configure rolls both files back); apply = a
@@ -532,6 +549,22 @@ class ContainerdEngine(Engine):
     serves_cri = True
     check_log = True  # ctr's own stdout can drop a short-lived container's output (plan/steps.RunContainer)
     cgroup_prefixes = (("cri-containerd-", "containerd"),)
+
+    def tasks_under(self, binary: str) -> list[str]:
+        """The running tasks, in every namespace (`ctr`, CRI's k8s.io included), whose container's runtime options
+        name `binary` as runc (BinaryName: CRI's handler `nvidia`, `ctr run --runc-binary`): NAMESPACE/ID. Their
+        shim execs that binary to kill and delete them, whatever containerd's config says by then. [] without an
+        answer."""
+        r = effects.try_run(["ctr", "namespaces", "ls", "-q"], timeout=20) if effects.which("ctr") else None
+        out = []
+        for ns in (r.stdout.split() if r is not None and r.returncode == 0 else []):
+            t = effects.try_run(["ctr", "-n", ns, "tasks", "ls"], timeout=20)
+            rows = [ln.split() for ln in (t.stdout if t is not None and t.returncode == 0 else "").splitlines()[1:]]
+            for cid in [row[0] for row in rows if len(row) >= 3 and row[-1] == "RUNNING"]:
+                info = effects.try_run(["ctr", "-n", ns, "containers", "info", cid], timeout=20)
+                if info is not None and info.returncode == 0 and _names_binary(info.stdout, binary):
+                    out.append(f"{ns}/{cid}")
+        return out
 
     def __init__(self) -> None:
         self.binary: Binary | None = None

@@ -107,8 +107,17 @@ def _check_types(doc: dict, path: str) -> None:
         bad("features", "an object of true/false values")
 
 
+# daemon.json keys the running dockerd applies on SIGHUP (Docker's "configuration reload behavior"); every other key
+# is read at start only, so setting it (--engine-option) needs a restart (refused while it would stop containers,
+# unless --restart-engine).
+RELOADABLE = frozenset({"debug", "labels", "live-restore", "max-concurrent-downloads", "max-concurrent-uploads",
+                        "max-download-attempts", "authorization-plugins", "insecure-registries", "registry-mirrors",
+                        "shutdown-timeout"})
+
+
 def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default: bool = False,
-          cdi: bool = False, replace: bool = False, path: str = DAEMON_JSON) -> MergeResult:
+          cdi: bool = False, replace: bool = False, path: str = DAEMON_JSON,
+          options: tuple[tuple[str, str], ...] = ()) -> MergeResult:
     """Add runtimes.<name>, optionally default-runtime and features.cdi. Existing keys keep their order and values.
     The operator's own settings are theirs: a runtime of that name pointing to another binary, or another
     default-runtime, raises RuntimeConflict (exit 14) unless `replace` (--replace-runtime); a replaced runtime gets
@@ -143,6 +152,11 @@ def merge(text: str, *, runtime_name: str = "nvidia", runtime_path: str, default
             feats["cdi"] = True
             doc["features"] = feats
             changes.append(Change("features.cdi", "true", reload=False))  # features are read at start only
+    for key, value_json in options:  # the operator's own keys (--engine-option): set where they differ, in place
+        value = json.loads(value_json)
+        if key not in doc or doc[key] != value:
+            doc[key] = value
+            changes.append(Change(key, json.dumps(value), reload=key in RELOADABLE))
     if not changes:
         return MergeResult(text, [])
     return MergeResult(dump_json(doc, path), changes)
@@ -313,6 +327,7 @@ class DockerEngine(Engine):
     cgroup_prefixes = (("docker-", "docker"),)
     cgroup_parents = ("docker",)
     container_store = CONTAINERS
+    reloadable_keys = RELOADABLE
 
     def packages(self, target, source: str) -> tuple[str, ...]:
         if source == "docker-ce":
@@ -382,11 +397,12 @@ class DockerEngine(Engine):
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
         old = read_config(path)
         m = merge(old or "", runtime_name=req.name, runtime_path=req.path, default=req.default, cdi=req.cdi,
-                  replace=req.replace, path=str(path))
+                  replace=req.replace, path=str(path), options=req.options)
         warnings = []
         if m.changed:
             clashes = conflicts(parse(m.text, str(path)), unit_flags(unit_root))
-            ours = [c for c in clashes if c.split("'")[1] in ("runtimes", "default-runtime", "features")]
+            ours = [c for c in clashes if c.split("'")[1] in ("runtimes", "default-runtime", "features",
+                                                               *(k for k, _ in req.options))]
             if ours:
                 raise ConfigInvalid("; ".join(ours) + ": dockerd would refuse to start. Remove the flag where it "
                                     "is set (the unit: systemctl edit docker) or leave this key out; daemon.json was "
@@ -425,12 +441,15 @@ class DockerEngine(Engine):
         return "restart dockerd (a key taken out of daemon.json, or features: read at start only)" if restart else \
             "SIGHUP to dockerd (runtimes and default-runtime it sets reload live; containers keep running)"
 
-    def pending_restart(self, daemon: Daemon) -> str | None:
-        """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart."""
+    def pending_restart(self, daemon: Daemon, installing: bool = False) -> str | None:
+        """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart, and so does
+        one that is not there yet when `installing` (the plan: runtime.install puts it in before engine.config)."""
         hook = shutil.which("nvidia-container-runtime-hook",
                             path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
-        if not hook or not daemon.in_our_mount_namespace():
+        if not daemon.in_our_mount_namespace():
             return None
+        if not hook:
+            return "restart dockerd so that it finds the --gpus hook this run installs" if installing else None
         try:
             later = os.stat(hook).st_mtime > os.stat(f"/proc/{daemon.pid}").st_mtime
         except OSError:

@@ -153,6 +153,36 @@ class PodmanEngine(dropin.DropinEngine):
     gpus_through_cdi = True
     cgroup_prefixes = (("libpod-", "podman"),)
 
+    # Podman's OCI runtime is Podman's (crun by its default, where runc is there too for dockerd or containerd):
+    # its runtime `nvidia` is gpuprov-runtime-podman, wrapping that, while gpuprov-runtime wraps theirs.
+    own_front_end = "gpuprov-runtime-podman"
+
+    def oci_runtime(self) -> str | None:
+        """The OCI runtime Podman runs its containers with, as Podman says (`podman info`: Host.OCIRuntime.Path); None
+        without podman. Where Podman's default is gpuprov's own front-end (configure --default): the one Podman takes
+        without it, crun, else runc (containers.conf's default order)."""
+        if not effects.which("podman"):
+            return None
+        r = effects.try_run(["podman", "info", "--format", "{{.Host.OCIRuntime.Path}}"], timeout=60)
+        path = r.stdout.strip() if r is not None and r.returncode == 0 else ""
+        if path.startswith("/") and not Path(path).name.startswith("gpuprov-runtime"):
+            return path
+        return effects.which("crun") or effects.which("runc")
+
+    def stranded(self, names: tuple[str, ...]) -> list[str]:
+        """Podman's running containers whose OCI runtime is one of `names` (`podman inspect`: OCIRuntime). Podman
+        stops a container through the runtime of that name in its configuration: with gpuprov's drop-in and front-end
+        gone, `podman stop` has neither (root's containers; a rootless user's are theirs)."""
+        if not effects.which("podman"):
+            return []
+        r = effects.try_run(["podman", "ps", "-q", "--no-trunc"], timeout=30)
+        ids = r.stdout.split() if r is not None and r.returncode == 0 else []
+        if not ids:
+            return []
+        r = effects.try_run(["podman", "inspect", "--format", "{{.Name}} {{.OCIRuntime}}", *ids], timeout=30)
+        rows = [ln.split() for ln in (r.stdout if r is not None and r.returncode == 0 else "").splitlines()]
+        return [row[0] for row in rows if len(row) == 2 and row[1] in names]
+
     # --- installing it: the distribution's packages; no unit, no daemon (engine_steps' service step is skipped)
 
     def packages(self, target, source: str) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ NVRM_RE = re.compile(r"NVRM version:\s+NVIDIA UNIX (Open )?(?:\S+ )?Kernel Modul
 
 # The packages that are an NVIDIA kernel driver (not its libraries): Debian's, Ubuntu's and NVIDIA's CUDA repository's.
 DRIVER_PACKAGE_RE = re.compile(r"^(cuda-drivers(-\d+)?|nvidia-driver(-\d+)?(-server)?(-open)?|nvidia-tesla-\d+-driver|"
-                               r"nvidia-headless-\d+(-server)?(-open)?|nvidia(-open)?-kernel-dkms|"
+                               r"nvidia-headless(-no-dkms)?-\d+(-server)?(-open)?|nvidia(-open)?-kernel-dkms|"
                                r"nvidia-tesla-\d+-kernel-dkms|nvidia-open(-\d+)?)$")
 RUN_INSTALLER = "usr/bin/nvidia-installer"  # NVIDIA's .run installer leaves itself here (for --uninstall)
 REBOOT_FLAGS = ("run/reboot-required", "var/run/reboot-required")

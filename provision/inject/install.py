@@ -36,12 +36,13 @@ EDITOR_LIB = "lib/gpuprov-runtime"  # under the prefix: the editor's copies and 
 KEEP_COPIES = 2  # the copy in use and the one before it (a start that began just before an upgrade may still run it)
 
 
-def _stamp(prefix: str, driver_root: str) -> str:
+def _stamp(prefix: str, driver_root: str, front_ends: dict[str, str] | None = None) -> str:
     srcs = b"".join(p.read_bytes() for p in source_files())
     srcs += SHIPPED.read_bytes() if SHIPPED.exists() else b""
     return json.dumps({"version": __version__, "src": hashlib.sha256(srcs).hexdigest()[:16], "prefix": prefix,
                        "driver_root": driver_root, "python": sys.executable,
-                       "runc": default_oci_runtime(), "settings": settings_path()}, sort_keys=True)
+                       "runc": default_oci_runtime(), "front_ends": front_ends or {},
+                       "settings": settings_path()}, sort_keys=True)
 
 
 def default_oci_runtime() -> str | None:
@@ -50,13 +51,14 @@ def default_oci_runtime() -> str | None:
     return shutil.which("runc") or shutil.which("crun")
 
 
-def is_installed(driver_root: str = "/", prefix: str = "/usr/local") -> bool:
+def is_installed(driver_root: str = "/", prefix: str = "/usr/local", front_ends: dict[str, str] | None = None) -> bool:
     """Fast check for re-runs: same sources, paths and settings as the last install, and the files still there."""
     try:  # a stamp nobody but root could have written (fsutil.open_trusted); any other is a miss
-        same = read_trusted(STAMP) == _stamp(prefix, driver_root).encode()
+        same = read_trusted(STAMP) == _stamp(prefix, driver_root, front_ends).encode()
     except OSError:
         return False
-    return same and (Path(prefix) / "bin" / "gpuprov-runtime").exists() and Path(settings_path()).exists() \
+    return same and all((Path(prefix) / "bin" / n).exists() for n in ("gpuprov-runtime", *(front_ends or {}))) \
+        and Path(settings_path()).exists() \
         and (Path(prefix) / EDITOR_LIB / "current" / "provision/inject/modify_main.py").exists()
 
 
@@ -170,16 +172,19 @@ def front_end(runc: str, python: str, compile_shim: bool = True,
     return None, None, notes
 
 
-def python_fallback(python: str, root: Path = HERE.parent.parent) -> bytes:
+def python_fallback(python: str, root: Path = HERE.parent.parent, runc: str | None = None) -> bytes:
+    """`runc`: the low-level runtime it hands over to (an engine's own front-end); None: runtime.json's."""
     # one shebang argument only (Linux passes the rest as a single word): -IS = isolated, no site
     return (f"#!{python} -IS\n# gpuprov-runtime (Python fallback: no compiled front-end runs on this host)\n"
             f"import sys\nsys.path.insert(0, {str(root)!r})\nfrom provision.inject.shim import main\n"
-            "raise SystemExit(main())\n").encode()
+            f"raise SystemExit(main({'' if runc is None else repr(runc)}))\n").encode()
 
 
 def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driver_root: str = "/",
                     dev_root: str = "/", proc_root: str = "/", accept_env_unprivileged: bool = True,
-                    compile_shim: bool = True) -> InstallResult:
+                    compile_shim: bool = True, front_ends: dict[str, str] | None = None) -> InstallResult:
+    """`front_ends`: an engine's own front-end beside gpuprov-runtime (file name -> the OCI runtime it wraps; Podman's:
+    engines.front_ends()), the same code with another low-level runtime in its slot."""
     changed: list[str] = []
     notes: list[str] = []
     runc = runc or default_oci_runtime() or "/usr/sbin/runc"
@@ -198,6 +203,12 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
     if shim is None:
         notes.append("no usable compiled front-end (none in the wheel, no C compiler): installed the Python fallback "
                      "runtime (a Python start-up on every container start)")
+    for name, oci in (front_ends or {}).items():  # an engine's own: the same code, another runtime in its slot
+        own, _, more = front_end(oci, python, compile_shim, editor)
+        _write_if_changed(bindir / name, own or python_fallback(python, editor, oci), 0o755, changed)
+        notes += [n for n in more if n not in notes]
+        if oci != runc:
+            notes.append(f"{bindir / name} wraps {oci}, gpuprov-runtime {runc}")
     existing = shutil.which(HOOK_NAME)
     if existing and HOOK_MARKER not in Path(existing).read_bytes()[:4096]:
         notes.append(f"NVIDIA's {existing} is installed: left alone; --gpus containers use NVIDIA's hook")
@@ -209,7 +220,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
     except OSError as exc:
         notes.append(f"discovery cache not written: {exc}")
     try:
-        write_file(STAMP, _stamp(prefix, driver_root), mode=0o644, keep_mode=False, backup=False)  # dirs: 0755
+        write_file(STAMP, _stamp(prefix, driver_root, front_ends), mode=0o644, keep_mode=False, backup=False)  # dirs: 0755
     except OSError:
         pass
     return InstallResult(str(target), shim is not None, origin, changed, notes)

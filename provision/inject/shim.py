@@ -167,7 +167,9 @@ def run_create_edits(bundle: str, log: str | None = None, log_format: str | None
     return 0
 
 
-def main() -> int:
+def main(runc: str | None = None) -> int:
+    """`runc`: the low-level runtime this front-end hands over to (an engine's own front-end: Podman's wraps the OCI
+    runtime Podman uses); None: runtime.json's `runc`."""
     argv = sys.argv[1:]
     inv = parse_argv(argv)
     if inv.command in ("create", "run") and needs_edit(inv.bundle):  # `run` = create + start
@@ -176,7 +178,7 @@ def main() -> int:
             return rc
 
     try:
-        runc = runc_program()  # only `runc` is checked here; a GPU create above checked every key
+        runc = runc or runc_program()  # only `runc` is checked here; a GPU create above checked every key
     except SettingsInvalid as exc:
         report_error(str(exc), inv.log, inv.log_format)
         return exc.exit_code

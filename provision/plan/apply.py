@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -12,8 +13,9 @@ from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import is_live
 from provision.fsutil import make_dirs
 from provision.plan import persistence
+from provision.plan.dnf import InstallWatch
 from provision.plan.packages import PackageInstall
-from provision.plan.steps import PackagesInstalled, Step, packages_installed
+from provision.plan.steps import ConfigureEngine, PackagesInstalled, Step, packages_installed
 
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
 
@@ -107,10 +109,12 @@ def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
                 item["actions"] = step.lines()
                 item["diff"] = ""
                 item["diff"] = "".join(d for d in step.diffs(root).values() if d)
-                if is_live(root):  # the package manager's dry run reads this host only
+                if is_live(root):  # the package manager's dry run and the live daemon: this host only
                     for a in step.actions:
                         if isinstance(a, PackageInstall):
                             a.check_removals()
+                        elif isinstance(a, ConfigureEngine):
+                            a.check_restart()
         except GpuprovError as exc:
             if acting and step.hint:  # as Step.apply says it
                 exc = type(exc)(f"{exc}; {step.hint}", exit_code=exc.exit_code)
@@ -126,22 +130,29 @@ def missing_packages(steps: list[Step]) -> dict[str, list[str]]:
     `record_installed` keeps for `uninstall --driver/--engine`, which never remove a package gpuprov found."""
     out = {}
     for s in steps:
-        if isinstance(s.check, PackagesInstalled) and s.check.manager == "apt" and not s.satisfied():
-            out[s.id] = [p for p in s.check.packages if not packages_installed("apt", (p,))]
+        # the apt driver step's check (plan/driver.py's DriverBuilt) names its packages too: without it, the driver
+        # packages were never recorded and `uninstall --purge-driver` purged none (tests/integration/test_ubuntu_apt.py)
+        check = getattr(s.check, "installs", s.check)
+        if isinstance(check, PackagesInstalled) and check.manager == "apt" and not s.satisfied():
+            out[s.id] = [p for p in check.packages if not packages_installed("apt", (p,))]
     return out
 
 
-def record_installed(steps: list[Step], missing: dict[str, list[str]], res: ApplyResult) -> None:
-    """Keep in the install record the packages gpuprov's steps installed (those missing before that are installed
-    now) by stage, and the packages the hold step held."""
+def record_installed(steps: list[Step], missing: dict[str, list[str]], res: ApplyResult,
+                     watch: InstallWatch | None = None) -> None:
+    """Keep in the install record the packages gpuprov's steps installed (apt: those of a step's check missing before
+    that are installed now; dnf/yum: every package a step's transactions added, provision/plan/dnf.py) by stage,
+    and the packages the hold step held (apt's pin, dnf/yum's versionlock)."""
     changed = res.changed_ids()
+    for stage, added in (watch.added.items() if watch else ()):
+        record.note_packages(stage, added)
     for s in steps:
         if s.id in missing:
             installed = [p for p in missing[s.id] if packages_installed("apt", (p,))]
             record.note_packages(getattr(s.stage, "value", s.stage), installed)
             if s.id == persistence.PACKAGE_STEP and installed:  # Debian's package enables its unit when installed
                 record.note_enabled(persistence.UNIT)
-        elif s.id == "driver.hold" and s.id in changed and getattr(s.check, "manager", None) == "apt":
+        elif s.id == "driver.hold" and s.id in changed:
             record.note_packages(getattr(s.stage, "value", s.stage), [], held=list(s.check.packages))
         elif s.id == persistence.STEP and s.id in changed:  # enabled by gpuprov (its check: it was not before)
             record.note_enabled(persistence.UNIT)
@@ -160,12 +171,12 @@ def step_line(i: int, n: int, title: str, status: Status, detail: str | None, se
 
 
 def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True, keep_going: bool = False,
-               run: progress.Run | None = None) -> ApplyResult:
+               run: progress.Run | None = None, watch: InstallWatch | None = None) -> ApplyResult:
     """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order.
     `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory). `keep_going` (uninstall,
     whose steps are each idempotent): a failed step is recorded and the next one runs; the caller reports them.
     `run`: the run's log and screen (provision/progress.py); without one, a run of its own (no log file unless
-    `logged`)."""
+    `logged`). `watch`: notes what each step's dnf/yum transactions installed (for the install record)."""
     if run is None:
         with progress.Run("bootstrap", log_dir=RUN_LOGS if logged else None,
                           mode="quiet" if quiet else None) as own:
@@ -183,7 +194,8 @@ def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True, k
             elif step.satisfied():
                 detail, status = None, Status.OK
             else:
-                detail = step.apply()
+                with watch.step(step) if watch else nullcontext():
+                    detail = step.apply()
                 status = Status.CHANGED
                 res.reboot_required |= step.reboot
         except GpuprovError as exc:

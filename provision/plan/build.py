@@ -8,9 +8,9 @@ from provision import engines
 from provision.decide.targets import Target
 from provision.engines import base, validate
 from provision.engines.base import Engine
-from provision.errors import Unsupported
+from provision.errors import Unsupported, UsageError
 from provision.facts.engines import EngineOrigin
-from provision.facts.rootfs import is_live, under
+from provision.facts.rootfs import is_live, read_text, under
 from provision.inject.cdi import SpecCurrent
 from provision.options import Stage
 from provision.plan import repos
@@ -26,6 +26,7 @@ from provision.plan.steps import (
     EngineConfigured,
     FilesMatch,
     ImportImage,
+    InGroup,
     InstallRuntime,
     Never,
     RefreshCdi,
@@ -90,6 +91,7 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
     pre: tuple[Command, ...] = ()
     opts: tuple[str, ...] = ()
     post: tuple[Command, ...] = ()
+    kept = ""
     if source == "docker-ce":
         if target.family == "debian":
             src = WriteFile("/etc/apt/sources.list.d/docker.list", repos.docker_ce_apt_source(target, opt.mirrors))
@@ -107,9 +109,11 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
                    Command((*cm, "--save", *repos.mirror_setopts("docker-ce", target, opt.mirrors),
                             f"--setopt={rid}.enabled=0")))
             opts, post = (f"--enablerepo={rid}",), (Command((*cm, "--save", f"--setopt={rid}.enabled=1")),)
+            kept = (f"Docker CE's repository file {repos.DOCKER_CE_REPO_FILE} was written and stays, disabled: no "
+                    "dnf run uses it unless asked")
     steps.append(package_step("engine.packages", Stage.ENGINE, f"Install the container engine: {' '.join(pkgs)}"
                               + (" (from the bundle)" if opt.bundle else ""), target, pkgs, pre=pre, bundle=opt.bundle,
-                              opts=opts, post=post))
+                              opts=opts, post=post, kept_before=kept))
     return steps
 
 
@@ -131,37 +135,61 @@ def service_steps(report: HostReport, target: Target, opt: Options) -> list[Step
                  check=ServiceAnswers(eng.ready_argv))]
 
 
+DOCKER_GROUP = "docker"  # the group dockerd gives its socket to (docker.io's and docker-ce's packages create it)
+
+
+def group_steps(report: HostReport, opt: Options) -> list[Step]:
+    """--engine-user (the role's gpuprov_engine_users, geerlingguy.docker's docker_users): each user added to the
+    docker group, after the engine's packages made it. Users that do not exist are refused while planning."""
+    if not opt.engine_users:
+        return []
+    root = Path(report.root or "/")
+    known = {ln.split(":", 1)[0] for ln in (read_text(root, "/etc/passwd") or "").splitlines()}
+    missing = [u for u in opt.engine_users if u not in known]
+    if missing:
+        raise UsageError(f"--engine-user {', '.join(missing)}: no such user on this host (/etc/passwd); create "
+                         f"{'them' if len(missing) > 1 else 'it'} first (the role: ansible.builtin.user)")
+    return [Step("engine.users", Stage.ENGINE, f"Add {', '.join(opt.engine_users)} to group {DOCKER_GROUP} (its "
+                 "members use the docker socket: root-equivalent)",
+                 actions=tuple(Command(("usermod", "-aG", DOCKER_GROUP, u)) for u in opt.engine_users),
+                 check=InGroup(DOCKER_GROUP, opt.engine_users))]
+
+
 def restart_notes(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, ...]:
-    """Where the engine's config change needs a restart that stops containers (dockerd reads `features` only at
-    start; live-restore off): how many it stops now, and that it needs --restart-engine. On the live host only."""
-    if not (action.cdi and eng.restart_stops_containers and is_live(Path(report.root or "/"))):
+    """Where the engine's config step will restart a daemon that runs containers (live-restore off; the reasons:
+    ConfigureEngine.restart_reasons): how many containers that stops now, and that it needs --restart-engine. On the
+    live host only."""
+    if not (eng.restart_stops_containers and is_live(Path(report.root or "/"))):
         return ()
     daemon = eng.live_daemon(eng.config_path(action.config, action.request()))
-    stops = eng.restart_stops(daemon) if daemon else 0
+    why = action.restart_reasons(daemon) if daemon else []
+    stops = eng.restart_stops(daemon) if why else 0
     if not stops:
         return ()
-    return (f"restarting dockerd (--cdi: features are read at start only) stops its {stops} running container(s) "
-            "(live-restore off): " + ("--restart-engine given" if action.restart_engine else
-                                      "without --restart-engine the step stops before writing anything, exit 14"),)
+    return (f"{'; '.join(why)}: that stops its {stops} running container(s) (live-restore off): "
+            + ("--restart-engine given" if action.restart_engine else
+               "without --restart-engine the step stops before writing anything, exit 14"),)
 
 
 def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
     """The runtime, then its registration in the engine's config: both run in-process, as the `gpuprov runtime
     install` and `gpuprov engine configure` commands do."""
     droot = (report.driver.driver_root if report.driver else None) or "/"
+    eng = adapter(opt)
     steps = [Step("runtime.install", Stage.RUNTIME,
                   "Install gpuprov-runtime (+ --gpus hook) and its discovery cache",
-                  actions=(InstallRuntime(droot),), check=RuntimeInstalled(droot))]
-    eng = adapter(opt)
+                  actions=(InstallRuntime(droot, own=eng.own_front_end if eng else None),),
+                  check=RuntimeInstalled(droot))]
     cdi = opt.cdi or bool(eng and eng.gpus_through_cdi)  # an engine whose GPUs come through CDI needs the spec
     if eng is not None:
         found = adopted(report, opt)
         config = found.config if found and found.config != eng.default_config else None
         default = opt.default_runtime and not eng.gpus_through_cdi  # its own OCI runtime stays its default
-        action = ConfigureEngine(opt.engine, opt.runtime_name, RUNTIME_PATH, default, opt.cdi, opt.replace_runtime,
-                                 config, opt.restart_engine)
+        action = ConfigureEngine(opt.engine, opt.runtime_name, eng.front_end(RUNTIME_PATH), default, opt.cdi,
+                                 opt.replace_runtime, config, opt.restart_engine, opt.engine_options)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
+                          + (f", and set {', '.join(k for k, _ in opt.engine_options)}" if opt.engine_options else "")
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
                           actions=(action,), check=EngineConfigured(action),
                           notes=restart_notes(report, eng, action)))
@@ -210,5 +238,5 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
         + driver + persistence_steps(driver, [d for _, d in report.gpus], target, opt, systemd) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \
-        + (service_steps(report, target, opt) if Stage.ENGINE in on else []) \
+        + (service_steps(report, target, opt) + group_steps(report, opt) if Stage.ENGINE in on else []) \
         + (validate_steps(report, target, opt) if Stage.VALIDATE in on else [])

@@ -19,6 +19,7 @@ named (exit 16).
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 import secrets
@@ -56,7 +57,7 @@ from provision.facts.packages import (
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
-from provision.plan import repos
+from provision.plan import dnf, repos
 from provision.plan.packages import (
     APT_ENV,
     PackageInstall,
@@ -73,7 +74,6 @@ from provision.plan.steps import (
     Command,
     FilesMatch,
     PackagesInstalled,
-    PathExists,
     Step,
     WriteFile,
     read_or_empty,
@@ -117,10 +117,13 @@ PIN_EXACT = _pin_script('"$v"')
 # nvidia-x11-drv and nvidia-x11-drv-libs; the CUDA repository's nvidia-driver-*). With the kmod alone locked,
 # `dnf upgrade` meets the next nvidia-x11-drv, which needs the next kmod, and (best=True, EL's default) fails whole:
 # kernel updates included (tests/integration/test_el_dnf.py).
+# Their earlier locks (another branch's, before a module stream switch) are deleted first: two entries of one name
+# would let dnf take either version.
 LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u); "
                "[ $(printf '%s\\n' \"$v\" | wc -l) = 1 ] || { echo \"driver packages at several versions: $v\" >&2; "
-               "exit 1; }; exec \"$pm\" versionlock add $({ printf '%s\\n' \"$@\"; rpm -qa --qf '%{NAME} %{VERSION}\\n' | "
-               "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u)")
+               "exit 1; }; n=$({ printf '%s\\n' \"$@\"; rpm -qa --qf '%{NAME} %{VERSION}\\n' | "
+               "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u); "
+               "\"$pm\" versionlock delete $n >/dev/null; exec \"$pm\" versionlock add $n")
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -210,8 +213,13 @@ class DriverBuilt:
     kernels: tuple[str, ...]
     dkms: bool
 
+    @property
+    def installs(self) -> PackagesInstalled:
+        """The packages part of the check (what the install record keeps: plan/apply.py's missing_packages)."""
+        return PackagesInstalled(self.manager, self.packages)
+
     def satisfied(self, root: Path) -> bool:
-        if not PackagesInstalled(self.manager, self.packages).satisfied(root):
+        if not self.installs.satisfied(root):
             return False
         return not self.dkms or all(module_built(root, k) for k in self.kernels)
 
@@ -290,8 +298,7 @@ class Held:
     def satisfied(self, root: Path) -> bool:
         if self.manager == "apt":
             return apt_pinned(root, self.packages)
-        locks = read_or_empty(under(root, versionlock_list(self.manager)))
-        return all(re.search(rf"^\d*:?{re.escape(p)}-\d", locks, re.M) for p in self.packages)
+        return dnf.locks_current(root, self.manager, self.packages)
 
     def describe(self) -> str:
         if self.manager == "apt":
@@ -318,10 +325,6 @@ def apt_pinned(root: Path, packages: tuple[str, ...]) -> bool:
 def series_installed(root: Path) -> dict:
     """dpkg's packages, those of the sources gpuprov pinned counted as held (decide/kernel.py: pinned_series)."""
     return pinned_series(dpkg_installed(root), read_pins(root))
-
-
-def versionlock_list(manager: str) -> str:
-    return "/etc/dnf/plugins/versionlock.list" if manager == "dnf" else "/etc/yum/pluginconf.d/versionlock.list"
 
 
 @dataclass(frozen=True)
@@ -362,6 +365,7 @@ class DriverInstall(Action):
     remove: tuple[str, ...] = ()  # … and every package of the old series, removed in the same transaction
     unpin: bool = False  # a change of branch: the branch pin goes first (the new branch may share its sources)
     previous: tuple[str, ...] = ()  # an update within the branch: the series as installed before (name=version)
+    restore: tuple[str, ...] = ()  # … what its rollback installs, per package: apt's cached .deb, else name=version
 
     def _install(self) -> PackageInstall:
         return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV, remove=self.remove)
@@ -399,7 +403,8 @@ class DriverInstall(Action):
         if self.previous:
             names = tuple(p.split("=", 1)[0] for p in self.previous)
             gone = (f"{self.dkms_package}-",) if self.dkms_package not in names else ()
-            return [Command(("apt-get", "install", "-y", "--allow-downgrades", *self.previous, *gone), APT_ENV),
+            return [Command(("apt-get", "install", "-y", "--allow-downgrades", *(self.restore or self.previous),
+                             *gone), APT_ENV),
                     Command(("dpkg", "--configure", "-a"), APT_ENV), *self._autoinstall(),
                     Command(("sh", "-c", PIN_EXACT, "pin-exact", *names)), *self._dkms_status(),
                     Command(("dpkg", "--audit"))]
@@ -496,10 +501,32 @@ class DriverInstall(Action):
         old = " ".join(self.previous)
         modules = (f"kernel {', '.join(lacking)} still has no nvidia module (`gpuprov verify` names it; boot another "
                    "kernel or fix the build)" if lacking else f"every kernel ({', '.join(self.kernels)}) has its module")
+        back = (f"Rolled back to the driver that worked: reinstalled and pinned {old}" if done.returncode == 0 else
+                f"The driver that worked ({old}) could not be reinstalled: "
+                f"{_last_error(done.output) or f'apt-get exit {done.returncode}'}")
         return DkmsBuildFailed(
             f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
-            f"{f' (full log: {kept})' if kept else ''}. Rolled back to the driver that worked: reinstalled and pinned "
-            f"{old}; {modules}; {state}. Ways out: {self.ways_out}")
+            f"{f' (full log: {kept})' if kept else ''}. {back}; {modules}; {state}. Ways out: {self.ways_out}")
+
+
+def _last_error(output: str) -> str:
+    """apt's last `E:` line (what it could not do), else ''."""
+    return next((ln.strip() for ln in reversed(output.splitlines()) if ln.startswith("E:")), "")
+
+
+APT_CACHE = "/var/cache/apt/archives"  # where apt keeps the .debs it downloaded (until apt-get clean)
+
+
+def restore_sources(root: Path, previous: tuple[str, ...]) -> tuple[str, ...]:
+    """What a failed update's rollback installs for each name=version of the series before it: the .deb apt kept in
+    its cache (apt knows no version that its lists no longer offer: once the archive carries only the update, the
+    version that worked is in the cache alone), else name=version, from the archive."""
+    out = []
+    for p in previous:
+        name, version = p.split("=", 1)
+        hits = sorted(under(root, APT_CACHE).glob(f"{glob.escape(name)}_{glob.escape(version.replace(':', '%3a'))}_*.deb"))
+        out.append(f"{APT_CACHE}/{hits[0].name}" if hits else p)
+    return tuple(out)
 
 
 def build_logs() -> list[Path]:
@@ -593,8 +620,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         steps += _el_repo_steps(target, opt)
     pre = ubuntu_precompiled(packages, apt.kernel_metas, kernels.releases, apt.offered) \
         if target.os_id == "ubuntu" and dkms and not opt.bundle else None
-    if pre and pre.package:
-        packages, dkms = [pre.package, *packages], False  # Canonical's signed modules: no DKMS, no headers
+    if pre and pre.package:  # Canonical's signed modules: no DKMS, no headers
+        packages, dkms = [pre.package, *pre.abi, *pre.driver], False
     headers = headers_packages(target, kernels.releases) if dkms else []
     follow = headers_metapackages(apt.kernel_metas) if dkms and target.package_manager == "apt" else ()
     if target.family == "rhel" and dkms and not opt.bundle:
@@ -603,15 +630,18 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     # the package DKMS builds: named in Debian's list; pulled in by Ubuntu's metapackage (purged with it on a failure)
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
-    kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement)
-    steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg))
+    kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
+                             pre.abi if pre and pre.package else ())
+    steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg, root))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
         steps.append(Step("driver.flavour", Stage.DRIVER, f"Make `modprobe nvidia` load the {modules} module ({mod})",
                           actions=(Command(("update-alternatives", "--set", "nvidia", alt)),),
                           check=ModprobeLoads(mod)))
     steps.append(_initramfs_step(target, kernels.releases))
-    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith("firmware-"))))
+    # Ubuntu's precompiled modules metapackage follows the kernel (its source is the kernel's metapackages'):
+    # pinning it would pin linux-generic's source too
+    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-")))))
     if target.package_manager == "apt" and dkms_pkg and dkms:
         steps.append(_kernel_hook_step(root, target))
     if drv and drv.secure_boot and dkms:
@@ -749,16 +779,22 @@ class KernelPlan:
     follow: tuple[str, ...]
     precompiled_why: str = ""
     replacement: Replacement | None = None
+    auto: tuple[str, ...] = ()  # Ubuntu: each kernel's precompiled modules, marked automatic after the install
 
 
 def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
-                   dkms_pkg: str | None) -> Step:
+                   dkms_pkg: str | None, root: Path = Path("/")) -> Step:
     """Headers and driver packages in one transaction. On apt (not from a bundle) a DriverInstall, which checks
     each kernel's DKMS build and rolls a failed one back; elsewhere the family's package step."""
     kernels, rep = kp.kernels, kp.replacement
     all_pkgs = kp.headers + kp.follow + tuple(packages)
+    # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
+    # `dnf module switch-to` makes (the hold step then locks the new branch)
+    streams = tuple(p for p in all_pkgs if ":" in p) if target.package_manager == "dnf" and not opt.bundle else ()
+    switch = dnf.streams_to_switch(root, streams)
     title = ((f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
               f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
+              f"Switch the driver's module stream to {' '.join(switch)} (another branch is enabled)" if switch else
               f"Install the driver: {' '.join(packages)}")
              + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
     why = (f"{f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for {', '.join(kernels.releases)} "
@@ -784,14 +820,19 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                                 tuple(h for h in kp.headers if h.startswith("linux-headers-")), "; ".join(ways),
                                 allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
                                 remove=rep.remove if rep else (), unpin=bool(rep and not rep.why),
-                                previous=rep.previous if rep and rep.why else ())
-        return Step("driver.packages", Stage.DRIVER, title, actions=(install,),
+                                previous=rep.previous if rep and rep.why else (),
+                                restore=restore_sources(root, rep.previous) if rep and rep.why else ())
+        # marked automatic: a manual package depending on an old kernel's image would keep that kernel from apt's
+        # autoremove; apt's own kernel protection (APT::VersionedKernelPackages) keeps the booted and newest ones'
+        auto = (Command(("apt-mark", "auto", *kp.auto)),) if kp.auto else ()
+        return Step("driver.packages", Stage.DRIVER, title, actions=(install, *auto),
                     check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
                     reboot=True, reboot_reason=why, notes=tuple(notes))
+    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False)
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
                         reboot_reason=why,
-                        allow_remove=opt.allow_remove,
-                        check=DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False),
+                        allow_remove=opt.allow_remove, switch=switch,
+                        check=dnf.StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))
 
 
@@ -888,7 +929,13 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
                                                  "/etc/yum.repos.d/elrepo.repo", mirror),
                              notes=("ELRepo kmods are kABI-tracking and signed",))]
     pm = target.package_manager
-    pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)),) if el else ()) + \
-        (Command((*repos.config_manager(pm), "--add-repo", repos.cuda_repo(target, opt.mirrors))),)
+    # behind --mirror, each repository file is pointed at its mirror (its own URLs are upstream's)
+    pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)), *mirror_commands("epel", target, opt.mirrors))
+           if el else ()) + \
+        (Command((*repos.config_manager(pm), "--add-repo", repos.cuda_repo(target, opt.mirrors))),
+         *mirror_commands("cuda", target, opt.mirrors))
+    files = ((("/etc/yum.repos.d/epel.repo", repos.base("epel", opt.mirrors) if opt.mirrors.get("epel") else None),)
+             if el else ()) + \
+        ((repos.cuda_repo_file(target), repos.base("cuda", opt.mirrors) if opt.mirrors.get("cuda") else None),)
     return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)", actions=pre,
-                 check=PathExists("/etc/yum.repos.d/" + repos.cuda_repo(target, opt.mirrors).rsplit("/", 1)[1]))]
+                 check=dnf.ReposAt(files))]

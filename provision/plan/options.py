@@ -44,18 +44,27 @@ class Options:
     for_gpus: tuple[str, ...] = ()  # image baking: decide as if these PCI ids were present
     kernels: tuple[str, ...] = ()  # build the driver for these kernels (default: see plan/driver.py)
     persistence: bool = True  # nvidia-persistenced installed and enabled with the driver on data-centre GPUs
+    # --engine-option KEY=JSON: the operator's own daemon.json keys, merged with gpuprov's (engines/docker.merge)
+    engine_options: tuple[tuple[str, str], ...] = ()
+    engine_users: tuple[str, ...] = ()  # --engine-user: accounts added to the engine's group (docker)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if f.name in CHOICES:
                 check_choice(getattr(self, f.name), CHOICES[f.name], "--" + f.name.replace("_", "-"))
+        # daemon.json keys and the docker group are Docker's: refused for another engine rather than ignored
+        for given, option in ((self.engine_options, "--engine-option"), (self.engine_users, "--engine-user")):
+            if given and self.engine != Engine.DOCKER.value:
+                raise UsageError(f"{option} is for --engine docker (daemon.json keys, the docker group); "
+                                 f"--engine is {self.engine}")
 
     @classmethod
     def parse(cls, *, driver: str = "auto", kernel_modules: str = "auto", driver_source: str = "distro",
               engine: str = "docker", engine_source: str = "auto", runtime_name: str = "nvidia",
               no_default: bool = False, cdi: bool = False, no_validate: bool = False, replace_runtime: bool = False,
               allow_remove: bool = False, only: str | None = None, mirror=(), for_gpus=None, kernels=None,
-              restart_engine: bool = False, no_persistence: bool = False) -> Options:
+              restart_engine: bool = False, no_persistence: bool = False, engine_option=(),
+              engine_user=()) -> Options:
         """From the command line's values, named as bootstrap's parameters are (MODULE_PARAMS' keys): each checked
         and parsed here, one `--OPTION …` line and exit 2 for a bad one."""
         for name, value in (("kernel_modules", kernel_modules), ("driver_source", driver_source), ("engine", engine),
@@ -67,7 +76,22 @@ class Options:
                    engine_source=engine_source, runtime_name=runtime_name, default_runtime=not no_default, cdi=cdi,
                    validate=not no_validate, replace_runtime=replace_runtime, allow_remove=allow_remove,
                    restart_engine=restart_engine, stages=_parse_stages(only), mirrors=_parse_mirrors(list(mirror or ())),
-                   for_gpus=tuple(for_gpus or ()), kernels=tuple(kernels or ()), persistence=not no_persistence)
+                   for_gpus=tuple(for_gpus or ()), kernels=tuple(kernels or ()), persistence=not no_persistence,
+                   engine_options=_parse_engine_options(list(engine_option or ())),
+                   engine_users=tuple(dict.fromkeys(engine_user or ())))
+
+
+def _parse_engine_options(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """KEY=JSON each (values.engine_option has checked them): (key, JSON text), the last one of a key winning."""
+    out: dict[str, str] = {}
+    for item in items:
+        try:
+            check(PARAMS[MODULE_PARAMS["engine_option"]], item)
+        except BadValue as exc:
+            raise UsageError(f"--engine-option {exc}") from None
+        key, _, doc = item.partition("=")
+        out[key] = doc
+    return tuple(out.items())
 
 
 def _parse_mirrors(mirror: list[str]) -> dict[str, str]:

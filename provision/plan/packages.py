@@ -40,6 +40,9 @@ class PackageInstall(Action):
     # operator asked for with --driver). apt's --no-remove aborts on those too, so such an install is guarded by its
     # dry run alone: it goes ahead only when the dry run removes nothing else.
     remove: tuple[str, ...] = ()
+    # What the step did before this install and keeps when the dry run refuses it (a repository file written
+    # disabled): a refusal says so instead of "nothing was changed".
+    kept_before: str = ""
 
     def _args(self) -> tuple[str, ...]:
         return (*self.packages, *(f"{p}-" for p in self.remove))
@@ -79,7 +82,9 @@ class PackageInstall(Action):
                 f"installing {' '.join(self.packages)} would remove installed packages: {', '.join(gone)} "
                 f"(`{sim.shell()}` says so); gpuprov removes nothing it did not install. Keep them (an engine found "
                 f"on the host is kept when --engine-source is auto), or pass {ALLOW_REMOVE} to let "
-                f"{'apt' if self.manager == 'apt' else self.manager} remove them; nothing was changed by this step")
+                f"{'apt' if self.manager == 'apt' else self.manager} remove them; "
+                + (f"no package was changed ({self.kept_before})" if self.kept_before
+                   else "nothing was changed by this step"))
 
     def execute(self) -> str:
         self.check_removals()
@@ -182,7 +187,8 @@ def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
 
 
 def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,
-                    allow_remove: bool = False, opts: tuple[str, ...] = ()) -> list:
+                    allow_remove: bool = False, opts: tuple[str, ...] = (), kept_before: str = "",
+                    switch: tuple[str, ...] = ()) -> list:
     """The commands that install `packages`: apt refreshes its lists first (each package step, so a step that runs
     alone after an earlier run never installs from stale lists); with a bundle, apt sees the bundle alone."""
     pm = target.package_manager
@@ -201,21 +207,28 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
         return [PackageInstall("dnf", packages, tuple(repos.dnf_bundle_options(bundle)), allow_remove=allow_remove)]
     mods = [p for p in packages if ":" in p]
     plain = tuple(p for p in packages if ":" not in p)
-    acts: list = [PackageInstall(pm, plain, opts, allow_remove=allow_remove)] if plain else []
-    acts += [PackageInstall(pm, (m,), opts, verb=("module", "install"), allow_remove=allow_remove) for m in mods]
+    acts: list = [PackageInstall(pm, plain, opts, allow_remove=allow_remove, kept_before=kept_before)] if plain else []
+    # a stream switch (`switch`: a branch change) runs, dry run included, without the versionlock plugin: the old
+    # branch's locks are gpuprov's own, and the hold step replaces them with the new branch's
+    acts += [PackageInstall(pm, (m,), (*opts, "--disableplugin=versionlock") if m in switch else opts,
+                            verb=("module", "switch-to" if m in switch else "install"), allow_remove=allow_remove,
+                            kept_before=kept_before) for m in mods]
     return acts
 
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
                  pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
-                 opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), **kw) -> Step:
+                 opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), kept_before: str = "",
+                 switch: tuple[str, ...] = (), **kw) -> Step:
     """pre: what runs before the install (a repository added); opts: dnf's options for the install and its dry run
-    (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three."""
+    (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three. kept_before: what
+    `pre` leaves when the install's dry run refuses it, in words (its exit 14 says so)."""
     hint = (f"a package may be missing from bundle {bundle}: rebuild it with `gpuprov bundle create`; nothing was "
             "fetched from the network") if bundle else None
     return Step(sid, stage, title, actions=(*([] if bundle else pre),
                                             *install_actions(target, packages, bundle, allow_remove,
-                                                             () if bundle else opts),
+                                                             () if bundle else opts,
+                                                             "" if bundle else kept_before, switch),
                                             *([] if bundle else post)),
                 check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
 

@@ -26,9 +26,21 @@ def elrepo_release(el: int, mirrors: MirrorMap | None = None) -> str:
     return f"{base('elrepo', mirrors)}/elrepo-release-{el}.el{el}.elrepo.noarch.rpm"
 
 
+CUDA_KEY = "D42D0685.pub"  # the signing key beside each tree's packages (the gpgkey of NVIDIA's .repo files)
+
+
+def cuda_tree(target: Target) -> str:
+    return "amzn2023" if target.os_id == "amzn" else f"rhel{target.el_major}"
+
+
 def cuda_repo(target: Target, mirrors: MirrorMap | None = None) -> str:
-    tree = "amzn2023" if target.os_id == "amzn" else f"rhel{target.el_major}"
+    tree = cuda_tree(target)
     return f"{base('cuda', mirrors)}/{tree}/x86_64/cuda-{tree}.repo"
+
+
+def cuda_repo_file(target: Target) -> str:
+    """Where `config-manager --add-repo` saves NVIDIA's .repo file (its name, in /etc/yum.repos.d)."""
+    return f"/etc/yum.repos.d/cuda-{cuda_tree(target)}.repo"
 
 
 def epel_release(el: int, mirrors: MirrorMap | None = None) -> str:
@@ -36,6 +48,7 @@ def epel_release(el: int, mirrors: MirrorMap | None = None) -> str:
 
 
 DOCKER_CE_REPO_ID = "docker-ce-stable"  # the enabled repository of Docker's docker-ce.repo
+DOCKER_CE_REPO_FILE = "/etc/yum.repos.d/docker-ce.repo"  # where `config-manager --add-repo` saves it
 
 
 def docker_ce_gpg(target: Target, mirrors: MirrorMap | None = None) -> str:
@@ -62,6 +75,12 @@ def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) 
     if name == "elrepo":
         return (f"--setopt=elrepo.baseurl={b}/linux/elrepo/el{target.el_major}/$basearch/",
                 "--setopt=elrepo.mirrorlist=")
+    if name == "epel":  # epel-release's epel.repo: a metalink to upstream's mirror list, its baseurl commented out
+        return (f"--setopt=epel.baseurl={b}/$releasever/Everything/$basearch/", "--setopt=epel.metalink=")
+    if name == "cuda":  # NVIDIA's cuda-<tree>.repo: one repository, id cuda-<tree>-x86_64
+        tree = cuda_tree(target)
+        return (f"--setopt=cuda-{tree}-x86_64.baseurl={b}/{tree}/x86_64",
+                f"--setopt=cuda-{tree}-x86_64.gpgkey={b}/{tree}/x86_64/{CUDA_KEY}")
     if name == "docker-ce":
         distro = "rhel" if target.os_id == "rhel" else "centos"
         return (f"--setopt={DOCKER_CE_REPO_ID}.baseurl={b}/{distro}/$releasever/$basearch/stable",

@@ -107,6 +107,7 @@ class Resume:
     rebooted: bool
     device: bool  # an NVIDIA device is there to verify the driver on
     state: RebootState
+    driver: bool = True  # the run plans the driver's steps (it verifies the driver after the reboot)
 
     @property
     def bootstrap(self) -> str:
@@ -115,6 +116,8 @@ class Resume:
             return (f"a reboot is still pending ({self.reason}): bootstrap stops before this plan (exit 7) until "
                     "the host has rebooted")
         first = f"the host rebooted since ({self.reason}): bootstrap first records the resume in {STATE_FILE}"
+        if not self.device and not self.driver:
+            return f"{first} and applies this plan (no NVIDIA device to verify the driver on; it plans no driver step)"
         if not self.device:
             return f"{first}, then stops: no NVIDIA device to verify the driver on (exit 15)"
         return (f"{first} and verifies the driver (module loaded, versions coherent, `nvidia-smi -L`), then applies "
@@ -124,25 +127,30 @@ class Resume:
         return {"reason": self.reason, "rebooted": self.rebooted, "bootstrap": self.bootstrap}
 
 
-def pending(root: Path = LIVE) -> Resume | None:
-    """The resume the next bootstrap on the host under `root` does first; None when no reboot was asked for."""
+def pending(root: Path = LIVE, driver: bool = True) -> Resume | None:
+    """The resume the next bootstrap on the host under `root` does first; None when no reboot was asked for.
+    `driver`: the run plans the driver's steps."""
     state = read_state(root)
     if not state.reboot_required:
         return None
     rebooted = rebooted_since(state, root)
     device = rebooted and any(d.is_nvidia for d in scan_display_devices(root))
-    return Resume(state.reason or "no reason recorded", rebooted, device, state)
+    return Resume(state.reason or "no reason recorded", rebooted, device, state, driver)
 
 
-def resume() -> None:
+def resume(driver: bool = True) -> None:
     """A real bootstrap on this host whose last run asked for a reboot: refuse until the host rebooted, then record
-    the resume and check the driver it installed."""
-    r = pending(LIVE)
+    the resume and check the driver it installed. `driver=False` (a run that plans no driver step: `--driver skip`,
+    `--only` without the driver): no NVIDIA device to verify it on is no reason to stop that run (exit 15 is for
+    the run that would verify the driver); its steps go on."""
+    r = pending(LIVE, driver)
     if r is None:
         return
     if not r.rebooted:
         raise RebootRequired(f"a reboot is still pending ({r.reason}): reboot, then run gpuprov bootstrap again")
     write_state(dataclasses.replace(r.state, reboot_required=False, resumed_after_reboot=True))
+    if not r.device and not driver:
+        return
     if not r.device:
         raise NoDeviceToVerify(f"resumed after the reboot ({r.reason}): the driver is installed, but this host has no "
                                "NVIDIA device to load and verify it on; boot the image on a GPU node and run "

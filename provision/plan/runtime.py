@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provision import effects
+from provision import effects, engines
 from provision.errors import UNSUPPORTED, GpuprovError
 from provision.facts.driver_facts import find_driver_root
 from provision.fsutil import write_file
@@ -48,7 +48,7 @@ def install(prefix: str = "/usr/local", *, driver_root: str | None = None, runc:
     if driver_root is None:
         driver_root = find_driver_root(Path("/"))[0] or "/"
     res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
-                          accept_env_unprivileged=accept_env_unprivileged)
+                          accept_env_unprivileged=accept_env_unprivileged, front_ends=engines.front_ends())
     links, link_lines = dev_char(dev_root, install_units=dev_root == "/")
     front = "compiled" if res.compiled else "python"
     doc = {"runtime_path": res.runtime_path, "front_end": front, "front_end_origin": res.origin,

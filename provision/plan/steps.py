@@ -26,7 +26,7 @@ from typing import ClassVar, Union
 
 from provision import effects, engines
 from provision.engines.base import Change, EnginePlan, FileEdit, ImageImport, RuntimeRequest
-from provision.engines.configure import configure
+from provision.engines.configure import configure, refuse_stopping_restart
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import MAX_READ, is_live, read_text_file, under
 from provision.fsutil import write_file
@@ -214,10 +214,14 @@ class InstallRuntime(Action):
     reports = True
     driver_root: str
     prefix: str = "/usr/local"
+    own: str | None = None  # the engine's own front-end (Podman's), said here; installed wherever that engine is
 
     def lines(self) -> list[str]:
+        own = [f"and {self.prefix}/bin/{self.own}, the engine's own: it wraps the OCI runtime the engine names (podman "
+               "info: Host.OCIRuntime.Path), gpuprov-runtime the one dockerd and containerd use (runc, else crun)"]
         return [f"install gpuprov-runtime and the --gpus hook in {self.prefix}/bin and refresh the discovery cache "
                 f"(driver root {self.driver_root}), as gpuprov runtime install --driver-root {self.driver_root} does",
+                *(own if self.own else []),
                 "load nvidia-uvm while the NVIDIA driver is loaded and make its missing device nodes, as "
                 "nvidia-modprobe would (CUDA in containers needs /dev/nvidia-uvm)",
                 "make /dev/char/MAJ:MIN links for NVIDIA's device nodes and install gpuprov-dev-char.service and "
@@ -264,10 +268,48 @@ class ConfigureEngine(Action):
     replace: bool = False
     config: str | None = None  # the config the engine really reads, where it is not the engine's default
     restart_engine: bool = False  # --restart-engine: a restart that stops running containers is consented to
+    options: tuple[tuple[str, str], ...] = ()  # --engine-option: the operator's daemon.json keys, merged too
 
     def request(self) -> RuntimeRequest:
         return RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
-                              replace=self.replace)
+                              replace=self.replace, options=self.options)
+
+    @property
+    def start_only(self) -> tuple[str, ...]:
+        """What it may set that dockerd reads only at start (features.cdi, an --engine-option key it does not
+        reload): setting it restarts the daemon."""
+        reloadable = engines.get(self.engine).reloadable_keys
+        keys = tuple(k for k, _ in self.options if k not in reloadable)
+        return (("features.cdi",) if self.cdi else ()) + keys
+
+    def restart_reasons(self, daemon) -> list[str]:
+        """Why this step will restart `daemon` (the live daemon that reads its config): dockerd looks for the --gpus
+        hook only at start (one newer than it, or the one runtime.install puts in before this step), and reads
+        `features` and most --engine-option keys only at start. The plan's note and check mode's stop say these."""
+        eng = engines.get(self.engine)
+        why = []
+        pending = eng.pending_restart(daemon, installing=True)
+        if pending:
+            why.append(pending)
+        if self.start_only:
+            path = eng.config_path(self.config, self.request())
+            try:
+                if eng.plan(path, self.request()).needs_restart:
+                    why.append(f"restart {eng.daemon_names[0]} for {', '.join(self.start_only)} (read at start only)")
+            except GpuprovError:  # a conflict or a bad file: the step itself stops on it, with its own line
+                pass
+        return why
+
+    def check_restart(self) -> None:
+        """Check mode on the live host: the exit 14 the real run stops with, before writing anything, where this
+        step's restart would stop running containers (live-restore off) and --restart-engine was not given."""
+        eng = engines.get(self.engine)
+        if self.restart_engine or not eng.restart_stops_containers:
+            return
+        daemon = eng.live_daemon(eng.config_path(self.config, self.request()))
+        why = self.restart_reasons(daemon) if daemon else []
+        if why:
+            refuse_stopping_restart(eng, daemon, "; ".join(why))
 
     def edits(self, root: Path) -> list[FileEdit]:
         """The adapter's plan against the config under `root`: host paths, and what would be written names host
@@ -286,14 +328,15 @@ class ConfigureEngine(Action):
         path = eng.config_path(self.config, self.request())
         return [f"merge runtime {self.runtime_name!r} ({self.runtime_path}) into {path}"
                 + (" as the default runtime" if self.default else "") + (", CDI on" if self.cdi else "")
+                + (f", and set {', '.join(k for k, _ in self.options)}" if self.options else "")
                 + " (the diff below; atomic write with a backup, the engine's own check, rolled back if it fails)",
-                f"then {eng.apply_how(self.cdi)}: the running {eng.daemon} that reads {path}, if any, and check that it "
-                f"has runtime {self.runtime_name!r}"]  # (--cdi: docker reads `features` only at start)
+                f"then {eng.apply_how(bool(self.start_only))}: the running {eng.daemon} that reads {path}, if any, and "
+                f"check that it has runtime {self.runtime_name!r}"]  # (docker reads `features` and most keys at start)
 
     def execute(self) -> str:
         res = configure(self.engine, config=self.config, runtime_name=self.runtime_name,
                         runtime_path=self.runtime_path, default=self.default, cdi=self.cdi, replace=self.replace,
-                        restart_engine=self.restart_engine)
+                        restart_engine=self.restart_engine, options=self.options)
         return res.summary()
 
 
@@ -399,6 +442,28 @@ class PathExists:
 
 
 @dataclass(frozen=True)
+class InGroup:
+    """These users are members of this group (/etc/group under the root: its member list)."""
+    group: str
+    users: tuple[str, ...]
+
+    def satisfied(self, root: Path) -> bool:
+        return set(self.users) <= set(group_members(root, self.group) or ())
+
+    def describe(self) -> str:
+        return f"skipped when group {self.group} already lists {', '.join(self.users)} (/etc/group)"
+
+
+def group_members(root: Path, group: str) -> list[str] | None:
+    """The member list /etc/group gives `group` under `root`; None: no such group."""
+    for line in read_or_empty(under(root, "/etc/group")).splitlines():
+        parts = line.split(":")
+        if len(parts) == 4 and parts[0] == group:
+            return [u for u in parts[3].split(",") if u]
+    return None
+
+
+@dataclass(frozen=True)
 class DirEmpty:
     path: str
 
@@ -443,7 +508,7 @@ class RuntimeInstalled:
 
     def satisfied(self, root: Path) -> bool:
 
-        return is_live(root) and install.is_installed(self.driver_root)
+        return is_live(root) and install.is_installed(self.driver_root, front_ends=engines.front_ends())
 
     def describe(self) -> str:
         return "skipped when gpuprov-runtime is installed from these sources with these settings"
@@ -578,10 +643,14 @@ def packages_installed(pm: str, packages: tuple[str, ...], root: Path = LIVE) ->
     if pm == "apt":
         argv = ["dpkg-query", f"--admindir={under(root, 'var/lib/dpkg')}", "-W", "-f", "${Package} ${Status}\n",
                 *packages]
-    else:
-        argv = ["rpm", "--root", str(root), "-q", "--whatprovides", *[p.split(":")[0] for p in packages]]
+    else:  # by name or NEVRA (kernel-devel-K.x86_64), else by what provides it (a module spec: its name)
+        argv = ["rpm", "--root", str(root), "-q", *[p.split(":")[0] for p in packages]]
     try:
         p = effects.run(argv, check=False, probe=True)
+        if pm != "apt" and p.returncode != 0:
+            argv[3:] = ["-q", "--whatprovides",
+                        *[n for n in argv[4:] if f"package {n} is not installed" in p.output]]
+            p = effects.run(argv, check=False, probe=True)
     except StepFailed:  # the package manager itself is missing under this root: nothing is installed by it
         return False
     if pm == "apt":

@@ -28,8 +28,10 @@ from pathlib import Path
 from provision import effects, engines, paths, record
 from provision.engines import validate
 from provision.engines.base import RUNTIME_PATH, RuntimeRequest
+from provision.engines.containerd import ContainerdEngine
 from provision.engines.docker import LIVE, DockerEngine
-from provision.errors import RemovalRefused, StepFailed, UntrustedPath
+from provision.errors import GpuprovError, RemovalRefused, StepFailed, UntrustedPath
+from provision.facts.distro_facts import read_distro
 from provision.facts.rootfs import is_live, under
 from provision.fsutil import read_trusted, resolve
 from provision.hostlock import LOCK_NAME, lock_dirs
@@ -39,7 +41,7 @@ from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
-from provision.plan import persistence
+from provision.plan import dnf, persistence
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import gpuprov_files
 from provision.plan.packages import APT_ENV
@@ -67,6 +69,7 @@ PASS_MARKER = "# gpuprov pass-through (uninstall)"
 PURGE_OPTIONS = {"driver": "--purge-driver", "engine": "--purge-engine"}
 ALLOW_REMOVE = "--allow-remove"
 RESTART_ENGINE = "--restart-engine"
+FORCE = "--force"
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class UninstallOptions:
     purge_engine: bool = False  # --purge-engine: purge the engine packages gpuprov installed (never ones it found)
     allow_remove: bool = False  # --allow-remove: a purge may take other packages with it (apt's simulation names them)
     restart_engine: bool = False  # --restart-engine: restart dockerd where a change needs it (features.cdi)
+    force: bool = False  # --force: go on while containers only gpuprov's runtime can stop still run (Podman's)
 
 
 def _trusted(root: Path, path: str) -> str:
@@ -355,13 +359,16 @@ def _runc() -> str:
 
 
 def _users(root: Path, rec: record.Record, bin_path: str) -> list[str]:
-    """The running docker containers created under gpuprov's runtime (by any name it was registered under)."""
+    """The running containers created under gpuprov's runtime: docker's (by any name it was registered under) and
+    containerd's tasks whose runtime options name it as their runc (ctr, CRI)."""
     if not is_live(root):
         return []
     names = {"nvidia", *(e.get("runtime_name") for e in rec.configs.values() if e.get("runtime_name"))}
     live = DockerEngine().live()
     names |= {n for n, p in (live[0] if live else {}).items() if p == bin_path}
-    return DockerEngine().users(tuple(sorted(names))) or []
+    docker = DockerEngine().users(tuple(sorted(names))) or []
+    return docker + [t for t in ContainerdEngine().tasks_under(bin_path)
+                     if not t.startswith("moby/")]  # dockerd's own namespace: its containers are named above
 
 
 def runtime_steps(root: Path, rec: record.Record | None = None) -> list[Step]:
@@ -371,7 +378,8 @@ def runtime_steps(root: Path, rec: record.Record | None = None) -> list[Step]:
     binary = f"{bindir}/gpuprov-runtime"
     users = _users(root, rec, binary) if _exists(root, binary) else []
     passing = PASS_MARKER in read_or_empty(under(root, binary), 4096)
-    files = [p for p in ((binary,) if not users else ()) + (settings_path(),) if _exists(root, p)]
+    own = tuple(f"{bindir}/{e.own_front_end}" for e in engines.every() if e.own_front_end)  # Podman's front-end
+    files = [p for p in ((binary,) if not users else ()) + own + (settings_path(),) if _exists(root, p)]
     lib = f"{_prefix(root)}/{EDITOR_LIB}"  # the editor's copies (inject/install.py)
     trees = [lib] if _exists(root, lib) else []
     if HOOK_MARKER.decode() in read_or_empty(under(root, hook), 4096):  # NVIDIA's own hook is never gpuprov's
@@ -407,8 +415,7 @@ def runtime_steps(root: Path, rec: record.Record | None = None) -> list[Step]:
 class Purge(Action):
     """`apt-get purge` of the packages gpuprov installed, after apt's simulation of the very same purge: anything it
     would remove beyond them (a package the operator installed since that depends on one of them, say) stops the
-    step with exit 14 naming those packages, unless --allow-remove. dnf hosts record no packages (the record keeps
-    only what apt installed), so they have nothing to purge."""
+    step with exit 14 naming those packages, unless --allow-remove. dnf/yum hosts: provision/plan/dnf.py's DnfPurge."""
     packages: tuple[str, ...]
     allow_remove: bool
 
@@ -442,19 +449,33 @@ class Purge(Action):
 def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list[Step]:
     """Only what the record says gpuprov installed and held, and only what is still installed."""
     steps = []
+    pm = _package_manager(root)
     for stage, asked in ((Stage.DRIVER, opt.purge_driver), (Stage.ENGINE, opt.purge_engine)):
-        pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed("apt", (p,), root))
+        pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed(pm, (p,), root))
         holds = tuple(p for p in rec.holds if p in pkgs) if stage == Stage.DRIVER else ()
         extra = gpuprov_files(root) if stage == Stage.DRIVER else ()
         if not asked or not (pkgs or extra):
             continue
-        acts: list = [Command(("apt-mark", "unhold", *holds))] if holds else []
-        acts += [Purge(pkgs, opt.allow_remove)] if pkgs else []
+        note = ""
+        if pm in dnf.MANAGERS:
+            acts, note = dnf.purge_actions(root, pm, pkgs, holds, opt.allow_remove)
+        else:
+            acts = [Command(("apt-mark", "unhold", *holds))] if holds else []
+            acts += [Purge(pkgs, opt.allow_remove)] if pkgs else []
         acts += [_rm(*extra)] if extra else []
         steps.append(Step(f"uninstall.{stage.value}.packages", stage,
-                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}",
+                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}{note}",
                           actions=tuple(acts), check=Undone(gone=extra) if not pkgs else Never()))
     return steps
+
+
+def _package_manager(root: Path) -> str:
+    """The host's package manager (its os-release's family); apt where none can be read (the record's packages are
+    then looked up in dpkg's database, as before rpm hosts had any)."""
+    try:
+        return read_distro(root).package_manager
+    except GpuprovError:
+        return "apt"
 
 
 def kept_packages(rec: record.Record, opt: UninstallOptions) -> record.Record:
@@ -502,10 +523,27 @@ def lock_path() -> str:
     return os.path.join(lock_dirs()[0], LOCK_NAME)
 
 
+def _refuse_stranding(root: Path, rec: record.Record, opt: UninstallOptions) -> None:
+    """Exit 14 before anything is planned or changed while an engine runs containers under gpuprov's runtime that it
+    could no longer stop once uninstall took the runtime away and keeps no pass-through for (Podman: it stops them
+    through the runtime its configuration names; Docker's keep a pass-through, runtime_steps), naming them; --force
+    goes on (the operator's call: those containers then run on with nothing to stop them through)."""
+    if opt.force or not is_live(root):
+        return
+    names = tuple(sorted({"nvidia", *(e.get("runtime_name") for e in rec.configs.values() if e.get("runtime_name"))}))
+    held = {e.title: got for e in engines.every() if (got := e.stranded(names))}
+    if held:
+        running = "; ".join(f"{title}: {', '.join(c)}" for title, c in held.items())
+        raise RemovalRefused(f"containers started under gpuprov's runtime still run ({running}); once uninstall "
+                             f"removed the runtime their engine could not stop them: stop them first (podman stop "
+                             f"NAME), or {FORCE} to go on (nothing was changed)")
+
+
 def uninstall_steps(root: Path, opt: UninstallOptions, rec: record.Record | None = None) -> list[Step]:
     """The steps in the order they run; the install record read through the trusted reader (exit 6 when anyone but
     root could have written it, or it is not of gpuprov's shape)."""
     rec = rec if rec is not None else record.read(str(under(root, paths.INSTALL_RECORD)))
+    _refuse_stranding(root, rec, opt)
     return (engine_steps(root, rec, opt) + image_steps(root) + service_steps(root) + dev_char_steps(root)
             + persistence_steps(root, rec) + file_steps(root)
             + runtime_steps(root, rec) + package_steps(root, rec, opt) + state_steps(root, rec, opt))

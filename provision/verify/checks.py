@@ -284,7 +284,7 @@ def engine_running(h: NodeHost) -> CheckResult:
 def runtime_registered(h: NodeHost, name: str = "nvidia") -> CheckResult:
     if h.engine is None:
         return CheckResult("runtime registered", "fail", "cannot ask the engine (not running)")
-    path, why = h.engine.node_runtime(h.run, h.probe, name, h.runtime_path)
+    path, why = h.engine.node_runtime(h.run, h.probe, name, h.engine.front_end(h.runtime_path))
     if path is None:
         return CheckResult("runtime registered", "fail", why or "")
     rc, _, _ = h.run(["test", "-x", path])

@@ -9,6 +9,7 @@ from tests.conftest import REPO
 # path -> how many renames it may hold, and why they are not file writes
 NOT_FILE_CONTENT = {
     "provision/inject/server.py": (1, "the editor's socket, bound under a temp name then renamed into place"),
+    "provision/bundle/create.py": (1, "a completed `--resume` bundle directory (OUTPUT.partial) renamed to OUTPUT"),
     "provision/bundle/install.py": (1, "a verified, unpacked bundle directory moved to its content-named place"),
     "provision/inject/install.py": (2, "the editor's copy: a whole directory moved to its content-named place, and "
                                        "the `current` symlink"),

@@ -168,7 +168,8 @@ def test_good_values_pass(tmp_path):
 # a value that breaks the rule of each module parameter (values.PARAMS)
 MODULE_BAD = {"driver": "535; reboot", "runtime_name": "nvidia\n", "bundle": "/srv/b\x1b[2J", "bundle_keyring": "/k\n",
               "for_gpus": ["10de:2330\n"], "kernels": ["../../etc"],
-              "mirrors": {"docker-ce": "https://m.example/d\n[trusted=yes] http://evil.example/d"}}
+              "mirrors": {"docker-ce": "https://m.example/d\n[trusted=yes] http://evil.example/d"},
+              "engine_options": {"default-runtime": "runc"}, "engine_users": ["root\n"]}
 
 
 def test_the_role_refuses_what_the_cli_refuses():

@@ -76,6 +76,38 @@ def test_3_second_run_changes_nothing(host):
     print(f"\nre-run with the validation container: {took:.2f} s")
 
 
+def test_3b_uninstall_keeps_a_containerd_task_stoppable(host):
+    """Issue 27.6 for containerd: a task started with gpuprov's runtime as its runc (`ctr run --runc-binary`, as CRI's
+    handler `nvidia` does) in the operator's namespace outlives uninstall. Its shim execs that binary to kill and
+    delete it, whatever containerd's config says by then: gpuprov-runtime stays as a pass-through to runc (the plan
+    names the task), `ctr task kill` + `task delete` then work, and the next uninstall removes it. (On main the
+    binary went: the kill failed, "exec: /usr/local/bin/gpuprov-runtime: no such file", the task stayed.)"""
+    h = host
+    h.exec(f"{CTR} images export /tmp/v.tar {CTR_IMAGE} && ctr -n default images import /tmp/v.tar && "
+           "mkdir -p /tmp/hold && mkfifo /tmp/hold/fifo", check=True)
+    r = h.exec(f"ctr -n default run -d --runc-binary {RT} --mount type=bind,src=/tmp/hold,dst=/hold,options=rbind:ro "
+               f"{CTR_IMAGE} held-gpu cat /hold/fifo")  # blocks until a writer opens the FIFO
+    assert r.returncode == 0, r.stderr
+    try:
+        assert "RUNNING" in h.exec("ctr -n default tasks ls").stdout
+        r = h.exec("gpuprov uninstall --yes --json")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "default/held-gpu" in steps(r.stdout)["uninstall.runtime"]["title"]
+        assert b"pass-through" in h.read(RT)
+        assert h.exec("ctr -n default tasks kill -s SIGKILL held-gpu").returncode == 0  # cat is its PID 1
+        for _ in range(20):  # the task stops; its shim reaps it
+            if "STOPPED" in h.exec("ctr -n default tasks ls").stdout:
+                break
+            time.sleep(0.5)
+        r = h.exec("ctr -n default tasks delete held-gpu")
+        assert r.returncode == 0, r.stderr  # through the pass-through to runc
+    finally:
+        h.exec("ctr -n default tasks delete -f held-gpu; ctr -n default containers rm held-gpu")
+    r = h.exec("gpuprov uninstall --yes --json")
+    assert r.returncode == 0 and "uninstall.runtime" in steps(r.stdout), r.stdout[-2000:] + r.stderr[-2000:]
+    assert h.exec(f"test -e {RT}").returncode == 1
+
+
 def test_4_without_systemd_containerd_is_started_in_the_background():
     """A host without an init system (a container, a minimal image): Debian's containerd ships only a systemd unit,
     so bootstrap tries the SysV script as printed, then starts the daemon itself in the background and validates

@@ -199,6 +199,41 @@ def test_4c_operators_runtime_needs_replace_runtime(fleet):
     assert runtimes["nvidia"] == {"path": "/usr/local/bin/gpuprov-runtime", "runtimeArgs": []}
 
 
+def test_4d_engine_options_and_users_go_through_gpuprov(fleet):
+    """Issue 28.14, geerlingguy.docker's variables: gpuprov_engine_options (its docker_daemon_options) merged into
+    daemon.json by gpuprov, beside its own keys and the operator's (check mode shows the diff first); a key dockerd
+    reads only at start restarts it (no container runs here), the live daemon then uses it; gpuprov_engine_users
+    (docker_users) added to the docker group; the next run changes nothing; a key gpuprov's own options set is
+    refused by the module with exit 2 before anything runs. (test_6 then shows uninstall keeps these keys.)"""
+    hosts, inv = fleet
+    h = hosts[1]
+    h.exec("useradd -m alice", check=True)
+    mine = json.loads(h.read("/etc/docker/daemon.json"))
+    mine["dns"] = ["192.0.2.53"]  # the operator's own key, set by hand
+    h.write("/etc/docker/daemon.json", json.dumps(mine, indent=2) + "\n")
+    before = h.read("/etc/docker/daemon.json")
+    extra = ["--tags", "engine,runtime", "--limit", h.name, "-e", json.dumps(
+        {"gpuprov_engine_options": {"log-driver": "local", "max-concurrent-downloads": 4},
+         "gpuprov_engine_users": ["alice"]})]
+    rc, out, recap = playbook(inv, "--check", "--diff", *extra)
+    assert rc == 0 and recap[h.name]["changed"] >= 1, out[-3000:]
+    assert '+  "log-driver": "local"' in out and '+  "max-concurrent-downloads": 4' in out, out[-3000:]
+    assert h.read("/etc/docker/daemon.json") == before
+    rc, out, recap = playbook(inv, *extra)
+    assert rc == 0 and recap[h.name]["failed"] == 0, out[-3000:]
+    doc = json.loads(h.read("/etc/docker/daemon.json"))
+    assert doc == {**mine, "log-driver": "local", "max-concurrent-downloads": 4}, doc
+    assert h.exec("docker info --format '{{.LoggingDriver}}'").stdout.strip() == "local"  # restarted: read at start
+    assert "docker" in h.exec("id -nG alice").stdout.split()
+    rc, out, recap = playbook(inv, *extra)
+    assert rc == 0 and recap[h.name]["changed"] == 0, (recap, out[-3000:])
+    rc, out, recap = playbook(inv, "--limit", h.name, "--tags", "runtime", "-e",
+                              '{"gpuprov_engine_options": {"default-runtime": "runc"}}')
+    assert rc != 0 and recap[h.name]["failed"] == 1, out[-3000:]
+    assert "engine_options 'default-runtime=\"runc\"': KEY=JSON" in out and "(exit 2)" in out, out[-3000:]
+    assert json.loads(h.read("/etc/docker/daemon.json")) == doc
+
+
 def test_5_invalid_daemon_json_fails_alone(fleet):
     hosts, inv = fleet
     bad = hosts[2]

@@ -13,6 +13,7 @@ lifts the masks before the rootless part."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -27,6 +28,7 @@ DROPIN = "/etc/containers/containers.conf.d/99-gpuprov.conf"
 CHECK = "gpuprov-check"  # the image both users import from the same tar (the validation image's files)
 LOOK = "ls /dev; test -x /usr/bin/nvidia-smi && echo smi; test -e /usr/lib/x86_64-linux-gnu/libcuda.so.1 && echo cuda; true"
 USER = "alice"
+PODMAN_RT = "/usr/local/bin/gpuprov-runtime-podman"  # Podman's own front-end: it wraps Podman's OCI runtime
 AS_USER = f"runuser -l {USER} -c 'export XDG_RUNTIME_DIR=/tmp/run-{USER}; mkdir -p -m 700 $XDG_RUNTIME_DIR; {{}}'"
 
 
@@ -90,11 +92,12 @@ def test_3_verify_passes(host):
 
 def test_2b_runtime_wraps_podmans_crun(host):
     """Issue 27.12: Debian's podman brings crun alone (Depends crun | runc): gpuprov-runtime hands over to crun,
-    so `podman run --runtime nvidia` works (it failed with "cannot exec /usr/sbin/runc"), GPU request included."""
+    so `podman run --runtime nvidia` works (it failed with "cannot exec /usr/sbin/runc"), GPU request included.
+    Podman's runtime is its own front-end, gpuprov-runtime-podman (test_4b: with runc installed too)."""
     assert host.exec("command -v runc").returncode != 0 and host.exec("command -v crun").returncode == 0
     assert json.loads(host.read("/etc/gpuprov/runtime.json"))["runc"] == "/usr/bin/crun"
     r = host.exec("podman --runtime nvidia info --format '{{.Host.OCIRuntime.Path}}'")
-    assert r.returncode == 0 and r.stdout.strip() == "/usr/local/bin/gpuprov-runtime", r.stderr
+    assert r.returncode == 0 and r.stdout.strip() == PODMAN_RT, r.stderr
     r = host.exec(f"podman run --runtime nvidia --rm --network none --pull never {CHECK} echo through-nvidia")
     assert r.returncode == 0 and r.stdout.strip() == "through-nvidia", r.stderr
     # utility: the host's kernel lists no nvidia-uvm (only /proc/driver is the H200's), so compute would be refused
@@ -141,6 +144,38 @@ def test_4_refusals_in_one_line(host):
     assert host.exec("gpuprov engine configure podman").returncode == 0
 
 
+def test_4b_podman_keeps_crun_where_runc_is_installed_too(host):
+    """Issue 27.12, several engines' runtimes on one host: runc installed beside Podman's crun (as dockerd or
+    containerd bring it). gpuprov-runtime wraps runc, theirs; Podman's runtime `nvidia` is gpuprov-runtime-podman,
+    which wraps crun, the OCI runtime Podman itself runs (on main, Podman's `nvidia` wrapped runc: the one front-end
+    had the one slot). The container's state is crun's (`status`), never runc's (`state.json`)."""
+    r = host.exec("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends runc", timeout=600)
+    assert r.returncode == 0 and host.exec("command -v runc").stdout.strip() == "/usr/sbin/runc", r.stderr
+    assert host.exec("podman info --format '{{.Host.OCIRuntime.Path}}'").stdout.strip() == "/usr/bin/crun"
+    r = host.exec("gpuprov runtime install && gpuprov engine configure podman")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(host.read("/etc/gpuprov/runtime.json"))["runc"] == "/usr/sbin/runc"  # dockerd's, containerd's
+    assert host.exec("/usr/local/bin/gpuprov-runtime --gpuprov-front-end").stdout.split()[-1] == "/usr/sbin/runc"
+    assert host.exec(f"{PODMAN_RT} --gpuprov-front-end").stdout.split()[-1] == "/usr/bin/crun"
+    r = host.exec("podman --runtime nvidia info --format '{{.Host.OCIRuntime.Path}}'")
+    assert r.returncode == 0 and r.stdout.strip() == PODMAN_RT, r.stdout + r.stderr
+    r = host.exec(f"podman run -d -i --runtime nvidia --network none --pull never -e NVIDIA_VISIBLE_DEVICES=0 "
+                  f"-e NVIDIA_DRIVER_CAPABILITIES=utility {CHECK} cat")  # it waits on its stdin, which podman holds
+    cid = r.stdout.strip()
+    assert r.returncode == 0 and cid, r.stderr
+    try:
+        state = host.exec(f"for d in $(find /run -type d -name {cid}); do echo \"$d: $(ls $d | tr '\\n' ' ')\"; done"
+                          ).stdout
+        assert re.search(r"\bstatus\b", state) and "state.json" not in state, state  # crun's state, not runc's
+        assert "nvidia0" in host.exec(f"podman exec {cid} ls /dev").stdout.split()  # the GPU request was served
+        assert host.exec(f"podman stop -t 1 {cid}").returncode == 0  # and its kill through the same front-end
+    finally:
+        host.exec(f"podman rm -f {cid}")
+    r = host.exec("gpuprov verify --json")
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["runtime registered"]["status"] == "pass" and PODMAN_RT in checks["runtime registered"]["detail"]
+
+
 def test_5_rootless_gpu_through_cdi(host):
     # (a nested host's masks over /proc, see the module's docstring; the driver's /proc/driver goes too)
     host.exec("for m in $(awk '$5 ~ \"^/proc/\" {print $5}' /proc/self/mountinfo | sort -r); do umount -l $m; done",
@@ -158,9 +193,29 @@ def test_5_rootless_gpu_through_cdi(host):
     assert host.exec(f"find /home/{USER} ! -user {USER}").stdout == ""  # nothing under the home written by root
 
 
+def test_5c_uninstall_refuses_while_podman_runs_a_container_under_the_runtime(host):
+    """Issue 27.6 for Podman: Podman stops a container through the runtime its configuration names, so with
+    gpuprov's drop-in and front-end gone `podman stop` of a container started with `--runtime nvidia` could not work.
+    Uninstall (and its dry run, the plan) refuses while one runs: exit 14, one line naming it, nothing changed; once
+    it is stopped, test_6's uninstall goes through. (On main uninstall removed both, exit 0.)"""
+    r = host.exec(f"podman run -d -i --name held-gpu --runtime nvidia --network none --pull never {CHECK} cat")
+    assert r.returncode == 0, r.stderr
+    try:
+        before = host.exec(f"md5sum {DROPIN} {PODMAN_RT} /etc/gpuprov/runtime.json").stdout
+        for cmd in ("gpuprov uninstall --dry-run", "gpuprov uninstall --yes"):
+            r = host.exec(cmd)
+            assert r.returncode == 14 and len(r.stderr.strip().splitlines()) == 1, (cmd, r.stdout, r.stderr)
+            assert "Podman: held-gpu" in r.stderr and "--force" in r.stderr, r.stderr
+        assert host.exec(f"md5sum {DROPIN} {PODMAN_RT} /etc/gpuprov/runtime.json").stdout == before
+        assert host.exec("podman stop -t 1 held-gpu").returncode == 0  # through gpuprov's runtime, still there
+    finally:
+        host.exec("podman rm -f held-gpu")
+
+
 def test_6_uninstall_keeps_podman_and_the_users_images(host):
     r = host.exec("gpuprov uninstall --yes --json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert host.exec(f"test -e {PODMAN_RT}").returncode != 0  # Podman's front-end goes with gpuprov-runtime
     assert host.exec(f"test -e {DROPIN} || test -e /etc/cdi/nvidia.yaml").returncode != 0
     assert "gpuprov-validate" not in host.exec("podman image ls").stdout
     assert CHECK in host.exec("podman image ls").stdout  # the operator's image stays

@@ -20,8 +20,12 @@ KERNEL = {"debian": "6.1.0-27-amd64", "ubuntu": "6.8.0-49-generic"}
 
 
 def plan(tmp_path, distro: str, sysfs: str = "datacenter", secure_boot: bool = False, pin: str | None = None,
-         **opt) -> dict[str, dict]:
+         files: dict[str, str] | None = None, **opt) -> dict[str, dict]:
+    """`files`: host path -> content, added to the fixture host before it is planned for."""
     root = make_host(tmp_path, distro, sysfs, kernel=KERNEL.get(distro.split("-")[0], "5.14.0-427.el9.x86_64"))
+    for path, text in (files or {}).items():
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/")).write_text(text)
     if secure_boot:
         var = root / SECURE_BOOT_VAR
         var.parent.mkdir(parents=True)
@@ -288,3 +292,41 @@ def test_docker_ce_repo_enabled_only_once_installed(tmp_path):
     assert lines[2] == "$ dnf --enablerepo=docker-ce-stable install --assumeno docker-ce docker-ce-cli containerd.io"
     assert lines[3] == "$ dnf --enablerepo=docker-ce-stable install -y docker-ce docker-ce-cli containerd.io"
     assert lines[4] == "$ dnf config-manager --save --setopt=docker-ce-stable.enabled=1"
+
+
+def test_cuda_and_epel_mirrors_are_what_dnf_keeps_using(tmp_path):
+    """--mirror cuda=URL / epel=URL: NVIDIA's .repo file and epel-release's epel.repo name upstream's hosts (EPEL a
+    metalink) whatever URL they came from; the plan saves the mirrors into them, and the step is not done while a
+    file does not name its mirror. On the previous commit neither was set: every later dnf run went upstream."""
+    steps = plan(tmp_path, "rocky-9", driver_source="nvidia",
+                 mirrors={"cuda": "http://mirror.example/cuda", "epel": "http://mirror.example/epel"})
+    acts = steps["driver.repo"]["actions"]
+    assert ("$ dnf config-manager --save '--setopt=epel.baseurl=http://mirror.example/epel/$releasever/Everything/"
+            "$basearch/' --setopt=epel.metalink=") in acts
+    assert ("$ dnf config-manager --save --setopt=cuda-rhel9-x86_64.baseurl=http://mirror.example/cuda/rhel9/x86_64 "
+            "--setopt=cuda-rhel9-x86_64.gpgkey=http://mirror.example/cuda/rhel9/x86_64/D42D0685.pub") in acts
+    from provision.plan.dnf import ReposAt
+    root = tmp_path / "host"
+    check = ReposAt((("/etc/yum.repos.d/epel.repo", "http://mirror.example/epel"),
+                     ("/etc/yum.repos.d/cuda-rhel9.repo", "http://mirror.example/cuda")))
+    (root / "etc/yum.repos.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/yum.repos.d/epel.repo").write_text("[epel]\nbaseurl=http://mirror.example/epel/$releasever/\n")
+    (root / "etc/yum.repos.d/cuda-rhel9.repo").write_text("[cuda-rhel9-x86_64]\nbaseurl=https://upstream.invalid/\n")
+    assert not check.satisfied(root)
+    (root / "etc/yum.repos.d/cuda-rhel9.repo").write_text("[cuda-rhel9-x86_64]\nbaseurl=http://mirror.example/cuda/\n")
+    assert check.satisfied(root)
+
+
+def test_another_module_stream_enabled_is_switched(tmp_path):
+    """NVIDIA's repository on EL 8+: the branch is a module stream. With another stream of nvidia-driver enabled
+    (dnf's state file), the plan switches it (`dnf module switch-to`, its dry run first, both past the old branch's
+    version locks, which the hold step replaces); without, it installs the stream."""
+    steps = plan(tmp_path / "fresh", "rocky-9", driver_source="nvidia", pin="575")
+    assert "$ dnf module install -y nvidia-driver:575-open" in steps["driver.packages"]["actions"]
+    state = {"/etc/dnf/modules.d/nvidia-driver.module":  # dnf's state of an enabled 570-open stream
+             "[nvidia-driver]\nname=nvidia-driver\nstream=570-open\nprofiles=default\nstate=enabled\n"}
+    steps = plan(tmp_path / "switch", "rocky-9", driver_source="nvidia", pin="575", files=state)
+    acts = steps["driver.packages"]["actions"]
+    assert "$ dnf --disableplugin=versionlock module switch-to --assumeno nvidia-driver:575-open" in acts
+    assert "$ dnf --disableplugin=versionlock module switch-to -y nvidia-driver:575-open" in acts
+    assert steps["driver.packages"]["title"].startswith("Switch the driver's module stream to nvidia-driver:575-open")

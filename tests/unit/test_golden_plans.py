@@ -94,7 +94,7 @@ def test_golden_podman_on_debian(tmp_path):
     assert doc == json.loads(path.read_text())
     by_id = {s["id"]: s for s in doc["steps"]}
     assert "engine.service" not in by_id and any("podman uidmap" in a for a in by_id["engine.packages"]["actions"])
-    assert "+nvidia = [\"/usr/local/bin/gpuprov-runtime\"]" in \
+    assert "+nvidia = [\"/usr/local/bin/gpuprov-runtime-podman\"]" in \
         by_id["engine.config"]["files"]["/etc/containers/containers.conf.d/99-gpuprov.conf"]
     # the host tree's own containers.conf is the one read: its runtime `nvidia` elsewhere is the operator's (14)
     theirs = {"/etc/containers/containers.conf": '[engine.runtimes]\nnvidia = ["/opt/theirs/runtime"]\n'}

@@ -236,6 +236,9 @@ def test_ubuntu_precompiled_decision():
     meta, abi = f"linux-modules-nvidia-{SERIES}-generic-hwe-22.04", f"linux-modules-nvidia-{SERIES}-{UBU_K}"
     metas = ("linux-image-generic-hwe-22.04",)
     assert ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({meta, abi})).package == meta
+    assert ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({meta, abi})).driver == (
+        "nvidia-headless-no-dkms-580-server-open", "nvidia-utils-580-server")
+    assert ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({meta, abi})).abi == (abi,)
     no_abi = ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({meta}))
     assert no_abi.package is None and UBU_K in no_abi.why
     assert ubuntu_precompiled(drv_pkgs, metas, (UBU_K,), frozenset({abi})).package is None
@@ -253,8 +256,12 @@ def test_ubuntu_plan_takes_the_precompiled_modules_where_offered(tmp_path):
     step = _pkgs_step(root)
     text = "\n".join(step.lines())
     install = next(ln for ln in step.lines() if "apt-get install" in ln)
-    assert f"linux-modules-nvidia-{SERIES}-generic nvidia-headless-580-server-open" in install
-    assert "linux-headers" not in text and "dkms" not in text, text  # no DKMS, no headers, no rollback of a build
+    # the headless metapackage's no-DKMS twin: nvidia-headless-580-server-open depends on nvidia-dkms-580-server-open
+    # and each kernel's own modules package (the metapackage brings only its newest kernel's), marked automatic
+    assert (f"linux-modules-nvidia-{SERIES}-generic linux-modules-nvidia-{SERIES}-{UBU_K} "
+            "nvidia-headless-no-dkms-580-server-open") in install
+    assert f"$ apt-mark auto linux-modules-nvidia-{SERIES}-{UBU_K}" in step.lines()
+    assert "linux-headers" not in text and "dkms " not in text and "nvidia-dkms" not in text, text  # no DKMS build
     assert any("precompiled, signed" in n for n in step.notes), step.notes
     assert step.check.dkms and step.check.kernels == (UBU_K,)  # skipped only once the module is there
 
@@ -286,6 +293,23 @@ OLD_535 = {p.name: p for p in (
     _inst("cuda-toolkit-12-2", "cuda-toolkit-12-2", True))}
 TESLA_470 = ("nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-driver", "nvidia-tesla-470-smi",
              "libnvidia-tesla-470-cuda1")
+
+
+def test_ubuntu_branch_change_takes_the_old_precompiled_modules_along():
+    """The old branch's linux-modules-nvidia-* need its nvidia-kernel-common: left out of the transaction, apt removes
+    them on its own and the dry run stops the change with exit 14 (seen in tests/integration/test_ubuntu_apt.py)."""
+    v = "570.195.03-0ubuntu0.22.04.1"
+    old = {p.name: p for p in (
+        _inst("nvidia-headless-no-dkms-570-server-open", "nvidia-graphics-drivers-570-server", True, v),
+        _inst("nvidia-kernel-common-570-server", "nvidia-graphics-drivers-570-server", True, v),
+        _inst("linux-modules-nvidia-570-server-open-generic", "linux-meta", False, "5.15.0.92.89"),
+        _inst(f"linux-modules-nvidia-570-server-open-{UBU_K}", "linux-restricted-modules", False, "5.15.0-92.102"),
+        _inst("linux-image-generic", "linux-meta", False, "5.15.0.92.89"))}
+    new = ("linux-modules-nvidia-580-server-open-generic", "nvidia-headless-no-dkms-580-server-open")
+    rep = branch_replacement(old, new, frozenset(new))
+    assert rep.remove == (f"linux-modules-nvidia-570-server-open-{UBU_K}", "linux-modules-nvidia-570-server-open-generic",
+                          "nvidia-headless-no-dkms-570-server-open", "nvidia-kernel-common-570-server"), rep.remove
+    assert rep.old == "nvidia-headless-no-dkms-570-server-open 570.195.03"
 
 
 def test_branch_replacement_decision():

@@ -17,6 +17,6 @@ def test_ruff_clean():
 @needs("ansible-lint")
 @pytest.mark.parametrize("profile", [["--profile", "production"], []])  # [] : ansible-lint's default, as users run it
 def test_ansible_lint(profile):
-    r = subprocess.run(["ansible-lint", *profile, "--nocolor", "site.yml", "roles/", "inventories/"],
+    r = subprocess.run(["ansible-lint", *profile, "--nocolor", "site.yml", "roles/", "inventories/", "galaxy.yml", "meta/"],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -31,7 +31,9 @@ SAMPLES = dict(driver="535", kernel_modules="open", driver_source="nvidia", engi
                persistence=False, replace_runtime=True, allow_remove=True, restart_engine=True,
                bundle="/var/lib/gpuprov/bundle", bundle_keyring="/var/lib/gpuprov/k.gpg",
                for_gpus=["10de:2335", "10de:2330"], kernels=["6.1.0-28-amd64"], stages=["engine", "runtime"],
-               mirrors={"cuda": "https://mirror.example/cuda", "docker-ce": "https://mirror.example/docker-ce"})
+               mirrors={"cuda": "https://mirror.example/cuda", "docker-ce": "https://mirror.example/docker-ce"},
+               engine_options={"log-driver": "local", "log-opts": {"max-size": "10m"}, "live-restore": True},
+               engine_users=["alice", "bob"])
 
 
 def _module():

@@ -220,7 +220,7 @@ PIPED = textwrap.dedent("""
     steps = [Step(f"s.{i}", "engine", f"Step {i}", actions=(Command(("sh", "-c",
              f"sleep 0.3; seq 1 3000; touch {d}/ran{i}")),)) for i in range(1, 6)]
     cmd._plan = lambda root, target, opt: (None, steps)
-    rs.resume = lambda: None
+    rs.resume = lambda *a: None
     ap.missing_packages = lambda steps: {}
     ap.record_installed = lambda *a: None
     code = cli.main(["bootstrap", "--yes", *sys.argv[2:]])

@@ -28,11 +28,26 @@ def test_pending_reboot_is_reported_until_the_host_reboots(tmp_path):
 
 
 def test_resumed_without_a_device_exits_15(tmp_path):
-    r = run_cli("bootstrap", "--yes", "--driver", "skip", "--engine", "none", env=_pending(tmp_path, False))
+    r = run_cli("bootstrap", "--yes", "--engine", "none", env=_pending(tmp_path, False))
     assert r.returncode == 15, r.stderr
     assert "no NVIDIA device" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["reboot_required"] is False and state["resumed_after_reboot"] is True
+
+
+def test_a_run_without_the_driver_goes_on_after_the_reboot(tmp_path):
+    """Exit 15 is for the run that would verify the driver: one that plans no driver step (`--driver skip`, an
+    `--only` without it) records the resume and applies its plan (tests/integration/test_el_cuda.py runs one on a
+    host). On the previous commit `bootstrap --driver skip --engine docker` stopped with 15 before the engine."""
+    for i, args in enumerate((["--driver", "skip"], ["--only", "engine,runtime"])):
+        (tmp_path / str(i)).mkdir()
+        r = run_cli("bootstrap", *args, "--engine", "none", "--dry-run", "--json", env=_pending(tmp_path / str(i), False))
+        assert r.returncode == 0, r.stderr
+        said = json.loads(r.stdout)["resume"]["bootstrap"]
+        assert "records the resume in" in said and "and applies this plan (no NVIDIA device" in said, said
+    (tmp_path / "driver").mkdir()
+    r = run_cli("bootstrap", "--engine", "none", "--dry-run", "--json", env=_pending(tmp_path / "driver", False))
+    assert "then stops: no NVIDIA device to verify the driver on (exit 15)" in json.loads(r.stdout)["resume"]["bootstrap"]
 
 
 def test_dry_run_and_check_only_say_what_the_resume_would_do(tmp_path):

@@ -300,3 +300,42 @@ def test_cli_dry_run_json_changes_nothing(tmp_path):
     assert r.returncode == 2 and "without --yes" in r.stderr
     shutil.rmtree(tmp_path / "lock", ignore_errors=True)
     assert os.path.isdir(tmp_path / "s")
+
+
+def test_dnf_purge_names_the_record_and_unlocks_only_gpuprov_locks(tmp_path, monkeypatch):
+    """On a dnf host the purge is dnf's: its dry run of the very removal first (no unused dependencies taken
+    along: the record names them), then gpuprov's version locks off, then the removal. The versionlock plugin
+    gpuprov installed stays while the lock list keeps a lock of the operator's (it would stop holding without it)."""
+    (tmp_path / "etc/dnf/plugins").mkdir(parents=True)
+    shutil.copy(Path(__file__).parents[1] / "fixtures/el-repos/host/os-release-9", tmp_path / "etc/os-release")
+    locks = tmp_path / "etc/dnf/plugins/versionlock.list"
+    locks.write_text("# Added lock on Sat Nov 28\nkmod-nvidia-open-0:570.133.07-1.el9_5.elrepo.*\n"
+                     "nvidia-x11-drv-libs-0:570.133.07-1.el9_5.elrepo.*\n")
+    monkeypatch.setattr(un, "packages_installed", lambda pm, pkgs, root=LIVE: pm == "dnf")
+    rec = record.Record(packages={"driver": ["elrepo-release", "kmod-nvidia-open", "nvidia-x11-drv-libs",
+                                             "python3-dnf-plugin-versionlock"]}, holds=["kmod-nvidia-open"])
+    opt = un.UninstallOptions(purge_driver=True)
+    pkgs = ("elrepo-release", "kmod-nvidia-open", "nvidia-x11-drv-libs", "python3-dnf-plugin-versionlock")
+    [step] = un.package_steps(tmp_path, rec, opt)
+    assert [c.argv for c in step.commands] == [
+        ("dnf", "remove", "--assumeno", "--setopt=clean_requirements_on_remove=0", *pkgs),
+        ("dnf", "versionlock", "delete", "kmod-nvidia-open", "nvidia-x11-drv-libs"),
+        ("dnf", "remove", "-y", "--setopt=clean_requirements_on_remove=0", *pkgs)]
+    with locks.open("a") as f:
+        f.write("podman-5:5.2.2-1.el9.*\n")  # the operator's own lock
+    [step] = un.package_steps(tmp_path, rec, opt)
+    assert "python3-dnf-plugin-versionlock kept" in step.title
+    assert step.commands[-1].argv == ("dnf", "remove", "-y", "--setopt=clean_requirements_on_remove=0", *pkgs[:3])
+
+
+def test_the_apt_driver_steps_packages_are_recorded_for_purge():
+    """The apt driver step's check is DriverBuilt (packages and each kernel's module), not PackagesInstalled: its
+    packages must still reach the install record, or `uninstall --purge-driver` purges nothing (seen for real on
+    tests/integration/test_ubuntu_apt.py's host: "Purge the driver packages gpuprov installed: none")."""
+    from provision.options import Stage
+    from provision.plan.driver import DriverBuilt
+
+    absent = ("gpuprov-test-absent-headless", "gpuprov-test-absent-utils")  # no such packages on this machine
+    step = st.Step("driver.packages", Stage.DRIVER, "Install the driver",
+                   check=DriverBuilt("apt", absent, ("6.8.0-49-generic",), False))
+    assert ap.missing_packages([step]) == {"driver.packages": list(absent)}

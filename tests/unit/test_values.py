@@ -34,6 +34,11 @@ CASES = {
     "package": (["docker.io", "nvidia-driver-535", "libnvidia-gl-535:i386", "g++"],
                 ["-y", "--allow-remove-essential", "a b", "docker.io,x", "x\n", "", 7, ["docker.io"]]),
     "boolean": ([True, False], ["false", 0, 1, None]),
+    "engine_option": (['log-driver="local"', "max-concurrent-downloads=4", 'log-opts={"max-size":"10m"}',
+                       "live-restore=true"],
+                      ['runtimes={}', 'default-runtime="runc"', "features={}", "log-driver=local", 'Log-driver="x"',
+                       "=1", "log-driver", "log-driver=", 'a b="x"', "x=" + "1" * 4100, ""]),
+    "user_name": (["alice", "_svc", "ci-runner2"], ["Alice", "-x", "a:b", "root\n", "a" * 33, "", "a b"]),
 }
 
 
@@ -64,7 +69,7 @@ def test_values_py_imports_nothing_the_node_lacks():
     tree = ast.parse((REPO / "provision/values.py").read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"__future__", "re", "urllib.parse"}, imported
+    assert imported <= {"__future__", "re", "json", "urllib.parse"}, imported
     link = REPO / "roles/gpuprov/module_utils/gpuprov_values.py"
     assert link.is_symlink() and not os.path.isabs(os.readlink(link))
     assert link.resolve() == (REPO / "provision/values.py").resolve()

@@ -1,0 +1,1 @@
+../../provision/errors.py

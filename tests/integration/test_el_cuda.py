@@ -1,0 +1,125 @@
+"""NVIDIA's CUDA repository on EL through a real dnf and rpm: `gpuprov bootstrap --driver-source nvidia` on a Rocky 9
+host container (tests/integration/el_hosts.py, the image and stand-in repositories test_el_dnf.py uses), against the
+stand-in CUDA repository for RHEL 9 with its `nvidia-driver` module streams (modulemd metadata: 570-dkms, 570-open,
+575-dkms, 575-open, latest-dkms, open-dkms; tests/fixtures/el-repos) and EPEL (dkms), both reached only through
+`--mirror cuda=...` and `--mirror epel=...` (their repository files name hosts that do not resolve here). What is
+stand-in: the payloads (no DKMS build runs: the stand-in dkms has no scriptlets). What is real: dnf's modularity
+(stream enablement, module filtering, the default profile, `module switch-to`), its transactions, GPG checks,
+versionlock and rpm's database.
+
+One host through its stages (module-scoped, in order):
+1. bootstrap --driver 570: EPEL and NVIDIA's repository pointed at their mirrors, kernel-devel/headers and dkms,
+   the 570-open stream's default profile, the driver locked at 570; after the reboot, a second run changes nothing.
+2. bootstrap --driver 575 (a branch change): the stream switched to 575-open by dnf, every driver package at 575 and
+   locked there alone.
+3. After that reboot, `bootstrap --driver skip` goes on without a GPU to verify the driver on (no exit 15).
+4. uninstall --purge-driver: every package gpuprov installed is gone, the operator's stay.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import needs
+from tests.integration.el_hosts import ElHost, url
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
+GPU = "10de:2330"  # an H100: open kernel modules, so the `-open` streams
+OLD, NEW = "570.133.20", "575.57.08"
+DRIVER_PKGS = ("nvidia-driver", "nvidia-driver-libs", "nvidia-driver-cuda", "nvidia-driver-cuda-libs",
+               "nvidia-kmod-common", "kmod-nvidia-open-dkms")
+
+
+def bootstrap(branch: str) -> str:
+    return (f"gpuprov bootstrap --yes --json --for-gpu {GPU} --engine none --no-validate --driver-source nvidia "
+            f"--driver {branch} --mirror cuda={url('cuda')} --mirror epel={url('epel')}")
+
+
+@pytest.fixture(scope="module")
+def host():
+    h = ElHost()
+    try:
+        h.install_gpuprov()
+        h.exec("dnf install -y -q kernel podman", check=True)  # the operator's server before gpuprov
+        yield h
+    finally:
+        h.remove()
+
+
+@pytest.fixture(scope="module")
+def installed(host):
+    before = host.rpms()
+    return before, host.exec(bootstrap("570"))
+
+
+def stream(host) -> str:
+    return host.exec("cat /etc/dnf/modules.d/nvidia-driver.module").stdout
+
+
+def locks(host) -> list[str]:
+    return [ln for ln in host.exec("cat /etc/dnf/plugins/versionlock.list").stdout.splitlines()
+            if ln and not ln.startswith("#")]
+
+
+def test_driver_from_the_570_open_stream_through_the_mirrors(host, installed):
+    before, r = installed
+    assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]  # 7: a reboot is due (the new module)
+    after = host.rpms()
+    assert {p: after.get(p) for p in DRIVER_PKGS} == {p: f"3:{OLD}-1.el9" for p in DRIVER_PKGS}, after
+    assert "kmod-nvidia-latest-dkms" not in after  # the open stream's profile, not the proprietary one
+    assert {"dkms", "kernel-devel", "kernel-headers", "epel-release"} <= after.keys()
+    assert "stream=570-open" in stream(host) and "state=enabled" in stream(host), stream(host)
+    assert {p: v for p, v in before.items() if after.get(p) != v} == {}, "a package was changed or removed"
+    # the repositories dnf keeps using are the mirrors: EPEL's metalink and NVIDIA's upstream URLs replaced
+    for repo, base in (("epel", url("epel")), ("cuda-rhel9-x86_64", url("cuda"))):
+        info = host.exec(f"dnf repoinfo {repo} 2>&1").stdout
+        assert base in info and "upstream.invalid" not in info, info
+    assert host.exec("dnf makecache 2>&1").returncode == 0
+    assert sorted(locks(host)) == sorted(f"{p}-3:{OLD}-1.el9.*" for p in (*DRIVER_PKGS, "nvidia-persistenced"))
+    rec = json.loads(host.exec("cat /var/lib/gpuprov/installed.json", check=True).stdout)
+    assert sorted(rec["packages"]["driver"]) == sorted(after.keys() - before.keys()), rec
+
+
+def test_rerun_after_the_reboot_changes_nothing(host, installed):
+    host.reboot()
+    before, lk = host.rpms(), locks(host)
+    r = host.exec(bootstrap("570"))  # the resume: no GPU here to verify the driver on
+    assert r.returncode == 15 and "no NVIDIA device" in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    r = host.exec(bootstrap("570"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["changed"] == 0, [s for s in doc["steps"] if s["status"] == "changed"]
+    assert host.rpms() == before and locks(host) == lk
+
+
+def test_branch_change_switches_the_module_stream(host, installed):
+    plan = host.exec(bootstrap("575").replace("bootstrap --yes --json", "bootstrap --dry-run"))
+    assert "dnf --disableplugin=versionlock module switch-to -y nvidia-driver:575-open" in plan.stdout, plan.stdout
+    r = host.exec(bootstrap("575"))
+    assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
+    after = host.rpms()
+    assert {p: after.get(p) for p in DRIVER_PKGS} == {p: f"3:{NEW}-1.el9" for p in DRIVER_PKGS}, after
+    assert "stream=575-open" in stream(host), stream(host)
+    # locked at the new branch alone: an entry of the old one would let dnf take either
+    assert locks(host) and all(f"-3:{NEW}-" in ln for ln in locks(host)), locks(host)
+    assert "Nothing to do" in host.exec("dnf upgrade --assumeno 2>&1").stdout
+
+
+def test_after_the_reboot_a_run_without_the_driver_goes_on(host, installed):
+    """Exit 15 (no device to verify the driver on) is for a run that plans the driver; one with --driver skip
+    records the resume and applies its plan (on the previous commit it stopped with 15 before any step)."""
+    host.reboot()
+    r = host.exec("gpuprov bootstrap --yes --json --driver skip --engine none --no-validate")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert json.loads(r.stdout)["steps"], r.stdout
+    state = json.loads(host.exec("cat /var/lib/gpuprov/state.json", check=True).stdout)
+    assert state["resumed_after_reboot"] is True and state["reboot_required"] is False, state
+
+
+def test_uninstall_purges_what_gpuprov_installed(host, installed):
+    before, _ = installed
+    r = host.exec("gpuprov uninstall --yes --purge-driver")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    after = host.rpms()
+    assert after.keys() == before.keys(), (sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys()))

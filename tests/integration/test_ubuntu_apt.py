@@ -1,0 +1,221 @@
+"""Ubuntu through apt: `gpuprov bootstrap` on Ubuntu 22.04 and 24.04 host containers (tests/integration/ubuntu_hosts.py:
+Debian's apt and dpkg behind Ubuntu's identity files), against a stand-in Ubuntu archive (tests/fixtures/ubuntu-archive,
+built with dpkg-deb and apt-ftparchive, signed) served on loopback as a site's mirror of the archive. The hosts have no
+network. What is stand-in: the packages' payloads (kernels, modules, libraries) and the DKMS build's compiler step.
+What is real: apt's resolution and transactions, pins, Conflicts/Provides/Replaces, maintainer scripts, the kernel
+hooks (run-parts of /etc/kernel/*.d), initramfs-tools, DKMS's add/build/install/autoinstall, depmod and modinfo.
+
+22.04 (linux-generic; the archive carries precompiled modules for it), one host through its stages, in order:
+1. The operator has libnvidia-compute-580-server (an application's); `--driver 570` would have apt remove it (the
+   branches' libraries conflict): exit 14 before any package changes.
+2. The operator removes it; bootstrap installs 570-server-open with Canonical's precompiled modules
+   (linux-modules-nvidia-570-server-open-generic and its ABI package), the no-DKMS headless metapackage (no DKMS, no
+   compiler step), the branch pinned; after the reboot a second run changes nothing.
+3. The archive's -updates gets a kernel ABI bump (5.15.0-92) with its precompiled modules, and the 570-server branch
+   retired into transitional packages of 580: `apt-get full-upgrade` takes the kernel and its
+   linux-modules-nvidia-570-server-open-5.15.0-92-generic; the pin keeps 570 (without it apt would move the branch).
+4. `--driver 580`: the 570 series and its precompiled modules replaced by 580's in one transaction, pinned anew.
+5. `gpuprov uninstall --purge-driver`: the driver packages gone, the pin gone, the kernels stay.
+
+24.04 (linux-aws; the archive has no precompiled modules for the aws flavour): DKMS builds the module for the kernel,
+with its headers and linux-headers-aws; a kernel ABI bump brings its headers (the headers metapackage follows) and
+DKMS builds for it from the headers' own hook; a re-run after the reboot changes nothing.
+
+Marked slow; about three minutes here once the image and archive are cached (built once per recipe: ~2.5 min + 16 s).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import needs
+from tests.integration.ubuntu_hosts import UbuntuHost
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
+GPU = "10de:2330"  # an H100: a datacentre GPU with open kernel modules, so nvidia-headless-<b>-server-open
+BOOT = f"gpuprov bootstrap --yes --for-gpu {GPU} --engine none --no-validate"
+PIN = "/etc/apt/preferences.d/gpuprov-nvidia"
+K91, K92 = "5.15.0-91-generic", "5.15.0-92-generic"
+
+
+def _out(r) -> str:
+    return r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def _changed(before: dict, after: dict) -> dict:
+    return {p: (before.get(p), after.get(p)) for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+
+
+def _modinfo(host, kernel: str) -> str:
+    return host.exec(f"modinfo -k {kernel} -F version nvidia").stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def jammy():
+    h = UbuntuHost("22.04")
+    try:
+        h.install_gpuprov()
+        h.exec("DEBIAN_FRONTEND=noninteractive apt-get install -y -q libnvidia-compute-580-server", check=True)
+        yield h
+    finally:
+        h.remove()
+
+
+def test_removal_refused_with_14(jammy):
+    before = jammy.debs()
+    r = jammy.exec(f"{BOOT} --driver 570")
+    assert r.returncode == 14, _out(r)
+    assert "libnvidia-compute-580-server" in r.stderr, r.stderr
+    assert jammy.debs() == before
+
+
+@pytest.fixture(scope="module")
+def installed(jammy):
+    jammy.exec("apt-get purge -y -q libnvidia-compute-580-server", check=True)
+    before = jammy.debs()
+    plan = jammy.exec(f"gpuprov plan --for-gpu {GPU} --engine none --driver 570 --json")
+    assert plan.returncode == 0, _out(plan)
+    step = next(s for s in json.loads(plan.stdout)["steps"] if s["id"] == "driver.packages")
+    return before, jammy.exec(f"{BOOT} --driver 570"), step["actions"]
+
+
+def test_precompiled_modules_chosen_where_the_archive_has_them(jammy, installed):
+    before, r, planned = installed
+    assert r.returncode == 7, _out(r)  # 7: the reboot is due
+    after = jammy.debs()
+    new = set(after) - set(before)
+    # what `gpuprov plan` printed is what ran: these four asked of apt, the ABI package then marked automatic
+    asked = (f"linux-modules-nvidia-570-server-open-generic linux-modules-nvidia-570-server-open-{K91} "
+             "nvidia-headless-no-dkms-570-server-open nvidia-utils-570-server")
+    assert any(a.endswith(f"install -y --no-install-recommends --no-remove {asked}") for a in planned), planned
+    assert f"$ apt-mark auto linux-modules-nvidia-570-server-open-{K91}" in planned, planned
+    manual = set(jammy.exec("apt-mark showmanual").stdout.split()) & new
+    assert manual == set(asked.split()) - {f"linux-modules-nvidia-570-server-open-{K91}"}, sorted(manual)
+    assert {"linux-modules-nvidia-570-server-open-generic", f"linux-modules-nvidia-570-server-open-{K91}",
+            "nvidia-headless-no-dkms-570-server-open", "nvidia-utils-570-server"} <= new, sorted(new)
+    assert not [p for p in new if p.startswith("nvidia-dkms-") or p == "nvidia-headless-570-server-open"], sorted(new)
+    assert f"linux-modules-nvidia-570-server-open-{K91}" in jammy.exec("apt-mark showauto").stdout.split()
+    assert {p: v for p, v in _changed(before, after).items() if v[1] is None} == {}, "a package was removed"
+    assert _modinfo(jammy, K91) == "570.195.03"
+    assert jammy.exec(f"ls /lib/modules/{K91}/updates 2>/dev/null").stdout == ""  # nothing DKMS built
+    pin = jammy.exec(f"cat {PIN}").stdout
+    assert "src:nvidia-graphics-drivers-570-server:any\nPin: version 570.*\nPin-Priority: 990" in pin, pin
+    assert "linux-meta" not in pin and "linux-restricted-modules" not in pin, pin  # the modules follow the kernel
+    assert jammy.exec(f"lsinitramfs /boot/initrd.img-{K91} | grep -c gpuprov-blacklist-nouveau").stdout.strip() == "1"
+
+
+def test_rerun_after_reboot_changes_nothing(jammy, installed):
+    jammy.reboot()
+    before, pin = jammy.debs(), jammy.exec(f"cat {PIN}").stdout
+    r = jammy.exec(f"{BOOT} --driver 570")
+    assert r.returncode == 15, _out(r)  # resumed: installed, no device to verify on
+    assert jammy.debs() == before and jammy.exec(f"cat {PIN}").stdout == pin
+
+
+@pytest.fixture(scope="module")
+def upgraded(jammy, installed):
+    jammy.publish_updates()
+    jammy.exec("apt-get update -q", check=True)
+    # without gpuprov's pin apt would take the retired branch's transitional packages: the 580 series
+    unpinned = jammy.exec("apt-get -s full-upgrade -o Dir::Etc::PreferencesParts=/dev/null 2>/dev/null").stdout
+    before = jammy.debs()
+    r = jammy.exec("DEBIAN_FRONTEND=noninteractive apt-get full-upgrade -y -q")
+    return unpinned, before, r
+
+
+def test_kernel_abi_bump_brings_its_precompiled_modules_and_the_pin_holds(jammy, upgraded):
+    unpinned, before, r = upgraded
+    assert "Inst nvidia-headless-no-dkms-570-server-open [570.195.03-0ubuntu0.22.04.1] (580.95.05" in unpinned, \
+        unpinned
+    assert r.returncode == 0, _out(r)
+    after = jammy.debs()
+    assert after[f"linux-image-{K92}"] and after[f"linux-modules-nvidia-570-server-open-{K92}"], after
+    assert jammy.kernel() == K92
+    assert _modinfo(jammy, K92) == "570.195.03"
+    held = {p: v for p, v in after.items() if p.startswith(("nvidia-", "libnvidia-"))}
+    assert held and all(v.startswith("570.195.03-") for v in held.values()), held
+    assert jammy.exec("dpkg --audit").stdout == ""
+
+
+def test_branch_change_swaps_series_and_precompiled_modules(jammy, upgraded):
+    jammy.reboot()
+    before = jammy.debs()
+    r = jammy.exec(f"{BOOT} --driver 580")
+    assert r.returncode == 7, _out(r)
+    after = jammy.debs()
+    assert not [p for p in after if "570" in p], sorted(p for p in after if "570" in p)
+    assert {"linux-modules-nvidia-580-server-open-generic", f"linux-modules-nvidia-580-server-open-{K92}",
+            "nvidia-headless-no-dkms-580-server-open"} <= after.keys(), sorted(after)
+    assert _modinfo(jammy, K92) == "580.95.05"  # the kernel that boots next
+    assert _modinfo(jammy, K91) == "580.95.05"  # and the older one: its own ABI package, not only the meta's
+    assert {p for p, v in _changed(before, after).items() if v[1] is None} <= {p for p in before if "570" in p}
+    pin = jammy.exec(f"cat {PIN}").stdout
+    assert "Pin: version 580.*" in pin and "570" not in pin, pin
+    assert jammy.exec("dpkg --audit").stdout == ""
+
+
+def test_uninstall_removes_the_driver_and_keeps_the_kernels(jammy, upgraded):
+    before = jammy.debs()
+    named = ["linux-modules-nvidia-580-server-open-generic", f"linux-modules-nvidia-580-server-open-{K91}",
+             f"linux-modules-nvidia-580-server-open-{K92}", "nvidia-headless-no-dkms-580-server-open",
+             "nvidia-utils-580-server"]  # what the branch change's install step named
+    r = jammy.exec("gpuprov uninstall --yes --purge-driver")
+    assert r.returncode == 0, _out(r)
+    after = jammy.debs()
+    assert not set(named) & after.keys(), f"{sorted(after)}\n{r.stdout[-6000:]}"
+    # what they pulled in stays, automatic: apt's autoremove takes it, nothing else of the operator's goes with it
+    left = sorted(p for p in after if "nvidia" in p)
+    auto = set(jammy.exec("apt-mark showauto").stdout.split())
+    assert set(left) <= auto, sorted(set(left) - auto)
+    gone = {ln.split()[1] for ln in jammy.exec("apt-get -s autoremove").stdout.splitlines() if ln.startswith("Remv ")}
+    assert gone == set(left), (sorted(gone), left)
+    kept = {p: v for p, v in before.items() if "nvidia" not in p}
+    assert {p: after.get(p) for p in kept} == kept  # linux-generic, both kernels, their headers
+    assert jammy.exec(f"test -e {PIN}").returncode == 1
+
+
+@pytest.fixture(scope="module")
+def noble():
+    h = UbuntuHost("24.04", kernel_meta="linux-aws")
+    try:
+        h.install_gpuprov()
+        yield h
+    finally:
+        h.remove()
+
+
+K1018, K1019 = "6.8.0-1018-aws", "6.8.0-1019-aws"
+
+
+def test_dkms_where_the_archive_has_no_precompiled_modules(noble):
+    before = noble.debs()
+    r = noble.exec(BOOT)
+    assert r.returncode == 7, _out(r)
+    after = noble.debs()
+    new = set(after) - set(before)
+    assert {"nvidia-headless-580-server-open", "nvidia-dkms-580-server-open"} <= new, sorted(new)
+    assert {f"linux-headers-{K1018}", "linux-headers-aws"} <= after.keys()  # linux-aws brought them already
+    assert not [p for p in after if p.startswith("linux-modules-nvidia")], sorted(after)
+    status = noble.exec(f"dkms status -k {K1018}").stdout
+    assert "nvidia-srv/580.95.05" in status and status.rstrip().endswith(": installed"), status
+    assert _modinfo(noble, K1018) == "580.95.05"
+    # the components edit went into Ubuntu 24.04's deb822 sources
+    assert "Components: main restricted universe multiverse" in noble.exec(
+        "cat /etc/apt/sources.list.d/ubuntu.sources").stdout
+
+
+def test_kernel_abi_bump_brings_headers_and_dkms_builds(noble):
+    noble.publish_updates()
+    r = noble.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get full-upgrade -y -q")
+    assert r.returncode == 0, _out(r)
+    assert f"linux-headers-{K1019}" in noble.debs()
+    assert noble.kernel() == K1019
+    status = noble.exec(f"dkms status -k {K1019}").stdout
+    assert status.rstrip().endswith(": installed"), status
+    assert _modinfo(noble, K1019) == "580.95.05"
+    noble.reboot()
+    before = noble.debs()
+    r = noble.exec(BOOT)
+    assert r.returncode == 15, _out(r)
+    assert noble.debs() == before

@@ -1,0 +1,424 @@
+"""An Ubuntu host as a container: Ubuntu 22.04 or 24.04 presented to gpuprov (os-release, lsb-release, debian_version,
+the archive key in Ubuntu's place, the sources in Ubuntu's format: sources.list on 22.04, deb822 ubuntu.sources on
+24.04), with Debian's own apt and dpkg as the package manager (Ubuntu's package manager is apt itself), and a
+stand-in Ubuntu archive built from tests/fixtures/ubuntu-archive (where each fact came from: its README) with
+dpkg-deb and apt-ftparchive, signed with a throwaway key, served over loopback HTTP inside the host as a site's
+internal mirror of the Ubuntu archive would be. The host runs with `--network none`.
+
+What is real: apt's resolution, transactions, pins, Conflicts/Provides/Replaces, maintainer scripts, run-parts of
+/etc/kernel/{postinst.d,header_postinst.d} (as Ubuntu's kernel packages run them), initramfs-tools building an image
+per kernel, DKMS (Debian's 3.0.10: add, build, install, autoinstall from the kernel hooks), depmod and modinfo.
+What is stand-in: every package's payload (a kernel image that is text, modules that are ELF objects carrying only
+a .modinfo section, libraries that are empty shared objects), and the DKMS build itself (dkms.conf's MAKE compiles
+those objects instead of the driver against the kernel's headers).
+
+One image for the family (both releases: the identity files are written when a host starts) and the archive, both
+built once and named by a hash of their recipe (reused across test sessions, as tests/integration/hosts.py's images
+are).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+from tests.integration.hosts import ensure_image, ensure_wheelhouse, sh
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-archive"
+DISTROS = Path(__file__).resolve().parents[1] / "fixtures" / "distros"
+PORT = 8090  # the loopback HTTP server inside the host (its own network namespace)
+# Debian's apt/dpkg (minbase), Python for gpuprov, and what an Ubuntu server has for kernels and DKMS: kmod,
+# initramfs-tools, dkms (with the compiler it depends on), openssl (DKMS's signing key). apt-utils and gnupg build
+# the archive in the same image.
+APT = "python3 python3-venv kmod initramfs-tools dkms openssl apt-utils gnupg"
+PREP = r"""set -e
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends %(apt)s >/dev/null
+apt-get clean
+rm -rf /var/lib/apt/lists/* /etc/apt/sources.list /etc/apt/sources.list.d/*
+"""
+RELEASES = {"22.04": "jammy", "24.04": "noble"}
+
+
+def _recipe_key(tree: Path, *parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+    for f in sorted(tree.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(tree).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def ubuntu_image() -> str:
+    """gpuprov-test/ubuntu-apt:<recipe hash>: Debian minbase + Debian's apt/dpkg, kmod, initramfs-tools, dkms."""
+    tag = hashlib.sha256((PREP + APT).encode()).hexdigest()[:12]
+    name = f"gpuprov-test/ubuntu-apt:{tag}"
+    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
+        return name
+    box = f"ubuntu-prep-{uuid.uuid4().hex[:8]}"
+    try:
+        r = sh("docker", "run", "--name", box, ensure_image(), "bash", "-c", PREP % {"apt": APT}, check=False,
+               timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        sh("docker", "commit", "-c", 'CMD ["sleep", "infinity"]', box, name)
+    finally:
+        sh("docker", "rm", "-f", box, check=False)
+    return name
+
+
+def ubuntu_archive() -> Path:
+    """The stand-in archive's tree, built when missing: www/ (served: pool/, dists/<release> and an empty
+    dists/<release>-updates, signed) and later/<release>-updates (the update a test publishes), plus key.gpg."""
+    key = _recipe_key(FIXTURE, ubuntu_image(), BUILD)
+    out = Path(os.environ.get("GPUPROV_TEST_UBUNTU_ARCHIVE", "/tmp/gpuprov-ubuntu-archive")) / key
+    if (out / ".done").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as td:
+        r = sh("docker", "run", "--rm", "--network", "none", "-v", f"{FIXTURE}:/fx:ro", "-v", f"{td}:/out",
+               ubuntu_image(), "python3", "-c", BUILD, check=False, timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        sh("chmod", "-R", "a+rX", td)
+        os.rename(td, out)
+        os.mkdir(td)  # TemporaryDirectory removes its own path
+    (out / ".done").write_text("ok")
+    return out
+
+
+# Runs inside a container of ubuntu_image(): packages.json expanded into .debs (dpkg-deb), indexed (apt-ftparchive)
+# and signed (gpg), one suite per release and its -updates.
+BUILD = r'''
+import json, os, subprocess, pathlib, shutil, textwrap, time
+fx = pathlib.Path("/fx"); out = pathlib.Path("/out"); work = pathlib.Path("/tmp/build")
+table = json.loads((fx / "packages.json").read_text())
+COMPS = ("main", "restricted", "universe", "multiverse")
+KERNEL_TEAM = "Ubuntu Kernel Team <kernel-team@lists.ubuntu.com>"
+CORE = "Ubuntu Core Developers <ubuntu-devel-discuss@lists.ubuntu.com>"
+built = {}  # (suite, comp) -> [deb paths]
+objs = {}
+
+def modobj(name, version, kernel):
+    """An ELF object with only a .modinfo section: what modinfo and depmod read of a module."""
+    key = (name, version, kernel)
+    if key not in objs:
+        d = work / "objs" / f"{kernel}-{version}"; d.mkdir(parents=True, exist_ok=True)
+        c = d / f"{name}.c"
+        c.write_text("".join(f'__attribute__((section(".modinfo"), used)) static const char m{i}[] = "{v}";\n'
+                             for i, v in enumerate([f"version={version}", "license=Dual MIT/GPL", f"name={name}",
+                                                    f"vermagic={kernel} SMP mod_unload modversions "])))
+        subprocess.run(["gcc", "-c", "-o", str(d / f"{name}.ko"), str(c)], check=True)
+        objs[key] = d / f"{name}.ko"
+    return objs[key]
+
+def sharedobj(soname):
+    p = work / "so" / soname
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        (p.parent / "e.c").write_text("int gpuprov_stand_in;\n")
+        subprocess.run(["gcc", "-shared", "-nostdlib", "-o", str(p), f"-Wl,-soname,{soname}", str(p.parent / "e.c")], check=True)
+    return p
+
+def deb(suite, comp, name, version, *, source=None, maint=CORE, depends="", provides="", conflicts="",
+        replaces="", files=None, scripts=None, section="misc", desc=None):
+    """One .deb: files maps a path to text, a Path (copied) or ("link", target)."""
+    root = work / "pkg" / f"{name}_{version}"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "DEBIAN").mkdir(parents=True)
+    files = dict(files or {})
+    files.setdefault(f"/usr/share/doc/{name}/stand-in", "stand-in payload: tests/fixtures/ubuntu-archive/README.md\n")
+    for path, content in files.items():
+        dest = root / path.lstrip("/"); dest.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, tuple):
+            os.symlink(content[1], dest)
+        elif isinstance(content, pathlib.Path):
+            shutil.copy(content, dest)
+        else:
+            dest.write_text(content)
+            if path.startswith("/usr/bin/"):
+                dest.chmod(0o755)
+    ctl = [f"Package: {name}", f"Version: {version}", "Architecture: amd64", f"Maintainer: {maint}",
+           f"Section: {comp + '/' if comp != 'main' else ''}{section}", "Priority: optional"]
+    if source:
+        ctl.append(f"Source: {source}")
+    for field, value in (("Depends", depends), ("Provides", provides), ("Conflicts", conflicts),
+                         ("Replaces", replaces)):
+        if value:
+            ctl.append(f"{field}: {value}")
+    ctl.append(f"Description: {desc or 'stand-in for ' + name}")
+    (root / "DEBIAN" / "control").write_text("\n".join(ctl) + "\n")
+    for sname, text in (scripts or {}).items():
+        s = root / "DEBIAN" / sname
+        s.write_text("#!/bin/sh\nset -e\n" + textwrap.dedent(text)); s.chmod(0o755)
+    pool = out / "www" / "pool" / suite / comp; pool.mkdir(parents=True, exist_ok=True)
+    path = pool / f"{name}_{version.split(':')[-1]}_amd64.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", str(root), str(path)], check=True,
+                   capture_output=True)
+    built.setdefault((suite, comp), []).append(path)
+
+def relink():
+    # Ubuntu's kernel postinst (linux-update-symlinks): /boot/vmlinuz and /boot/initrd.img name the newest kernel
+    return """
+    newest=$(ls /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' | sort -V | tail -n1)
+    if [ -n "$newest" ]; then ln -sfn "vmlinuz-$newest" /boot/vmlinuz; ln -sfn "initrd.img-$newest" /boot/initrd.img
+    else rm -f /boot/vmlinuz /boot/initrd.img; fi
+    """
+
+for rel, r in table["releases"].items():
+    upd = rel + "-updates"
+    for k in r["kernels"]:
+        suite = upd if k.get("later") else rel
+        kf = k.get("kflavour", k["flavour"]); K = f"{k['abi']}-{kf}"; f = k["flavour"]
+        signed = "linux-signed" + k["source"][len("linux"):]
+        deb(suite, "main", f"linux-image-{K}", k["version"], source=signed, maint=KERNEL_TEAM, section="kernel",
+            depends="kmod", files={f"/boot/vmlinuz-{K}": f"stand-in kernel image {K}\n",
+                                   f"/boot/config-{K}": "CONFIG_MODULES=y\nCONFIG_BLK_DEV_INITRD=y\nCONFIG_RD_GZIP=y\n",
+                                   f"/lib/modules/{K}/modules.order": "", f"/lib/modules/{K}/modules.builtin": "",
+                                   f"/lib/modules/{K}/modules.builtin.modinfo": ""},
+            scripts={"postinst": f"""
+                [ "$1" = configure ] || exit 0
+                depmod -a {K}
+                run-parts --report --exit-on-error --arg={K} --arg=/boot/vmlinuz-{K} /etc/kernel/postinst.d
+                {relink()}""",
+                     "prerm": f"""
+                [ "$1" = remove ] || exit 0
+                run-parts --report --exit-on-error --arg={K} --arg=/boot/vmlinuz-{K} /etc/kernel/prerm.d
+                """,
+                     "postrm": f"""
+                [ "$1" = remove ] || [ "$1" = purge ] || exit 0
+                run-parts --report --arg={K} --arg=/boot/vmlinuz-{K} /etc/kernel/postrm.d || true
+                rm -f /boot/initrd.img-{K} /lib/modules/{K}/modules.*
+                {relink()}"""})
+        deb(suite, "main", f"linux-headers-{K}", k["version"], source=k["source"], maint=KERNEL_TEAM,
+            section="kernel", files={f"/usr/src/linux-headers-{K}/Makefile": "# stand-in\n",
+                                     f"/usr/src/linux-headers-{K}/.config": "CONFIG_MODULES=y\n",
+                                     f"/usr/src/linux-headers-{K}/include/generated/utsrelease.h":
+                                         f'#define UTS_RELEASE "{K}"\n',
+                                     f"/lib/modules/{K}/build": ("link", f"/usr/src/linux-headers-{K}")},
+            scripts={"postinst": f"""
+                [ "$1" = configure ] || exit 0
+                run-parts --report --exit-on-error --arg={K} /etc/kernel/header_postinst.d
+                """})
+        mv = k["meta_version"]
+        deb(suite, "main", f"linux-image-{f}", mv, source=k["meta_source"], maint=KERNEL_TEAM, section="kernel",
+            depends=f"linux-image-{K}")
+        deb(suite, "main", f"linux-headers-{f}", mv, source=k["meta_source"], maint=KERNEL_TEAM, section="kernel",
+            depends=f"linux-headers-{K}")
+        deb(suite, "main", k["meta"], mv, source=k["meta_source"], maint=KERNEL_TEAM, section="kernel",
+            depends=f"linux-image-{f} (= {mv}), linux-headers-{f} (= {mv})")
+        if f in r["precompiled_flavours"]:
+            for d in r["drivers"]:
+                if d.get("transitional_to"):
+                    continue
+                up = d["version"].split("-")[0]; b = d["series"].split("-")[0]
+                for opn in ("", "-open"):
+                    S = d["series"] + opn
+                    mods = {f"/lib/modules/{K}/kernel/nvidia-{b}srv{opn}/{m}.ko": modobj(m, up, K)
+                            for m in ("nvidia", "nvidia-uvm", "nvidia-modeset")}
+                    deb(suite, "restricted", f"linux-modules-nvidia-{S}-{K}", k["version"],
+                        source=r["lrm_source"][f], maint=KERNEL_TEAM, section="kernel",
+                        depends=f"linux-image-{K}, nvidia-kernel-common-{d['series']} (>= {up})", files=mods,
+                        scripts={"postinst": f'[ "$1" = configure ] && depmod -a {K} || true\n',
+                                 "postrm": f'[ -d /lib/modules/{K} ] && depmod -a {K} || true\n'})
+                    deb(suite, "restricted", f"linux-modules-nvidia-{S}-{f}", mv, source=k["meta_source"],
+                        maint=KERNEL_TEAM, section="kernel",
+                        depends=f"linux-modules-nvidia-{S}-{K} (= {k['version']})")
+    for d in r["drivers"]:
+        suite = upd if d.get("later") else rel
+        V = d["version"]; up = V.split("-")[0]; s = d["series"]; src = d["source"]
+        if d.get("transitional_to"):
+            # Ubuntu retires a branch by shipping its packages, at the newer branch's version, as transitional
+            # packages that depend on the newer branch's.
+            t = d["transitional_to"]
+            names = [f"nvidia-kernel-common-{s}", f"libnvidia-compute-{s}", f"nvidia-utils-{s}",
+                     f"nvidia-compute-utils-{s}"]
+            for opn in ("", "-open"):
+                names += [f"nvidia-headless-{s}{opn}", f"nvidia-headless-no-dkms-{s}{opn}", f"nvidia-dkms-{s}{opn}",
+                          f"nvidia-kernel-source-{s}{opn}", f"nvidia-driver-{s}{opn}"]
+            for n in names:
+                deb(suite, "restricted", n, V, source=src, section="oldlibs", depends=f"{n.replace(s, t)} (= {V})",
+                    desc=f"Transitional package for {n.replace(s, t)}")
+            continue
+        common = f"nvidia-kernel-common-{s} (= {V})"
+        deb(suite, "restricted", f"nvidia-kernel-common-{s}", V, source=src, provides="nvidia-kernel-common",
+            conflicts="nvidia-kernel-common", replaces="nvidia-kernel-common")
+        deb(suite, "restricted", f"nvidia-firmware-{s}-{up}", V, source=src,
+            files={f"/lib/firmware/nvidia/{up}/gsp_ga10x.bin": "stand-in\n"})
+        deb(suite, "restricted", f"libnvidia-compute-{s}", V, source=src, section="libs",
+            provides="libnvidia-compute", conflicts="libnvidia-compute", replaces="libnvidia-compute",
+            files={f"/usr/lib/x86_64-linux-gnu/libcuda.so.{up}": sharedobj("libcuda.so.1"),
+                   "/usr/lib/x86_64-linux-gnu/libcuda.so.1": ("link", f"libcuda.so.{up}"),
+                   f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{up}": sharedobj("libnvidia-ml.so.1"),
+                   "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": ("link", f"libnvidia-ml.so.{up}")})
+        deb(suite, "restricted", f"nvidia-utils-{s}", V, source=src, provides="nvidia-utils",
+            conflicts="nvidia-utils", replaces="nvidia-utils", depends=f"libnvidia-compute-{s}",
+            files={"/usr/bin/nvidia-smi": "#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn'\"'\"'t "
+                                          "communicate with the NVIDIA driver.' >&2\nexit 9\n"})
+        deb(suite, "restricted", f"nvidia-compute-utils-{s}", V, source=src, provides="nvidia-compute-utils",
+            conflicts="nvidia-compute-utils", replaces="nvidia-compute-utils", depends=f"libnvidia-compute-{s}")
+        for opn in ("", "-open"):
+            S = s + opn
+            name, ver = d["dkms_name"], up
+            build = ("#!/bin/sh\nset -e\nfor m in nvidia nvidia-uvm nvidia-modeset; do printf '%s\\n' "
+                     "\"__attribute__((section(\\\".modinfo\\\"), used)) static const char v[] = \\\"version="
+                     + up + "\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static const char l[] = "
+                     "\\\"license=Dual MIT/GPL\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
+                     "const char n[] = \\\"name=$m\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
+                     "const char k[] = \\\"vermagic=$1 SMP mod_unload modversions \\\";\" > $m.c; "
+                     "gcc -c -o $m.ko $m.c; done\n")
+            conf = (f'PACKAGE_NAME="{name}"\nPACKAGE_VERSION="{ver}"\nAUTOINSTALL="yes"\n'
+                    'MAKE[0]="sh ./build.sh ${kernelver}"\nCLEAN="rm -f *.ko *.c"\n'
+                    + "".join(f'BUILT_MODULE_NAME[{i}]="{m}"\nDEST_MODULE_LOCATION[{i}]="/updates/dkms"\n'
+                              f'STRIP[{i}]="no"\n' for i, m in enumerate(("nvidia", "nvidia-uvm", "nvidia-modeset"))))
+            # dh_dkms's maintainer scripts, as Ubuntu's nvidia-dkms packages carry them
+            deb(suite, "restricted", f"nvidia-dkms-{S}", V, source=src, section="kernel",
+                depends=f"dkms, {common}, nvidia-kernel-source-{S} (= {V})", provides="nvidia-dkms-kernel",
+                conflicts="nvidia-dkms-kernel",
+                files={f"/usr/src/{name}-{ver}/dkms.conf": conf, f"/usr/src/{name}-{ver}/build.sh": build},
+                scripts={"postinst": f"""
+                    if [ "$1" = configure ]; then /usr/lib/dkms/common.postinst {name} {ver} "" "" "$2"; fi
+                    """,
+                         "prerm": f"""
+                    if [ "$(dkms status -m {name} -v {ver})" ]; then dkms remove -m {name} -v {ver} --all; fi
+                    """})
+            deb(suite, "restricted", f"nvidia-kernel-source-{S}", V, source=src, section="kernel",
+                provides="nvidia-kernel-source", conflicts="nvidia-kernel-source")
+            nodkms = (f"{common}, libnvidia-compute-{s} (= {V}), nvidia-compute-utils-{s} (= {V}), "
+                      f"nvidia-firmware-{s}-{up} (= {V}), nvidia-kernel-source-{S} (= {V})")
+            deb(suite, "restricted", f"nvidia-headless-no-dkms-{S}", V, source=src, depends=nodkms)
+            deb(suite, "restricted", f"nvidia-headless-{S}", V, source=src,
+                depends=f"nvidia-headless-no-dkms-{S} (= {V}), nvidia-dkms-{S} (= {V})")
+            deb(suite, "restricted", f"nvidia-driver-{S}", V, source=src,
+                depends=f"nvidia-headless-{S} (= {V}), nvidia-utils-{s} (= {V}), libnvidia-compute-{s} (= {V})")
+    for e in r["engine"]:
+        deb(rel, e["component"], e["name"], e["version"], depends=e.get("depends", ""),
+            conflicts=e.get("conflicts", ""))
+
+# index and sign: www/dists/<rel> and an empty www/dists/<rel>-updates; later/<rel>-updates with the update
+env = dict(os.environ, GNUPGHOME="/tmp/gnupg"); os.makedirs("/tmp/gnupg", mode=0o700)
+subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "gpuprov stand-in archive <ubuntu@invalid>",
+                "rsa2048", "sign", "never"], check=True, env=env, capture_output=True)
+(out / "key.gpg").write_bytes(subprocess.run(["gpg", "--export"], check=True, env=env, capture_output=True).stdout)
+
+def index(top, suite, with_packages):
+    dist = top / "dists" / suite
+    for comp in COMPS:
+        b = dist / comp / "binary-amd64"; b.mkdir(parents=True, exist_ok=True)
+        text = ""
+        if with_packages and built.get((suite, comp)):
+            text = subprocess.run(["apt-ftparchive", "packages", f"pool/{suite}/{comp}"], cwd=out / "www",
+                                  check=True, capture_output=True, text=True).stdout
+        (b / "Packages").write_text(text)
+        subprocess.run(["gzip", "-kf9", str(b / "Packages")], check=True)
+    opts = [f"-oAPT::FTPArchive::Release::{k}={v}" for k, v in (
+        ("Origin", "Ubuntu"), ("Label", "Ubuntu"), ("Suite", suite), ("Codename", suite),
+        ("Architectures", "amd64"), ("Components", " ".join(COMPS)))]
+    rel_text = subprocess.run(["apt-ftparchive", *opts, "release", "."], cwd=dist, check=True, capture_output=True,
+                              text=True).stdout
+    (dist / "Release").write_text(rel_text)
+    subprocess.run(["gpg", "--batch", "--yes", "--clearsign", "-o", str(dist / "InRelease"), str(dist / "Release")],
+                   check=True, env=env, capture_output=True)
+
+for rel in table["releases"]:
+    index(out / "www", rel, True)
+    index(out / "www", rel + "-updates", False)
+time.sleep(1.1)  # the update's Release dated after the empty one's: apt keeps the newer of the two it has seen
+for rel in table["releases"]:
+    index(out / "later-root", rel + "-updates", True)
+    (out / "later").mkdir(exist_ok=True)
+    shutil.move(str(out / "later-root" / "dists" / (rel + "-updates")), str(out / "later" / (rel + "-updates")))
+shutil.rmtree(out / "later-root")
+'''
+
+
+class UbuntuHost:
+    """An Ubuntu host container, `--network none`, the stand-in archive served on 127.0.0.1:PORT inside it and named
+    in its sources as Ubuntu names its archive (main restricted universe; multiverse off, as a minimal install can
+    leave it), the release's kernel metapackage installed from it."""
+
+    def __init__(self, release: str, kernel_meta: str = "linux-generic"):
+        self.release, self.codename = release, RELEASES[release]
+        self.name = f"ubuntu-host-{uuid.uuid4().hex[:8]}"
+        archive = ubuntu_archive()
+        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run",
+           "-v", f"{archive}:/srv/archive:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", ubuntu_image())
+        for src, dst in ((DISTROS / f"ubuntu-{release}" / "etc" / "os-release", "/etc/os-release"),
+                         (FIXTURE / "host" / f"lsb-release-{release}", "/etc/lsb-release")):
+            sh("docker", "cp", str(src), f"{self.name}:{dst}")
+        base = f"http://127.0.0.1:{PORT}/ubuntu"
+        c = self.codename
+        if release == "22.04":  # jammy: one-line sources, the key in trusted.gpg.d (ubuntu-keyring's place)
+            sources = ("/etc/apt/sources.list",
+                       f"deb {base} {c} main restricted\ndeb {base} {c}-updates main restricted\n"
+                       f"deb {base} {c} universe\ndeb {base} {c}-updates universe\n")
+            keyring = "/etc/apt/trusted.gpg.d/ubuntu-keyring-2018-archive.gpg"
+        else:  # noble: deb822 ubuntu.sources naming /usr/share/keyrings/ubuntu-archive-keyring.gpg
+            keyring = "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+            sources = ("/etc/apt/sources.list.d/ubuntu.sources",
+                       f"Types: deb\nURIs: {base}\nSuites: {c} {c}-updates\nComponents: main restricted universe\n"
+                       f"Signed-By: {keyring}\n")
+        self.exec("set -e; cp -a /srv/archive/www /srv/www; mkdir -p /srv/pub; ln -s /srv/www /srv/pub/ubuntu; "
+                  f"install -D -m0644 /srv/archive/key.gpg {keyring}; "
+                  f"echo '{'bookworm/sid' if release == '22.04' else 'trixie/sid'}' > /etc/debian_version",
+                  check=True)
+        self.write(sources[0], sources[1])
+        self.serve()
+        self.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+                  f"{kernel_meta}", check=True)
+
+    def serve(self) -> None:
+        self.spawn(f"cd /srv/pub && exec python3 -m http.server --bind 127.0.0.1 {PORT} >/var/log/archive.log 2>&1")
+        self.exec("for i in $(seq 50); do python3 -c \"import urllib.request as u; "
+                  f"u.urlopen('http://127.0.0.1:{PORT}/ubuntu/dists/{self.codename}/InRelease')\" 2>/dev/null "
+                  "&& exit 0; sleep 0.1; done; exit 1", check=True)
+
+    def exec(self, script: str, check: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
+        r = sh("docker", "exec", "-i", self.name, "bash", "-c", script, check=False, timeout=timeout)
+        if check:
+            assert r.returncode == 0, f"{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        return r
+
+    def spawn(self, script: str) -> None:
+        sh("docker", "exec", "-d", self.name, "bash", "-c", script)
+
+    def write(self, path: str, text: str) -> None:
+        r = sh("docker", "exec", "-i", self.name, "bash", "-c", f"mkdir -p $(dirname {path}) && cat > {path}",
+               input=text, check=False)
+        assert r.returncode == 0, r.stderr
+
+    def publish_updates(self) -> None:
+        """The archive's -updates suite gets the kept-aside update (a kernel ABI bump and its precompiled modules;
+        on 22.04 also the 570-server branch retired into 580's transitional packages)."""
+        self.exec(f"set -e; rm -rf /srv/www/dists/{self.codename}-updates; "
+                  f"cp -r /srv/archive/later/{self.codename}-updates /srv/www/dists/", check=True)
+        # new mtimes (cp -r): the server answers If-Modified-Since by mtime, and an older one is apt's "Hit"
+
+    def reboot(self) -> None:
+        """docker restart: /run (a tmpfs, as on a server) starts empty, so gpuprov's pending-reboot mark goes."""
+        sh("docker", "restart", self.name, timeout=300)
+        self.serve()
+
+    def install_gpuprov(self) -> None:
+        self.exec("set -e; python3 -m venv /opt/gpuprov && /opt/gpuprov/bin/pip install -q --no-index --find-links /wh "
+                  "gpuprov && ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov && gpuprov --version", check=True)
+
+    def debs(self) -> dict[str, str]:
+        """Installed packages: name -> version."""
+        out = self.exec("dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n'", check=True).stdout
+        return {f[1]: f[2] for f in (ln.split() for ln in out.splitlines()) if len(f) == 3 and f[0][1] == "i"}
+
+    def kernel(self) -> str:
+        return self.exec("readlink /boot/vmlinuz", check=True).stdout.strip().removeprefix("vmlinuz-")
+
+    def remove(self) -> None:
+        sh("docker", "rm", "-f", self.name, check=False)
+
+
+def packages_table() -> dict:
+    return json.loads((FIXTURE / "packages.json").read_text())

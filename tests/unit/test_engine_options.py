@@ -1,0 +1,175 @@
+"""geerlingguy.docker's variables through gpuprov (issue 28 item 14): `--engine-option KEY=JSON` (the role's
+gpuprov_engine_options) merged into daemon.json by gpuprov's own merge, never written whole; `--engine-user` (the
+role's gpuprov_engine_users) added to the docker group by a planned step. The real fleet run is
+tests/integration/test_fleet_ansible.py::test_4d_engine_options_and_users_go_through_gpuprov."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from provision.engines import docker
+from provision.engines.docker import DockerEngine
+from provision.errors import UsageError
+from provision.plan.options import Options
+from provision.values import BadValue, engine_option, engine_option_text
+from tests.conftest import REPO, run_cli
+
+RT = "/usr/local/bin/gpuprov-runtime"
+MINE = {"data-root": "/srv/docker", "log-driver": "json-file", "dns": ["192.0.2.53"]}
+FIXTURE = str(REPO / "tests/fixtures/hosts/h200-vm")
+
+
+def test_options_are_merged_beside_gpuprovs_keys_and_the_operators():
+    opts = (("log-driver", '"local"'), ("max-concurrent-downloads", "4"), ("dns", '["192.0.2.53"]'))
+    m = docker.merge(json.dumps(MINE), runtime_path=RT, default=True, options=opts)
+    doc = json.loads(m.text)
+    assert list(doc) == ["data-root", "log-driver", "dns", "runtimes", "default-runtime", "max-concurrent-downloads"]
+    assert doc["log-driver"] == "local" and doc["max-concurrent-downloads"] == 4 and doc["data-root"] == "/srv/docker"
+    # only what differs is a change; dockerd reloads max-concurrent-downloads on SIGHUP, log-driver only at start
+    by_key = {c.key: c for c in m.changes}
+    assert set(by_key) == {"runtimes.nvidia", "default-runtime", "log-driver", "max-concurrent-downloads"}
+    assert by_key["max-concurrent-downloads"].reload and not by_key["log-driver"].reload
+    again = docker.merge(m.text, runtime_path=RT, default=True, options=opts)
+    assert not again.changed and again.text == m.text
+
+
+def test_uninstall_keeps_the_operators_options():
+    """They are the operator's settings (asked for through the role): gpuprov's undo takes out its own keys only."""
+    old = json.dumps(MINE, indent=2) + "\n"
+    written = docker.merge(old, runtime_path=RT, default=True, options=(("log-driver", '"local"'),)).text
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "daemon.json"
+        cfg.write_text(written)
+        plan = DockerEngine().unplan(cfg, {"files": {str(cfg): {"old": old, "written": written}}})
+    assert json.loads(plan.edits[0].new) == {**MINE, "log-driver": "local"}
+
+
+@pytest.mark.parametrize("bad", ['runtimes={"x":{"path":"/bin/true"}}', 'default-runtime="runc"', 'features={}',
+                                 "log-driver=local", "Log-Driver=\"x\"", "=1", "log-driver"])
+def test_a_key_gpuprov_sets_or_a_malformed_option_is_refused(bad):
+    with pytest.raises(BadValue):
+        engine_option(bad)
+    r = run_cli("plan", "--root", FIXTURE, "--engine-option", bad)
+    assert r.returncode == 2 and "--engine-option" in r.stderr and "KEY=JSON" in r.stderr, r.stderr
+
+
+def test_the_module_passes_each_entry_as_json():
+    assert engine_option_text("log-opts", {"max-size": "10m", "max-file": "3"}) == \
+        'log-opts={"max-file":"3","max-size":"10m"}'
+    assert engine_option(engine_option_text("live-restore", True)) == "live-restore=true"
+
+
+def test_options_and_users_are_dockers():
+    for kw in ({"engine_option": ['log-driver="local"']}, {"engine_user": ["alice"]}):
+        with pytest.raises(UsageError, match="is for --engine docker"):
+            Options.parse(engine="containerd", **kw)
+
+
+def test_the_plan_shows_the_merge_and_the_users_step(tmp_path):
+    r = run_cli("plan", "--root", FIXTURE, "--json", "--engine-option", 'log-driver="local"', "--engine-option",
+                "max-concurrent-downloads=4")
+    assert r.returncode == 0, r.stderr
+    (step,) = [s for s in json.loads(r.stdout)["steps"] if s["id"] == "engine.config"]
+    diff = "".join(step["diffs"].values())
+    assert '+  "log-driver": "local"' in diff and '+  "max-concurrent-downloads": 4' in diff, diff
+    assert "and set log-driver, max-concurrent-downloads" in step["title"], step["title"]
+    assert any("restart dockerd" in ln for ln in step["actions"]), step["actions"]  # log-driver: read at start only
+    r = run_cli("plan", "--root", FIXTURE, "--engine-user", "nosuchuser")
+    assert r.returncode == 2 and "--engine-user nosuchuser: no such user on this host" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- restarts that stop containers (issue 28 item 1)
+
+
+@pytest.fixture
+def live_dockerd(tmp_path, monkeypatch):
+    """A dockerd that reads tmp_path/daemon.json and runs 3 containers without live-restore (the count stands in for
+    `docker info`; the fleet test restarts a real one): what configure and the plan's notes ask of it."""
+    import os
+    import shutil
+
+    from provision.engines.base import Daemon
+
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text('{"debug": true}\n')
+    daemon = Daemon(os.getpid(), ("dockerd", "--config-file", str(cfg)), str(cfg))
+    monkeypatch.setattr(DockerEngine, "live_daemon", lambda self, path: daemon)
+    monkeypatch.setattr(DockerEngine, "restart_stops", lambda self, d: 3)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None)  # no --gpus hook yet
+    done = []
+    monkeypatch.setattr(DockerEngine, "apply", lambda self, d, plan, restart: done.append(plan.needs_restart) or "x")
+    monkeypatch.setattr(DockerEngine, "verify", lambda self, d, req, wait=True: None)
+    monkeypatch.setattr(DockerEngine, "check", lambda self, path, req: None)
+    return cfg, done
+
+
+def _action(cfg, options=(), restart_engine=False):
+    from provision.plan.steps import ConfigureEngine
+
+    return ConfigureEngine("docker", "nvidia", RT, True, False, config=str(cfg), options=options,
+                           restart_engine=restart_engine)
+
+
+def _notes(cfg, options=()):
+    from types import SimpleNamespace
+
+    from provision.plan.build import restart_notes
+
+    return restart_notes(SimpleNamespace(root="/"), DockerEngine(), _action(cfg, options))
+
+
+def test_the_plan_names_the_containers_a_restart_stops(live_dockerd, monkeypatch):
+    """bootstrap's plan says when engine.config will restart dockerd, why, and how many containers that stops: for
+    the --gpus hook this run installs (dockerd finds it only at start), for a key it reads only at start; a key it
+    reloads (SIGHUP) or a host with no running container gets no such note."""
+    cfg, _ = live_dockerd
+    (hook,) = _notes(cfg)
+    assert "finds the --gpus hook this run installs" in hook and "3 running container(s)" in hook, hook
+    assert "without --restart-engine the step stops before writing anything, exit 14" in hook
+    monkeypatch.setattr(DockerEngine, "pending_restart", lambda self, d, installing=False: None)  # hook there, older
+    (key,) = _notes(cfg, options=(("log-driver", '"local"'),))
+    assert "restart dockerd for log-driver (read at start only)" in key and "3 running container(s)" in key, key
+    assert _notes(cfg, options=(("max-concurrent-downloads", "4"),)) == ()
+    assert _notes(cfg) == ()
+    monkeypatch.setattr(DockerEngine, "restart_stops", lambda self, d: 0)
+    assert _notes(cfg, options=(("log-driver", '"local"'),)) == ()
+
+
+def test_check_mode_stops_where_the_real_run_would_refuse_the_restart(live_dockerd):
+    """Item 5 for restarts: `bootstrap --check` (and the role's check mode) reports the exit 14 the real run stops
+    with, naming --restart-engine; with it, the step is only a change."""
+    from pathlib import Path
+
+    from provision.plan import apply as ap
+    from provision.plan.steps import EngineConfigured, Step
+
+    cfg, _ = live_dockerd
+    for consent in (False, True):
+        action = _action(cfg, restart_engine=consent)
+        doc = ap.check_plan([Step("engine.config", "runtime", "Register", actions=(action,),
+                                  check=EngineConfigured(action))], Path("/"))
+        if consent:
+            assert doc["stop"] is None and doc["would_change"] == 1, doc
+        else:
+            assert doc["stop"]["exit_code"] == 14 and "--restart-engine" in doc["stop"]["error"], doc
+            assert "3 running container(s)" in doc["stop"]["error"] and "--gpus hook" in doc["stop"]["error"]
+    assert cfg.read_text() == '{"debug": true}\n'
+
+
+def test_a_start_only_option_is_exit_14_without_restart_engine(live_dockerd):
+    from provision.engines.configure import configure
+    from provision.errors import CONFLICT
+
+    cfg, done = live_dockerd
+    with pytest.raises(Exception) as exc:
+        configure("docker", config=str(cfg), runtime_path=RT, options=(("log-driver", '"local"'),))
+    assert getattr(exc.value, "exit_code", None) == CONFLICT and "--restart-engine" in str(exc.value)
+    assert "log-driver" in str(exc.value) and cfg.read_text() == '{"debug": true}\n' and not done
+    configure("docker", config=str(cfg), runtime_path=RT, options=(("max-concurrent-downloads", "4"),))
+    assert done == [False]  # reloadable: SIGHUP, no restart, no consent needed
+    configure("docker", config=str(cfg), runtime_path=RT, options=(("log-driver", '"local"'),), restart_engine=True)
+    assert done == [False, True] and json.loads(cfg.read_text())["log-driver"] == "local"
