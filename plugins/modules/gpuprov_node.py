@@ -189,21 +189,26 @@ def uninstall_argv(p: dict, check_mode: bool) -> list[str]:
 def absent(m: AnsibleModule, p: dict) -> None:
     """state: absent. In check mode a step the dry run lists is a change (its plan lists only what is there to take
     away), the lock's own release aside."""
-    argv = uninstall_argv(p, m.check_mode)
-    rc, out, err = m.run_command(argv)
-    if rc != codes.OK:
-        m.fail_json(msg=failure(rc, err, "gpuprov uninstall"), rc=rc, busy=rc == codes.HOST_BUSY, stderr=err,
-                    stdout=out, cmd=argv)
-    try:
-        doc = json.loads(out)
-    except ValueError:
-        m.fail_json(msg="gpuprov printed no JSON", rc=rc, stdout=out, stderr=err)
+    rc, doc = run_gpuprov(m, uninstall_argv(p, m.check_mode), (codes.OK,), "gpuprov uninstall")
     if m.check_mode:
         steps = [s for s in doc["steps"] if not s["verify_only"]]
         diff = "".join(d for s in steps for d in s["diffs"].values())
         m.exit_json(changed=bool(steps), steps=steps, reboot_required=False, rc=rc,
                     diff={"prepared": diff} if diff else {})
     m.exit_json(changed=doc["changed"] > 0, steps=doc["steps"], reboot_required=False, rc=rc)
+
+
+def run_gpuprov(m: AnsibleModule, argv: list[str], ok: tuple[int, ...], what: str) -> tuple[int, dict]:
+    """Run gpuprov with --json: (its exit code, its JSON document); any other exit code, or no JSON, fails the task
+    with gpuprov's own line and the fix."""
+    rc, out, err = m.run_command(argv)
+    if rc not in ok:
+        m.fail_json(msg=failure(rc, err, what), rc=rc, busy=rc == codes.HOST_BUSY, stderr=err, stdout=out, cmd=argv)
+    try:
+        return rc, json.loads(out)
+    except ValueError:
+        m.fail_json(msg="gpuprov printed no JSON", rc=rc, stdout=out, stderr=err)
+        raise  # fail_json exits; this keeps the type checker and a stubbed module honest
 
 
 def failure(rc: int, err: str, what: str) -> str:
@@ -224,15 +229,7 @@ def main() -> None:
         absent(m, p)
     if not p["stages"]:
         m.exit_json(changed=False, steps=[], reboot_required=False, msg="no stage selected by the tags")
-    argv = bootstrap_argv(p, m.check_mode)
-    rc, out, err = m.run_command(argv)
-    if rc not in (codes.OK, codes.REBOOT_REQUIRED):
-        m.fail_json(msg=failure(rc, err, "gpuprov bootstrap"), rc=rc, busy=rc == codes.HOST_BUSY, stderr=err,
-                    stdout=out, cmd=argv)
-    try:
-        doc = json.loads(out)
-    except ValueError:
-        m.fail_json(msg="gpuprov printed no JSON", rc=rc, stdout=out, stderr=err)
+    rc, doc = run_gpuprov(m, bootstrap_argv(p, m.check_mode), (codes.OK, codes.REBOOT_REQUIRED), "gpuprov bootstrap")
     k8s = _kubernetes(m, p) if p["kubernetes"] and "runtime" in p["stages"] and rc == codes.OK else []
     if m.check_mode:
         changed = doc["would_change"] > 0 or bool(k8s)

@@ -13,13 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 import uuid
 from pathlib import Path
 
-from tests.integration.hosts import ensure_image, ensure_wheelhouse, sh
+from tests.integration.hosts import StandInHost, built_in_container, ensure_image, ensure_wheelhouse, sh
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "el-repos"
 PORT = 8089  # the loopback HTTP server inside the host (its own network namespace: no clash with anything)
@@ -45,17 +42,6 @@ rpm --initdb
 """
 
 
-def _recipe_key(tree: Path, *parts: str) -> str:
-    """A hash of the recipe's text and of every file under `tree` (names and contents)."""
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.encode())
-    for f in sorted(tree.rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(tree).as_posix().encode() + f.read_bytes())
-    return h.hexdigest()[:12]
-
-
 def el_image() -> str:
     """gpuprov-test/el-dnf:<recipe hash>: Debian minbase + Debian's dnf/rpm set up in EL's places, one image for
     every EL release: the release (rocky-release, os-release) is installed when a host starts (ElHost)."""
@@ -78,22 +64,8 @@ def el_repos() -> Path:
     """The stand-in repositories' tree (served as the HTTP root inside the host), built when missing: every rpm of
     tests/fixtures/el-repos/packages.json with rpmbuild, signed with a throwaway key, in the upstream layouts below
     each repository's base URL. Packages marked `later` are kept aside under later/ (the test publishes them)."""
-    key = _recipe_key(FIXTURE, el_image(), BUILD)
-    out = Path(os.environ.get("GPUPROV_TEST_EL_REPOS", "/tmp/gpuprov-el-repos")) / key
-    if (out / ".done").exists():
-        return out
-    shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as td:
-        box = f"el-repos-{uuid.uuid4().hex[:8]}"
-        r = sh("docker", "run", "--rm", "--name", box, "--network", "none", "-v", f"{FIXTURE}:/fx:ro",
-               "-v", f"{td}:/out", el_image(), "python3", "-c", BUILD, check=False, timeout=1800)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        sh("chmod", "-R", "a+rX", td)
-        os.rename(td, out)
-        os.mkdir(td)  # TemporaryDirectory removes its own path
-    (out / ".done").write_text("ok")
-    return out
+    cache = Path(os.environ.get("GPUPROV_TEST_EL_REPOS", "/tmp/gpuprov-el-repos"))
+    return built_in_container(cache, FIXTURE, el_image(), BUILD)
 
 
 # Runs inside a container of el_image(): one spec per package of packages.json, built, signed, placed, indexed.
@@ -182,7 +154,7 @@ for r in pk["releases"]:
 '''
 
 
-class ElHost:
+class ElHost(StandInHost):
     """A Rocky host container, `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it."""
 
     def __init__(self, major: str = "9"):
@@ -212,31 +184,16 @@ class ElHost:
         sh("docker", "restart", "-t", "1", self.name)
         self.serve()
 
-    def exec(self, script: str, check: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
-        r = sh("docker", "exec", self.name, "bash", "-c", script, check=False, timeout=timeout)
-        if check:
-            assert r.returncode == 0, f"{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        return r
-
-    def spawn(self, script: str) -> None:
-        sh("docker", "exec", "-d", self.name, "bash", "-c", script)
-
     def publish_later(self, repo: str) -> None:
         """An upstream update: the kept-aside packages of `repo` join it, and its metadata is regenerated."""
         self.exec(f"set -e; cp /srv/repos/later/{repo}/*.rpm /srv/www/{repo}/; createrepo_c -q --update /srv/www/{repo}",
                   check=True)
-
-    def install_gpuprov(self) -> None:
-        self.exec("set -e; python3 -m venv /opt/gpuprov && /opt/gpuprov/bin/pip install -q --no-index --find-links /wh "
-                  "gpuprov && ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov && gpuprov --version", check=True)
 
     def rpms(self) -> dict[str, str]:
         """Installed packages: name -> epoch:version-release (epoch 0 when none)."""
         out = self.exec("rpm -qa --qf '%{NAME} %{EPOCHNUM}:%{VERSION}-%{RELEASE}\\n'", check=True).stdout
         return dict(line.split(" ", 1) for line in out.splitlines() if line)
 
-    def remove(self) -> None:
-        sh("docker", "rm", "-f", self.name, check=False)
 
 
 def url(path: str = "") -> str:

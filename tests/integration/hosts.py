@@ -93,6 +93,64 @@ def ensure_wheelhouse() -> Path:
     return wh
 
 
+def recipe_key(tree: Path, *parts: str) -> str:
+    """A hash of a recipe's text (`parts`) and of every file under `tree` (names and contents): a cache key."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+    for f in sorted(tree.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(tree).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def built_in_container(cache_root: Path, tree: Path, image: str, script: str) -> Path:
+    """What the Python `script` writes under /out, run once in a container of `image` (`--network none`, `tree`
+    read-only at /fx), kept at CACHE_ROOT/<recipe key>: the stand-in archives (el_hosts, ubuntu_hosts) are built
+    once per run and input, and a half-built one is never used (the .done stamp comes last)."""
+    out = cache_root / recipe_key(tree, image, script)
+    if (out / ".done").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as td:
+        r = sh("docker", "run", "--rm", "--network", "none", "-v", f"{tree}:/fx:ro", "-v", f"{td}:/out",
+               image, "python3", "-c", script, check=False, timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        sh("chmod", "-R", "a+rX", td)
+        os.rename(td, out)
+        os.mkdir(td)  # TemporaryDirectory removes its own path
+    (out / ".done").write_text("ok")
+    return out
+
+
+class StandInHost:
+    """A host container of a stand-in distribution (el_hosts.ElHost, ubuntu_hosts.UbuntuHost): `--network none`,
+    its package archive served on loopback inside it, gpuprov from the wheelhouse at /wh."""
+    name: str
+
+    def exec(self, script: str, check: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
+        r = sh("docker", "exec", "-i", self.name, "bash", "-c", script, check=False, timeout=timeout)
+        if check:
+            assert r.returncode == 0, f"{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        return r
+
+    def spawn(self, script: str) -> None:
+        sh("docker", "exec", "-d", self.name, "bash", "-c", script)
+
+    def write(self, path: str, text: str) -> None:
+        r = sh("docker", "exec", "-i", self.name, "bash", "-c", f"mkdir -p $(dirname {path}) && cat > {path}",
+               input=text, check=False)
+        assert r.returncode == 0, r.stderr
+
+    def install_gpuprov(self) -> None:
+        self.exec("set -e; python3 -m venv /opt/gpuprov && /opt/gpuprov/bin/pip install -q --no-index --find-links /wh "
+                  "gpuprov && ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov && gpuprov --version", check=True)
+
+    def remove(self) -> None:
+        sh("docker", "rm", "-f", self.name, check=False)
+
+
 class Host:
     def __init__(self, name: str | None = None, network: str | None = None, volumes: dict | None = None,
                  wheelhouse: bool = True, systemd: bool = False, tmpfs: tuple[str, ...] = ()):

@@ -21,13 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 import uuid
 from pathlib import Path
 
-from tests.integration.hosts import ensure_image, ensure_wheelhouse, sh
+from tests.integration.hosts import StandInHost, built_in_container, ensure_image, ensure_wheelhouse, sh
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-archive"
 DISTROS = Path(__file__).resolve().parents[1] / "fixtures" / "distros"
@@ -43,16 +40,6 @@ apt-get clean
 rm -rf /var/lib/apt/lists/* /etc/apt/sources.list /etc/apt/sources.list.d/*
 """
 RELEASES = {"22.04": "jammy", "24.04": "noble"}
-
-
-def _recipe_key(tree: Path, *parts: str) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.encode())
-    for f in sorted(tree.rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(tree).as_posix().encode() + f.read_bytes())
-    return h.hexdigest()[:12]
 
 
 def ubuntu_image() -> str:
@@ -75,21 +62,9 @@ def ubuntu_image() -> str:
 def ubuntu_archive() -> Path:
     """The stand-in archive's tree, built when missing: www/ (served: pool/, dists/<release> and an empty
     dists/<release>-updates, signed) and later/<release>-updates (the update a test publishes), plus key.gpg."""
-    key = _recipe_key(FIXTURE, ubuntu_image(), BUILD)
-    out = Path(os.environ.get("GPUPROV_TEST_UBUNTU_ARCHIVE", "/tmp/gpuprov-ubuntu-archive")) / key
-    if (out / ".done").exists():
-        return out
-    shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as td:
-        r = sh("docker", "run", "--rm", "--network", "none", "-v", f"{FIXTURE}:/fx:ro", "-v", f"{td}:/out",
-               ubuntu_image(), "python3", "-c", BUILD, check=False, timeout=1800)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        sh("chmod", "-R", "a+rX", td)
-        os.rename(td, out)
-        os.mkdir(td)  # TemporaryDirectory removes its own path
-    (out / ".done").write_text("ok")
-    return out
+    cache = Path(os.environ.get("GPUPROV_TEST_UBUNTU_ARCHIVE", "/tmp/gpuprov-ubuntu-archive"))
+    return built_in_container(cache, FIXTURE, ubuntu_image(), BUILD)
+
 
 
 # Runs inside a container of ubuntu_image(): packages.json expanded into .debs (dpkg-deb), indexed (apt-ftparchive)
@@ -337,7 +312,7 @@ shutil.rmtree(out / "later-root")
 '''
 
 
-class UbuntuHost:
+class UbuntuHost(StandInHost):
     """An Ubuntu host container, `--network none`, the stand-in archive served on 127.0.0.1:PORT inside it and named
     in its sources as Ubuntu names its archive (main restricted universe; multiverse off, as a minimal install can
     leave it), the release's kernel metapackage installed from it."""
@@ -378,20 +353,6 @@ class UbuntuHost:
                   f"u.urlopen('http://127.0.0.1:{PORT}/ubuntu/dists/{self.codename}/InRelease')\" 2>/dev/null "
                   "&& exit 0; sleep 0.1; done; exit 1", check=True)
 
-    def exec(self, script: str, check: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
-        r = sh("docker", "exec", "-i", self.name, "bash", "-c", script, check=False, timeout=timeout)
-        if check:
-            assert r.returncode == 0, f"{script}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        return r
-
-    def spawn(self, script: str) -> None:
-        sh("docker", "exec", "-d", self.name, "bash", "-c", script)
-
-    def write(self, path: str, text: str) -> None:
-        r = sh("docker", "exec", "-i", self.name, "bash", "-c", f"mkdir -p $(dirname {path}) && cat > {path}",
-               input=text, check=False)
-        assert r.returncode == 0, r.stderr
-
     def publish_updates(self) -> None:
         """The archive's -updates suite gets the kept-aside update (a kernel ABI bump and its precompiled modules;
         on 22.04 also the 570-server branch retired into 580's transitional packages)."""
@@ -404,10 +365,6 @@ class UbuntuHost:
         sh("docker", "restart", self.name, timeout=300)
         self.serve()
 
-    def install_gpuprov(self) -> None:
-        self.exec("set -e; python3 -m venv /opt/gpuprov && /opt/gpuprov/bin/pip install -q --no-index --find-links /wh "
-                  "gpuprov && ln -sf /opt/gpuprov/bin/gpuprov /usr/local/bin/gpuprov && gpuprov --version", check=True)
-
     def debs(self) -> dict[str, str]:
         """Installed packages: name -> version."""
         out = self.exec("dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n'", check=True).stdout
@@ -416,8 +373,6 @@ class UbuntuHost:
     def kernel(self) -> str:
         return self.exec("readlink /boot/vmlinuz", check=True).stdout.strip().removeprefix("vmlinuz-")
 
-    def remove(self) -> None:
-        sh("docker", "rm", "-f", self.name, check=False)
 
 
 def packages_table() -> dict:

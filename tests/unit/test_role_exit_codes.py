@@ -68,3 +68,43 @@ def test_busy_is_retried_by_the_task():
     assert task["retries"] == "{{ gpuprov_busy_retries }}" and task["delay"] == "{{ gpuprov_busy_delay }}"
     assert "--no-wait" in _module().bootstrap_argv({**{k: v.get("default") for k, v in
                                                       _module().ARGUMENT_SPEC.items()}}, check_mode=False)
+
+
+class _Failed(Exception):
+    pass
+
+
+class _Node:
+    """AnsibleModule's two calls run_gpuprov makes, recorded: run_command answers as gpuprov did, fail_json stops."""
+
+    def __init__(self, rc: int, out: str, err: str):
+        self.answer, self.failed = (rc, out, err), None
+
+    def run_command(self, argv):
+        return self.answer
+
+    def fail_json(self, **kw):
+        self.failed = kw
+        raise _Failed
+
+
+def test_run_gpuprov_fails_the_task_with_gpuprovs_line_and_the_fix():
+    """bootstrap and uninstall both go through run_gpuprov: an exit code outside `ok` fails with gpuprov's own
+    error line, its code and the fix; output that is no JSON fails as such; JSON comes back parsed."""
+    mod = _module()
+    node = _Node(errors.CONFLICT, "", "Error: dockerd's default-runtime is runc\n")
+    try:
+        mod.run_gpuprov(node, ["gpuprov", "uninstall"], (errors.OK,), "gpuprov uninstall")
+    except _Failed:
+        pass
+    assert node.failed["rc"] == errors.CONFLICT and node.failed["cmd"] == ["gpuprov", "uninstall"]
+    assert node.failed["msg"].startswith(f"dockerd's default-runtime is runc (exit {errors.CONFLICT}). Fix: ")
+    node = _Node(errors.OK, "not json", "")
+    try:
+        mod.run_gpuprov(node, ["gpuprov"], (errors.OK,), "gpuprov bootstrap")
+    except _Failed:
+        pass
+    assert node.failed["msg"] == "gpuprov printed no JSON"
+    node = _Node(errors.REBOOT_REQUIRED, '{"changed": 1}', "")
+    assert mod.run_gpuprov(node, ["gpuprov"], (errors.OK, errors.REBOOT_REQUIRED), "x") == (
+        errors.REBOOT_REQUIRED, {"changed": 1})
