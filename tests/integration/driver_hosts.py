@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import time
 
-from tests.integration.hosts import NESTED, ensure_image, ensure_wheelhouse, sh
+from tests.integration.hosts import NESTED, committed_image, ensure_image, ensure_wheelhouse, sh
 
 # Installed into the image: systemd as PID 1, the distribution's kernel metapackage (no headers: a server as the
 # installer leaves it, from the point release only; gpuprov installs the headers), Python for gpuprov.
@@ -40,21 +40,10 @@ def kernel_image(suite: str) -> str:
     tag = hashlib.sha256(RECIPE.encode()).hexdigest()[:10]
     name = f"gpuprov-test/driver-{suite}-kernel:{tag}"
     if sh("docker", "image", "inspect", name, check=False).returncode == 0:
-        return name
-    base = _minbase(suite)
-    box = f"driver-prep-{suite}-{tag}"
-    sh("docker", "rm", "-f", box, check=False)
-    sh("docker", "run", "-d", "--name", box, base, "sleep", "infinity")
-    try:
-        r = sh("docker", "exec", box, "bash", "-c",
-               "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-               + " ".join(PREP_PACKAGES), check=False, timeout=1800)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        sh("docker", "exec", box, "apt-get", "clean")
-        sh("docker", "commit", "-c", 'CMD ["/lib/systemd/systemd"]', box, name)
-    finally:
-        sh("docker", "rm", "-f", box, check=False)
-    return name
+        return name  # (before _minbase: a cached kernel image needs no minbase image)
+    return committed_image(name, _minbase(suite), "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install "
+                           "-y -q --no-install-recommends " + " ".join(PREP_PACKAGES) + " && apt-get clean",
+                           cmd='["/lib/systemd/systemd"]')
 
 
 class KernelHost:

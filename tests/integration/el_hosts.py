@@ -16,7 +16,7 @@ import os
 import uuid
 from pathlib import Path
 
-from tests.integration.hosts import StandInHost, built_in_container, ensure_image, ensure_wheelhouse, sh
+from tests.integration.hosts import StandInHost, built_in_container, committed_image, ensure_image, ensure_wheelhouse, sh
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "el-repos"
 PORT = 8089  # the loopback HTTP server inside the host (its own network namespace: no clash with anything)
@@ -46,18 +46,8 @@ def el_image() -> str:
     """gpuprov-test/el-dnf:<recipe hash>: Debian minbase + Debian's dnf/rpm set up in EL's places, one image for
     every EL release: the release (rocky-release, os-release) is installed when a host starts (ElHost)."""
     h = hashlib.sha256((PREP + APT).encode() + (FIXTURE / "host" / "dnf.conf").read_bytes())
-    name = f"gpuprov-test/el-dnf:{h.hexdigest()[:12]}"
-    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
-        return name
-    box = f"el-prep-{uuid.uuid4().hex[:8]}"
-    try:
-        r = sh("docker", "run", "--name", box, "-v", f"{FIXTURE / 'host'}:/el:ro", ensure_image(), "bash", "-c",
-               PREP % {"apt": APT}, check=False, timeout=1800)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        sh("docker", "commit", "-c", 'CMD ["sleep", "infinity"]', box, name)
-    finally:
-        sh("docker", "rm", "-f", box, check=False)
-    return name
+    return committed_image(f"gpuprov-test/el-dnf:{h.hexdigest()[:12]}", ensure_image(), PREP % {"apt": APT},
+                           volumes=(f"{FIXTURE / 'host'}:/el:ro",))
 
 
 def el_repos() -> Path:

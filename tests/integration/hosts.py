@@ -43,19 +43,31 @@ def ensure_image() -> str:
     return IMAGE
 
 
+def committed_image(name: str, base: str, script: str, cmd: str = '["sleep", "infinity"]',
+                    volumes: tuple[str, ...] = ()) -> str:
+    """NAME (its tag carries its recipe's hash), made when missing: bash runs SCRIPT in a container of BASE (VOLUMES:
+    docker's `-v` values), which is then committed with CMD. A failed script makes no image."""
+    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
+        return name
+    box = f"gpuprov-prep-{uuid.uuid4().hex[:8]}"
+    try:
+        r = sh("docker", "run", "--name", box, *(a for v in volumes for a in ("-v", v)), base, "bash", "-c", script,
+               check=False, timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        sh("docker", "commit", "-c", f"CMD {cmd}", box, name)
+    finally:
+        sh("docker", "rm", "-f", box, check=False)
+    return name
+
+
 def ensure_systemd_image() -> str:
     """The closest thing to a fresh Debian 12 server: minbase plus systemd as PID 1. No compiler, no pip."""
     if sh("docker", "image", "inspect", SYSTEMD_IMAGE, check=False).returncode == 0:
         return SYSTEMD_IMAGE
-    name = f"gpuprov-build-systemd-{uuid.uuid4().hex[:8]}"
-    try:
-        sh("docker", "run", "--name", name, ensure_image(), "bash", "-c",
-           "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-           "systemd systemd-sysv dbus >/dev/null && apt-get clean", timeout=900)
-        sh("docker", "commit", "-c", 'CMD ["/lib/systemd/systemd"]', name, SYSTEMD_IMAGE)
-    finally:
-        sh("docker", "rm", "-f", name, check=False)
-    return SYSTEMD_IMAGE
+    return committed_image(SYSTEMD_IMAGE, ensure_image(),
+                           "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                           "--no-install-recommends systemd systemd-sysv dbus >/dev/null && apt-get clean",
+                           cmd='["/lib/systemd/systemd"]')
 
 
 def checkout_key() -> str:

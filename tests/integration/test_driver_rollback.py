@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import needs
 from tests.integration.driver_hosts import SYSTEMD_FLAGS, KernelHost, kernel_image
-from tests.integration.hosts import ensure_wheelhouse, sh
+from tests.integration.hosts import committed_image, ensure_wheelhouse, sh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
 GOOD, BAD = "535.261.03-1", "535.309.01-1"
@@ -106,23 +106,11 @@ def dkms_image() -> str:
     stand-in repository is then apt's only source: no mirror is asked during the test). Cached by its recipe."""
     base = kernel_image("bookworm")
     tag = hashlib.sha256(f"{RECIPE} {base}".encode()).hexdigest()[:10]
-    name = f"gpuprov-test/driver-bookworm-dkms:{tag}"
-    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
-        return name
-    box = f"driver-dkms-prep-{tag}"
-    sh("docker", "rm", "-f", box, check=False)
-    sh("docker", "run", "-d", "--name", box, base, "sleep", "infinity")
-    try:
-        r = sh("docker", "exec", box, "bash", "-c",
-               "set -e; k=$(basename $(readlink -f /vmlinuz) | sed s/^vmlinuz-//); apt-get update -q && "
-               "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends dkms gcc make "
-               "linux-headers-$k && apt-get clean && mv /etc/apt/sources.list /etc/apt/sources.list.debian && "
-               "rm -rf /var/lib/apt/lists/*", check=False, timeout=1800)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        sh("docker", "commit", "-c", 'CMD ["/lib/systemd/systemd"]', box, name)
-    finally:
-        sh("docker", "rm", "-f", box, check=False)
-    return name
+    return committed_image(f"gpuprov-test/driver-bookworm-dkms:{tag}", base,
+                           "set -e; k=$(basename $(readlink -f /vmlinuz) | sed s/^vmlinuz-//); apt-get update -q && "
+                           "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends dkms gcc make "
+                           "linux-headers-$k && apt-get clean && mv /etc/apt/sources.list /etc/apt/sources.list.debian "
+                           "&& rm -rf /var/lib/apt/lists/*", cmd='["/lib/systemd/systemd"]')
 
 
 class DkmsHost(KernelHost):

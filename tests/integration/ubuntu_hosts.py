@@ -24,7 +24,7 @@ import os
 import uuid
 from pathlib import Path
 
-from tests.integration.hosts import StandInHost, built_in_container, ensure_image, ensure_wheelhouse, sh
+from tests.integration.hosts import StandInHost, built_in_container, committed_image, ensure_image, ensure_wheelhouse, sh
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-archive"
 DISTROS = Path(__file__).resolve().parents[1] / "fixtures" / "distros"
@@ -45,18 +45,7 @@ RELEASES = {"22.04": "jammy", "24.04": "noble"}
 def ubuntu_image() -> str:
     """gpuprov-test/ubuntu-apt:<recipe hash>: Debian minbase + Debian's apt/dpkg, kmod, initramfs-tools, dkms."""
     tag = hashlib.sha256((PREP + APT).encode()).hexdigest()[:12]
-    name = f"gpuprov-test/ubuntu-apt:{tag}"
-    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
-        return name
-    box = f"ubuntu-prep-{uuid.uuid4().hex[:8]}"
-    try:
-        r = sh("docker", "run", "--name", box, ensure_image(), "bash", "-c", PREP % {"apt": APT}, check=False,
-               timeout=1800)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        sh("docker", "commit", "-c", 'CMD ["sleep", "infinity"]', box, name)
-    finally:
-        sh("docker", "rm", "-f", box, check=False)
-    return name
+    return committed_image(f"gpuprov-test/ubuntu-apt:{tag}", ensure_image(), PREP % {"apt": APT})
 
 
 def ubuntu_archive() -> Path:
