@@ -525,9 +525,10 @@ def lock_path() -> str:
 
 def _refuse_stranding(root: Path, rec: record.Record, opt: UninstallOptions) -> None:
     """Exit 14 before anything is planned or changed while an engine runs containers under gpuprov's runtime that it
-    could no longer stop once uninstall took the runtime away and keeps no pass-through for (Podman: it stops them
-    through the runtime its configuration names; Docker's keep a pass-through, runtime_steps), naming them; --force
-    goes on (the operator's call: those containers then run on with nothing to stop them through)."""
+    could no longer stop once uninstall took the runtime away and keeps no pass-through for (Podman and CRI-O: each
+    stops them through the runtime its configuration names; Docker's and containerd's keep a pass-through,
+    runtime_steps), naming them; --force goes on (the operator's call: those containers then run on with nothing to
+    stop them through)."""
     if opt.force or not is_live(root):
         return
     names = tuple(sorted({"nvidia", *(e.get("runtime_name") for e in rec.configs.values() if e.get("runtime_name"))}))
@@ -535,8 +536,9 @@ def _refuse_stranding(root: Path, rec: record.Record, opt: UninstallOptions) -> 
     if held:
         running = "; ".join(f"{title}: {', '.join(c)}" for title, c in held.items())
         raise RemovalRefused(f"containers started under gpuprov's runtime still run ({running}); once uninstall "
-                             f"removed the runtime their engine could not stop them: stop them first (podman stop "
-                             f"NAME), or {FORCE} to go on (nothing was changed)")
+                             f"removed the runtime their engine could not stop them: stop them first (`podman stop "
+                             f"NAME`; CRI-O's: drain the node or delete their pods), or {FORCE} to go on (nothing was "
+                             "changed)")
 
 
 def uninstall_steps(root: Path, opt: UninstallOptions, rec: record.Record | None = None) -> list[Step]:

@@ -212,6 +212,43 @@ def test_5c_uninstall_refuses_while_podman_runs_a_container_under_the_runtime(ho
         host.exec("podman rm -f held-gpu")
 
 
+def test_5d_uninstall_refuses_while_crio_runs_a_container_under_the_runtime(host):
+    """Issue 27.6 for CRI-O, which Debian does not package (so no CRI-O runs here): what uninstall reads of CRI-O's
+    containers is real. CRI-O starts each container under a monitor, conmon, given the handler's runtime path (`-r`)
+    and its root (`--runtime-arg --root=…`, gpuprov's drop-in: /run/gpuprov-runtime); here Debian's conmon is started
+    with CRI-O's arguments for gpuprov's handler, creates a container through gpuprov-runtime, which is then started.
+    CRI-O would stop it through the handler uninstall takes away, so uninstall (and its dry run) refuses: exit 14 naming
+    it as CRI-O names it, nothing changed. Podman's own conmons (this host runs them in test_5c) are not CRI-O's.
+    (On main: exit 0, the runtime removed under it.)"""
+    b, rt = "/tmp/crio-bundle", "/usr/local/bin/gpuprov-runtime --root=/run/gpuprov-runtime"
+    host.exec(f"set -e; mkdir -p {b}/rootfs /tmp/crio-exits /tmp/crio-sock /tmp/crio-persist; "
+              f"podman create --name crio-src {CHECK} true >/dev/null; podman export crio-src | tar -C {b}/rootfs -x; "
+              f"podman rm crio-src >/dev/null; mkfifo {b}/rootfs/tmp/hold; cd {b} && runc spec && "
+              "/opt/gpuprov/bin/python -c 'import json; c=json.load(open(\"config.json\")); "
+              "c[\"process\"].update(terminal=False, args=[\"cat\", \"/tmp/hold\"]); "
+              "json.dump(c, open(\"config.json\", \"w\"))'", check=True)
+    name = "k8s_held_gpu-pod_default_0"
+    host.spawn(f"exec conmon -b {b} -c crio1 -u crio1 -n {name} --exit-dir /tmp/crio-exits -l {b}/ctr.log "
+               f"-P {b}/conmon.pid -p {b}/pid --persist-dir /tmp/crio-persist -r /usr/local/bin/gpuprov-runtime "
+               f"--runtime-arg --root=/run/gpuprov-runtime --socket-dir-path /tmp/crio-sock --syslog "
+               f">{b}/conmon.out 2>&1")
+    try:
+        host.exec(f"for i in $(seq 100); do {rt} state crio1 2>/dev/null | grep -q created && exit 0; sleep 0.1; "
+                  f"done; cat {b}/conmon.out; exit 1", check=True)
+        host.exec(f"{rt} start crio1", check=True)
+        before = host.exec(f"md5sum {DROPIN} {PODMAN_RT} /usr/local/bin/gpuprov-runtime /etc/gpuprov/runtime.json").stdout
+        for cmd in ("gpuprov uninstall --dry-run", "gpuprov uninstall --yes"):
+            r = host.exec(cmd)
+            assert r.returncode == 14 and len(r.stderr.strip().splitlines()) == 1, (cmd, r.stdout, r.stderr)
+            assert f"CRI-O: {name}" in r.stderr and "Podman:" not in r.stderr, r.stderr
+        assert host.exec(f"md5sum {DROPIN} {PODMAN_RT} /usr/local/bin/gpuprov-runtime "
+                         "/etc/gpuprov/runtime.json").stdout == before
+        assert '"running"' in host.exec(f"{rt} state crio1").stdout  # still served by gpuprov's runtime
+    finally:
+        host.exec(f"{rt} kill crio1 KILL; sleep 0.5; {rt} delete -f crio1; "
+                  f"for i in $(seq 50); do kill -0 $(cat {b}/conmon.pid) 2>/dev/null || exit 0; sleep 0.1; done")
+
+
 def test_6_uninstall_keeps_podman_and_the_users_images(host):
     r = host.exec("gpuprov uninstall --yes --json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
