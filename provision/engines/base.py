@@ -41,7 +41,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, NamedTuple
 
 from provision import effects
 from provision.engines import validate
@@ -471,6 +471,49 @@ def dump_json(doc: object, path: str | Path) -> str:
         return json.dumps(doc, indent=2, allow_nan=False) + "\n"
     except (RecursionError, ValueError) as exc:
         raise ConfigInvalid(f"{path}: cannot write it back as JSON ({exc}); the file was not changed") from None
+
+
+MONITORS = ("conmon", "conmonrs")  # the container monitors CRI-O and Podman start, one per container
+
+
+class Monitored(NamedTuple):
+    """A container run under gpuprov's runtime, seen through its monitor: the monitor's owner, the container's name
+    as its engine gave it (`-n`, else its ID) and whether Podman started it (Podman passes `--exit-command`, CRI-O
+    never does)."""
+    uid: int
+    name: str
+    podman: bool
+
+
+def _monitor_flag(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the FIRST `-x VALUE`/`--xx VALUE`/`--xx=VALUE` among a monitor's own options: Podman repeats its
+    own options after them as `--exit-command-arg --runtime --exit-command-arg PATH` (flag_value's last-wins would
+    read `--exit-command-arg` as the runtime)."""
+    for i, a in enumerate(argv):
+        if a in names and i + 1 < len(argv):
+            return argv[i + 1]
+        for n in names:
+            if n.startswith("--") and a.startswith(n + "="):
+                return a[len(n) + 1:]
+    return None
+
+
+def monitored_by_gpuprov() -> list[Monitored]:
+    """The running containers whose monitor (conmon, conmon-rs) was started with one of gpuprov's front-ends as the
+    OCI runtime (`-r`/`--runtime`): what CRI-O and a rootless Podman would stop through gpuprov's runtime."""
+    found = []
+    for pid, argv in find_processes(MONITORS):
+        runtime = _monitor_flag(argv[1:], ("-r", "--runtime"))
+        if runtime is None or not Path(runtime).name.startswith("gpuprov-runtime"):
+            continue
+        try:  # the real uid (status' Uid:), not /proc/PID's owner: that is root for a process that is not dumpable
+            status = read_bytes_bounded(f"/proc/{pid}/status").decode(errors="replace")
+            uid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")))
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue  # gone meanwhile
+        name = _monitor_flag(argv[1:], ("-n", "--name")) or _monitor_flag(argv[1:], ("-c", "--cid")) or f"pid {pid}"
+        found.append(Monitored(uid, name, _monitor_flag(argv[1:], ("--exit-command",)) is not None))
+    return found
 
 
 def processes_in_pid_files(pid_files: tuple[str, ...], names: tuple[str, ...]) -> list[tuple[int, list[str]]]:

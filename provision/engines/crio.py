@@ -25,8 +25,8 @@ from provision.engines.base import (
     EnginePlan,
     FileEdit,
     RuntimeRequest,
-    find_processes,
     flag_value,
+    monitored_by_gpuprov,
     same_file,
 )
 from provision.errors import RuntimeConflict
@@ -38,8 +38,6 @@ RUNTIME_ROOT = "/run/gpuprov-runtime"  # the state directory CRI-O passes as the
 CDI_DIRS = ["/etc/cdi", "/var/run/cdi"]
 HEADER = ("Written by gpuprov (engine configure crio): its GPU runtime as a CRI handler.\n"
           "Remove this file to unregister it.")
-# CRI-O's container monitors: conmon, and conmon-rs for `runtime_type = "pod"`
-MONITORS = ("conmon", "conmonrs")
 # CRI-O's own default runtimes (crun from 1.31; runc before): never the operator's choice to protect.
 ENGINE_DEFAULTS = (None, "runc", "crun")
 
@@ -158,20 +156,11 @@ class CrioEngine(dropin.DropinEngine):
         return True  # CRI-O always applies CDI devices
 
     def stranded(self, names: tuple[str, ...]) -> list[str]:
-        """CRI-O's running containers under gpuprov's runtime: each has a monitor (conmon, conmon-rs) that CRI-O
-        started with the handler's runtime path (`-r`/`--runtime`). CRI-O stops them through the handler its
+        """CRI-O's running containers under gpuprov's runtime, seen through their monitors (base.monitored_by_gpuprov:
+        conmon or conmon-rs started with the handler's runtime path). CRI-O stops them through the handler its
         configuration names, which uninstall takes away with the drop-in, so uninstall refuses while one runs.
-        Podman's conmons are Podman's (they carry `--exit-command`: PodmanEngine.stranded asks Podman itself).
-        Named as CRI-O names them (`-n`: k8s_CONTAINER_POD_…), else by ID."""
-        found = []
-        for _pid, argv in find_processes(MONITORS):
-            runtime = flag_value(argv[1:], ("-r", "--runtime"))
-            if runtime is None or not Path(runtime).name.startswith("gpuprov-runtime") or \
-                    flag_value(argv[1:], ("--exit-command",)) is not None:
-                continue
-            found.append(flag_value(argv[1:], ("-n", "--name")) or flag_value(argv[1:], ("-c", "--cid")) or
-                         f"conmon {_pid}")
-        return found
+        Named as CRI-O names them (`-n`: k8s_CONTAINER_POD_…)."""
+        return [m.name for m in monitored_by_gpuprov() if not m.podman]
 
     def plan(self, path: Path, req: RuntimeRequest, *, unit_root: Path = Path("/")) -> EnginePlan:
         old = dropin.read_ours(path, req)

@@ -170,18 +170,20 @@ class PodmanEngine(dropin.DropinEngine):
         return effects.which("crun") or effects.which("runc")
 
     def stranded(self, names: tuple[str, ...]) -> list[str]:
-        """Podman's running containers whose OCI runtime is one of `names` (`podman inspect`: OCIRuntime). Podman
-        stops a container through the runtime of that name in its configuration: with gpuprov's drop-in and front-end
-        gone, `podman stop` has neither (root's containers; a rootless user's are theirs)."""
+        """Podman's running containers whose OCI runtime is one of `names`. Podman stops a container through the
+        runtime of that name in its configuration: with gpuprov's drop-in and front-end gone, `podman stop` has
+        neither. Root's are asked of Podman (`podman inspect`: OCIRuntime); a rootless user's (their own Podman reads
+        the same drop-in) are found by their conmon, started with gpuprov's front-end and owned by that user."""
         if not effects.which("podman"):
             return []
+        rootless = [f"{m.name} (user {_user(m.uid)})" for m in base.monitored_by_gpuprov() if m.podman and m.uid != 0]
         r = effects.try_run(["podman", "ps", "-q", "--no-trunc"], timeout=30)
         ids = r.stdout.split() if r is not None and r.returncode == 0 else []
         if not ids:
-            return []
+            return rootless
         r = effects.try_run(["podman", "inspect", "--format", "{{.Name}} {{.OCIRuntime}}", *ids], timeout=30)
         rows = [ln.split() for ln in (r.stdout if r is not None and r.returncode == 0 else "").splitlines()]
-        return [row[0] for row in rows if len(row) == 2 and row[1] in names]
+        return [row[0] for row in rows if len(row) == 2 and row[1] in names] + rootless
 
     # --- installing it: the distribution's packages; no unit, no daemon (engine_steps' service step is skipped)
 
@@ -301,3 +303,13 @@ def run_argv(image: str, argv: tuple[str, ...] | list[str], gpu: str | None = No
     """A container from a local image, never pulled, no network; `gpu` (all, an index or a UUID) through CDI."""
     devices = ("--device", f"{KIND}={gpu}") if gpu else ()
     return (*RUN, *devices, image, *argv)
+
+
+def _user(uid: int) -> str:
+    """A login name for people (the uid where the account is gone)."""
+    import pwd  # lazy: 0.1 ms, only when a rootless container is found
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

@@ -75,7 +75,10 @@ def checkout_key() -> str:
     (a copy of the checkout on a fresh host: bench/host_orders.py's), every file's path, size and mtime."""
     if shutil.which("git") and (REPO / ".git").exists():
         head = sh("git", "-C", str(REPO), "rev-parse", "HEAD", check=False).stdout.strip()
-        dirty = sh("git", "-C", str(REPO), "status", "--porcelain", check=False).stdout
+        # status names the changed files, the diff their changes: a second edit of an already changed file is a
+        # new key too (status alone kept serving the wheel of the first edit)
+        dirty = sh("git", "-C", str(REPO), "status", "--porcelain", check=False).stdout + \
+            sh("git", "-C", str(REPO), "diff", "HEAD", check=False).stdout
         return head + hashlib.sha256(dirty.encode()).hexdigest()
     h = hashlib.sha256()
     ignore = checkout_ignore()

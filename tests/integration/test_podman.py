@@ -249,6 +249,25 @@ def test_5d_uninstall_refuses_while_crio_runs_a_container_under_the_runtime(host
                   f"for i in $(seq 50); do kill -0 $(cat {b}/conmon.pid) 2>/dev/null || exit 0; sleep 0.1; done")
 
 
+def test_5e_uninstall_refuses_while_a_rootless_user_runs_one(host):
+    """Issue 27.6 for a rootless user's Podman: their Podman reads the same drop-in and stops their container through
+    gpuprov's front-end, and root's `podman ps` never lists it. Uninstall finds it by its conmon (owned by the user,
+    started with gpuprov-runtime-podman) and refuses, naming the container and the user; nothing changed.
+    (On the code before: exit 0.)"""
+    r = host.exec(AS_USER.format(f"podman run -d -i --name alice-held --runtime nvidia --network none --pull never "
+                                 f"{CHECK} cat"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        before = host.exec(f"md5sum {DROPIN} {PODMAN_RT} /etc/gpuprov/runtime.json").stdout
+        r = host.exec("gpuprov uninstall --dry-run")
+        assert r.returncode == 14 and len(r.stderr.strip().splitlines()) == 1, (r.stdout, r.stderr)
+        assert f"Podman: alice-held (user {USER})" in r.stderr, r.stderr
+        assert host.exec(f"md5sum {DROPIN} {PODMAN_RT} /etc/gpuprov/runtime.json").stdout == before
+        assert host.exec(AS_USER.format("podman stop -t 1 alice-held")).returncode == 0
+    finally:
+        host.exec(AS_USER.format("podman rm -f alice-held"))
+
+
 def test_6_uninstall_keeps_podman_and_the_users_images(host):
     r = host.exec("gpuprov uninstall --yes --json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
