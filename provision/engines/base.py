@@ -485,25 +485,13 @@ class Monitored(NamedTuple):
     podman: bool
 
 
-def _monitor_flag(argv: list[str], names: tuple[str, ...]) -> str | None:
-    """The value of the FIRST `-x VALUE`/`--xx VALUE`/`--xx=VALUE` among a monitor's own options: Podman repeats its
-    own options after them as `--exit-command-arg --runtime --exit-command-arg PATH` (flag_value's last-wins would
-    read `--exit-command-arg` as the runtime)."""
-    for i, a in enumerate(argv):
-        if a in names and i + 1 < len(argv):
-            return argv[i + 1]
-        for n in names:
-            if n.startswith("--") and a.startswith(n + "="):
-                return a[len(n) + 1:]
-    return None
-
-
 def monitored_by_gpuprov() -> list[Monitored]:
     """The running containers whose monitor (conmon, conmon-rs) was started with one of gpuprov's front-ends as the
-    OCI runtime (`-r`/`--runtime`): what CRI-O and a rootless Podman would stop through gpuprov's runtime."""
+    OCI runtime (`-r`/`--runtime`): what CRI-O and a rootless Podman would stop through gpuprov's runtime. A
+    monitor's own options are read first-wins (flag_value's `first`): Podman repeats its own after them."""
     found = []
     for pid, argv in find_processes(MONITORS):
-        runtime = _monitor_flag(argv[1:], ("-r", "--runtime"))
+        runtime = flag_value(argv[1:], ("-r", "--runtime"), first=True)
         if runtime is None or not Path(runtime).name.startswith("gpuprov-runtime"):
             continue
         try:  # the real uid (status' Uid:), not /proc/PID's owner: that is root for a process that is not dumpable
@@ -511,8 +499,9 @@ def monitored_by_gpuprov() -> list[Monitored]:
             uid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")))
         except (OSError, StopIteration, IndexError, ValueError):
             continue  # gone meanwhile
-        name = _monitor_flag(argv[1:], ("-n", "--name")) or _monitor_flag(argv[1:], ("-c", "--cid")) or f"pid {pid}"
-        found.append(Monitored(uid, name, _monitor_flag(argv[1:], ("--exit-command",)) is not None))
+        name = flag_value(argv[1:], ("-n", "--name"), first=True) or flag_value(argv[1:], ("-c", "--cid"), first=True) \
+            or f"pid {pid}"
+        found.append(Monitored(uid, name, flag_value(argv[1:], ("--exit-command",), first=True) is not None))
     return found
 
 

@@ -161,8 +161,9 @@ def find_binary(root: Path, name: str) -> str | None:
     return None
 
 
-def flag_value(argv: list[str] | tuple[str, ...], names: tuple[str, ...]) -> str | None:
-    """The value of `--flag VALUE` or `--flag=VALUE` (the last one wins, as in Go's flag parsing)."""
+def flag_value(argv: list[str] | tuple[str, ...], names: tuple[str, ...], first: bool = False) -> str | None:
+    """The value of `--flag VALUE` or `--flag=VALUE`: the last one wins, as in Go's flag parsing; with `first`, the
+    first one (conmon: Podman repeats its own options after conmon's as `--exit-command-arg --runtime …`)."""
     value = None
     for i, a in enumerate(argv):
         for n in names:
@@ -170,6 +171,10 @@ def flag_value(argv: list[str] | tuple[str, ...], names: tuple[str, ...]) -> str
                 value = argv[i + 1]
             elif a.startswith(n + "="):
                 value = a[len(n) + 1:]
+            else:
+                continue
+            if first:
+                return value
     return value
 
 
