@@ -147,7 +147,7 @@ def removals(manager: str, output: str) -> list[str]:
     if manager == "apt":
         found = APT_REMV.findall(output)
     else:
-        found, in_section = [], False
+        found, in_section, wrapped = [], False, False
         for line in output.splitlines():
             words = line.split()
             if DNF_REMOVE_SECTION.match(line):
@@ -156,8 +156,13 @@ def removals(manager: str, output: str) -> list[str]:
                 in_section = False  # another section header, the summary, or the blank line after a table
             elif words[0] == "replacing" and len(words) > 1:
                 found.append(words[1].rsplit(".", 1)[0])
+            elif wrapped:
+                pass  # the rest of a row whose name was too long for its column: arch, version, repository, size
             elif in_section:
                 found.append(words[0])
+            # dnf/yum put a name wider than the name column alone on its line, the row's other columns on the next
+            # (" python3-dnf-plugin-versionlock" then "    noarch 4.3.0-16.el9 @appstream 74 k"): never a package
+            wrapped = in_section and len(words) == 1 and line.startswith(" ") and not wrapped
     return list(dict.fromkeys(found))
 
 
