@@ -199,7 +199,9 @@ def choose_kernels(root: Path, running: str | None, asked: tuple[str, ...], baki
 def headers_packages(target: Target, kernels: tuple[str, ...]) -> list[str]:
     if target.family == "debian":
         return [f"linux-headers-{k}" for k in kernels]
-    return [p for k in kernels for p in (f"kernel-devel-{k}", f"kernel-headers-{k}")]
+    # kernel-headers (the userspace API headers) is one package, not one per kernel as kernel-devel is: dnf refuses
+    # two versions of it in one transaction, and one older than the installed would be downgraded
+    return [*(f"kernel-devel-{k}" for k in kernels), "kernel-headers"]
 
 
 # ---------------------------------------------------------------- checks (read through the plan's root)
