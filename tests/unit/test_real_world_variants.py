@@ -49,3 +49,25 @@ def test_el_dkms_for_two_kernels_asks_dnf_for_one_kernel_headers(tmp_path):
     words = next(a for a in steps["driver.packages"]["actions"] if a.startswith("$ dnf install -y ")).split()
     assert {f"kernel-devel-{running}", f"kernel-devel-{newer}"} <= set(words), words
     assert [w for w in words if w.startswith("kernel-headers")] == ["kernel-headers"], words
+
+
+@pytest.mark.parametrize("target", ["rocky-10", "almalinux-10", "rhel-10", "ol-10"])
+def test_nvidia_repository_on_el10_installs_its_meta_package_not_a_module_stream(target):
+    """EL 10 has no modularity, and NVIDIA's rhel10 repository no `nvidia-driver` module: its driver installation
+    guide ("Kernel Modules") installs `nvidia-open` (open modules) or `cuda-drivers` (proprietary) there, module
+    streams on EL 8/9 and Amazon Linux 2023 only. main planned `dnf module install nvidia-driver:open-dkms`, which
+    dnf cannot install from that repository. A branch other than the newest has nothing to keep it there (the
+    meta-packages require their components at >= their version): refused with the way out, before any change."""
+    from provision.decide.driver import decide_gpu
+    from provision.decide.gputable import PciId
+    from provision.decide.targets import TARGETS
+
+    h100, v100 = PciId(0x10DE, 0x2330), PciId(0x10DE, 0x1DB4)  # open modules, current; Volta: proprietary, 580
+    t = TARGETS[target]
+    assert decide_gpu(h100, t, source="nvidia").packages == ("nvidia-open",)
+    assert decide_gpu(h100, t, source="nvidia", kernel_modules="proprietary").packages == ("cuda-drivers",)
+    for d in (decide_gpu(h100, t, source="nvidia", pin="580"), decide_gpu(v100, t, source="nvidia")):
+        assert d.packages == () and "--driver-source elrepo" in d.warnings[-1], d
+    # EL 9 and Amazon Linux 2023 keep the module streams NVIDIA's guide names there
+    assert decide_gpu(h100, TARGETS["rocky-9"], source="nvidia", pin="580").packages == ("nvidia-driver:580-open",)
+    assert decide_gpu(h100, TARGETS["amzn-2023"], source="nvidia").packages == ("nvidia-driver:open-dkms",)
