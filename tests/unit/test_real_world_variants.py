@@ -12,6 +12,7 @@ from provision.plan.dnf import DnfPurge
 from provision.plan.packages import removals
 
 VARIANTS = Path(__file__).resolve().parents[1] / "fixtures" / "el-variants"
+UBUNTU = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-variants"
 # Debian's real dnf 4.14, 80 columns (not a terminal): a name wider than its column goes alone on its line
 WRAPPED = (VARIANTS / "dnf-remove-wrapped.txt").read_text()
 
@@ -71,3 +72,33 @@ def test_nvidia_repository_on_el10_installs_its_meta_package_not_a_module_stream
     # EL 9 and Amazon Linux 2023 keep the module streams NVIDIA's guide names there
     assert decide_gpu(h100, TARGETS["rocky-9"], source="nvidia", pin="580").packages == ("nvidia-driver:580-open",)
     assert decide_gpu(h100, TARGETS["amzn-2023"], source="nvidia").packages == ("nvidia-driver:open-dkms",)
+
+
+def test_ubuntu_metapackage_whose_newest_kernel_has_no_modules_yet_means_dkms(tmp_path):
+    """Ubuntu 22.04 running 5.15.0-91-generic; the lists offer linux-modules-nvidia-570-server-open-generic at -91
+    (with its ABI package) and, in -updates, at -92 without the -92 ABI package. apt installs the metapackage's
+    newest version, whose dependency is not installable: main chose the precompiled modules (apt then stops on the
+    unmet dependency); the metapackage is not offered, so DKMS builds the module."""
+    from provision.facts.packages import offered_module_packages
+    from provision.plan.options import Options
+    from tests.conftest import make_host
+    from tests.unit.test_kernel_follow import _pkgs_step
+
+    k = "5.15.0-91-generic"
+    root = make_host(tmp_path, "ubuntu-22.04", "datacenter", kernel=k)
+    lists = root / "var/lib/apt/lists"
+    lists.mkdir(parents=True, exist_ok=True)
+    for suite in ("jammy", "jammy-updates"):
+        (lists / f"mirror.invalid_ubuntu_dists_{suite}_restricted_binary-amd64_Packages").write_text(
+            (UBUNTU / f"{suite}_restricted_Packages").read_text())
+    abi = f"linux-modules-nvidia-570-server-open-{k}"
+    assert offered_module_packages(root) == {abi}
+    step = _pkgs_step(root, Options(engine="none", driver="570"))
+    install = next(ln for ln in step.lines() if "apt-get install" in ln)
+    assert "nvidia-headless-570-server-open" in install, install
+    assert "linux-modules-nvidia" not in install and "linux-headers-generic" in install, install
+    # the -92 ABI package published: the metapackage is offered again
+    (lists / "mirror.invalid_ubuntu_dists_jammy-updates_restricted_binary-amd64_Packages").write_text(
+        (UBUNTU / "jammy-updates_restricted_Packages").read_text()
+        + (UBUNTU / "jammy_restricted_Packages").read_text().split("\n\n")[0].replace("91", "92") + "\n\n")
+    assert "linux-modules-nvidia-570-server-open-generic" in offered_module_packages(root)
