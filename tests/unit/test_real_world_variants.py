@@ -102,3 +102,38 @@ def test_ubuntu_metapackage_whose_newest_kernel_has_no_modules_yet_means_dkms(tm
         (UBUNTU / "jammy-updates_restricted_Packages").read_text()
         + (UBUNTU / "jammy_restricted_Packages").read_text().split("\n\n")[0].replace("91", "92") + "\n\n")
     assert "linux-modules-nvidia-570-server-open-generic" in offered_module_packages(root)
+
+
+UEK = "5.15.0-208.159.3.el9uek.x86_64"  # Oracle Linux 9's default kernel: the Unbreakable Enterprise Kernel 7
+
+
+def test_el_kernel_devel_package_follows_the_kernel_variant():
+    """NVIDIA's driver installation guide (Oracle Linux; RHEL): UEK's headers are kernel-uek-devel-$(uname -r), the
+    aarch64 64k kernel's kernel-64k-devel; main named kernel-devel-<release> for every EL kernel."""
+    from provision.plan.driver import el_devel_package
+
+    assert el_devel_package("5.14.0-503.14.1.el9_5.x86_64") == "kernel-devel-5.14.0-503.14.1.el9_5.x86_64"
+    assert el_devel_package(UEK) == f"kernel-uek-devel-{UEK}"
+    assert el_devel_package("6.12.0-100.28.2.2.el9uek.x86_64") == "kernel-uek-devel-6.12.0-100.28.2.2.el9uek.x86_64"
+    assert el_devel_package("5.14.0-503.14.1.el9_5.aarch64+64k") == "kernel-64k-devel-5.14.0-503.14.1.el9_5.aarch64"
+    assert el_devel_package("5.14.0-427.13.1.el9_4.x86_64+rt") == "kernel-rt-devel-5.14.0-427.13.1.el9_4.x86_64"
+
+
+def test_oracle_linux_on_uek_dkms_names_kernel_uek_devel_and_elrepo_is_refused(tmp_path):
+    """Oracle Linux 9 running UEK: NVIDIA's repository (DKMS) installs kernel-uek-devel-<release> (main:
+    kernel-devel-<uek release>, which no repository has: dnf's "No match for argument"); ELRepo, the default source,
+    is refused up front (exit 4) with the ways out: its kmods are built for Red Hat's kernel and load into no UEK
+    (main installed kmod-nvidia-open and reported the driver installed for a kernel it cannot serve)."""
+    from tests.unit.test_driver_plans import plan
+
+    steps = plan(tmp_path / "a", "ol-9", "datacenter", files={"/proc/sys/kernel/osrelease": UEK + "\n",
+                                                               f"/lib/modules/{UEK}/kernel/.keep": "",
+                                                               f"/boot/vmlinuz-{UEK}": ""},
+                 driver_source="nvidia")
+    words = next(a for a in steps["driver.packages"]["actions"] if a.startswith("$ dnf install -y ")).split()
+    assert f"kernel-uek-devel-{UEK}" in words and f"kernel-devel-{UEK}" not in words, words
+    with pytest.raises(GpuprovError) as e:
+        plan(tmp_path / "b", "ol-9", "datacenter", files={"/proc/sys/kernel/osrelease": UEK + "\n",
+                                                          f"/lib/modules/{UEK}/kernel/.keep": "",
+                                                          f"/boot/vmlinuz-{UEK}": ""})
+    assert e.value.exit_code == 4 and "UEK" in str(e.value) and "--driver-source nvidia" in str(e.value)
