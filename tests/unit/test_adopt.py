@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from provision import package_managers
 from provision.errors import CONFLICT, GpuprovError
 from provision.plan import steps as st
 from provision.plan.build import build_plan
 from provision.plan.options import Options
-from provision.plan.packages import PackageInstall, removals
+from provision.plan.packages import PackageInstall
 from provision.report import detect_host
 from tests.conftest import make_host
 
@@ -171,9 +172,10 @@ Operation aborted.
 
 
 def test_removals_are_read_from_the_package_managers_dry_run():
-    assert removals("apt", APT_SIM) == ["docker-ce", "containerd.io", "docker-ce-cli"]
-    assert removals("dnf", DNF_ASSUMENO) == ["moby-engine", "podman-docker"]
-    assert removals("apt", "Inst runc (1.1.5)\n") == [] and removals("dnf", "Nothing to do.\nComplete!\n") == []
+    assert package_managers.get("apt").removals(APT_SIM) == ["docker-ce", "containerd.io", "docker-ce-cli"]
+    assert package_managers.get("dnf").removals(DNF_ASSUMENO) == ["moby-engine", "podman-docker"]
+    assert package_managers.get("apt").removals("Inst runc (1.1.5)\n") == []
+    assert package_managers.get("dnf").removals("Nothing to do.\nComplete!\n") == []
 
 
 class Runs:

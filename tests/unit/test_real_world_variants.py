@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from provision import effects
+from provision import effects, package_managers
 from provision.errors import GpuprovError
-from provision.plan.dnf import DnfPurge
-from provision.plan.packages import removals
+from provision.plan.uninstall import Purge
 
 VARIANTS = Path(__file__).resolve().parents[1] / "fixtures" / "el-variants"
 UBUNTU = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-variants"
@@ -18,7 +17,7 @@ WRAPPED = (VARIANTS / "dnf-remove-wrapped.txt").read_text()
 
 
 def test_a_wrapped_dnf_row_is_one_package_not_its_arch():
-    assert removals("dnf", WRAPPED) == ["kmod-nvidia-open-dkms", "nvidia-driver-cuda-libs",
+    assert package_managers.get("dnf").removals(WRAPPED) == ["kmod-nvidia-open-dkms", "nvidia-driver-cuda-libs",
                                         "python3-dnf-plugin-versionlock", "nvidia-persistenced"]
 
 
@@ -31,9 +30,9 @@ def test_a_purge_of_long_names_is_refused_only_for_what_it_really_removes(monkey
     monkeypatch.setattr(effects, "run", run)
     recorded = ("kmod-nvidia-open-dkms", "nvidia-driver-cuda-libs", "python3-dnf-plugin-versionlock")
     with pytest.raises(GpuprovError) as e:
-        DnfPurge("dnf", recorded, (), False).check()
+        Purge("dnf", recorded, (), False).check()
     assert "would also remove nvidia-persistenced, which" in str(e.value), str(e.value)
-    DnfPurge("dnf", (*recorded, "nvidia-persistenced"), (), False).check()  # all of it gpuprov's: no refusal
+    Purge("dnf", (*recorded, "nvidia-persistenced"), (), False).check()  # all of it gpuprov's: no refusal
 
 
 def test_el_dkms_for_two_kernels_asks_dnf_for_one_kernel_headers(tmp_path):
