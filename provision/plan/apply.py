@@ -146,6 +146,8 @@ def record_installed(steps: list[Step], missing: dict[str, list[str]], res: Appl
     changed = res.changed_ids()
     for stage, added in (watch.added.items() if watch else ()):
         record.note_packages(stage, added)
+    if watch and watch.streams:
+        record.note_streams(watch.streams)
     for s in steps:
         if s.id in missing:
             installed = [p for p in missing[s.id] if packages_installed("apt", (p,))]

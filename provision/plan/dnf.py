@@ -86,6 +86,50 @@ def streams_to_switch(root: Path, specs: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(s for s in specs if ":" in s and on.get(s.split(":")[0]) not in (None, s.split(":")[1]))
 
 
+# NVIDIA's `nvidia-driver` module: a stream's kernel-module flavour is in its name (570-open and open-dkms: open;
+# 570-dkms and latest-dkms: proprietary), and each flavour's kmod package conflicts with the other's, so a switch
+# between flavours replaces one with the other (NVIDIA's guide: `dnf module switch-to nvidia-driver:S --allowerasing`).
+DRIVER_MODULE = "nvidia-driver"
+FLAVOUR_KMOD = {"open": "kmod-nvidia-open-dkms", "proprietary": "kmod-nvidia-latest-dkms"}
+
+
+def stream_flavour(stream: str) -> str:
+    return "open" if stream.endswith("-open") or stream == "open-dkms" else "proprietary"
+
+
+def flavour_swaps(root: Path, switch: tuple[str, ...]) -> tuple[str, ...]:
+    """The installed kmod packages of the other flavour that switching to the `switch` streams replaces: that one
+    removal is the switch's own (in its transaction, beside the new flavour's kmod); its dry run refuses any other."""
+    on = enabled_streams(root)
+    old = [FLAVOUR_KMOD[stream_flavour(on[m])] for m, _, new in (s.partition(":") for s in switch)
+           if m == DRIVER_MODULE and m in on and stream_flavour(on[m]) != stream_flavour(new)]
+    return tuple(rpm_versions(root, tuple(old))) if old else ()
+
+
+@dataclass(frozen=True)
+class StreamsReset:
+    """A check and, besides it, none of the modules `modules` has a stream enabled (dnf's state under the root)."""
+    check: object
+    modules: tuple[str, ...]
+
+    def satisfied(self, root: Path) -> bool:
+        return self.check.satisfied(root) and not set(self.modules) & enabled_streams(root).keys()
+
+    def describe(self) -> str:
+        return f"{self.check.describe()}, and no stream of {', '.join(self.modules)} enabled"
+
+
+def stream_resets(root: Path, recorded: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The modules of the record's `streams` (those gpuprov enabled where none was) that still have a stream enabled:
+    `uninstall --purge-driver` resets them after the purge. An operator's own enabled stream is never recorded."""
+    on = enabled_streams(root)
+    return tuple(m for m in recorded if m in on)
+
+
+def reset_command(manager: str, modules: tuple[str, ...]) -> Command:
+    return Command((manager, "module", "reset", "-y", *modules))
+
+
 @dataclass(frozen=True)
 class StreamsEnabled:
     """A check and, besides it, the module streams `specs` (NAME:STREAM) enabled (dnf's state under the root)."""
@@ -117,8 +161,10 @@ class ReposAt:
 class InstallWatch:
     """Per stage, the packages the steps' transactions added on an rpm host: rpm's database read before and after
     each step that installs with dnf/yum (one query each, ~50 ms), the names new to it kept. Kept even when the step
-    fails after an install (a later action of it failed): what got installed is gpuprov's either way."""
+    fails after an install (a later action of it failed): what got installed is gpuprov's either way. Likewise the
+    modules whose stream a step enabled where none was enabled before it (`streams`): uninstall resets those."""
     added: dict[str, list[str]] = field(default_factory=dict)
+    streams: list[str] = field(default_factory=list)
 
     @contextmanager
     def step(self, step: Step):
@@ -126,13 +172,14 @@ class InstallWatch:
         if pm is None:
             yield
             return
-        before = installed_versions(pm)
+        before, on = installed_versions(pm), enabled_streams(Path("/"))
         try:
             yield
         finally:
             new = [p for p in installed_versions(pm) if p not in before and p not in NOT_PACKAGES]
             stage = getattr(step.stage, "value", step.stage)
             self.added[stage] = list(dict.fromkeys([*self.added.get(stage, []), *new]))
+            self.streams += [m for m in enabled_streams(Path("/")) if m not in on and m not in self.streams]
 
 
 @dataclass(frozen=True)

@@ -294,11 +294,15 @@ class Held:
     versionlock list."""
     manager: str
     packages: tuple[str, ...]
+    stale: tuple[str, ...] = ()  # dnf: removed packages (a flavour switch's old kmod) whose locks must be gone
 
     def satisfied(self, root: Path) -> bool:
         if self.manager == "apt":
             return apt_pinned(root, self.packages)
-        return dnf.locks_current(root, self.manager, self.packages)
+        # a flavour switch within a branch leaves the named packages' locks current: the stale kmod lock (and the new
+        # kmod, unlocked) make the step run
+        return dnf.locks_current(root, self.manager, self.packages) and \
+            not set(self.stale) & set(dnf.locked_names(root, self.manager))
 
     def describe(self) -> str:
         if self.manager == "apt":
@@ -632,6 +636,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
                              pre.abi if pre and pre.package else ())
+    # a module stream switch between kernel-module flavours removes the old flavour's kmod: its lock goes too
+    swapped = dnf.flavour_swaps(root, dnf.streams_to_switch(root, tuple(p for p in packages if ":" in p))) \
+        if target.package_manager == "dnf" and not opt.bundle else ()
     steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg, root))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
@@ -641,7 +648,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     steps.append(_initramfs_step(target, kernels.releases))
     # Ubuntu's precompiled modules metapackage follows the kernel (its source is the kernel's metapackages'):
     # pinning it would pin linux-generic's source too
-    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-")))))
+    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-"))),
+                            swapped))
     if target.package_manager == "apt" and dkms_pkg and dkms:
         steps.append(_kernel_hook_step(root, target))
     if drv and drv.secure_boot and dkms:
@@ -792,9 +800,12 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     # `dnf module switch-to` makes (the hold step then locks the new branch)
     streams = tuple(p for p in all_pkgs if ":" in p) if target.package_manager == "dnf" and not opt.bundle else ()
     switch = dnf.streams_to_switch(root, streams)
+    swap = dnf.flavour_swaps(root, switch)  # the other kernel-module flavour's kmod, replaced in the switch
     title = ((f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
               f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
-              f"Switch the driver's module stream to {' '.join(switch)} (another branch is enabled)" if switch else
+              f"Switch the driver's module stream to {' '.join(switch)} (another "
+              + (f"kernel-module flavour is enabled: {' '.join(swap)} replaced in the same transaction)" if swap else
+                 "branch is enabled)") if switch else
               f"Install the driver: {' '.join(packages)}")
              + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
     why = (f"{f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for {', '.join(kernels.releases)} "
@@ -831,7 +842,7 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False)
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
                         reboot_reason=why,
-                        allow_remove=opt.allow_remove, switch=switch,
+                        allow_remove=opt.allow_remove, switch=switch, swap=swap,
                         check=dnf.StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))
 
@@ -846,10 +857,12 @@ def _initramfs_step(target: Target, releases: tuple[str, ...]) -> Step:
                 check=InitramfsHas(NOUVEAU_CONF, releases, dracut=dracut))
 
 
-def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
+def _hold_step(target: Target, packages: tuple[str, ...], stale: tuple[str, ...] = ()) -> Step:
     """apt: pin the series to its branch (updates within it come with the kernels that need them; a userspace newer
     than the loaded module until the reboot is the price). dnf/yum: versionlock the packages (a userspace upgrade
-    under a loaded module is "Driver/library version mismatch" until the reboot) until the operator upgrades them."""
+    under a loaded module is "Driver/library version mismatch" until the reboot) until the operator upgrades them;
+    `stale`: the packages a module stream switch removed (the other flavour's kmod), whose locks are deleted (the
+    lock-series deletes only installed names' locks; a stale one would hold that kmod at the old branch)."""
     if target.package_manager == "apt":
         # The branch, not one version: an `apt-mark hold` keeps the security suite's driver update (bookworm-security:
         # 535.309.01) from the kernel that needs it (6.1.0-56, which 535.261.03 cannot build for), so that kernel
@@ -860,7 +873,9 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         pm = target.package_manager
         plugin = "python3-dnf-plugin-versionlock" if pm == "dnf" else "yum-plugin-versionlock"
         names = tuple(p.split(":")[0] for p in packages)
-        acts = (PackageInstall(pm, (plugin,)), Command(("sh", "-c", LOCK_SERIES, "lock-series", pm, *names)))
+        acts = (PackageInstall(pm, (plugin,)),
+                *([Command((pm, "versionlock", "delete", *stale))] if stale else []),
+                Command(("sh", "-c", LOCK_SERIES, "lock-series", pm, *names)))
         packages = names
         how = f"{pm} versionlock delete"
     if target.package_manager == "apt":
@@ -875,7 +890,7 @@ def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
         title = (f"Hold the driver packages against upgrades: {' '.join(packages)}, and every installed nvidia "
                  "package of their version")
         notes = (f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",)
-    return Step("driver.hold", Stage.DRIVER, title, actions=acts, check=Held(target.package_manager, packages),
+    return Step("driver.hold", Stage.DRIVER, title, actions=acts, check=Held(target.package_manager, packages, stale),
                 notes=notes)
 
 

@@ -37,8 +37,9 @@ class PackageInstall(Action):
     allow_remove: bool = False
     env: tuple[tuple[str, str], ...] = ()
     # Packages this very transaction removes on purpose (apt's `NAME-`: the old series of a driver branch change the
-    # operator asked for with --driver). apt's --no-remove aborts on those too, so such an install is guarded by its
-    # dry run alone: it goes ahead only when the dry run removes nothing else.
+    # operator asked for with --driver; dnf: the other flavour's kmod a module stream switch replaces, which dnf
+    # erases only with --allowerasing, dry run included). apt's --no-remove aborts on those too, so such an install
+    # is guarded by its dry run alone: it goes ahead only when the dry run removes nothing else.
     remove: tuple[str, ...] = ()
     # What the step did before this install and keeps when the dry run refuses it (a repository file written
     # disabled): a refusal says so instead of "nothing was changed".
@@ -51,14 +52,15 @@ class PackageInstall(Action):
         if self.manager == "apt":
             return Command(("apt-get", *self.opts, "-s", *self.verb, "-y", "--no-install-recommends", *self._args()),
                            self.env)
-        return Command((self.manager, *self.opts, *self.verb, "--assumeno", *self.packages), self.env)
+        erase = ("--allowerasing",) if self.remove and self.manager == "dnf" else ()
+        return Command((self.manager, *self.opts, *self.verb, "--assumeno", *erase, *self.packages), self.env)
 
     def install(self) -> Command:
         if self.manager == "apt":
             guard = () if self.allow_remove or self.remove else ("--no-remove",)
             return Command(("apt-get", *self.opts, *self.verb, "-y", "--no-install-recommends", *guard,
                             *self._args()), self.env)
-        erase = ("--allowerasing",) if self.allow_remove and self.manager == "dnf" else ()
+        erase = ("--allowerasing",) if (self.allow_remove or self.remove) and self.manager == "dnf" else ()
         return Command((self.manager, *self.opts, *self.verb, "-y", *erase, *self.packages), self.env)
 
     def commands(self) -> list[Command]:
@@ -68,7 +70,8 @@ class PackageInstall(Action):
         sim, inst = self.commands()
         return [f"$ {sim.shell()}",
                 "  (" + ("lists what the install would remove: with --allow-remove it goes ahead" if self.allow_remove
-                         else "stops here with exit 14 when the install would remove any package") + ")",
+                         else "stops here with exit 14 when the install would remove any package"
+                         + (f" but {', '.join(self.remove)}" if self.remove else "")) + ")",
                 *inst.lines()]
 
     def check_removals(self) -> None:
@@ -147,17 +150,22 @@ def removals(manager: str, output: str) -> list[str]:
     if manager == "apt":
         found = APT_REMV.findall(output)
     else:
-        found, in_section = [], False
+        found, in_section, wrapped = [], False, False
         for line in output.splitlines():
             words = line.split()
             if DNF_REMOVE_SECTION.match(line):
                 in_section = True
             elif not line.startswith(" ") or not words:
                 in_section = False  # another section header, the summary, or the blank line after a table
+            elif wrapped:
+                pass  # the rest of a row whose name filled the column (arch, version, repository, size)
             elif words[0] == "replacing" and len(words) > 1:
                 found.append(words[1].rsplit(".", 1)[0])
             elif in_section:
                 found.append(words[0])
+            # dnf puts a name wider than its column on a line of its own and the row's other fields on the next
+            # (`python3-dnf-plugin-versionlock` beside an `@commandline` package): that next line names no package
+            wrapped = in_section and len(words) == 1 and line.startswith(" ")
     return list(dict.fromkeys(found))
 
 
@@ -188,7 +196,7 @@ def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
 
 def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,
                     allow_remove: bool = False, opts: tuple[str, ...] = (), kept_before: str = "",
-                    switch: tuple[str, ...] = ()) -> list:
+                    switch: tuple[str, ...] = (), swap: tuple[str, ...] = ()) -> list:
     """The commands that install `packages`: apt refreshes its lists first (each package step, so a step that runs
     alone after an earlier run never installs from stale lists); with a bundle, apt sees the bundle alone."""
     pm = target.package_manager
@@ -210,16 +218,17 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
     acts: list = [PackageInstall(pm, plain, opts, allow_remove=allow_remove, kept_before=kept_before)] if plain else []
     # a stream switch (`switch`: a branch change) runs, dry run included, without the versionlock plugin: the old
     # branch's locks are gpuprov's own, and the hold step replaces them with the new branch's
+    # `swap`: what a switch replaces in its own transaction (the other flavour's kmod, plan/dnf.py: flavour_swaps)
     acts += [PackageInstall(pm, (m,), (*opts, "--disableplugin=versionlock") if m in switch else opts,
                             verb=("module", "switch-to" if m in switch else "install"), allow_remove=allow_remove,
-                            kept_before=kept_before) for m in mods]
+                            remove=swap if m in switch else (), kept_before=kept_before) for m in mods]
     return acts
 
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
                  pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
                  opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), kept_before: str = "",
-                 switch: tuple[str, ...] = (), **kw) -> Step:
+                 switch: tuple[str, ...] = (), swap: tuple[str, ...] = (), **kw) -> Step:
     """pre: what runs before the install (a repository added); opts: dnf's options for the install and its dry run
     (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three. kept_before: what
     `pre` leaves when the install's dry run refuses it, in words (its exit 14 says so)."""
@@ -228,7 +237,7 @@ def package_step(sid: str, stage: Stage, title: str, target: Target, packages: t
     return Step(sid, stage, title, actions=(*([] if bundle else pre),
                                             *install_actions(target, packages, bundle, allow_remove,
                                                              () if bundle else opts,
-                                                             "" if bundle else kept_before, switch),
+                                                             "" if bundle else kept_before, switch, swap),
                                             *([] if bundle else post)),
                 check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
 
