@@ -607,7 +607,10 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     if kept:
         return [kept]
     modules = gpus[0].modules
-    dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
+    # ELRepo's kmods are prebuilt; everything else builds with DKMS. "distro" on EL is ELRepo, but not where ELRepo
+    # serves nothing (Amazon Linux 2023: NVIDIA's repository, whose kmod-nvidia-*-dkms packages need kernel-devel)
+    dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"
+                                                   and bool(target.el_major)))
     apt = _apt_facts(root, target, opt, packages)
     running, asked = (drv.kernel_release if drv else None), tuple(getattr(opt, "kernels", ()))
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
