@@ -194,7 +194,7 @@ def note_packages(stage: str, installed: list[str], held: list[str] = ()) -> Non
 
 
 def note_streams(modules: list[str]) -> None:
-    """Module streams a bootstrap enabled where none was (provision/plan/dnf.py's InstallWatch)."""
+    """Module streams a bootstrap enabled where none was (provision/plan/packages.py: InstallWatch)."""
     rec = read()
     if any(m not in rec.streams for m in modules):
         rec.streams = list(dict.fromkeys([*rec.streams, *modules]))
