@@ -16,6 +16,7 @@ One host through its stages (module-scoped, in order):
 4. bootstrap --driver 575 --kernel-modules proprietary (a switch of kernel-module flavour, as NVIDIA's guide does it:
    `module switch-to --allowerasing`): 575-open to 575-dkms, kmod-nvidia-open-dkms replaced by
    kmod-nvidia-latest-dkms in one dnf transaction that changes no package of the operator's; locked at 575 alone.
+   Then back to --driver 570 (open): branch and flavour in one switch (575-dkms to 570-open).
 5. uninstall --purge-driver: every package gpuprov installed is gone, the operator's stay, and the `nvidia-driver`
    stream gpuprov enabled is reset. Then the operator enables a stream of their own: bootstrap installs from it
    and uninstall --purge-driver leaves it enabled.
@@ -149,6 +150,25 @@ def test_flavour_switch_replaces_the_kmod_in_one_transaction(host, installed):
     assert f"kmod-nvidia-latest-dkms-3:{NEW}-1.el9.*" in locks(host), locks(host)
 
 
+def test_branch_and_flavour_switch_together(host, installed):
+    """575-dkms back to 570-open: branch and flavour in one `module switch-to --allowerasing` (dnf downgrades the
+    driver within the new stream and replaces kmod-nvidia-latest-dkms with kmod-nvidia-open-dkms), nothing of the
+    operator's changed, locked at 570 alone."""
+    host.reboot()
+    r = host.exec(bootstrap("570"))
+    assert r.returncode == 15, r.stdout[-3000:] + r.stderr[-3000:]  # the resume: no GPU to verify 575 on
+    before = host.rpms()
+    r = host.exec(bootstrap("570"))
+    assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
+    after = host.rpms()
+    assert {p: after.get(p) for p in DRIVER_PKGS} == {p: f"3:{OLD}-1.el9" for p in DRIVER_PKGS}, after
+    assert "kmod-nvidia-latest-dkms" not in after and "stream=570-open" in stream(host), stream(host)
+    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    assert changed == {*DRIVER_PKGS, "nvidia-persistenced", "kmod-nvidia-latest-dkms"}, changed
+    assert locks(host) and all(f"-3:{OLD}-" in ln for ln in locks(host)), locks(host)
+    assert f"kmod-nvidia-open-dkms-3:{OLD}-1.el9.*" in locks(host), locks(host)
+
+
 def enabled_modules(host) -> str:
     """What dnf itself says is enabled of the nvidia-driver module (its table; empty when none is)."""
     return host.exec("dnf module list --enabled nvidia-driver 2>/dev/null | grep '^nvidia-driver'").stdout
@@ -156,14 +176,14 @@ def enabled_modules(host) -> str:
 
 def test_uninstall_purges_what_gpuprov_installed(host, installed):
     before, _ = installed
-    assert "575-dkms" in enabled_modules(host)
+    assert "570-open" in enabled_modules(host)
     plan = host.exec("gpuprov uninstall --dry-run --purge-driver")
     assert "dnf module reset -y nvidia-driver" in plan.stdout, plan.stdout  # said before it is done
     r = host.exec("gpuprov uninstall --yes --purge-driver")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     after = host.rpms()
     assert after.keys() == before.keys(), (sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys()))
-    # the stream gpuprov enabled is reset: dnf lists nothing enabled of the module (on the previous commit: 575-dkms)
+    # the stream gpuprov enabled is reset: dnf lists nothing enabled of the module (on the previous commit: 570-open)
     assert enabled_modules(host) == "", enabled_modules(host)
     assert "state=enabled" not in stream(host), stream(host)
 
