@@ -37,6 +37,15 @@ LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u);
                "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u); "
                "\"$pm\" versionlock delete $n >/dev/null; exec \"$pm\" versionlock add $n")
 MODULES_D = "/etc/dnf/modules.d"
+# NVIDIA's `nvidia-driver` module: a stream's kernel-module flavour is in its name (570-open and open-dkms: open;
+# 570-dkms and latest-dkms: proprietary), and each flavour's kmod package conflicts with the other's, so a switch
+# between flavours replaces one with the other (NVIDIA's guide: `dnf module switch-to nvidia-driver:S --allowerasing`).
+DRIVER_MODULE = "nvidia-driver"
+FLAVOUR_KMOD = {"open": "kmod-nvidia-open-dkms", "proprietary": "kmod-nvidia-latest-dkms"}
+
+
+def stream_flavour(stream: str) -> str:
+    return "open" if stream.endswith("-open") or stream == "open-dkms" else "proprietary"
 
 
 def _read(root: Path, path: str) -> str:
@@ -60,11 +69,13 @@ class Dnf(PackageManager):
         return None  # dnf refreshes expired metadata itself
 
     def simulate_install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), remove: Argv = ()) -> Argv:
-        return (self.name, *opts, *verb, "--assumeno", *packages)
+        """`remove`: what the transaction replaces on purpose (a flavour switch's old kmod, `stream_swaps`): dnf
+        erases it only with --allowerasing, its dry run too (without, the dry run fails on the conflict)."""
+        return (self.name, *opts, *verb, "--assumeno", *(self._erasing(True) if remove else ()), *packages)
 
     def install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), allow_remove: bool = False,
                 remove: Argv = ()) -> Argv:
-        return (self.name, *opts, *verb, "-y", *self._erasing(allow_remove), *packages)
+        return (self.name, *opts, *verb, "-y", *self._erasing(allow_remove or bool(remove)), *packages)
 
     def _erasing(self, allow_remove: bool) -> Argv:
         """dnf erases nothing without --allowerasing."""
@@ -84,15 +95,15 @@ class Dnf(PackageManager):
                 in_section = True
             elif not line.startswith(" ") or not words:
                 in_section = False  # another section header, the summary, or the blank line after a table
+            elif wrapped:
+                pass  # the rest of a row whose name filled the column (arch, version, repository, size)
             elif words[0] == "replacing" and len(words) > 1:
                 found.append(words[1].rsplit(".", 1)[0])
-            elif wrapped:
-                pass  # the rest of a row whose name was too long for its column: arch, version, repository, size
             elif in_section:
                 found.append(words[0])
-            # dnf/yum put a name wider than the name column alone on its line, the row's other columns on the next
-            # (" python3-dnf-plugin-versionlock" then "    noarch 4.3.0-16.el9 @appstream 74 k"): never a package
-            wrapped = in_section and len(words) == 1 and line.startswith(" ") and not wrapped
+            # dnf puts a name wider than its column on a line of its own and the row's other fields on the next
+            # (`python3-dnf-plugin-versionlock` beside an `@commandline` package): that next line names no package
+            wrapped = in_section and len(words) == 1 and line.startswith(" ")
         return list(dict.fromkeys(found))
 
     # ------------------------------------------------------------ what is installed
@@ -176,6 +187,25 @@ class Dnf(PackageManager):
         """The `NAME:STREAM` specs whose module has another stream enabled: a branch change, `module switch-to`."""
         on = self.enabled_streams(root)
         return tuple(s for s in specs if ":" in s and on.get(s.split(":")[0]) not in (None, s.split(":")[1]))
+
+    def stream_swaps(self, root: Path, switch: Argv) -> Argv:
+        """The installed kmod packages of the other kernel-module flavour that switching to the `switch` streams
+        replaces: that one removal is the switch's own (in its transaction, beside the new flavour's kmod); its dry
+        run refuses any other."""
+        on = self.enabled_streams(root)
+        old = [FLAVOUR_KMOD[stream_flavour(on[m])] for m, _, new in (s.partition(":") for s in switch)
+               if m == DRIVER_MODULE and m in on and stream_flavour(on[m]) != stream_flavour(new)]
+        return tuple(self.rpm_versions(root, tuple(old))) if old else ()
+
+    def stream_resets(self, root: Path, recorded: Argv) -> Argv:
+        """The modules of the install record's `streams` (those gpuprov enabled where none was) that still have a
+        stream enabled: `uninstall --purge-driver` resets them after the purge. An operator's own enabled stream is
+        never recorded."""
+        on = self.enabled_streams(root)
+        return tuple(m for m in recorded if m in on)
+
+    def reset_streams(self, modules: Argv) -> Argv:
+        return (self.name, "module", "reset", "-y", *modules)
 
     # ------------------------------------------------------------ purge
 

@@ -148,6 +148,8 @@ def record_installed(steps: list[Step], missing: dict[str, PackagesInstalled], r
     changed = res.changed_ids()
     for stage, added in (watch.added.items() if watch else ()):
         record.note_packages(stage, added)
+    if watch and watch.streams:
+        record.note_streams(watch.streams)
     for s in steps:
         if s.id in missing:
             gone = missing[s.id]

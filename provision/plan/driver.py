@@ -281,9 +281,13 @@ class Held:
     provision/package_managers)."""
     manager: str
     packages: tuple[str, ...]
+    stale: tuple[str, ...] = ()  # removed packages (a flavour switch's old kmod) whose holds must be gone
 
     def satisfied(self, root: Path) -> bool:
-        return package_managers.get(self.manager).held(root, self.packages)
+        # a flavour switch within a branch leaves the named packages' locks current: the stale kmod's lock (and the
+        # new kmod, unlocked) make the step run
+        pm = package_managers.get(self.manager)
+        return pm.held(root, self.packages) and not (self.stale and pm.holds_among(root, self.stale, ()))
 
     def describe(self) -> str:
         return package_managers.get(self.manager).hold_words(self.packages).check
@@ -563,7 +567,10 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     if kept:
         return [kept]
     modules = gpus[0].modules
-    dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
+    # ELRepo's kmods are prebuilt; everything else builds with DKMS. "distro" on EL is ELRepo, but not where ELRepo
+    # serves nothing (Amazon Linux 2023: NVIDIA's repository, whose kmod-nvidia-*-dkms packages need kernel-devel)
+    dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"
+                                                   and bool(target.el_major)))
     apt = _apt_facts(root, target, opt, packages)
     running, asked = (drv.kernel_release if drv else None), tuple(getattr(opt, "kernels", ()))
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
@@ -594,6 +601,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
                              pre.abi if pre and pre.package else ())
+    # a module stream switch between kernel-module flavours removes the old flavour's kmod: its hold goes too
+    specs = tuple(p for p in packages if ":" in p) if pm.module_streams and not opt.bundle else ()
+    swapped = pm.stream_swaps(root, pm.streams_to_switch(root, specs)) if specs else ()
     steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg, root))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
@@ -603,7 +613,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     steps.append(_initramfs_step(target, kernels.releases))
     # Ubuntu's precompiled modules metapackage follows the kernel (its source is the kernel's metapackages'):
     # pinning it would pin linux-generic's source too
-    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-")))))
+    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-"))),
+                            swapped))
     if pm.checked_driver_install and dkms_pkg and dkms:
         steps.append(_kernel_hook_step(root, target))
     if drv and drv.secure_boot and dkms:
@@ -755,9 +766,12 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     pm = package_managers.get(target.package_manager)
     streams = tuple(p for p in all_pkgs if ":" in p) if pm.module_streams and not opt.bundle else ()
     switch = pm.streams_to_switch(root, streams) if streams else ()
+    swap = pm.stream_swaps(root, switch) if switch else ()  # the other kernel-module flavour's kmod, replaced
     title = ((f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
               f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
-              f"Switch the driver's module stream to {' '.join(switch)} (another branch is enabled)" if switch else
+              f"Switch the driver's module stream to {' '.join(switch)} (another "
+              + (f"kernel-module flavour is enabled: {' '.join(swap)} replaced in the same transaction)" if swap else
+                 "branch is enabled)") if switch else
               f"Install the driver: {' '.join(packages)}")
              + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
     why = (f"{f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for {', '.join(kernels.releases)} "
@@ -795,7 +809,7 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False)
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
                         reboot_reason=why,
-                        allow_remove=opt.allow_remove, switch=switch,
+                        allow_remove=opt.allow_remove, switch=switch, swap=swap,
                         check=StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))
 
@@ -810,16 +824,20 @@ def _initramfs_step(target: Target, releases: tuple[str, ...]) -> Step:
                 check=InitramfsHas(NOUVEAU_CONF, releases, dracut=dracut))
 
 
-def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
+def _hold_step(target: Target, packages: tuple[str, ...], stale: tuple[str, ...] = ()) -> Step:
     """Hold the driver as its package manager holds it (provision/package_managers): apt pins the series to its
     branch, so updates within it come with the kernels that need them (a userspace newer than the loaded module until
-    the reboot is the price); dnf/yum versionlock the packages until the operator upgrades them."""
+    the reboot is the price); dnf/yum versionlock the packages until the operator upgrades them. `stale`: what a
+    module stream switch removed (the other flavour's kmod), whose holds come off first (the hold renews only the
+    installed packages' holds; a stale one would keep that kmod at the old branch)."""
     pm = package_managers.get(target.package_manager)
     names = tuple(p.split(":")[0] for p in packages)  # a module stream's spec: its name
     words = pm.hold_words(names)
     acts = (*([PackageInstall(pm.name, pm.hold_needs)] if pm.hold_needs else []),
+            *([Command(pm.unhold(stale))] if stale else []),
             *(Command(argv) for argv in pm.hold(names)))
-    return Step("driver.hold", Stage.DRIVER, words.title, actions=acts, check=Held(pm.name, names), notes=words.notes)
+    return Step("driver.hold", Stage.DRIVER, words.title, actions=acts, check=Held(pm.name, names, stale),
+                notes=words.notes)
 
 
 def _kernel_hook_step(root: Path, target: Target) -> Step:

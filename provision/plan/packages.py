@@ -39,8 +39,8 @@ class PackageInstall(Action):
     verb: tuple[str, ...] = ("install",)  # ("module", "install") for a dnf module stream
     allow_remove: bool = False
     # Packages this very transaction removes on purpose (apt's `NAME-`: the old series of a driver branch change the
-    # operator asked for with --driver): such an install is guarded by its dry run alone, which goes ahead only when
-    # it removes nothing else.
+    # operator asked for with --driver; dnf: the other flavour's kmod a module stream switch replaces): such an
+    # install is guarded by its dry run alone, which goes ahead only when it removes nothing else.
     remove: tuple[str, ...] = ()
     # What the step did before this install and keeps when the dry run refuses it (a repository file written
     # disabled): a refusal says so instead of "nothing was changed".
@@ -64,7 +64,8 @@ class PackageInstall(Action):
         sim, inst = self.commands()
         return [f"$ {sim.shell()}",
                 "  (" + ("lists what the install would remove: with --allow-remove it goes ahead" if self.allow_remove
-                         else "stops here with exit 14 when the install would remove any package") + ")",
+                         else "stops here with exit 14 when the install would remove any package"
+                         + (f" but {', '.join(self.remove)}" if self.remove else "")) + ")",
                 *inst.lines()]
 
     def check_removals(self) -> None:
@@ -153,6 +154,21 @@ class StreamsEnabled:
 
 
 @dataclass(frozen=True)
+class StreamsReset:
+    """A check and, besides it, none of the modules `modules` has a stream enabled (dnf's state under the root)."""
+    check: object
+    modules: tuple[str, ...]
+    manager: str = "dnf"
+
+    def satisfied(self, root: Path) -> bool:
+        pm = package_managers.get(self.manager)
+        return self.check.satisfied(root) and not set(self.modules) & pm.enabled_streams(root).keys()
+
+    def describe(self) -> str:
+        return f"{self.check.describe()}, and no stream of {', '.join(self.modules)} enabled"
+
+
+@dataclass(frozen=True)
 class ReposAt:
     """These repository files exist, each naming its mirror where one was given (path, base URL or None)."""
     files: tuple[tuple[str, str | None], ...]
@@ -170,8 +186,10 @@ class InstallWatch:
     """Per stage, the packages the steps' transactions added, where the package manager's record keeps dependencies
     too (`records_dependencies`: dnf/yum): its database read before and after each step that installs with it (one
     query each, ~50 ms), the names new to it kept. Kept even when the step fails after an install (a later action of
-    it failed): what got installed is gpuprov's either way."""
+    it failed): what got installed is gpuprov's either way. Likewise the modules whose stream a step enabled where
+    none was enabled before it (`streams`, module-stream managers): uninstall resets those."""
     added: dict[str, list[str]] = field(default_factory=dict)
+    streams: list[str] = field(default_factory=list)
 
     @contextmanager
     def step(self, step: Step):
@@ -180,12 +198,15 @@ class InstallWatch:
             yield
             return
         before = pm.versions()
+        on = pm.enabled_streams(Path("/")) if pm.module_streams else {}
         try:
             yield
         finally:
             new = [p for p in pm.versions() if p not in before and p not in NOT_PACKAGES]
             stage = getattr(step.stage, "value", step.stage)
             self.added[stage] = list(dict.fromkeys([*self.added.get(stage, []), *new]))
+            if pm.module_streams:
+                self.streams += [m for m in pm.enabled_streams(Path("/")) if m not in on and m not in self.streams]
 
 
 def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
@@ -197,11 +218,12 @@ def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
 
 def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,
                     allow_remove: bool = False, opts: tuple[str, ...] = (), kept_before: str = "",
-                    switch: tuple[str, ...] = ()) -> list:
+                    switch: tuple[str, ...] = (), swap: tuple[str, ...] = ()) -> list:
     """The commands that install `packages`: a manager with lists refreshes them first (each package step, so a
     step that runs alone after an earlier run never installs from stale lists); with a bundle, the package manager
     sees the bundle alone (one transaction). Module streams (NAME:STREAM) install one each; `switch`: those whose
-    module has another stream enabled (a branch change)."""
+    module has another stream enabled (a branch change); `swap`: what a switch replaces in its own transaction (the
+    other flavour's kmod: the dnf adapter's stream_swaps)."""
     pm = package_managers.get(target.package_manager)
     pre: list = []
     if bundle:
@@ -218,14 +240,15 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
     acts += [PackageInstall(pm.name, plain, opts, allow_remove=allow_remove, kept_before=kept_before)] if plain else []
     for spec in streams:
         o, verb = pm.stream_install(spec, opts, switch=spec in switch)
-        acts.append(PackageInstall(pm.name, (spec,), o, verb=verb, allow_remove=allow_remove, kept_before=kept_before))
+        acts.append(PackageInstall(pm.name, (spec,), o, verb=verb, allow_remove=allow_remove,
+                                   remove=swap if spec in switch else (), kept_before=kept_before))
     return acts
 
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
                  pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
                  opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), kept_before: str = "",
-                 switch: tuple[str, ...] = (), **kw) -> Step:
+                 switch: tuple[str, ...] = (), swap: tuple[str, ...] = (), **kw) -> Step:
     """pre: what runs before the install (a repository added); opts: dnf's options for the install and its dry run
     (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three. kept_before: what
     `pre` leaves when the install's dry run refuses it, in words (its exit 14 says so)."""
@@ -234,7 +257,7 @@ def package_step(sid: str, stage: Stage, title: str, target: Target, packages: t
     return Step(sid, stage, title, actions=(*([] if bundle else pre),
                                             *install_actions(target, packages, bundle, allow_remove,
                                                              () if bundle else opts,
-                                                             "" if bundle else kept_before, switch),
+                                                             "" if bundle else kept_before, switch, swap),
                                             *([] if bundle else post)),
                 check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
 

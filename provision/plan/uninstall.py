@@ -45,6 +45,7 @@ from provision.package_managers.base import PackageManager
 from provision.plan import persistence
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import gpuprov_files
+from provision.plan.packages import StreamsReset
 from provision.plan.steps import (
     Action,
     Command,
@@ -489,13 +490,21 @@ def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list
         pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed(pm, (p,), root))
         holds = tuple(p for p in rec.holds if p in pkgs) if stage == Stage.DRIVER else ()
         extra = gpuprov_files(root) if stage == Stage.DRIVER else ()
-        if not asked or not (pkgs or extra):
+        # the driver's module stream gpuprov enabled (NVIDIA's repository), reset once its packages are gone: in the
+        # purge's step, after it, so a purge that stops (exit 14) leaves the stream with the packages
+        adapter = package_managers.get(pm)
+        resets = adapter.stream_resets(root, tuple(rec.streams)) \
+            if stage == Stage.DRIVER and adapter.module_streams else ()
+        if not asked or not (pkgs or extra or resets):
             continue
         acts, note = purge_actions(root, pm, pkgs, holds, opt.allow_remove)
         acts += [_rm(*extra)] if extra else []
+        acts += [Command(adapter.reset_streams(resets))] if resets else []
+        check = Undone(gone=extra) if not pkgs else Never()
         steps.append(Step(f"uninstall.{stage.value}.packages", stage,
-                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}{note}",
-                          actions=tuple(acts), check=Undone(gone=extra) if not pkgs else Never()))
+                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}{note}"
+                          + (f"; reset the module stream gpuprov enabled: {' '.join(resets)}" if resets else ""),
+                          actions=tuple(acts), check=StreamsReset(check, resets, pm) if resets else check))
     return steps
 
 
@@ -512,7 +521,8 @@ def kept_packages(rec: record.Record, opt: UninstallOptions) -> record.Record:
     """The part of the record an uninstall leaves: the packages (and holds) of the stages it does not purge."""
     kept = {s: list(p) for s, p in rec.packages.items()
             if p and not (s == Stage.DRIVER.value and opt.purge_driver or s == Stage.ENGINE.value and opt.purge_engine)}
-    return record.Record({}, kept, [h for h in rec.holds if any(h in p for p in kept.values())])
+    return record.Record({}, kept, [h for h in rec.holds if any(h in p for p in kept.values())],
+                         streams=[] if opt.purge_driver else list(rec.streams))
 
 
 def state_steps(root: Path, rec: record.Record | None = None, opt: UninstallOptions = UninstallOptions()) -> list[Step]:

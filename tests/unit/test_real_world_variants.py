@@ -6,33 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from provision import effects, package_managers
 from provision.errors import GpuprovError
-from provision.plan.uninstall import Purge
 
-VARIANTS = Path(__file__).resolve().parents[1] / "fixtures" / "el-variants"
 UBUNTU = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-variants"
-# Debian's real dnf 4.14, 80 columns (not a terminal): a name wider than its column goes alone on its line
-WRAPPED = (VARIANTS / "dnf-remove-wrapped.txt").read_text()
-
-
-def test_a_wrapped_dnf_row_is_one_package_not_its_arch():
-    assert package_managers.get("dnf").removals(WRAPPED) == ["kmod-nvidia-open-dkms", "nvidia-driver-cuda-libs",
-                                        "python3-dnf-plugin-versionlock", "nvidia-persistenced"]
-
-
-def test_a_purge_of_long_names_is_refused_only_for_what_it_really_removes(monkeypatch):
-    """The record's packages alone: dnf's dry run removes nothing else but nvidia-persistenced, which the refusal
-    names; on main it also named `x86_64` (the wrapped row's arch) as a package gpuprov did not install, and with
-    nvidia-persistenced recorded too it refused a clean purge."""
-    def run(argv, check=True, env=None, timeout=None, input_text=None, private_stdout=False, probe=False):
-        return effects.CommandResult(list(argv), 1, WRAPPED + "Operation aborted.\n", WRAPPED, "Operation aborted.\n")
-    monkeypatch.setattr(effects, "run", run)
-    recorded = ("kmod-nvidia-open-dkms", "nvidia-driver-cuda-libs", "python3-dnf-plugin-versionlock")
-    with pytest.raises(GpuprovError) as e:
-        Purge("dnf", recorded, (), False).check()
-    assert "would also remove nvidia-persistenced, which" in str(e.value), str(e.value)
-    Purge("dnf", (*recorded, "nvidia-persistenced"), (), False).check()  # all of it gpuprov's: no refusal
 
 
 def test_el_dkms_for_two_kernels_asks_dnf_for_one_kernel_headers(tmp_path):
