@@ -25,6 +25,11 @@ from provision.package_managers.base import Argv, HoldWords, PackageManager
 # rpm lists each imported signing key as a `gpg-pubkey` package: a key is trust the repository's step set up, not a
 # package of gpuprov's to purge (and every key has that one name).
 NOT_PACKAGES = ("gpg-pubkey",)
+# dnf's default installonlypkgs: packages installed side by side in several versions (every kernel's kernel-devel
+# beside the others). The record keeps those by NAME-VERSION-RELEASE.ARCH: by name, a purge of the kernel-devel gpuprov
+# installed would take the operator's kernel-devel of another kernel along, and its dry run could not tell them apart.
+INSTALLONLY = ("kernel", "kernel-PAE", "installonlypkg(kernel)", "installonlypkg(kernel-module)",
+               "installonlypkg(vm)", "multiversion(kernel)")
 # Only the named packages and what depends on them: never dependencies dnf finds unused (see the module's text).
 NO_AUTOREMOVE = "--setopt=clean_requirements_on_remove=0"
 LOCK_ENTRY = re.compile(r"^!?(?:\d+:)?(.+?)-(?:\d+:)?([^-]+)-[^-]+$")  # [!]NAME-[EPOCH:]VERSION-RELEASE.ARCH
@@ -111,6 +116,36 @@ class Dnf(PackageManager):
     def versions(self) -> dict[str, str]:
         res = effects.try_run(["rpm", "-qa", "--qf", "%{NAME} %{VERSION}-%{RELEASE}\n"], timeout=60, probe=True)
         return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
+
+    def snapshot(self) -> dict[str, str]:
+        """Every installed package as NAME-VERSION-RELEASE.ARCH -> NAME (one query): what a step added, kernels'
+        side-by-side versions apart."""
+        res = effects.try_run(["rpm", "-qa", "--qf", "%{NAME}-%{VERSION}-%{RELEASE}.%{ARCH} %{NAME}\n"], timeout=60,
+                              probe=True)
+        return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
+
+    def installonly(self) -> set[str]:
+        """The installed packages' names that dnf installs side by side (INSTALLONLY, as rpm answers for them)."""
+        res = effects.try_run(["rpm", "-q", "--qf", "%{NAME}\n", "--whatprovides", *INSTALLONLY], timeout=60,
+                              probe=True)
+        return {ln.strip() for ln in (res.output if res else "").splitlines()
+                if ln.strip() and " " not in ln.strip()}  # "no package provides …" lines have spaces
+
+    def added(self, before: dict[str, str], after: dict[str, str]) -> list[str]:
+        """What the install record keeps of a step's transactions (snapshots before and after): each package name
+        new to rpm's database, and, for the packages installed side by side, each new NAME-VERSION-RELEASE.ARCH
+        (the very version gpuprov installed, whatever the operator installs of that name later)."""
+        names_before = set(before.values())
+        only = self.installonly() if any(n not in before for n in after) else set()
+        out = []
+        for nevra, name in after.items():
+            if nevra in before or name in NOT_PACKAGES:
+                continue
+            if name in only:
+                out.append(nevra)
+            elif name not in names_before:
+                out.append(name)
+        return list(dict.fromkeys(out))
 
     def installed(self, packages: Argv, root: Path) -> bool:
         """By name or NEVRA (kernel-devel-K.x86_64), else by what provides it (a module spec: its name)."""
@@ -221,7 +256,12 @@ class Dnf(PackageManager):
         return returncode == 0 or any(w in output for w in ("Operation aborted", "Exiting on user command"))
 
     def purged_too(self, output: str, packages: Argv) -> list[str]:
-        return sorted(set(self.removals(output)) - set(packages))
+        """dnf's dry run names packages by NAME; a recorded NAME-VERSION-RELEASE.ARCH (a kernel's side-by-side
+        package) is that name: the purge names that version alone, so the name in the dry run is it."""
+        def ours(name: str) -> bool:
+            return name in packages or any(p.startswith(f"{name}-") and p[len(name) + 1:][:1].isdigit()
+                                           for p in packages)
+        return sorted(n for n in set(self.removals(output)) if not ours(n))
 
     def holds_among(self, root: Path, holds: Argv, packages: Argv) -> Argv:
         """`versionlock delete` matches by name: the locked names among the holds and the packages, in the list's

@@ -19,7 +19,6 @@ from provision.errors import RemovalRefused
 from provision.facts.rootfs import under
 from provision.options import Stage
 from provision.package_managers.base import PackageManager
-from provision.package_managers.dnf import NOT_PACKAGES
 from provision.plan import repos
 from provision.plan.steps import Action, Command, PackagesInstalled, Step, WriteFile, read_or_empty
 
@@ -197,12 +196,12 @@ class InstallWatch:
         if pm is None:
             yield
             return
-        before = pm.versions()
+        before = pm.snapshot()
         on = pm.enabled_streams(Path("/")) if pm.module_streams else {}
         try:
             yield
         finally:
-            new = [p for p in pm.versions() if p not in before and p not in NOT_PACKAGES]
+            new = pm.added(before, pm.snapshot())
             stage = getattr(step.stage, "value", step.stage)
             self.added[stage] = list(dict.fromkeys([*self.added.get(stage, []), *new]))
             if pm.module_streams:

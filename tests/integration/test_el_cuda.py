@@ -17,7 +17,8 @@ One host through its stages (module-scoped, in order):
    `module switch-to --allowerasing`): 575-open to 575-dkms, kmod-nvidia-open-dkms replaced by
    kmod-nvidia-latest-dkms in one dnf transaction that changes no package of the operator's; locked at 575 alone.
    Then back to --driver 570 (open): branch and flavour in one switch (575-dkms to 570-open).
-5. uninstall --purge-driver: every package gpuprov installed is gone, the operator's stay, and the `nvidia-driver`
+5. uninstall --purge-driver: every package gpuprov installed is gone (its kernel-devel by version: the operator's
+   kernel-devel of the errata kernel stays), the operator's stay, and the `nvidia-driver`
    stream gpuprov enabled is reset. Then the operator enables a stream of their own: bootstrap installs from it
    and uninstall --purge-driver leaves it enabled.
 """
@@ -33,6 +34,8 @@ from tests.integration.el_hosts import ElHost, url
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
 GPU = "10de:2330"  # an H100: open kernel modules, so the `-open` streams
 OLD, NEW = "570.133.20", "575.57.08"
+GA_DEVEL = "5.14.0-503.14.1.el9_5.x86_64"  # the installed kernel's kernel-devel, which gpuprov installs
+LATER_DEVEL = "5.14.0-503.40.1.el9_5.x86_64"  # the errata kernel's kernel-devel, published mid-way
 DRIVER_PKGS = ("nvidia-driver", "nvidia-driver-libs", "nvidia-driver-cuda", "nvidia-driver-cuda-libs",
                "nvidia-kmod-common", "kmod-nvidia-open-dkms")
 
@@ -84,7 +87,9 @@ def test_driver_from_the_570_open_stream_through_the_mirrors(host, installed):
     assert host.exec("dnf makecache 2>&1").returncode == 0
     assert sorted(locks(host)) == sorted(f"{p}-3:{OLD}-1.el9.*" for p in (*DRIVER_PKGS, "nvidia-persistenced"))
     rec = json.loads(host.exec("cat /var/lib/gpuprov/installed.json", check=True).stdout)
-    assert sorted(rec["packages"]["driver"]) == sorted(after.keys() - before.keys()), rec
+    # every package the transactions added, by name; kernel-devel, installed side by side per kernel, by its version
+    assert sorted(rec["packages"]["driver"]) == sorted({*(after.keys() - before.keys() - {"kernel-devel"}),
+                                                        f"kernel-devel-{GA_DEVEL}"}), rec
 
 
 def test_rerun_after_the_reboot_changes_nothing(host, installed):
@@ -177,12 +182,19 @@ def enabled_modules(host) -> str:
 def test_uninstall_purges_what_gpuprov_installed(host, installed):
     before, _ = installed
     assert "570-open" in enabled_modules(host)
+    # the operator installs the kernel-devel of the errata kernel to come, beside the one gpuprov installed: a purge
+    # by name (`dnf remove kernel-devel`) took it along, and its dry run named nothing extra
+    host.publish_later("rocky/9/AppStream/x86_64/os")
+    host.exec(f"dnf install -y -q kernel-devel-{LATER_DEVEL}", check=True)
     plan = host.exec("gpuprov uninstall --dry-run --purge-driver")
     assert "dnf module reset -y nvidia-driver" in plan.stdout, plan.stdout  # said before it is done
     r = host.exec("gpuprov uninstall --yes --purge-driver")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     after = host.rpms()
-    assert after.keys() == before.keys(), (sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys()))
+    assert after.keys() - {"kernel-devel"} == before.keys(), (sorted(after.keys() - before.keys()),
+                                                              sorted(before.keys() - after.keys()))
+    devel = host.exec("rpm -q kernel-devel").stdout.split()
+    assert devel == [f"kernel-devel-{LATER_DEVEL}"], devel  # gpuprov's went, the operator's stays
     # the stream gpuprov enabled is reset: dnf lists nothing enabled of the module (on the previous commit: 570-open)
     assert enabled_modules(host) == "", enabled_modules(host)
     assert "state=enabled" not in stream(host), stream(host)

@@ -368,3 +368,26 @@ def test_the_apt_driver_steps_packages_are_recorded_for_purge():
     step = st.Step("driver.packages", Stage.DRIVER, "Install the driver",
                    check=DriverBuilt("apt", absent, ("6.8.0-49-generic",), False))
     assert ap.missing_packages([step]) == {"driver.packages": st.PackagesInstalled("apt", absent)}
+
+
+def test_dnf_records_a_side_by_side_kernel_package_by_its_version(monkeypatch):
+    """kernel-devel is installed per kernel, side by side: recorded by name, `uninstall --purge-driver` ran `dnf
+    remove kernel-devel`, which took the operator's kernel-devel of a later kernel along, and its dry run named
+    nothing extra (both are `kernel-devel`). The record keeps the version gpuprov installed; the dry run's rows of
+    that name are ours, a row of another name is not."""
+    from provision import package_managers
+
+    dnf = package_managers.get("dnf")
+    monkeypatch.setattr(type(dnf), "installonly", lambda self: {"kernel-devel", "kernel-core"})
+    before = {"kernel-core-5.14.0-503.14.1.el9_5.x86_64": "kernel-core", "podman-5.2.2-1.el9.x86_64": "podman"}
+    after = {**before, "kernel-devel-5.14.0-503.14.1.el9_5.x86_64": "kernel-devel", "dkms-3.1.6-1.el9.noarch": "dkms",
+             "kernel-core-5.14.0-503.40.1.el9_5.x86_64": "kernel-core", "gpg-pubkey-d42d0685-62f3f5a4.(none)":
+             "gpg-pubkey"}
+    assert dnf.added(before, after) == ["kernel-devel-5.14.0-503.14.1.el9_5.x86_64", "dkms",
+                                        "kernel-core-5.14.0-503.40.1.el9_5.x86_64"]
+    ours = ("kernel-devel-5.14.0-503.14.1.el9_5.x86_64", "dkms")
+    dry = ("Removing:\n kernel-devel   x86_64  5.14.0-503.14.1.el9_5  @appstream  1 M\n"
+           " dkms           noarch  3.1.6-1.el9             @epel       1 M\n"
+           "Removing dependent packages:\n site-kmod      noarch  1.0-1                   @System     1 k\n\n")
+    assert dnf.purged_too(dry, ours) == ["site-kmod"]
+    assert dnf.purge(ours)[-2:] == ours  # the purge names that version, never the operator's others
