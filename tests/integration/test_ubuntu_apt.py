@@ -219,3 +219,99 @@ def test_kernel_abi_bump_brings_headers_and_dkms_builds(noble):
     r = noble.exec(BOOT)
     assert r.returncode == 15, _out(r)
     assert noble.debs() == before
+
+
+# ---------------------------------------------------------------- kernel flavours on a GPU machine
+# 22.04 with the HWE kernel (linux-generic-hwe-22.04) booting next while the release's GA kernel runs, and an H200 on
+# the PCI bus (no --for-gpu): gpuprov builds for the running and the next-boot kernel. Canonical's precompiled modules
+# are chosen only when the archive has them for both; a newer HWE ABI whose linux-modules-nvidia-… Canonical has not
+# published yet (6.8.0-51 in the stand-in) means DKMS for both. gpuprov already decides this; these hold it.
+KGA, KHWE, KHWE_NEXT = "5.15.0-91-generic", "6.8.0-49-generic", "6.8.0-51-generic"
+GPU_BOOT = "gpuprov bootstrap --yes --engine none --no-validate --driver 570"
+LRM = "linux-modules-nvidia-570-server-open-"
+
+
+def _hwe_host(hwe: str) -> UbuntuHost:
+    h = UbuntuHost("22.04", kernel_meta=f"linux-image-{KGA} {hwe}", running=KGA)
+    h.install_gpuprov()
+    return h
+
+
+def _driver_step(host) -> dict:
+    r = host.exec("gpuprov plan --engine none --driver 570 --json")
+    assert r.returncode == 0, _out(r)
+    return next(s for s in json.loads(r.stdout)["steps"] if s["id"] == "driver.packages")
+
+
+def test_hwe_precompiled_for_the_running_and_the_next_boot_kernel():
+    h = _hwe_host(" ".join(f"{p}=6.8.0-49.49~22.04.1" for p in
+                           ("linux-generic-hwe-22.04", "linux-image-generic-hwe-22.04", "linux-headers-generic-hwe-22.04")))
+    try:
+        assert h.kernel() == KHWE
+        step = _driver_step(h)
+        assert f"kernel module: Ubuntu's precompiled, signed modules ({LRM}generic-hwe-22.04, following " \
+            "linux-image-generic-hwe-22.04)" in step["notes"], step["notes"]
+        # each kernel's own ABI package: the one running now and the one booting next
+        assert f"apt-mark auto {LRM}{KHWE} {LRM}{KGA}" in step["commands"], step["commands"]
+        before = h.debs()
+        r = h.exec(GPU_BOOT)
+        assert r.returncode == 7, _out(r)
+        after = h.debs()
+        new = set(after) - set(before)
+        assert {f"{LRM}generic-hwe-22.04", f"{LRM}{KHWE}", f"{LRM}{KGA}",
+                "nvidia-headless-no-dkms-570-server-open"} <= new, sorted(new)
+        assert not [p for p in new if p.startswith(("nvidia-dkms-", "linux-headers-"))], sorted(new)
+        assert not [p for p in before if p not in after], "a package was removed"
+        for k in (KGA, KHWE):  # Canonical's module, not a DKMS build
+            assert h.exec(f"modinfo -k {k} -F filename nvidia").stdout.strip() == \
+                f"/lib/modules/{k}/kernel/nvidia-570srv-open/nvidia.ko"
+            assert _modinfo(h, k) == "570.195.03"
+        assert h.exec("dkms status").stdout.strip() == ""
+    finally:
+        h.remove()
+
+
+def test_hwe_dkms_where_the_next_boot_kernel_has_no_precompiled_modules():
+    h = _hwe_host("linux-generic-hwe-22.04")
+    try:
+        assert h.kernel() == KHWE_NEXT
+        # the archive has them for the running kernel and the HWE flavour's metapackage, not for the next-boot ABI
+        offered = set(h.exec(f"apt-cache pkgnames {LRM}").stdout.split())
+        assert {f"{LRM}{KGA}", f"{LRM}generic-hwe-22.04"} <= offered and f"{LRM}{KHWE_NEXT}" not in offered, offered
+        step = _driver_step(h)
+        assert f"kernel module: the archive has no {LRM}{KHWE_NEXT} (kernel {KHWE_NEXT}): DKMS builds the module" \
+            in step["notes"], step["notes"]
+        before = h.debs()
+        r = h.exec(GPU_BOOT)
+        assert r.returncode == 7, _out(r)
+        after = h.debs()
+        new = set(after) - set(before)
+        assert {"nvidia-headless-570-server-open", "nvidia-dkms-570-server-open", f"linux-headers-{KGA}"} <= new, \
+            sorted(new)
+        assert not [p for p in after if p.startswith("linux-modules-nvidia")], sorted(after)
+        assert f"linux-image-{KHWE}" not in after  # the flavour metapackage's older ABI was not pulled in
+        assert not [p for p in before if p not in after], "a package was removed"
+        for k in (KGA, KHWE_NEXT):
+            assert h.exec(f"modinfo -k {k} -F filename nvidia").stdout.strip() == \
+                f"/lib/modules/{k}/updates/dkms/nvidia.ko"
+            assert _modinfo(h, k) == "570.195.03"
+            assert h.exec(f"dkms status -k {k}").stdout.rstrip().endswith(": installed")
+    finally:
+        h.remove()
+
+
+def test_noble_generic_precompiled():
+    """24.04 with linux-generic (the aws host above has DKMS): Canonical's modules for noble's generic kernel."""
+    h = UbuntuHost("24.04")
+    try:
+        h.install_gpuprov()
+        before = h.debs()
+        r = h.exec(BOOT)
+        assert r.returncode == 7, _out(r)
+        new = set(h.debs()) - set(before)
+        assert {"linux-modules-nvidia-580-server-open-generic", "linux-modules-nvidia-580-server-open-6.8.0-49-generic",
+                "nvidia-headless-no-dkms-580-server-open"} <= new, sorted(new)
+        assert not [p for p in new if p.startswith("nvidia-dkms-")], sorted(new)
+        assert _modinfo(h, "6.8.0-49-generic") == "580.95.05"
+    finally:
+        h.remove()

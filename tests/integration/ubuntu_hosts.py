@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from tests.integration.hosts import StandInHost, built_in_container, committed_i
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-archive"
 DISTROS = Path(__file__).resolve().parents[1] / "fixtures" / "distros"
+GPU_HOST = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-vm"  # its sysfs: one H200 (10de:2335)
 PORT = 8090  # the loopback HTTP server inside the host (its own network namespace)
 # Debian's apt/dpkg (minbase), Python for gpuprov, and what an Ubuntu server has for kernels and DKMS: kmod,
 # initramfs-tools, dkms (with the compiler it depends on), openssl (DKMS's signing key). apt-utils and gnupg build
@@ -144,7 +146,8 @@ for rel, r in table["releases"].items():
             depends="kmod", files={f"/boot/vmlinuz-{K}": f"stand-in kernel image {K}\n",
                                    f"/boot/config-{K}": "CONFIG_MODULES=y\nCONFIG_BLK_DEV_INITRD=y\nCONFIG_RD_GZIP=y\n",
                                    f"/lib/modules/{K}/modules.order": "", f"/lib/modules/{K}/modules.builtin": "",
-                                   f"/lib/modules/{K}/modules.builtin.modinfo": ""},
+                                   f"/lib/modules/{K}/modules.builtin.modinfo": "",
+                                   f"/lib/modules/{K}/kernel/stand-in": ""},
             scripts={"postinst": f"""
                 [ "$1" = configure ] || exit 0
                 depmod -a {K}
@@ -176,7 +179,7 @@ for rel, r in table["releases"].items():
             depends=f"linux-headers-{K}")
         deb(suite, "main", k["meta"], mv, source=k["meta_source"], maint=KERNEL_TEAM, section="kernel",
             depends=f"linux-image-{f} (= {mv}), linux-headers-{f} (= {mv})")
-        if f in r["precompiled_flavours"]:
+        if f in r["precompiled_flavours"] and k.get("lrm", True):  # lrm false: not built for this ABI yet
             for d in r["drivers"]:
                 if d.get("transitional_to"):
                     continue
@@ -306,11 +309,16 @@ class UbuntuHost(StandInHost):
     in its sources as Ubuntu names its archive (main restricted universe; multiverse off, as a minimal install can
     leave it), the release's kernel metapackage installed from it."""
 
-    def __init__(self, release: str, kernel_meta: str = "linux-generic"):
-        self.release, self.codename = release, RELEASES[release]
+    def __init__(self, release: str, kernel_meta: str = "linux-generic", running: str | None = None):
+        """kernel_meta: what apt installs first (a kernel metapackage, or packages with versions); running: the
+        kernel the host runs (uname -r as gpuprov reads it, /proc/sys/kernel/osrelease), one of those installed;
+        None: the machine's own, which the host has not installed (its /lib/modules is absent)."""
+        self.release, self.codename, self.running = release, RELEASES[release], running
         self.name = f"ubuntu-host-{uuid.uuid4().hex[:8]}"
         archive = ubuntu_archive()
-        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run",
+        # CAP_SYS_ADMIN only to bind a file over /proc/sys/kernel/osrelease (the running kernel, as gpuprov reads it)
+        caps = ["--cap-add", "SYS_ADMIN", "--security-opt", "apparmor=unconfined"] if running else []
+        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run", *caps,
            "-v", f"{archive}:/srv/archive:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", ubuntu_image())
         for src, dst in ((DISTROS / f"ubuntu-{release}" / "etc" / "os-release", "/etc/os-release"),
                          (FIXTURE / "host" / f"lsb-release-{release}", "/etc/lsb-release")):
@@ -335,6 +343,23 @@ class UbuntuHost(StandInHost):
         self.serve()
         self.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
                   f"{kernel_meta}", check=True)
+        self.run_kernel()
+
+    def run_kernel(self) -> None:
+        """With `running`: that kernel runs (a file bound over /proc/sys/kernel/osrelease) on a machine with a GPU
+        (tests/fixtures/hosts/h200-vm's PCI devices, an H200, bound over /sys/bus/pci/devices): gpuprov builds for the
+        running and the next-boot kernel, as on a GPU server, rather than for every installed kernel (--for-gpu)."""
+        if not self.running:
+            return
+        if self.exec("test -d /srv/pci/devices").returncode:
+            # a tar stream: docker cp refuses the fixture's sysfs links (driver -> ../../../bus/pci/drivers/…)
+            tar = subprocess.run(["tar", "-C", str(GPU_HOST / "sys" / "bus" / "pci"), "-cf", "-", "devices"],
+                                 check=True, capture_output=True).stdout
+            subprocess.run(["docker", "exec", "-i", self.name, "sh", "-c", "mkdir -p /srv/pci && tar -C /srv/pci -xf -"],
+                           input=tar, check=True, capture_output=True)
+        self.exec(f"set -e; test -d /lib/modules/{self.running}/kernel; echo {self.running} > /srv/osrelease; "
+                  "mount --bind /srv/osrelease /proc/sys/kernel/osrelease; "
+                  "mount --bind /srv/pci/devices /sys/bus/pci/devices", check=True)
 
     def serve(self) -> None:
         self.spawn(f"cd /srv/pub && exec python3 -m http.server --bind 127.0.0.1 {PORT} >/var/log/archive.log 2>&1")
@@ -353,6 +378,7 @@ class UbuntuHost(StandInHost):
         """docker restart: /run (a tmpfs, as on a server) starts empty, so gpuprov's pending-reboot mark goes."""
         sh("docker", "restart", self.name, timeout=300)
         self.serve()
+        self.run_kernel()
 
     def debs(self) -> dict[str, str]:
         """Installed packages: name -> version."""
