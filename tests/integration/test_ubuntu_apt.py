@@ -315,3 +315,78 @@ def test_noble_generic_precompiled():
         assert _modinfo(h, "6.8.0-49-generic") == "580.95.05"
     finally:
         h.remove()
+
+
+# ---------------------------------------------------------------- Ubuntu's engines through apt
+# A 22.04 host with systemd as PID 1. The archive's docker.io, containerd and runc carry Debian bookworm's real
+# binaries and maintainer scripts under Ubuntu's names, versions and Depends/Conflicts (ubuntu_hosts.py's repack), so
+# the engines really start in the host. In order: an operator's containerd.io (Docker's repository's, which
+# Conflicts with Ubuntu's containerd) stops `--engine docker` with exit 14 and nothing changed; once the operator
+# removes it, `--engine containerd` installs containerd and registers the runtime; `--engine docker` then installs
+# docker.io beside it (containerd kept), daemon.json written and the running dockerd lists the runtime; each re-run
+# changes nothing. gpuprov already behaves so: these hold it against the real packages' transactions.
+ENG = "gpuprov bootstrap --yes --driver skip --no-validate --engine"
+CONTAINERD_IO = """set -e; d=$(mktemp -d); mkdir -p $d/DEBIAN $d/usr/bin
+printf '#!/bin/sh\\necho operator containerd\\n' > $d/usr/bin/containerd; chmod 755 $d/usr/bin/containerd
+printf 'Package: containerd.io\\nVersion: 1.7.27-1\\nArchitecture: amd64\\nMaintainer: Containerd team \
+<help@containerd.io>\\nProvides: containerd, runc\\nConflicts: containerd, runc\\nReplaces: containerd, runc\\n\
+Description: the operator containerd.io (Docker repository control fields)\\n' > $d/DEBIAN/control
+dpkg-deb -b $d /tmp/containerd.io.deb >/dev/null; dpkg -i /tmp/containerd.io.deb >/dev/null"""
+
+
+@pytest.fixture(scope="module")
+def engines():
+    h = UbuntuHost("22.04", systemd=True)
+    try:
+        h.install_gpuprov()
+        yield h
+    finally:
+        h.remove()
+
+
+def _unchanged(host) -> str:
+    return host.exec("md5sum /var/lib/dpkg/status /etc/docker/daemon.json /etc/containerd/config.toml 2>&1; "
+                     "systemctl is-active docker containerd").stdout
+
+
+def test_engine_install_refused_with_14_before_removing_the_operators_containerd(engines):
+    engines.exec(CONTAINERD_IO, check=True)
+    before, state = engines.debs(), _unchanged(engines)
+    r = engines.exec(f"{ENG} docker")
+    assert r.returncode == 14, _out(r)
+    assert "would remove installed packages: containerd.io" in r.stderr, r.stderr
+    assert engines.debs() == before and _unchanged(engines) == state
+    engines.exec("dpkg --purge containerd.io", check=True)
+
+
+def test_containerd_from_the_archive_registered_and_rerun_noop(engines):
+    r = engines.exec(f"{ENG} containerd")
+    assert r.returncode == 0, _out(r)
+    debs = engines.debs()
+    assert debs["containerd"] == "1.7.12-0ubuntu2~22.04.1" and debs["runc"] == "1.1.12-0ubuntu2~22.04.1", debs
+    assert "docker.io" not in debs
+    assert "/etc/containerd/conf.d/99-gpuprov.toml" in engines.exec("cat /etc/containerd/config.toml").stdout
+    assert engines.exec("systemctl is-active containerd").stdout.strip() == "active"
+    assert engines.exec("ctr version").returncode == 0  # Debian's real containerd, under Ubuntu's package
+    state = _unchanged(engines)
+    r = engines.exec(f"{ENG} containerd")
+    assert r.returncode == 0 and "0 change(s)" in r.stdout + r.stderr, _out(r)
+    assert _unchanged(engines) == state
+
+
+def test_docker_io_from_the_archive_keeps_containerd_and_rerun_noop(engines):
+    before = engines.debs()
+    r = engines.exec(f"{ENG} docker")
+    assert r.returncode == 0, _out(r)
+    after = engines.debs()
+    assert after["docker.io"] == "24.0.7-0ubuntu2~22.04.1", after
+    assert {p: after.get(p) for p in before} == before  # containerd, runc and everything else kept as they were
+    daemon = json.loads(engines.exec("cat /etc/docker/daemon.json", check=True).stdout)
+    assert daemon["runtimes"]["nvidia"]["path"] == "/usr/local/bin/gpuprov-runtime", daemon
+    assert daemon["default-runtime"] == "nvidia", daemon
+    info = engines.exec("docker info --format '{{.DefaultRuntime}} {{json .Runtimes}}'", check=True).stdout
+    assert info.startswith("nvidia ") and "/usr/local/bin/gpuprov-runtime" in info, info  # the real dockerd
+    state = _unchanged(engines)
+    r = engines.exec(f"{ENG} docker")
+    assert r.returncode == 0 and "0 change(s)" in r.stdout + r.stderr, _out(r)
+    assert _unchanged(engines) == state

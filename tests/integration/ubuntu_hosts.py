@@ -25,7 +25,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from tests.integration.hosts import StandInHost, built_in_container, committed_image, ensure_image, ensure_wheelhouse, sh
+from tests.integration.hosts import NESTED, StandInHost, built_in_container, committed_image, ensure_image, ensure_wheelhouse, sh
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-archive"
 DISTROS = Path(__file__).resolve().parents[1] / "fixtures" / "distros"
@@ -34,10 +34,17 @@ PORT = 8090  # the loopback HTTP server inside the host (its own network namespa
 # Debian's apt/dpkg (minbase), Python for gpuprov, and what an Ubuntu server has for kernels and DKMS: kmod,
 # initramfs-tools, dkms (with the compiler it depends on), openssl (DKMS's signing key). apt-utils and gnupg build
 # the archive in the same image.
-APT = "python3 python3-venv kmod initramfs-tools dkms openssl apt-utils gnupg"
+# systemd (PID 1 of the engine hosts) and what an Ubuntu server has that docker.io's libraries and scripts need
+# (iptables, adduser, libdevmapper, tini, libseccomp). Debian's docker.io, containerd and runc are downloaded, not
+# installed: the archive BUILD repackages them under Ubuntu's names, versions and Depends (packages.json), so the
+# engine an Ubuntu host installs from the stand-in archive is a real one.
+APT = ("python3 python3-venv kmod initramfs-tools dkms openssl apt-utils gnupg "
+       "systemd systemd-sysv dbus iptables adduser libdevmapper1.02.1 tini libseccomp2")
+ENGINE_DEBS = "/opt/debian-engine"
 PREP = r"""set -e
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends %(apt)s >/dev/null
+mkdir -p %(engine)s && cd %(engine)s && apt-get download -qq docker.io containerd runc
 apt-get clean
 rm -rf /var/lib/apt/lists/* /etc/apt/sources.list /etc/apt/sources.list.d/*
 """
@@ -46,8 +53,8 @@ RELEASES = {"22.04": "jammy", "24.04": "noble"}
 
 def ubuntu_image() -> str:
     """gpuprov-test/ubuntu-apt:<recipe hash>: Debian minbase + Debian's apt/dpkg, kmod, initramfs-tools, dkms."""
-    tag = hashlib.sha256((PREP + APT).encode()).hexdigest()[:12]
-    return committed_image(f"gpuprov-test/ubuntu-apt:{tag}", ensure_image(), PREP % {"apt": APT})
+    tag = hashlib.sha256((PREP + APT + ENGINE_DEBS).encode()).hexdigest()[:12]
+    return committed_image(f"gpuprov-test/ubuntu-apt:{tag}", ensure_image(), PREP % {"apt": APT, "engine": ENGINE_DEBS})
 
 
 def ubuntu_archive() -> Path:
@@ -135,6 +142,29 @@ def relink():
     if [ -n "$newest" ]; then ln -sfn "vmlinuz-$newest" /boot/vmlinuz; ln -sfn "initrd.img-$newest" /boot/initrd.img
     else rm -f /boot/vmlinuz /boot/initrd.img; fi
     """
+
+def repack(suite, e):
+    """Debian's own package (downloaded into the image) under Ubuntu's name, version, Depends and Conflicts: the
+    payload is Debian's real binaries and maintainer scripts (the systemd unit, the docker group), the control
+    fields Ubuntu's. Provenance in the control file (X-Gpuprov-Stand-In) and the README."""
+    src = next(pathlib.Path("/opt/debian-engine").glob(e["name"] + "_*.deb"))
+    root = work / "repack" / e["name"]; shutil.rmtree(root, ignore_errors=True); root.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "-R", str(src), str(root)], check=True)
+    ctl = (root / "DEBIAN" / "control").read_text().splitlines()
+    orig = next(ln.split(": ", 1)[1] for ln in ctl if ln.startswith("Version: "))
+    keep = [ln for ln in ctl if not ln.startswith(("Version:", "Depends:", "Conflicts:", "Breaks:", "Maintainer:",
+                                                   "Section:", "Description:"))
+            and not ln.startswith(" ")]
+    fields = {"Version": e["version"], "Maintainer": CORE, "Section": e["component"] + "/admin",
+              "Depends": e.get("depends", ""), "Conflicts": e.get("conflicts", ""),
+              "X-Gpuprov-Stand-In": f"Debian bookworm {e['name']} {orig}, repackaged",
+              "Description": f"stand-in for Ubuntu's {e['name']} (Debian's binaries)"}
+    (root / "DEBIAN" / "control").write_text("\n".join(keep + [f"{k}: {v}" for k, v in fields.items() if v]) + "\n")
+    pool = out / "www" / "pool" / suite / e["component"]; pool.mkdir(parents=True, exist_ok=True)
+    path = pool / f"{e['name']}_{e['version'].split(':')[-1]}_amd64.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", str(root), str(path)], check=True,
+                   capture_output=True)
+    built.setdefault((suite, e["component"]), []).append(path)
 
 for rel, r in table["releases"].items():
     upd = rel + "-updates"
@@ -264,8 +294,7 @@ for rel, r in table["releases"].items():
             deb(suite, "restricted", f"nvidia-driver-{S}", V, source=src,
                 depends=f"nvidia-headless-{S} (= {V}), nvidia-utils-{s} (= {V}), libnvidia-compute-{s} (= {V})")
     for e in r["engine"]:
-        deb(rel, e["component"], e["name"], e["version"], depends=e.get("depends", ""),
-            conflicts=e.get("conflicts", ""))
+        repack(rel, e)
 
 # index and sign: www/dists/<rel> and an empty www/dists/<rel>-updates; later/<rel>-updates with the update
 env = dict(os.environ, GNUPGHOME="/tmp/gnupg"); os.makedirs("/tmp/gnupg", mode=0o700)
@@ -309,17 +338,25 @@ class UbuntuHost(StandInHost):
     in its sources as Ubuntu names its archive (main restricted universe; multiverse off, as a minimal install can
     leave it), the release's kernel metapackage installed from it."""
 
-    def __init__(self, release: str, kernel_meta: str = "linux-generic", running: str | None = None):
+    def __init__(self, release: str, kernel_meta: str = "linux-generic", running: str | None = None,
+                 systemd: bool = False):
         """kernel_meta: what apt installs first (a kernel metapackage, or packages with versions); running: the
         kernel the host runs (uname -r as gpuprov reads it, /proc/sys/kernel/osrelease), one of those installed;
-        None: the machine's own, which the host has not installed (its /lib/modules is absent)."""
+        None: the machine's own, which the host has not installed (its /lib/modules is absent); systemd: systemd runs
+        as PID 1 with the privileges a nested engine needs (tests/integration/hosts.py's NESTED)."""
         self.release, self.codename, self.running = release, RELEASES[release], running
         self.name = f"ubuntu-host-{uuid.uuid4().hex[:8]}"
         archive = ubuntu_archive()
         # CAP_SYS_ADMIN only to bind a file over /proc/sys/kernel/osrelease (the running kernel, as gpuprov reads it)
         caps = ["--cap-add", "SYS_ADMIN", "--security-opt", "apparmor=unconfined"] if running else []
+        if systemd:  # an engine's stores on tmpfs: overlayfs cannot stack on the machine's overlay
+            caps = [*NESTED, "--tmpfs", "/var/lib/containerd:exec", "--tmpfs", "/run/lock", "-e", "container=docker"]
         sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run", *caps,
-           "-v", f"{archive}:/srv/archive:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", ubuntu_image())
+           "-v", f"{archive}:/srv/archive:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", ubuntu_image(),
+           *(["/lib/systemd/systemd"] if systemd else []))
+        if systemd:
+            self.exec("for i in $(seq 60); do s=$(systemctl is-system-running); "
+                      "case $s in running|degraded) exit 0;; esac; sleep 1; done; exit 1", check=True)
         for src, dst in ((DISTROS / f"ubuntu-{release}" / "etc" / "os-release", "/etc/os-release"),
                          (FIXTURE / "host" / f"lsb-release-{release}", "/etc/lsb-release")):
             sh("docker", "cp", str(src), f"{self.name}:{dst}")
