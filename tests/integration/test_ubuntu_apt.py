@@ -390,3 +390,44 @@ def test_docker_io_from_the_archive_keeps_containerd_and_rerun_noop(engines):
     r = engines.exec(f"{ENG} docker")
     assert r.returncode == 0 and "0 change(s)" in r.stdout + r.stderr, _out(r)
     assert _unchanged(engines) == state
+
+
+# ---------------------------------------------------------------- NVIDIA's repository on Ubuntu
+# `--driver-source nvidia` on 22.04 through `--mirror cuda=URL`: NVIDIA's flat repository for ubuntu2204 (a stand-in of
+# its packaging: nvidia-open-580 -> nvidia-driver-580-open -> nvidia-headless/nvidia-dkms-580-open …, NVIDIA's
+# versions) served on the host's loopback. On main the plan named nvidia-open-580 but never added the repository, so
+# apt found no such package; now a driver.repo step adds it (signed-by its key, at the mirror) and the real apt
+# installs from it, DKMS builds NVIDIA's `nvidia` module, the series is pinned, and a re-run changes nothing.
+CUDA = ("--for-gpu 10de:2330 --driver-source nvidia --driver 580 --engine none "
+        "--mirror cuda=http://127.0.0.1:8090/cuda")
+CUDA_LIST = "/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list"
+
+
+def test_nvidia_repository_through_the_mirror():
+    h = UbuntuHost("22.04")
+    try:
+        h.install_gpuprov()
+        before = h.debs()
+        r = h.exec(f"gpuprov bootstrap --yes --no-validate {CUDA}")
+        assert r.returncode == 7, _out(r)
+        assert h.exec(f"cat {CUDA_LIST}").stdout == ("deb [signed-by=/etc/apt/keyrings/cuda-archive-keyring.asc] "
+                                                     "http://127.0.0.1:8090/cuda/ubuntu2204/x86_64/ /\n")
+        after = h.debs()
+        new = {p: after[p] for p in set(after) - set(before)}
+        assert new.get("nvidia-open-580") == "580.95.05-0ubuntu1", new
+        assert {"nvidia-driver-580-open", "nvidia-dkms-580-open", "libnvidia-compute-580"} <= new.keys(), new
+        # every NVIDIA package from NVIDIA's repository (apt-cache policy: its URL is the installed version's source)
+        policy = h.exec("apt-cache policy nvidia-driver-580-open").stdout
+        assert "*** 580.95.05-0ubuntu1 990" in policy and "127.0.0.1:8090/cuda/ubuntu2204/x86_64" in policy, policy
+        assert not [p for p in before if p not in after], "a package was removed"
+        assert h.exec(f"dkms status -k {K91}").stdout.strip() == f"nvidia/580.95.05, {K91}, x86_64: installed"
+        assert _modinfo(h, K91) == "580.95.05"
+        pin = h.exec(f"cat {PIN}").stdout
+        assert "src:nvidia-graphics-drivers-580:any\nPin: version 580.*\nPin-Priority: 990" in pin, pin
+        state = h.exec(f"md5sum /var/lib/dpkg/status {CUDA_LIST} /etc/apt/keyrings/cuda-archive-keyring.asc").stdout
+        r = h.exec(f"gpuprov bootstrap --yes --no-validate {CUDA}")
+        assert r.returncode == 7 and "reboot is still pending" in r.stderr, _out(r)
+        assert h.exec(f"md5sum /var/lib/dpkg/status {CUDA_LIST} /etc/apt/keyrings/cuda-archive-keyring.asc"
+                      ).stdout == state
+    finally:
+        h.remove()

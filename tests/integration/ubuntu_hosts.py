@@ -39,7 +39,7 @@ PORT = 8090  # the loopback HTTP server inside the host (its own network namespa
 # installed: the archive BUILD repackages them under Ubuntu's names, versions and Depends (packages.json), so the
 # engine an Ubuntu host installs from the stand-in archive is a real one.
 APT = ("python3 python3-venv kmod initramfs-tools dkms openssl apt-utils gnupg "
-       "systemd systemd-sysv dbus iptables adduser libdevmapper1.02.1 tini libseccomp2")
+       "systemd systemd-sysv dbus iptables adduser libdevmapper1.02.1 tini libseccomp2 curl")
 ENGINE_DEBS = "/opt/debian-engine"
 PREP = r"""set -e
 apt-get update -qq
@@ -99,8 +99,9 @@ def sharedobj(soname):
     return p
 
 def deb(suite, comp, name, version, *, source=None, maint=CORE, depends="", provides="", conflicts="",
-        replaces="", files=None, scripts=None, section="misc", desc=None):
-    """One .deb: files maps a path to text, a Path (copied) or ("link", target)."""
+        replaces="", files=None, scripts=None, section="misc", desc=None, pool=None):
+    """One .deb: files maps a path to text, a Path (copied) or ("link", target); pool: where it goes instead of
+    www/pool/<suite>/<comp> (NVIDIA's flat repository)."""
     root = work / "pkg" / f"{name}_{version}"
     shutil.rmtree(root, ignore_errors=True)
     (root / "DEBIAN").mkdir(parents=True)
@@ -129,7 +130,7 @@ def deb(suite, comp, name, version, *, source=None, maint=CORE, depends="", prov
     for sname, text in (scripts or {}).items():
         s = root / "DEBIAN" / sname
         s.write_text("#!/bin/sh\nset -e\n" + textwrap.dedent(text)); s.chmod(0o755)
-    pool = out / "www" / "pool" / suite / comp; pool.mkdir(parents=True, exist_ok=True)
+    pool = pool or out / "www" / "pool" / suite / comp; pool.mkdir(parents=True, exist_ok=True)
     path = pool / f"{name}_{version.split(':')[-1]}_amd64.deb"
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", str(root), str(path)], check=True,
                    capture_output=True)
@@ -165,6 +166,65 @@ def repack(suite, e):
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", str(root), str(path)], check=True,
                    capture_output=True)
     built.setdefault((suite, e["component"]), []).append(path)
+
+def series(suite, comp, d, pool=None):
+    """One driver series as Ubuntu packages it (NVIDIA's repository for Ubuntu uses the same names): the shared
+    packages, the DKMS module source, the headless and full metapackages, each of both module flavours."""
+    V = d["version"]; up = V.split("-")[0]; s = d["series"]; src = d["source"]
+    def debp(*a, **k):
+        deb(*a, pool=pool, **k)
+    common = f"nvidia-kernel-common-{s} (= {V})"
+    debp(suite, comp, f"nvidia-kernel-common-{s}", V, source=src, provides="nvidia-kernel-common",
+        conflicts="nvidia-kernel-common", replaces="nvidia-kernel-common")
+    debp(suite, comp, f"nvidia-firmware-{s}-{up}", V, source=src,
+        files={f"/lib/firmware/nvidia/{up}/gsp_ga10x.bin": "stand-in\n"})
+    debp(suite, comp, f"libnvidia-compute-{s}", V, source=src, section="libs",
+        provides="libnvidia-compute", conflicts="libnvidia-compute", replaces="libnvidia-compute",
+        files={f"/usr/lib/x86_64-linux-gnu/libcuda.so.{up}": sharedobj("libcuda.so.1"),
+               "/usr/lib/x86_64-linux-gnu/libcuda.so.1": ("link", f"libcuda.so.{up}"),
+               f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{up}": sharedobj("libnvidia-ml.so.1"),
+               "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": ("link", f"libnvidia-ml.so.{up}")})
+    debp(suite, comp, f"nvidia-utils-{s}", V, source=src, provides="nvidia-utils",
+        conflicts="nvidia-utils", replaces="nvidia-utils", depends=f"libnvidia-compute-{s}",
+        files={"/usr/bin/nvidia-smi": "#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn'\"'\"'t "
+                                      "communicate with the NVIDIA driver.' >&2\nexit 9\n"})
+    debp(suite, comp, f"nvidia-compute-utils-{s}", V, source=src, provides="nvidia-compute-utils",
+        conflicts="nvidia-compute-utils", replaces="nvidia-compute-utils", depends=f"libnvidia-compute-{s}")
+    for opn in ("", "-open"):
+        S = s + opn
+        name, ver = d["dkms_name"], up
+        build = ("#!/bin/sh\nset -e\nfor m in nvidia nvidia-uvm nvidia-modeset; do printf '%s\\n' "
+                 "\"__attribute__((section(\\\".modinfo\\\"), used)) static const char v[] = \\\"version="
+                 + up + "\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static const char l[] = "
+                 "\\\"license=Dual MIT/GPL\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
+                 "const char n[] = \\\"name=$m\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
+                 "const char k[] = \\\"vermagic=$1 SMP mod_unload modversions \\\";\" > $m.c; "
+                 "gcc -c -o $m.ko $m.c; done\n")
+        conf = (f'PACKAGE_NAME="{name}"\nPACKAGE_VERSION="{ver}"\nAUTOINSTALL="yes"\n'
+                'MAKE[0]="sh ./build.sh ${kernelver}"\nCLEAN="rm -f *.ko *.c"\n'
+                + "".join(f'BUILT_MODULE_NAME[{i}]="{m}"\nDEST_MODULE_LOCATION[{i}]="/updates/dkms"\n'
+                          f'STRIP[{i}]="no"\n' for i, m in enumerate(("nvidia", "nvidia-uvm", "nvidia-modeset"))))
+        # dh_dkms's maintainer scripts, as Ubuntu's nvidia-dkms packages carry them
+        debp(suite, comp, f"nvidia-dkms-{S}", V, source=src, section="kernel",
+            depends=f"dkms, {common}, nvidia-kernel-source-{S} (= {V})", provides="nvidia-dkms-kernel",
+            conflicts="nvidia-dkms-kernel",
+            files={f"/usr/src/{name}-{ver}/dkms.conf": conf, f"/usr/src/{name}-{ver}/build.sh": build},
+            scripts={"postinst": f"""
+                if [ "$1" = configure ]; then /usr/lib/dkms/common.postinst {name} {ver} "" "" "$2"; fi
+                """,
+                     "prerm": f"""
+                if [ "$(dkms status -m {name} -v {ver})" ]; then dkms remove -m {name} -v {ver} --all; fi
+                """})
+        debp(suite, comp, f"nvidia-kernel-source-{S}", V, source=src, section="kernel",
+            provides="nvidia-kernel-source", conflicts="nvidia-kernel-source")
+        nodkms = (f"{common}, libnvidia-compute-{s} (= {V}), nvidia-compute-utils-{s} (= {V}), "
+                  f"nvidia-firmware-{s}-{up} (= {V}), nvidia-kernel-source-{S} (= {V})")
+        debp(suite, comp, f"nvidia-headless-no-dkms-{S}", V, source=src, depends=nodkms)
+        debp(suite, comp, f"nvidia-headless-{S}", V, source=src,
+            depends=f"nvidia-headless-no-dkms-{S} (= {V}), nvidia-dkms-{S} (= {V})")
+        debp(suite, comp, f"nvidia-driver-{S}", V, source=src,
+            depends=f"nvidia-headless-{S} (= {V}), nvidia-utils-{s} (= {V}), libnvidia-compute-{s} (= {V})")
+
 
 for rel, r in table["releases"].items():
     upd = rel + "-updates"
@@ -242,59 +302,21 @@ for rel, r in table["releases"].items():
                 deb(suite, "restricted", n, V, source=src, section="oldlibs", depends=f"{n.replace(s, t)} (= {V})",
                     desc=f"Transitional package for {n.replace(s, t)}")
             continue
-        common = f"nvidia-kernel-common-{s} (= {V})"
-        deb(suite, "restricted", f"nvidia-kernel-common-{s}", V, source=src, provides="nvidia-kernel-common",
-            conflicts="nvidia-kernel-common", replaces="nvidia-kernel-common")
-        deb(suite, "restricted", f"nvidia-firmware-{s}-{up}", V, source=src,
-            files={f"/lib/firmware/nvidia/{up}/gsp_ga10x.bin": "stand-in\n"})
-        deb(suite, "restricted", f"libnvidia-compute-{s}", V, source=src, section="libs",
-            provides="libnvidia-compute", conflicts="libnvidia-compute", replaces="libnvidia-compute",
-            files={f"/usr/lib/x86_64-linux-gnu/libcuda.so.{up}": sharedobj("libcuda.so.1"),
-                   "/usr/lib/x86_64-linux-gnu/libcuda.so.1": ("link", f"libcuda.so.{up}"),
-                   f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{up}": sharedobj("libnvidia-ml.so.1"),
-                   "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": ("link", f"libnvidia-ml.so.{up}")})
-        deb(suite, "restricted", f"nvidia-utils-{s}", V, source=src, provides="nvidia-utils",
-            conflicts="nvidia-utils", replaces="nvidia-utils", depends=f"libnvidia-compute-{s}",
-            files={"/usr/bin/nvidia-smi": "#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn'\"'\"'t "
-                                          "communicate with the NVIDIA driver.' >&2\nexit 9\n"})
-        deb(suite, "restricted", f"nvidia-compute-utils-{s}", V, source=src, provides="nvidia-compute-utils",
-            conflicts="nvidia-compute-utils", replaces="nvidia-compute-utils", depends=f"libnvidia-compute-{s}")
-        for opn in ("", "-open"):
-            S = s + opn
-            name, ver = d["dkms_name"], up
-            build = ("#!/bin/sh\nset -e\nfor m in nvidia nvidia-uvm nvidia-modeset; do printf '%s\\n' "
-                     "\"__attribute__((section(\\\".modinfo\\\"), used)) static const char v[] = \\\"version="
-                     + up + "\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static const char l[] = "
-                     "\\\"license=Dual MIT/GPL\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
-                     "const char n[] = \\\"name=$m\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
-                     "const char k[] = \\\"vermagic=$1 SMP mod_unload modversions \\\";\" > $m.c; "
-                     "gcc -c -o $m.ko $m.c; done\n")
-            conf = (f'PACKAGE_NAME="{name}"\nPACKAGE_VERSION="{ver}"\nAUTOINSTALL="yes"\n'
-                    'MAKE[0]="sh ./build.sh ${kernelver}"\nCLEAN="rm -f *.ko *.c"\n'
-                    + "".join(f'BUILT_MODULE_NAME[{i}]="{m}"\nDEST_MODULE_LOCATION[{i}]="/updates/dkms"\n'
-                              f'STRIP[{i}]="no"\n' for i, m in enumerate(("nvidia", "nvidia-uvm", "nvidia-modeset"))))
-            # dh_dkms's maintainer scripts, as Ubuntu's nvidia-dkms packages carry them
-            deb(suite, "restricted", f"nvidia-dkms-{S}", V, source=src, section="kernel",
-                depends=f"dkms, {common}, nvidia-kernel-source-{S} (= {V})", provides="nvidia-dkms-kernel",
-                conflicts="nvidia-dkms-kernel",
-                files={f"/usr/src/{name}-{ver}/dkms.conf": conf, f"/usr/src/{name}-{ver}/build.sh": build},
-                scripts={"postinst": f"""
-                    if [ "$1" = configure ]; then /usr/lib/dkms/common.postinst {name} {ver} "" "" "$2"; fi
-                    """,
-                         "prerm": f"""
-                    if [ "$(dkms status -m {name} -v {ver})" ]; then dkms remove -m {name} -v {ver} --all; fi
-                    """})
-            deb(suite, "restricted", f"nvidia-kernel-source-{S}", V, source=src, section="kernel",
-                provides="nvidia-kernel-source", conflicts="nvidia-kernel-source")
-            nodkms = (f"{common}, libnvidia-compute-{s} (= {V}), nvidia-compute-utils-{s} (= {V}), "
-                      f"nvidia-firmware-{s}-{up} (= {V}), nvidia-kernel-source-{S} (= {V})")
-            deb(suite, "restricted", f"nvidia-headless-no-dkms-{S}", V, source=src, depends=nodkms)
-            deb(suite, "restricted", f"nvidia-headless-{S}", V, source=src,
-                depends=f"nvidia-headless-no-dkms-{S} (= {V}), nvidia-dkms-{S} (= {V})")
-            deb(suite, "restricted", f"nvidia-driver-{S}", V, source=src,
-                depends=f"nvidia-headless-{S} (= {V}), nvidia-utils-{s} (= {V}), libnvidia-compute-{s} (= {V})")
+        series(suite, "restricted", d)
     for e in r["engine"]:
         repack(rel, e)
+
+# NVIDIA's CUDA repository for Ubuntu: one flat repository per release (cuda/ubuntu2204/x86_64/), the same package
+# names as Ubuntu's at NVIDIA's versions, and the metapackages NVIDIA adds (nvidia-open-<b>, cuda-drivers-<b>)
+for tree, r in table["nvidia_repo"].items():
+    flat = out / "www" / "cuda" / tree / "x86_64"
+    for d in r["drivers"]:
+        series(tree, "nvidia", d, pool=flat)
+        V = d["version"]; b = d["series"]
+        deb(tree, "nvidia", f"nvidia-open-{b}", V, source=r["meta_source"], pool=flat,
+            depends=f"nvidia-driver-{b}-open (= {V})")
+        deb(tree, "nvidia", f"cuda-drivers-{b}", V, source=r["meta_source"], pool=flat,
+            depends=f"nvidia-driver-{b} (= {V})")
 
 # index and sign: www/dists/<rel> and an empty www/dists/<rel>-updates; later/<rel>-updates with the update
 env = dict(os.environ, GNUPGHOME="/tmp/gnupg"); os.makedirs("/tmp/gnupg", mode=0o700)
@@ -321,6 +343,17 @@ def index(top, suite, with_packages):
     subprocess.run(["gpg", "--batch", "--yes", "--clearsign", "-o", str(dist / "InRelease"), str(dist / "Release")],
                    check=True, env=env, capture_output=True)
 
+for tree in table["nvidia_repo"]:  # flat: Packages and a signed Release beside the .debs; the key as NVIDIA names it
+    flat = out / "www" / "cuda" / tree / "x86_64"
+    (flat / "Packages").write_text(subprocess.run(["apt-ftparchive", "packages", "."], cwd=flat, check=True,
+                                                  capture_output=True, text=True).stdout)
+    (flat / "Release").write_text(subprocess.run(["apt-ftparchive", "-oAPT::FTPArchive::Release::Origin=NVIDIA",
+                                                  "-oAPT::FTPArchive::Release::Label=NVIDIA CUDA", "release", "."],
+                                                 cwd=flat, check=True, capture_output=True, text=True).stdout)
+    subprocess.run(["gpg", "--batch", "--yes", "--clearsign", "-o", str(flat / "InRelease"), str(flat / "Release")],
+                   check=True, env=env, capture_output=True)
+    (flat / "3bf863cc.pub").write_bytes(subprocess.run(["gpg", "--export", "--armor"], check=True, env=env,
+                                                       capture_output=True).stdout)
 for rel in table["releases"]:
     index(out / "www", rel, True)
     index(out / "www", rel + "-updates", False)
@@ -372,7 +405,9 @@ class UbuntuHost(StandInHost):
             sources = ("/etc/apt/sources.list.d/ubuntu.sources",
                        f"Types: deb\nURIs: {base}\nSuites: {c} {c}-updates\nComponents: main restricted universe\n"
                        f"Signed-By: {keyring}\n")
+        # /ubuntu: the Ubuntu archive; /cuda: NVIDIA's repository (--mirror cuda=http://127.0.0.1:PORT/cuda)
         self.exec("set -e; cp -a /srv/archive/www /srv/www; mkdir -p /srv/pub; ln -s /srv/www /srv/pub/ubuntu; "
+                  "ln -s /srv/www/cuda /srv/pub/cuda; "
                   f"install -D -m0644 /srv/archive/key.gpg {keyring}; "
                   f"echo '{'bookworm/sid' if release == '22.04' else 'trixie/sid'}' > /etc/debian_version",
                   check=True)
