@@ -21,7 +21,12 @@ hooks (run-parts of /etc/kernel/*.d), initramfs-tools, DKMS's add/build/install/
 with its headers and linux-headers-aws; a kernel ABI bump brings its headers (the headers metapackage follows) and
 DKMS builds for it from the headers' own hook; a re-run after the reboot changes nothing.
 
-Marked slow; about three minutes here once the image and archive are cached (built once per recipe: ~2.5 min + 16 s).
+22.04 with linux-generic-hwe-22.04 on a GPU machine (the running GA kernel and the next-boot HWE kernel): precompiled
+for both, or DKMS for both where the next-boot ABI has no precompiled package yet; 24.04 with linux-generic:
+precompiled. Ubuntu's engines: docker.io and containerd from the archive, really running on a systemd host (Debian's
+binaries under Ubuntu's packages), an operator's containerd.io kept (exit 14). NVIDIA's repository through --mirror.
+
+Marked slow; about five minutes here once the image and archive are cached (built once per recipe: ~2.5 min + ~30 s).
 """
 from __future__ import annotations
 
