@@ -230,7 +230,9 @@ def test_kernel_abi_bump_brings_headers_and_dkms_builds(noble):
 # 22.04 with the HWE kernel (linux-generic-hwe-22.04) booting next while the release's GA kernel runs, and an H200 on
 # the PCI bus (no --for-gpu): gpuprov builds for the running and the next-boot kernel. Canonical's precompiled modules
 # are chosen only when the archive has them for both; a newer HWE ABI whose linux-modules-nvidia-… Canonical has not
-# published yet (6.8.0-51 in the stand-in) means DKMS for both. gpuprov already decides this; these hold it.
+# published yet (6.8.0-51 in the stand-in) means DKMS for both; and when the HWE metapackage moves to that ABI after a
+# precompiled install (day two), verify is red (exit 10) and bootstrap replaces Canonical's packages with DKMS for
+# every kernel in one transaction. gpuprov already decides this; these hold it.
 KGA, KHWE, KHWE_NEXT = "5.15.0-91-generic", "6.8.0-49-generic", "6.8.0-51-generic"
 GPU_BOOT = "gpuprov bootstrap --yes --engine none --no-validate --driver 570"
 LRM = "linux-modules-nvidia-570-server-open-"
@@ -272,6 +274,24 @@ def test_hwe_precompiled_for_the_running_and_the_next_boot_kernel():
                 f"/lib/modules/{k}/kernel/nvidia-570srv-open/nvidia.ko"
             assert _modinfo(h, k) == "570.195.03"
         assert h.exec("dkms status").stdout.strip() == ""
+        # day two: the HWE metapackage moves to 6.8.0-51, for which Canonical has no precompiled modules yet
+        r = h.exec("DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-generic-hwe-22.04")
+        assert r.returncode == 0 and h.kernel() == KHWE_NEXT, _out(r)
+        verify = h.exec("gpuprov verify --json")
+        assert verify.returncode == 10 and f"kernel {KHWE_NEXT} boots next" in verify.stdout, _out(verify)
+        h.reboot()
+        r = h.exec(GPU_BOOT)  # the resume verifies the first install: no module loads in a container (exit 5)
+        assert r.returncode == 5 and "no driver loaded" in r.stderr, _out(r)
+        before = h.debs()
+        r = h.exec(GPU_BOOT)  # DKMS for every kernel, Canonical's packages replaced in the same transaction
+        assert r.returncode == 7, _out(r)
+        after = h.debs()
+        assert {p for p in before if p not in after} == {f"{LRM}generic-hwe-22.04", f"{LRM}{KHWE}", f"{LRM}{KGA}"}, \
+            sorted(p for p in before if p not in after)
+        assert "nvidia-dkms-570-server-open" in after
+        for k in (KGA, KHWE, KHWE_NEXT):
+            assert h.exec(f"modinfo -k {k} -F filename nvidia").stdout.strip() == \
+                f"/lib/modules/{k}/updates/dkms/nvidia.ko"
     finally:
         h.remove()
 
