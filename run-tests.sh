@@ -26,4 +26,4 @@ export PATH="$PWD/.venv/bin:$PATH"  # the tests call ansible-playbook, ruff, ans
 # runs that file only); options alone (`./run-tests.sh -x`) apply to the whole suite.
 sel=(tests)
 for a in "$@"; do case "$a" in tests/*|./tests/*) sel=(); break;; esac; done
-exec .venv/bin/python -m pytest -rs "${sel[@]}" "$@"
+exec .venv/bin/python -m pytest -rs --durations=25 "${sel[@]}" "$@"

@@ -18,6 +18,9 @@ A missing record is an empty one: uninstall then finds gpuprov's keys by what th
   `holds`: the packages it held. `uninstall --purge-driver/--purge-engine` remove these and nothing else; an
   uninstall that keeps them keeps this part of the record (`packages_only`), so that a later uninstall can still
   purge what gpuprov installed.
+- `streams`: the dnf module streams (by module name: `nvidia-driver`) a bootstrap enabled where the module had none
+  enabled before it (a stream the operator enabled is not in it); `uninstall --purge-driver` resets these
+  (`dnf module reset`) once the packages are gone, and no other.
 """
 from __future__ import annotations
 
@@ -108,14 +111,18 @@ class Record:
     packages: dict[str, list[str]] = field(default_factory=dict)
     holds: list[str] = field(default_factory=list)
     enabled: list[str] = field(default_factory=list)
+    streams: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({"schema": SCHEMA, "configs": self.configs, "packages": self.packages,
-                           "holds": self.holds, "enabled": self.enabled}, indent=2, sort_keys=True) + "\n"
+                           "holds": self.holds, "enabled": self.enabled, "streams": self.streams}, indent=2,
+                          sort_keys=True) + "\n"
 
     def packages_only(self) -> Record:
-        """What an uninstall that keeps the packages leaves of the record: the packages and holds, no configs."""
-        return Record({}, {k: list(v) for k, v in self.packages.items() if v}, list(self.holds))
+        """What an uninstall that keeps the packages leaves of the record: the packages, holds and module streams, no
+        configs."""
+        return Record({}, {k: list(v) for k, v in self.packages.items() if v}, list(self.holds),
+                      streams=list(self.streams))
 
     @classmethod
     def from_json(cls, text: str, path: str) -> Record:
@@ -138,7 +145,8 @@ class Record:
                 raise _bad(path, f"packages.{stage}", f"a stage ({', '.join(STAGES)})", stage)
             pkgs[stage] = _list(path, f"packages.{stage}", lst, _ruled("package"))
         return cls(configs, pkgs, _list(path, "holds", doc.get("holds") or [], _ruled("package")),
-                   _list(path, "enabled", doc.get("enabled") or [], _unit))
+                   _list(path, "enabled", doc.get("enabled") or [], _unit),
+                   _list(path, "streams", doc.get("streams") or [], _ruled("package")))
 
 
 def read(path: str | None = None) -> Record:
@@ -183,6 +191,14 @@ def note_packages(stage: str, installed: list[str], held: list[str] = ()) -> Non
     rec.packages[stage] = list(dict.fromkeys([*rec.packages.get(stage, []), *installed]))
     rec.holds = list(dict.fromkeys([*rec.holds, *held]))
     save(rec)
+
+
+def note_streams(modules: list[str]) -> None:
+    """Module streams a bootstrap enabled where none was (provision/plan/packages.py: InstallWatch)."""
+    rec = read()
+    if any(m not in rec.streams for m in modules):
+        rec.streams = list(dict.fromkeys([*rec.streams, *modules]))
+        save(rec)
 
 
 def note_enabled(unit: str) -> None:

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("checks", ("verify",)),  # below plan: bootstrap's resume verifies the driver with them; verify never imports plan
     ("node services", ("k8s",)),
     ("runtime", ("inject", "share", "metrics")),
-    ("engines", ("engines", "probe")),
+    ("engines", ("engines", "probe", "package_managers")),  # the adapters: each engine, each package manager
     ("host report", ("report", "options")),
     ("facts and decisions", ("facts", "decide")),
     ("foundation", ("effects", "progress", "fsutil", "hostlock", "record", "output", "render", "paths", "values", "versions",

@@ -3,6 +3,7 @@ that release, so nothing the building machine already has is left out), download
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 import tarfile
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import tomlkit
 
-from provision import __version__, effects, engines
+from provision import __version__, effects, engines, package_managers
 from provision.bundle import aptrepo, manifest
 from provision.bundle.images import ensure_image, image_name
 from provision.decide.packages import debian_components
@@ -31,8 +32,8 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 KEPT_WHEELS = Path(sys.prefix) / "wheels"
 # Each tool a create may need and how to get it (which are needed when: prerequisites()). docker here is this
 # machine's client for the target's clean root, not a node's engine.
-HOW_TO_GET = (("docker", "apt-get install docker.io"), ("debootstrap", "apt-get install debootstrap"),
-              ("dpkg-deb", "apt-get install dpkg"), ("gpg", "apt-get install gpg"))
+HOW_TO_GET = (("docker", "docker.io"), ("debootstrap", "debootstrap"), ("dpkg-deb", "dpkg"), ("gpg", "gpg"))
+BUNDLE_REPO = "/bundle/repo"  # where a build in the target's clean container puts the packages
 
 
 @dataclass
@@ -78,17 +79,6 @@ def apt_packages(opt: CreateOptions) -> dict[str, list[str]]:
     return comps
 
 
-def dnf_plan(target: Target, packages: list[str], dest: str = "/bundle/repo") -> list[list[str]]:
-    """The EL path, as commands run in a clean container of the target release."""
-    return [
-        ["dnf", "download", "--resolve", "--alldeps", f"--releasever={target.el_major}", "--destdir", dest,
-         *packages],
-        ["createrepo_c", dest],
-        # driver module streams: ship the stream's module metadata, or mark the repo module_hotfixes on install
-        ["dnf", "module", "list", "--quiet", "nvidia-driver"],
-    ]
-
-
 def _image(target: Target) -> str:
     return ensure_image(target)
 
@@ -102,8 +92,9 @@ def resolve_and_download(target: Target, packages: list[str], out: Path, enable_
         prep = (f"sed -i -E '/^deb /s/ main( |$)/ main {comps}\\1/' /etc/apt/sources.list 2>/dev/null; "
                 f"sed -i -E 's/^Components: main$/Components: main {comps}/' /etc/apt/sources.list.d/*.sources "
                 "2>/dev/null; ")
-    script = (f"{prep}apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only "
-              f"--no-install-recommends -o Dir::Cache::archives=/out {' '.join(packages)}")
+    pm = package_managers.get(target.package_manager)
+    (download,) = pm.download(tuple(packages), "/out")
+    script = f"{prep}{shlex.join(pm.refresh())} -qq && DEBIAN_FRONTEND=noninteractive {shlex.join(download)} -qq"
     p = effects.run(["docker", "run", "--rm", "-v", f"{out}:/out", image, "bash", "-c", script], check=False)
     if p.returncode != 0:
         raise StepFailed(f"resolving {' '.join(packages)} for {target.name} failed:\n{p.stderr.strip()[-800:]}")
@@ -133,7 +124,8 @@ def prerequisites(opt: CreateOptions) -> list[str]:
                                                     check=False, timeout=60, probe=True).returncode == 0
     if not image:  # the clean root of the target is built once (debootstrap), then kept as an image
         need.append("debootstrap")
-    missing = [f"{t} ({dict(HOW_TO_GET)[t]})" for t in need if not effects.which(t)]
+    how = package_managers.get("apt").how_to_get  # this machine builds bundles with debootstrap: Debian's family
+    missing = [f"{t} ({how(dict(HOW_TO_GET)[t])})" for t in need if not effects.which(t)]
     if "runtime" in opt.components:
         if not (SOURCE_ROOT / "pyproject.toml").exists() and own_wheel() is None:
             missing.append(f"gpuprov's own wheel (none in {KEPT_WHEELS}: reinstall with install.sh, which keeps it, "

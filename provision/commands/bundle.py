@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from provision import engines
-from provision.bundle.create import COMPONENTS, CreateOptions, create, dnf_plan
+from provision import engines, package_managers, paths
+from provision.bundle.create import BUNDLE_REPO, COMPONENTS, CreateOptions, create
 from provision.bundle.install import check_bundle, open_verified
 from provision.commands import summary
 from provision.decide.driver import decide_gpu
@@ -21,7 +21,6 @@ from provision.plan import apply as ap
 from provision.plan import persistence
 from provision.plan.build import build_plan
 from provision.plan.options import Options
-from provision.plan.repos import dnf_install_cmd
 from provision.report import detect_host
 
 KEYRING_HELP = ("The signer's key (`gpg --export KEY > FILE`): the bundle must then be signed by it, a missing "
@@ -136,13 +135,9 @@ def plan_cmd(target: str = typer.Option(..., "--target", metavar="RELEASE", help
         pk = list(docker.packages(t, docker.default_source(t)))
     else:
         pk = [p for p in packages.split(",") if p]
-    if t.family == "rhel":
-        build, install = dnf_plan(t, pk), [dnf_install_cmd("/path/to/bundle/repo", pk)]
-    else:
-        build = [["apt-get", "install", "--download-only", "--no-install-recommends", "-o",
-                  "Dir::Cache::archives=/bundle/repo", *pk]]
-        install = [["apt-get", "-o", "Dir::Etc::SourceList=<bundle.list>", "-o", "Dir::Etc::SourceParts=-",
-                    "install", "-y", *pk]]
+    pm = package_managers.get(t.package_manager)  # the same adapter a bundle's build and install use
+    build = pm.download(tuple(pk), BUNDLE_REPO, t.el_major)
+    install = [pm.install(tuple(pk), pm.bundle_options(Path("/path/to/bundle/repo"), Path(paths.BUNDLE_APT)))]
     doc = {"target": t.name, "build": [" ".join(c) for c in build], "install": [" ".join(c) for c in install]}
     if json_out:
         emit_json(doc)

@@ -22,8 +22,8 @@ from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan import resume as rs
 from provision.plan.build import build_plan
-from provision.plan.dnf import InstallWatch
 from provision.plan.options import Options
+from provision.plan.packages import InstallWatch
 from provision.plan.resume import Resume
 from provision.report import detect_host
 

@@ -286,7 +286,7 @@ def nvidia_repo_packages(branch: str, modules: str, target: Target) -> tuple[str
     A stream is a *branch* (580-open, latest-dkms), never an exact version: pinning 580.159.04 as a stream name is
     the known bug; exact versions are pinned as package versions instead (see plan.driver)."""
     b = "latest" if branch == "current" else branch
-    if target.family == "rhel" and target.package_manager == "yum":
+    if target.family == "rhel" and target.el_major == 7:  # NVIDIA's rhel7 tree: branch metapackages, no streams
         return (f"nvidia-driver-branch-{b if b != 'latest' else newest_branch()}",)
     if target.family == "rhel":
         if modules == "open":

@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from provision import progress, record
+from provision import package_managers, progress, record
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import is_live
 from provision.fsutil import make_dirs
 from provision.plan import persistence
-from provision.plan.dnf import InstallWatch
-from provision.plan.packages import PackageInstall
+from provision.plan.packages import InstallWatch, PackageInstall
 from provision.plan.steps import ConfigureEngine, PackagesInstalled, Step, packages_installed
 
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
@@ -126,29 +125,35 @@ def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
 
 
 def missing_packages(steps: list[Step]) -> dict[str, list[str]]:
-    """Per step id, the packages its install would add that are not installed now (read before applying): what
+    """Per step id, the packages its install would add that are not installed now (read before applying), with their
+    package manager, where its record keeps the packages asked for (apt; dnf's InstallWatch sees its own): what
     `record_installed` keeps for `uninstall --driver/--engine`, which never remove a package gpuprov found."""
     out = {}
     for s in steps:
         # the apt driver step's check (plan/driver.py's DriverBuilt) names its packages too: without it, the driver
         # packages were never recorded and `uninstall --purge-driver` purged none (tests/integration/test_ubuntu_apt.py)
         check = getattr(s.check, "installs", s.check)
-        if isinstance(check, PackagesInstalled) and check.manager == "apt" and not s.satisfied():
-            out[s.id] = [p for p in check.packages if not packages_installed("apt", (p,))]
+        if isinstance(check, PackagesInstalled) and not package_managers.get(check.manager).records_dependencies \
+                and not s.satisfied():
+            out[s.id] = PackagesInstalled(check.manager, tuple(p for p in check.packages
+                                                               if not packages_installed(check.manager, (p,))))
     return out
 
 
-def record_installed(steps: list[Step], missing: dict[str, list[str]], res: ApplyResult,
+def record_installed(steps: list[Step], missing: dict[str, PackagesInstalled], res: ApplyResult,
                      watch: InstallWatch | None = None) -> None:
     """Keep in the install record the packages gpuprov's steps installed (apt: those of a step's check missing before
-    that are installed now; dnf/yum: every package a step's transactions added, provision/plan/dnf.py) by stage,
+    that are installed now; dnf/yum: every package a step's transactions added, plan/packages.py's InstallWatch) by stage,
     and the packages the hold step held (apt's pin, dnf/yum's versionlock)."""
     changed = res.changed_ids()
     for stage, added in (watch.added.items() if watch else ()):
         record.note_packages(stage, added)
+    if watch and watch.streams:
+        record.note_streams(watch.streams)
     for s in steps:
         if s.id in missing:
-            installed = [p for p in missing[s.id] if packages_installed("apt", (p,))]
+            gone = missing[s.id]
+            installed = [p for p in gone.packages if packages_installed(gone.manager, (p,))]
             record.note_packages(getattr(s.stage, "value", s.stage), installed)
             if s.id == persistence.PACKAGE_STEP and installed:  # Debian's package enables its unit when installed
                 record.note_enabled(persistence.UNIT)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision import engines
+from provision import engines, package_managers
 from provision.decide.targets import Target
 from provision.engines import base, validate
 from provision.engines.base import Engine
@@ -16,7 +16,7 @@ from provision.options import Stage
 from provision.plan import repos
 from provision.plan.driver import check_driver_pin, check_kernels, driver_steps
 from provision.plan.options import Options
-from provision.plan.packages import APT_ENV, package_step
+from provision.plan.packages import package_step
 from provision.plan.persistence import persistence_steps
 from provision.plan.steps import (
     Already,
@@ -42,14 +42,14 @@ from provision.report import HostReport
 RUNTIME_PATH = base.RUNTIME_PATH
 
 
-def dpkg_recover_step(stage: Stage, allow_remove: bool = False) -> Step:
-    """A run killed in the middle of dpkg leaves its journal and packages half-installed: replay the journal (it
-    fails for a package whose dependency was cut off mid-unpack), then let apt repair exactly those (removing
-    nothing: a repair that needs a removal fails and names it)."""
+def dpkg_recover_step(stage: Stage, allow_remove: bool = False, manager: str = "apt") -> Step:
+    """A run killed in the middle of dpkg leaves its journal and packages half-installed: the apt adapter's
+    `recover` replays the journal (allowed to fail: it does for a package whose dependency was cut off mid-unpack),
+    then has apt repair exactly those."""
+    pm = package_managers.get(manager)
+    first, *rest = pm.recover(allow_remove)
     return Step("packages.recover", stage, "Finish an interrupted dpkg run (packages left half-configured)",
-                actions=(Command(("dpkg", "--configure", "-a"), APT_ENV, may_fail=True),
-                         Command(("apt-get", "install", "-f", "-y", "--no-install-recommends",
-                                  *(() if allow_remove else ("--no-remove",))), APT_ENV)),
+                actions=(Command(first, pm.env, may_fail=True), *(Command(argv, pm.env) for argv in rest)),
                 check=DirEmpty("/var/lib/dpkg/updates"))
 
 
@@ -104,7 +104,7 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
             # Added disabled, enabled for this install alone, and for good once it succeeded: a refused install
             # (exit 14) must not leave an enabled repository whose containerd.io replaces the distribution's runc at
             # the operator's next `dnf upgrade` (a real dnf does: tests/integration/test_el_dnf.py).
-            cm, rid = repos.config_manager(target.package_manager), repos.DOCKER_CE_REPO_ID
+            cm, rid = package_managers.get(target.package_manager).config_manager(), repos.DOCKER_CE_REPO_ID
             pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),
                    Command((*cm, "--save", *repos.mirror_setopts("docker-ce", target, opt.mirrors),
                             f"--setopt={rid}.enabled=0")))
@@ -234,7 +234,8 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages
     driver = driver_steps(report, target, opt) if Stage.DRIVER in on else []
     systemd = under(Path(report.root or "/"), "/run/systemd/system").is_dir()
-    return ([dpkg_recover_step(installs[0], opt.allow_remove)] if target.package_manager == "apt" and installs else []) \
+    recover = package_managers.get(target.package_manager).recoverable and installs
+    return ([dpkg_recover_step(installs[0], opt.allow_remove, target.package_manager)] if recover else []) \
         + driver + persistence_steps(driver, [d for _, d in report.gpus], target, opt, systemd) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \

@@ -19,25 +19,21 @@ named (exit 16).
 """
 from __future__ import annotations
 
-import glob
 import os
 import re
 import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from provision import effects, paths
+from provision import effects, package_managers, paths
 from provision.decide.driver import packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
     METAPACKAGE_RE,
     PIN_FILE,
-    PIN_PRIORITY,
     Replacement,
-    branch_of,
     branch_replacement,
     headers_metapackages,
     kernel_metapackages,
-    pinned_branches,
     pinned_series,
     series_update,
     ubuntu_precompiled,
@@ -57,12 +53,13 @@ from provision.facts.packages import (
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
-from provision.plan import dnf, repos
+from provision.package_managers.apt import Apt, read_pins, restore_sources
+from provision.plan import repos
 from provision.plan.packages import (
-    APT_ENV,
     PackageInstall,
     RepoInstalled,
-    installed_versions,
+    ReposAt,
+    StreamsEnabled,
     mirror_commands,
     package_changes,
     package_step,
@@ -92,38 +89,6 @@ DKMS_SYSCONFIG = "/etc/sysconfig/dkms"  # read by DKMS's autoinstaller, which it
 # chosen by the `nvidia` alternative (/usr/lib/nvidia/<flavour dir>).
 DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open"),
                    "proprietary": ("nvidia-current", "/usr/lib/nvidia/current")}
-# The branch pin (decide/kernel.py: PIN_FILE) for the source packages of the packages named ("$@"), each at the
-# branch of its installed version (epoch kept, "535.*"), written whole then renamed; then the `apt-mark hold`s an
-# earlier gpuprov left on those sources' packages are taken off (the pin holds the branch from then on).
-
-
-def _pin_script(pattern: str) -> str:
-    """The pin writer (see above); `pattern`: the shell expression of the pinned version, from $v, the installed one."""
-    return ("set -e; f=" + PIN_FILE + "; dpkg-query -W -f '${source:Package} ${Version}\\n' \"$@\" | sort -u -k1,1 | "
-            "while read -r s v; do printf 'Package: src:%s:any\\nPin: version %s\\nPin-Priority: "
-            + str(PIN_PRIORITY) + "\\n\\nPackage: src:%s:any\\nPin: version *\\nPin-Priority: -1\\n\\n' "
-            f"\"$s\" {pattern} \"$s\"; done > \"$f.tmp\"; mv \"$f.tmp\" \"$f\"; "
-            "held=$(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
-            "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
-            "'$1 == \"hi\" && index(want, \" \" $2 \" \") {print $3}'); "
-            "if [ -n \"$held\" ]; then apt-mark unhold $held; fi")
-
-
-PIN_SERIES = _pin_script('"${v%%.*}.*"')  # the branch installed: 535.*
-# The version installed, exactly: what a rolled-back update leaves (the update that failed to build is not offered
-# to apt again; the next `gpuprov bootstrap` that updates the series pins the branch again).
-PIN_EXACT = _pin_script('"$v"')
-# dnf/yum: lock the named packages and every installed nvidia package at their version (ELRepo's kmod-nvidia-open,
-# nvidia-x11-drv and nvidia-x11-drv-libs; the CUDA repository's nvidia-driver-*). With the kmod alone locked,
-# `dnf upgrade` meets the next nvidia-x11-drv, which needs the next kmod, and (best=True, EL's default) fails whole:
-# kernel updates included (tests/integration/test_el_dnf.py).
-# Their earlier locks (another branch's, before a module stream switch) are deleted first: two entries of one name
-# would let dnf take either version.
-LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u); "
-               "[ $(printf '%s\\n' \"$v\" | wc -l) = 1 ] || { echo \"driver packages at several versions: $v\" >&2; "
-               "exit 1; }; n=$({ printf '%s\\n' \"$@\"; rpm -qa --qf '%{NAME} %{VERSION}\\n' | "
-               "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u); "
-               "\"$pm\" versionlock delete $n >/dev/null; exec \"$pm\" versionlock add $n")
 ERROR_RE = re.compile(r"(?:^|\s)(?:fatal )?error:", re.I)
 
 
@@ -224,7 +189,7 @@ class DriverBuilt:
         return not self.dkms or all(module_built(root, k) for k in self.kernels)
 
     def describe(self) -> str:
-        db = "dpkg" if self.manager == "apt" else "rpm"
+        db = package_managers.get(self.manager).database
         return (f"skipped when {db} lists {' '.join(self.packages)} as installed"
                 + (f" and an nvidia module is installed for {', '.join(self.kernels)}" if self.dkms else ""))
 
@@ -288,38 +253,20 @@ class InitramfsHas:
 
 @dataclass(frozen=True)
 class Held:
-    """Packages held against upgrades: on apt, the branch pin (PIN_FILE) names the source package of each, at the
-    branch of its installed version, and no package of those sources is still on `apt-mark hold` (the hold keeps the
-    security suite's in-branch update away from the kernel that needs it); elsewhere, listed in dnf/yum's
-    versionlock list."""
+    """Packages held against upgrades as their package manager holds them (apt's branch pin, dnf/yum's versionlock:
+    provision/package_managers)."""
     manager: str
     packages: tuple[str, ...]
+    stale: tuple[str, ...] = ()  # removed packages (a flavour switch's old kmod) whose holds must be gone
 
     def satisfied(self, root: Path) -> bool:
-        if self.manager == "apt":
-            return apt_pinned(root, self.packages)
-        return dnf.locks_current(root, self.manager, self.packages)
+        # a flavour switch within a branch leaves the named packages' locks current: the stale kmod's lock (and the
+        # new kmod, unlocked) make the step run
+        pm = package_managers.get(self.manager)
+        return pm.held(root, self.packages) and not (self.stale and pm.holds_among(root, self.stale, ()))
 
     def describe(self) -> str:
-        if self.manager == "apt":
-            return (f"skipped when {PIN_FILE} pins the source package of each of {' '.join(self.packages)} to the "
-                    "branch installed, and none of their packages is on apt-mark hold")
-        return f"skipped when {' '.join(self.packages)} are held"
-
-
-def read_pins(root: Path) -> dict[str, str]:
-    """The branch pin's sources and their version patterns ({} without the file)."""
-    return pinned_branches(read_or_empty(under(root, PIN_FILE)))
-
-
-def apt_pinned(root: Path, packages: tuple[str, ...]) -> bool:
-    installed = dpkg_installed(root)
-    pins = read_pins(root)
-    # the branch, or exactly the version installed (a rolled-back update's pin, kept until an update builds)
-    if not all(p in installed and pins.get(installed[p].source) in (branch_of(installed[p].version),
-                                                                      installed[p].version) for p in packages):
-        return False
-    return not any(p.held for p in installed.values() if p.source in pins)
+        return package_managers.get(self.manager).hold_words(self.packages).check
 
 
 def series_installed(root: Path) -> dict:
@@ -366,16 +313,24 @@ class DriverInstall(Action):
     unpin: bool = False  # a change of branch: the branch pin goes first (the new branch may share its sources)
     previous: tuple[str, ...] = ()  # an update within the branch: the series as installed before (name=version)
     restore: tuple[str, ...] = ()  # … what its rollback installs, per package: apt's cached .deb, else name=version
+    manager: str = "apt"  # a package manager whose adapter has `checked_driver_install`
+
+    @property
+    def pm(self) -> Apt:
+        return package_managers.get(self.manager)  # type: ignore[return-value]
+
+    def _cmd(self, argv: tuple[str, ...]) -> Command:
+        return Command(argv, self.pm.env)
 
     def _install(self) -> PackageInstall:
-        return PackageInstall("apt", self.packages, allow_remove=self.allow_remove, env=APT_ENV, remove=self.remove)
+        return PackageInstall(self.manager, self.packages, allow_remove=self.allow_remove, remove=self.remove)
 
     def _header_checks(self) -> list[Command]:
-        return [Command(("apt-cache", "show", "--no-all-versions", h)) for h in self.headers]
+        return [Command(self.pm.offered(h)) for h in self.headers]
 
     def _unhold(self) -> list[Command]:
-        return ([Command(("apt-mark", "unhold", *self.unhold))] if self.unhold else []) + \
-            ([Command(("rm", "-f", PIN_FILE))] if self.unpin else [])
+        return ([Command(self.pm.unhold(self.unhold))] if self.unhold else []) + \
+            ([Command(self.pm.unpin())] if self.unpin else [])
 
     def _autoinstall(self) -> list[Command]:
         """The module package's own build covers the running and the newest kernel only; DKMS's autoinstall builds
@@ -388,7 +343,7 @@ class DriverInstall(Action):
     def commands(self) -> list[Command]:
         """In order: unhold the old series (a change of branch), refresh, ask apt for every kernel's headers, install
         (its dry run first), build for every kernel, ask DKMS for every kernel."""
-        return [*self._unhold(), Command(("apt-get", "update"), APT_ENV), *self._header_checks(),
+        return [*self._unhold(), self._cmd(self.pm.refresh()), *self._header_checks(),
                 *self._install().commands(), *self._autoinstall(), *self._dkms_status()]
 
     def on_failure(self) -> list[Command]:
@@ -402,19 +357,17 @@ class DriverInstall(Action):
             return []
         if self.previous:
             names = tuple(p.split("=", 1)[0] for p in self.previous)
-            gone = (f"{self.dkms_package}-",) if self.dkms_package not in names else ()
-            return [Command(("apt-get", "install", "-y", "--allow-downgrades", *(self.restore or self.previous),
-                             *gone), APT_ENV),
-                    Command(("dpkg", "--configure", "-a"), APT_ENV), *self._autoinstall(),
-                    Command(("sh", "-c", PIN_EXACT, "pin-exact", *names)), *self._dkms_status(),
-                    Command(("dpkg", "--audit"))]
+            gone = (self.dkms_package,) if self.dkms_package not in names else ()
+            return [self._cmd(self.pm.downgrade(self.restore or self.previous, gone)),
+                    self._cmd(self.pm.configure_pending()), *self._autoinstall(),
+                    Command(self.pm.hold_exact(names)), *self._dkms_status(), Command(self.pm.audit())]
         purge = [p for p in self.packages if not p.startswith(("linux-headers-", "firmware-"))]
         purge += [self.dkms_package] if self.dkms_package not in purge else []  # Ubuntu's: a dependency
-        return [Command(("apt-get", "purge", "-y", *purge), APT_ENV), Command(("dpkg", "--configure", "-a"), APT_ENV),
-                Command(("dpkg", "--audit"))]
+        return [self._cmd(self.pm.purge(tuple(purge))), self._cmd(self.pm.configure_pending()),
+                Command(self.pm.audit())]
 
     def lines(self) -> list[str]:
-        before = [*self._unhold(), Command(("apt-get", "update"), APT_ENV), *self._header_checks()]
+        before = [*self._unhold(), self._cmd(self.pm.refresh()), *self._header_checks()]
         out = [ln for c in before for ln in c.lines()] + self._install().lines() + \
             [ln for c in (*self._autoinstall(), *self._dkms_status()) for ln in c.lines()]
         if self.dkms_package:
@@ -426,7 +379,7 @@ class DriverInstall(Action):
     def execute(self) -> str:
         for c in self._unhold():
             c.execute()
-        Command(("apt-get", "update"), APT_ENV).execute()
+        self._cmd(self.pm.refresh()).execute()
         for check in self._header_checks():
             r = check.run()
             if r.returncode != 0 or not r.output.strip():
@@ -442,9 +395,10 @@ class DriverInstall(Action):
             install.check_removals()
         except RemovalRefused:
             if self.unhold:  # nothing changed: the old series is pinned again
-                Command(("sh", "-c", PIN_SERIES, "pin-series", *self.unhold)).execute()
+                for hold in self.pm.hold(self.unhold):
+                    Command(hold).execute()
             raise
-        before = installed_versions("apt")
+        before = self.pm.versions()
         install = install.install()
         res = install.run()
         if res.returncode == 0:
@@ -464,7 +418,7 @@ class DriverInstall(Action):
         if res.returncode != 0:
             raise effects.failed(install.shell(), res.returncode, res.output)
         built = f"; DKMS built {self.dkms_package} for {', '.join(self.kernels)}" if self.dkms_package else ""
-        return package_changes(before, installed_versions("apt"), self.packages) + built
+        return package_changes(before, self.pm.versions(), self.packages) + built
 
     def _rollback(self, kernel: str) -> DkmsBuildFailed:
         first, kept = first_build_error(kernel)
@@ -494,7 +448,7 @@ class DriverInstall(Action):
             if c.argv[:2] == ("dkms", "status") and not any(
                     ln.rstrip().endswith(": installed") for ln in r.output.splitlines()):
                 lacking.append(c.argv[-1])
-            if c.argv == ("dpkg", "--audit"):
+            if c.argv == self.pm.audit():
                 audit = r.output.strip()
         state = ("dpkg is consistent (`dpkg --audit` is empty)" if not audit and done.returncode == 0 else
                  f"dpkg still reports: {audit.splitlines()[0] if audit else done.output.strip()[-200:]}")
@@ -503,7 +457,7 @@ class DriverInstall(Action):
                    "kernel or fix the build)" if lacking else f"every kernel ({', '.join(self.kernels)}) has its module")
         back = (f"Rolled back to the driver that worked: reinstalled and pinned {old}" if done.returncode == 0 else
                 f"The driver that worked ({old}) could not be reinstalled: "
-                f"{_last_error(done.output) or f'apt-get exit {done.returncode}'}")
+                f"{_last_error(done.output) or f'{install.argv[0]} exit {done.returncode}'}")
         return DkmsBuildFailed(
             f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
             f"{f' (full log: {kept})' if kept else ''}. {back}; {modules}; {state}. Ways out: {self.ways_out}")
@@ -512,21 +466,6 @@ class DriverInstall(Action):
 def _last_error(output: str) -> str:
     """apt's last `E:` line (what it could not do), else ''."""
     return next((ln.strip() for ln in reversed(output.splitlines()) if ln.startswith("E:")), "")
-
-
-APT_CACHE = "/var/cache/apt/archives"  # where apt keeps the .debs it downloaded (until apt-get clean)
-
-
-def restore_sources(root: Path, previous: tuple[str, ...]) -> tuple[str, ...]:
-    """What a failed update's rollback installs for each name=version of the series before it: the .deb apt kept in
-    its cache (apt knows no version that its lists no longer offer: once the archive carries only the update, the
-    version that worked is in the cache alone), else name=version, from the archive."""
-    out = []
-    for p in previous:
-        name, version = p.split("=", 1)
-        hits = sorted(under(root, APT_CACHE).glob(f"{glob.escape(name)}_{glob.escape(version.replace(':', '%3a'))}_*.deb"))
-        out.append(f"{APT_CACHE}/{hits[0].name}" if hits else p)
-    return tuple(out)
 
 
 def build_logs() -> list[Path]:
@@ -599,15 +538,19 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     drv = report.driver
     packages = _driver_packages(gpus, target)
     root = Path(report.root or "/")
+    pm = package_managers.get(target.package_manager)
     kept = _keep_installed(drv, packages, opt, baking, _held_series(root, target, packages))
     if kept:
         return [kept]
     modules = gpus[0].modules
-    dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"))
+    # ELRepo's kmods are prebuilt; everything else builds with DKMS. "distro" on EL is ELRepo, but not where ELRepo
+    # serves nothing (Amazon Linux 2023: NVIDIA's repository, whose kmod-nvidia-*-dkms packages need kernel-devel)
+    dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"
+                                                   and bool(target.el_major)))
     apt = _apt_facts(root, target, opt, packages)
     running, asked = (drv.kernel_release if drv else None), tuple(getattr(opt, "kernels", ()))
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
-    if apt.replacement is None and dkms and target.package_manager == "apt" and not opt.bundle:
+    if apt.replacement is None and dkms and pm.checked_driver_install and not opt.bundle:
         update = series_update(series_installed(root), packages, closure(packages, archive_depends(root)),
                                archive_versions(root, packages), tuple(k for k in kernels.releases if not module_built(root, k)))
         if update:  # the held series follows the kernel within its branch: built for every installed kernel
@@ -623,7 +566,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     if pre and pre.package:  # Canonical's signed modules: no DKMS, no headers
         packages, dkms = [pre.package, *pre.abi, *pre.driver], False
     headers = headers_packages(target, kernels.releases) if dkms else []
-    follow = headers_metapackages(apt.kernel_metas) if dkms and target.package_manager == "apt" else ()
+    follow = headers_metapackages(apt.kernel_metas) if dkms and pm.checked_driver_install else ()
     if target.family == "rhel" and dkms and not opt.bundle:
         headers.append("dkms")
     steps.append(_nouveau_step(bool(drv and drv.nouveau_loaded)))
@@ -632,6 +575,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
                              pre.abi if pre and pre.package else ())
+    # a module stream switch between kernel-module flavours removes the old flavour's kmod: its hold goes too
+    specs = tuple(p for p in packages if ":" in p) if pm.module_streams and not opt.bundle else ()
+    swapped = pm.stream_swaps(root, pm.streams_to_switch(root, specs)) if specs else ()
     steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg, root))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
@@ -641,8 +587,9 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     steps.append(_initramfs_step(target, kernels.releases))
     # Ubuntu's precompiled modules metapackage follows the kernel (its source is the kernel's metapackages'):
     # pinning it would pin linux-generic's source too
-    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-")))))
-    if target.package_manager == "apt" and dkms_pkg and dkms:
+    steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-"))),
+                            swapped))
+    if pm.checked_driver_install and dkms_pkg and dkms:
         steps.append(_kernel_hook_step(root, target))
     if drv and drv.secure_boot and dkms:
         steps.append(Step("driver.mok", Stage.DRIVER,
@@ -671,7 +618,7 @@ def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | 
 def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
     """The driver metapackage this plan installs is installed and held: the series gpuprov installed (its hold
     step), which it keeps following (another module flavour, an update within the branch for a new kernel)."""
-    if target.package_manager != "apt":
+    if not package_managers.get(target.package_manager).checked_driver_install:
         return False
     installed = series_installed(root)
     return any(METAPACKAGE_RE.match(p) and p in installed and installed[p].held for p in packages)
@@ -774,7 +721,7 @@ class AptFacts:
 
 
 def _apt_facts(root: Path, target: Target, opt, packages: list[str]) -> AptFacts:
-    if target.package_manager != "apt" or opt.bundle:
+    if not package_managers.get(target.package_manager).checked_driver_install or opt.bundle:
         return AptFacts()
     installed = series_installed(root)
     pinned = str(getattr(opt, "driver", "auto")).isdigit()  # only a branch asked for replaces what is there
@@ -804,11 +751,15 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     all_pkgs = kp.headers + kp.follow + tuple(packages)
     # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
     # `dnf module switch-to` makes (the hold step then locks the new branch)
-    streams = tuple(p for p in all_pkgs if ":" in p) if target.package_manager == "dnf" and not opt.bundle else ()
-    switch = dnf.streams_to_switch(root, streams)
+    pm = package_managers.get(target.package_manager)
+    streams = tuple(p for p in all_pkgs if ":" in p) if pm.module_streams and not opt.bundle else ()
+    switch = pm.streams_to_switch(root, streams) if streams else ()
+    swap = pm.stream_swaps(root, switch) if switch else ()  # the other kernel-module flavour's kmod, replaced
     title = ((f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
               f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
-              f"Switch the driver's module stream to {' '.join(switch)} (another branch is enabled)" if switch else
+              f"Switch the driver's module stream to {' '.join(switch)} (another "
+              + (f"kernel-module flavour is enabled: {' '.join(swap)} replaced in the same transaction)" if swap else
+                 "branch is enabled)") if switch else
               f"Install the driver: {' '.join(packages)}")
              + (f"; DKMS builds it for kernel {', '.join(kernels.releases)}: {kernels.why}" if dkms else ""))
     why = (f"{f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for {', '.join(kernels.releases)} "
@@ -817,13 +768,13 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     if kp.follow:
         notes.append(f"{' '.join(kp.follow)} follows {' '.join(f'linux-image-{h[14:]}' for h in kp.follow)}: a "
                      "kernel apt brings in later gets its headers, and DKMS builds the module for it before the reboot")
-    elif dkms and target.package_manager == "apt" and not opt.bundle:
+    elif dkms and pm.checked_driver_install and not opt.bundle:
         notes.append("no kernel metapackage (linux-image-<flavour>) is installed: apt brings no later kernels, and "
                      "one installed by hand needs its headers for DKMS (`gpuprov verify` names a kernel without the "
                      "module)")
     if kp.precompiled_why:
         notes.append(f"kernel module: {kp.precompiled_why}")
-    if target.package_manager == "apt" and not opt.bundle:
+    if pm.checked_driver_install and not opt.bundle:
         ways = [w for w in (
             "--kernel-modules proprietary (this GPU allows it)" if gpu.modules == "open" and
             gpu.kernel_modules == "either" else "",
@@ -835,18 +786,19 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                                 allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
                                 remove=rep.remove if rep else (), unpin=bool(rep and not rep.why),
                                 previous=rep.previous if rep and rep.why else (),
-                                restore=restore_sources(root, rep.previous) if rep and rep.why else ())
+                                restore=restore_sources(root, rep.previous) if rep and rep.why else (),
+                                manager=pm.name)
         # marked automatic: a manual package depending on an old kernel's image would keep that kernel from apt's
         # autoremove; apt's own kernel protection (APT::VersionedKernelPackages) keeps the booted and newest ones'
-        auto = (Command(("apt-mark", "auto", *kp.auto)),) if kp.auto else ()
+        auto = (Command(pm.mark_auto(kp.auto)),) if kp.auto else ()
         return Step("driver.packages", Stage.DRIVER, title, actions=(install, *auto),
-                    check=DriverBuilt("apt", all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
+                    check=DriverBuilt(pm.name, all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
                     reboot=True, reboot_reason=why, notes=tuple(notes))
     check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False)
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
                         reboot_reason=why,
-                        allow_remove=opt.allow_remove, switch=switch,
-                        check=dnf.StreamsEnabled(check, streams) if streams else check,
+                        allow_remove=opt.allow_remove, switch=switch, swap=swap,
+                        check=StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))
 
 
@@ -860,37 +812,20 @@ def _initramfs_step(target: Target, releases: tuple[str, ...]) -> Step:
                 check=InitramfsHas(NOUVEAU_CONF, releases, dracut=dracut))
 
 
-def _hold_step(target: Target, packages: tuple[str, ...]) -> Step:
-    """apt: pin the series to its branch (updates within it come with the kernels that need them; a userspace newer
-    than the loaded module until the reboot is the price). dnf/yum: versionlock the packages (a userspace upgrade
-    under a loaded module is "Driver/library version mismatch" until the reboot) until the operator upgrades them."""
-    if target.package_manager == "apt":
-        # The branch, not one version: an `apt-mark hold` keeps the security suite's driver update (bookworm-security:
-        # 535.309.01) from the kernel that needs it (6.1.0-56, which 535.261.03 cannot build for), so that kernel
-        # arrived alone and its DKMS build failed. Pinned by source package, the whole series moves together.
-        acts: tuple = (Command(("sh", "-c", PIN_SERIES, "pin-series", *packages)),)
-        how = "gpuprov bootstrap --driver BRANCH"
-    else:
-        pm = target.package_manager
-        plugin = "python3-dnf-plugin-versionlock" if pm == "dnf" else "yum-plugin-versionlock"
-        names = tuple(p.split(":")[0] for p in packages)
-        acts = (PackageInstall(pm, (plugin,)), Command(("sh", "-c", LOCK_SERIES, "lock-series", pm, *names)))
-        packages = names
-        how = f"{pm} versionlock delete"
-    if target.package_manager == "apt":
-        title = (f"Pin the driver to its branch ({PIN_FILE}): the source packages of {' '.join(packages)}, at the "
-                 f"branch installed (priority {PIN_PRIORITY}; other versions -1)")
-        notes: tuple[str, ...] = (
-            "updates within the branch install with apt's other upgrades (unattended-upgrades included), with the "
-            "kernel that needs them; the userspace is newer than the loaded module until the reboot",
-            f"another branch: `{how}`",
-            "`apt-mark hold`s of an earlier gpuprov on these packages are taken off (the pin replaces them)")
-    else:
-        title = (f"Hold the driver packages against upgrades: {' '.join(packages)}, and every installed nvidia "
-                 "package of their version")
-        notes = (f"upgrade the driver on purpose: `{how} …`, upgrade, reboot",)
-    return Step("driver.hold", Stage.DRIVER, title, actions=acts, check=Held(target.package_manager, packages),
-                notes=notes)
+def _hold_step(target: Target, packages: tuple[str, ...], stale: tuple[str, ...] = ()) -> Step:
+    """Hold the driver as its package manager holds it (provision/package_managers): apt pins the series to its
+    branch, so updates within it come with the kernels that need them (a userspace newer than the loaded module until
+    the reboot is the price); dnf/yum versionlock the packages until the operator upgrades them. `stale`: what a
+    module stream switch removed (the other flavour's kmod), whose holds come off first (the hold renews only the
+    installed packages' holds; a stale one would keep that kmod at the old branch)."""
+    pm = package_managers.get(target.package_manager)
+    names = tuple(p.split(":")[0] for p in packages)  # a module stream's spec: its name
+    words = pm.hold_words(names)
+    acts = (*([PackageInstall(pm.name, pm.hold_needs)] if pm.hold_needs else []),
+            *([Command(pm.unhold(stale))] if stale else []),
+            *(Command(argv) for argv in pm.hold(names)))
+    return Step("driver.hold", Stage.DRIVER, words.title, actions=acts, check=Held(pm.name, names, stale),
+                notes=words.notes)
 
 
 def _kernel_hook_step(root: Path, target: Target) -> Step:
@@ -931,10 +866,11 @@ def gpuprov_files(root: Path) -> tuple[str, ...]:
 
 def _el_repo_steps(target: Target, opt) -> list[Step]:
     el = target.el_major
+    pm = package_managers.get(target.package_manager)
     if opt.bundle:
         return []  # the bundle's repository already holds the kmod / module packages
     if opt.driver_source in ("distro", "elrepo") and el:
-        pre = (Command(("rpm", "--import", repos.elrepo_key(el, opt.mirrors))),
+        pre = (Command(pm.import_key(repos.elrepo_key(el, opt.mirrors))),
                PackageInstall(target.package_manager, (repos.elrepo_release(el, opt.mirrors),)),
                *mirror_commands("elrepo", target, opt.mirrors))
         mirror = repos.base("elrepo", opt.mirrors) if opt.mirrors.get("elrepo") else None
@@ -942,14 +878,13 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
                              check=RepoInstalled(target.package_manager, "elrepo-release",
                                                  "/etc/yum.repos.d/elrepo.repo", mirror),
                              notes=("ELRepo kmods are kABI-tracking and signed",))]
-    pm = target.package_manager
     # behind --mirror, each repository file is pointed at its mirror (its own URLs are upstream's)
-    pre = ((PackageInstall(pm, (repos.epel_release(el, opt.mirrors),)), *mirror_commands("epel", target, opt.mirrors))
+    pre = ((PackageInstall(pm.name, (repos.epel_release(el, opt.mirrors),)), *mirror_commands("epel", target, opt.mirrors))
            if el else ()) + \
-        (Command((*repos.config_manager(pm), "--add-repo", repos.cuda_repo(target, opt.mirrors))),
+        (Command((*pm.config_manager(), "--add-repo", repos.cuda_repo(target, opt.mirrors))),
          *mirror_commands("cuda", target, opt.mirrors))
     files = ((("/etc/yum.repos.d/epel.repo", repos.base("epel", opt.mirrors) if opt.mirrors.get("epel") else None),)
              if el else ()) + \
         ((repos.cuda_repo_file(target), repos.base("cuda", opt.mirrors) if opt.mirrors.get("cuda") else None),)
     return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA repository (and EPEL for dkms)", actions=pre,
-                 check=dnf.ReposAt(files))]
+                 check=ReposAt(files))]

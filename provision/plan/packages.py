@@ -9,57 +9,53 @@ naming the packages, when it would remove any; the install itself then runs in a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import effects, paths
+from provision import package_managers, paths
 from provision.decide.targets import Target
 from provision.errors import RemovalRefused
 from provision.facts.rootfs import under
 from provision.options import Stage
+from provision.package_managers.base import PackageManager
+from provision.package_managers.dnf import NOT_PACKAGES
 from provision.plan import repos
 from provision.plan.steps import Action, Command, PackagesInstalled, Step, WriteFile, read_or_empty
 
-APT_ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
-BUNDLE_APT = paths.BUNDLE_APT
+BUNDLE_STATE = paths.BUNDLE_APT  # a bundle's own package-manager state (apt's sources list and lists)
 ALLOW_REMOVE = "--allow-remove"  # the bootstrap option that lets an install remove packages
 
 
 @dataclass(frozen=True)
 class PackageInstall(Action):
     """One install transaction: its dry run (the package manager's own answer: what it would remove), then the
-    install in a form that cannot remove. Printed from the same two Commands it runs."""
+    install in a form that cannot remove. Printed from the same two Commands it runs; the package manager's adapter
+    (provision/package_managers) says how each looks."""
     reports = True
-    manager: str  # apt | dnf | yum
+    manager: str  # apt | dnf | yum: package_managers.get's name
     packages: tuple[str, ...]
     opts: tuple[str, ...] = ()  # options before the verb: apt's `-o …` for a bundle, dnf's repository options
     verb: tuple[str, ...] = ("install",)  # ("module", "install") for a dnf module stream
     allow_remove: bool = False
-    env: tuple[tuple[str, str], ...] = ()
     # Packages this very transaction removes on purpose (apt's `NAME-`: the old series of a driver branch change the
-    # operator asked for with --driver). apt's --no-remove aborts on those too, so such an install is guarded by its
-    # dry run alone: it goes ahead only when the dry run removes nothing else.
+    # operator asked for with --driver; dnf: the other flavour's kmod a module stream switch replaces): such an
+    # install is guarded by its dry run alone, which goes ahead only when it removes nothing else.
     remove: tuple[str, ...] = ()
     # What the step did before this install and keeps when the dry run refuses it (a repository file written
     # disabled): a refusal says so instead of "nothing was changed".
     kept_before: str = ""
 
-    def _args(self) -> tuple[str, ...]:
-        return (*self.packages, *(f"{p}-" for p in self.remove))
+    @property
+    def pm(self) -> PackageManager:
+        return package_managers.get(self.manager)
 
     def _simulate(self) -> Command:
-        if self.manager == "apt":
-            return Command(("apt-get", *self.opts, "-s", *self.verb, "-y", "--no-install-recommends", *self._args()),
-                           self.env)
-        return Command((self.manager, *self.opts, *self.verb, "--assumeno", *self.packages), self.env)
+        return Command(self.pm.simulate_install(self.packages, self.opts, self.verb, self.remove), self.pm.env)
 
     def install(self) -> Command:
-        if self.manager == "apt":
-            guard = () if self.allow_remove or self.remove else ("--no-remove",)
-            return Command(("apt-get", *self.opts, *self.verb, "-y", "--no-install-recommends", *guard,
-                            *self._args()), self.env)
-        erase = ("--allowerasing",) if self.allow_remove and self.manager == "dnf" else ()
-        return Command((self.manager, *self.opts, *self.verb, "-y", *erase, *self.packages), self.env)
+        return Command(self.pm.install(self.packages, self.opts, self.verb, self.allow_remove, self.remove),
+                       self.pm.env)
 
     def commands(self) -> list[Command]:
         return [self._simulate(), self.install()]
@@ -68,7 +64,8 @@ class PackageInstall(Action):
         sim, inst = self.commands()
         return [f"$ {sim.shell()}",
                 "  (" + ("lists what the install would remove: with --allow-remove it goes ahead" if self.allow_remove
-                         else "stops here with exit 14 when the install would remove any package") + ")",
+                         else "stops here with exit 14 when the install would remove any package"
+                         + (f" but {', '.join(self.remove)}" if self.remove else "")) + ")",
                 *inst.lines()]
 
     def check_removals(self) -> None:
@@ -76,35 +73,21 @@ class PackageInstall(Action):
         fails says nothing about removals: the install then fails with the package manager's own message."""
         sim = self._simulate()
         res = sim.run()
-        gone = [p for p in removals(self.manager, res.output) if p not in self.remove]
+        gone = [p for p in self.pm.removals(res.output) if p not in self.remove]
         if gone and not self.allow_remove:
             raise RemovalRefused(
                 f"installing {' '.join(self.packages)} would remove installed packages: {', '.join(gone)} "
                 f"(`{sim.shell()}` says so); gpuprov removes nothing it did not install. Keep them (an engine found "
                 f"on the host is kept when --engine-source is auto), or pass {ALLOW_REMOVE} to let "
-                f"{'apt' if self.manager == 'apt' else self.manager} remove them; "
+                f"{self.manager} remove them; "
                 + (f"no package was changed ({self.kept_before})" if self.kept_before
                    else "nothing was changed by this step"))
 
     def execute(self) -> str:
         self.check_removals()
-        before = installed_versions(self.manager)
+        before = self.pm.versions()
         self.install().execute()
-        return package_changes(before, installed_versions(self.manager), self.packages)
-
-
-def installed_versions(manager: str) -> dict[str, str]:
-    """Every installed package and its version, from the package database (one query, ~50 ms): read before and
-    after an install, so that its result says what it really changed."""
-    argv = (["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n"] if manager == "apt"
-            else ["rpm", "-qa", "--qf", "%{NAME} %{VERSION}-%{RELEASE} ii\n"])
-    res = effects.try_run(argv, timeout=60, probe=True)
-    out = {}
-    for line in (res.output if res else "").splitlines():
-        words = line.split()
-        if len(words) >= 3 and words[2][1:2] == "i":  # dpkg's "ii"/"hi": installed (not just known or removed)
-            out[words[0]] = words[1]
-    return out
+        return package_changes(before, self.pm.versions(), self.packages)
 
 
 def package_changes(before: dict[str, str], after: dict[str, str], asked: tuple[str, ...] = ()) -> str:
@@ -135,32 +118,6 @@ def _some(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + (", …" if len(names) > n else "")
 
 
-APT_REMV = re.compile(r"^Remv (\S+)", re.M)
-# dnf 4 / yum: "Removing:", "Removing dependent packages:", "Removing for dependencies:", "Erasing:"; dnf 5:
-# "Removing:", "Removing dependent packages:". Obsoleted packages show as "replacing  NAME.ARCH VERSION" lines.
-DNF_REMOVE_SECTION = re.compile(r"^(Removing|Erasing)\b[^:]*:\s*$")
-
-
-def removals(manager: str, output: str) -> list[str]:
-    """The installed packages a dry run says the transaction removes (apt's `Remv NAME [VERSION]` lines; dnf/yum's
-    Removing sections and `replacing` lines), in order, once each."""
-    if manager == "apt":
-        found = APT_REMV.findall(output)
-    else:
-        found, in_section = [], False
-        for line in output.splitlines():
-            words = line.split()
-            if DNF_REMOVE_SECTION.match(line):
-                in_section = True
-            elif not line.startswith(" ") or not words:
-                in_section = False  # another section header, the summary, or the blank line after a table
-            elif words[0] == "replacing" and len(words) > 1:
-                found.append(words[1].rsplit(".", 1)[0])
-            elif in_section:
-                found.append(words[0])
-    return list(dict.fromkeys(found))
-
-
 @dataclass(frozen=True)
 class RepoInstalled:
     """The release package that defines a repository is installed and, behind `--mirror`, its repository file
@@ -180,46 +137,118 @@ class RepoInstalled:
                 + (f" and {self.repo_file} names {self.mirror}" if self.mirror else ""))
 
 
+@dataclass(frozen=True)
+class StreamsEnabled:
+    """A check and, besides it, the module streams `specs` (NAME:STREAM) enabled (dnf's state under the root)."""
+    check: object
+    specs: tuple[str, ...]
+    manager: str = "dnf"
+
+    def satisfied(self, root: Path) -> bool:
+        pm = package_managers.get(self.manager)
+        return self.check.satisfied(root) and not pm.streams_to_switch(root, self.specs) and all(
+            s.split(":")[0] in pm.enabled_streams(root) for s in self.specs)
+
+    def describe(self) -> str:
+        return f"{self.check.describe()}, with module stream {', '.join(self.specs)} enabled"
+
+
+@dataclass(frozen=True)
+class StreamsReset:
+    """A check and, besides it, none of the modules `modules` has a stream enabled (dnf's state under the root)."""
+    check: object
+    modules: tuple[str, ...]
+    manager: str = "dnf"
+
+    def satisfied(self, root: Path) -> bool:
+        pm = package_managers.get(self.manager)
+        return self.check.satisfied(root) and not set(self.modules) & pm.enabled_streams(root).keys()
+
+    def describe(self) -> str:
+        return f"{self.check.describe()}, and no stream of {', '.join(self.modules)} enabled"
+
+
+@dataclass(frozen=True)
+class ReposAt:
+    """These repository files exist, each naming its mirror where one was given (path, base URL or None)."""
+    files: tuple[tuple[str, str | None], ...]
+
+    def satisfied(self, root: Path) -> bool:
+        return all(under(root, f).is_file() and (m is None or m in read_or_empty(under(root, f)))
+                   for f, m in self.files)
+
+    def describe(self) -> str:
+        return "skipped when " + " and ".join(f + (f" names {m}" if m else " exists") for f, m in self.files)
+
+
+@dataclass
+class InstallWatch:
+    """Per stage, the packages the steps' transactions added, where the package manager's record keeps dependencies
+    too (`records_dependencies`: dnf/yum): its database read before and after each step that installs with it (one
+    query each, ~50 ms), the names new to it kept. Kept even when the step fails after an install (a later action of
+    it failed): what got installed is gpuprov's either way. Likewise the modules whose stream a step enabled where
+    none was enabled before it (`streams`, module-stream managers): uninstall resets those."""
+    added: dict[str, list[str]] = field(default_factory=dict)
+    streams: list[str] = field(default_factory=list)
+
+    @contextmanager
+    def step(self, step: Step):
+        pm = next((a.pm for a in step.actions if isinstance(a, PackageInstall) and a.pm.records_dependencies), None)
+        if pm is None:
+            yield
+            return
+        before = pm.versions()
+        on = pm.enabled_streams(Path("/")) if pm.module_streams else {}
+        try:
+            yield
+        finally:
+            new = [p for p in pm.versions() if p not in before and p not in NOT_PACKAGES]
+            stage = getattr(step.stage, "value", step.stage)
+            self.added[stage] = list(dict.fromkeys([*self.added.get(stage, []), *new]))
+            if pm.module_streams:
+                self.streams += [m for m in pm.enabled_streams(Path("/")) if m not in on and m not in self.streams]
+
+
 def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
     """The repository `name` pointed at its mirror, saved into its repository file; () without a mirror."""
     opts = repos.mirror_setopts(name, target, mirrors)
-    return (Command((*repos.config_manager(target.package_manager), "--save", *opts)),) if opts else ()
+    pm = package_managers.get(target.package_manager)
+    return (Command((*pm.config_manager(), "--save", *opts)),) if opts else ()
 
 
 def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,
                     allow_remove: bool = False, opts: tuple[str, ...] = (), kept_before: str = "",
-                    switch: tuple[str, ...] = ()) -> list:
-    """The commands that install `packages`: apt refreshes its lists first (each package step, so a step that runs
-    alone after an earlier run never installs from stale lists); with a bundle, apt sees the bundle alone."""
-    pm = target.package_manager
-    if pm == "apt":
-        opts: tuple[str, ...] = ()
-        pre: list = []
-        if bundle:
-            opts = tuple(repos.apt_options(Path(bundle), Path(BUNDLE_APT)))
-            pre = [Command(("install", "-d", "-m", "0755", f"{BUNDLE_APT}/lists/partial")),
-                   WriteFile(f"{BUNDLE_APT}/bundle.list", repos.source_list(Path(bundle)))]
-        if not packages:
-            return pre
-        return pre + [Command(("apt-get", *opts, "update"), APT_ENV),
-                      PackageInstall("apt", packages, opts, allow_remove=allow_remove, env=APT_ENV)]
+                    switch: tuple[str, ...] = (), swap: tuple[str, ...] = ()) -> list:
+    """The commands that install `packages`: a manager with lists refreshes them first (each package step, so a
+    step that runs alone after an earlier run never installs from stale lists); with a bundle, the package manager
+    sees the bundle alone (one transaction). Module streams (NAME:STREAM) install one each; `switch`: those whose
+    module has another stream enabled (a branch change); `swap`: what a switch replaces in its own transaction (the
+    other flavour's kmod: the dnf adapter's stream_swaps)."""
+    pm = package_managers.get(target.package_manager)
+    pre: list = []
     if bundle:
-        return [PackageInstall("dnf", packages, tuple(repos.dnf_bundle_options(bundle)), allow_remove=allow_remove)]
-    mods = [p for p in packages if ":" in p]
-    plain = tuple(p for p in packages if ":" not in p)
-    acts: list = [PackageInstall(pm, plain, opts, allow_remove=allow_remove, kept_before=kept_before)] if plain else []
-    # a stream switch (`switch`: a branch change) runs, dry run included, without the versionlock plugin: the old
-    # branch's locks are gpuprov's own, and the hold step replaces them with the new branch's
-    acts += [PackageInstall(pm, (m,), (*opts, "--disableplugin=versionlock") if m in switch else opts,
-                            verb=("module", "switch-to" if m in switch else "install"), allow_remove=allow_remove,
-                            kept_before=kept_before) for m in mods]
+        state = Path(BUNDLE_STATE)
+        opts = pm.bundle_options(Path(bundle), state)
+        pre = [*(Command(("install", "-d", "-m", "0755", d)) for d in pm.bundle_dirs(state)),
+               *(WriteFile(path, content) for path, content in pm.bundle_files(Path(bundle), state))]
+    if not packages:
+        return pre
+    refresh = pm.refresh(opts)
+    acts: list = [*pre, *([Command(refresh, pm.env)] if refresh else [])]
+    streams = tuple(p for p in packages if ":" in p) if pm.module_streams and not bundle else ()
+    plain = tuple(p for p in packages if p not in streams)
+    acts += [PackageInstall(pm.name, plain, opts, allow_remove=allow_remove, kept_before=kept_before)] if plain else []
+    for spec in streams:
+        o, verb = pm.stream_install(spec, opts, switch=spec in switch)
+        acts.append(PackageInstall(pm.name, (spec,), o, verb=verb, allow_remove=allow_remove,
+                                   remove=swap if spec in switch else (), kept_before=kept_before))
     return acts
 
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
                  pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
                  opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), kept_before: str = "",
-                 switch: tuple[str, ...] = (), **kw) -> Step:
+                 switch: tuple[str, ...] = (), swap: tuple[str, ...] = (), **kw) -> Step:
     """pre: what runs before the install (a repository added); opts: dnf's options for the install and its dry run
     (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three. kept_before: what
     `pre` leaves when the install's dry run refuses it, in words (its exit 14 says so)."""
@@ -228,7 +257,7 @@ def package_step(sid: str, stage: Stage, title: str, target: Target, packages: t
     return Step(sid, stage, title, actions=(*([] if bundle else pre),
                                             *install_actions(target, packages, bundle, allow_remove,
                                                              () if bundle else opts,
-                                                             "" if bundle else kept_before, switch),
+                                                             "" if bundle else kept_before, switch, swap),
                                             *([] if bundle else post)),
                 check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
 

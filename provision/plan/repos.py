@@ -2,8 +2,6 @@
 engine's in provision.decide.packages, the driver's in provision.decide.driver)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from provision.decide.targets import Target
 
 # Each repository's base URL; `--mirror NAME=URL` (names: provision.options.Mirror) replaces one, e.g. with an
@@ -80,11 +78,6 @@ def docker_ce_repo_file(target: Target, mirrors: MirrorMap | None = None) -> str
     return f"{base('docker-ce', mirrors)}/{distro}/docker-ce.repo"
 
 
-def config_manager(manager: str) -> tuple[str, ...]:
-    """The command that adds and edits repository files: dnf's plugin, or yum-utils' on EL 7."""
-    return ("dnf", "config-manager") if manager == "dnf" else ("yum-config-manager",)
-
-
 def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) -> tuple[str, ...]:
     """`--setopt` options that point the enabled repository a release package (elrepo-release) or a fetched .repo
     file (Docker's) defines at the mirror: those files name upstream's hosts whatever URL they came from, so without
@@ -111,28 +104,3 @@ def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) 
 def docker_ce_apt_source(target: Target, mirrors: MirrorMap | None = None) -> str:
     return (f"deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {base('docker-ce', mirrors)}/"
             f"{target.os_id} {target.codename} stable\n")
-
-
-# --- an offline bundle's repository as the only package source (provision/bundle builds it) ---------------------
-
-def source_list(repo: Path) -> str:
-    """The one-line sources list naming the bundle's repository alone (trusted: SHA256SUMS was verified first)."""
-    return f"deb [trusted=yes] file:{repo.resolve()} ./\n"
-
-
-def apt_options(repo: Path, state: Path) -> list[str]:
-    """apt pointed at the bundle alone: its own sources list (`source_list`, written to state/bundle.list by the
-    plan's step) and lists dir, no other sources, no network. Pure: planning writes nothing."""
-    return ["-o", f"Dir::Etc::SourceList={state / 'bundle.list'}", "-o", "Dir::Etc::SourceParts=-",
-            "-o", f"Dir::State::Lists={state / 'lists'}", "-o", "Acquire::Languages=none",
-            "-o", "APT::Get::List-Cleanup=false"]
-
-
-def dnf_bundle_options(repo: str) -> list[str]:
-    """dnf pointed at the bundle's repository alone."""
-    return ["--disablerepo=*", f"--repofrompath=gpuprov,file://{repo}", "--enablerepo=gpuprov",
-            "--setopt=gpuprov.gpgcheck=0", "--setopt=gpuprov.module_hotfixes=true"]
-
-
-def dnf_install_cmd(repo: str, packages: list[str]) -> list[str]:
-    return ["dnf", *dnf_bundle_options(repo), "install", "-y", *packages]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Union
 
-from provision import effects, engines
+from provision import effects, engines, package_managers
 from provision.engines.base import Change, EnginePlan, FileEdit, ImageImport, RuntimeRequest
 from provision.engines.configure import configure, refuse_stopping_restart
 from provision.errors import GpuprovError, StepFailed
@@ -498,7 +498,7 @@ class PackagesInstalled:
         return packages_installed(self.manager, self.packages, root)
 
     def describe(self) -> str:
-        db = "dpkg" if self.manager == "apt" else "rpm"
+        db = package_managers.get(self.manager).database
         return f"skipped when {db} lists {' '.join(self.packages) or 'nothing'} as installed"
 
 
@@ -638,24 +638,4 @@ def read_or_empty(path: Path | str, limit: int = MAX_READ) -> str:
 
 def packages_installed(pm: str, packages: tuple[str, ...], root: Path = LIVE) -> bool:
     """All packages installed, by the package database under `root` (one fast query; reads only)."""
-    if not packages:
-        return True
-    if pm == "apt":
-        argv = ["dpkg-query", f"--admindir={under(root, 'var/lib/dpkg')}", "-W", "-f", "${Package} ${Status}\n",
-                *packages]
-    else:  # by name or NEVRA (kernel-devel-K.x86_64), else by what provides it (a module spec: its name)
-        argv = ["rpm", "--root", str(root), "-q", *[p.split(":")[0] for p in packages]]
-    try:
-        p = effects.run(argv, check=False, probe=True)
-        if pm != "apt" and p.returncode != 0:
-            argv[3:] = ["-q", "--whatprovides",
-                        *[n for n in argv[4:] if f"package {n} is not installed" in p.output]]
-            p = effects.run(argv, check=False, probe=True)
-    except StepFailed:  # the package manager itself is missing under this root: nothing is installed by it
-        return False
-    if pm == "apt":
-        # held packages (the driver's, after its hold step) are "hold ok installed"
-        ok = {ln.split()[0] for ln in p.output.splitlines() if ln.endswith((" install ok installed",
-                                                                             " hold ok installed"))}
-        return all(pkg in ok for pkg in packages)
-    return p.returncode == 0
+    return package_managers.get(pm).installed(packages, root)

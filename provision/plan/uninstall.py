@@ -25,7 +25,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import effects, engines, paths, record
+from provision import effects, engines, package_managers, paths, record
 from provision.engines import validate
 from provision.engines.base import RUNTIME_PATH, RuntimeRequest
 from provision.engines.containerd import ContainerdEngine
@@ -41,10 +41,11 @@ from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
-from provision.plan import dnf, persistence
+from provision.package_managers.base import PackageManager
+from provision.plan import persistence
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import gpuprov_files
-from provision.plan.packages import APT_ENV
+from provision.plan.packages import StreamsReset
 from provision.plan.steps import (
     Action,
     Command,
@@ -413,37 +414,72 @@ def runtime_steps(root: Path, rec: record.Record | None = None) -> list[Step]:
 
 @dataclass(frozen=True)
 class Purge(Action):
-    """`apt-get purge` of the packages gpuprov installed, after apt's simulation of the very same purge: anything it
-    would remove beyond them (a package the operator installed since that depends on one of them, say) stops the
-    step with exit 14 naming those packages, unless --allow-remove. dnf/yum hosts: provision/plan/dnf.py's DnfPurge."""
+    """The purge of the packages gpuprov installed (its record), after the package manager's own dry run of that very
+    purge: anything it would remove beyond them (a package the operator installed since that depends on one of
+    them) stops the step with exit 14 naming it, unless --allow-remove. gpuprov's holds on them go next (the dry run
+    has changed nothing yet), then the purge. Each command is the package manager's adapter's."""
+    manager: str
     packages: tuple[str, ...]
+    unhold: tuple[str, ...]  # names whose holds are gpuprov's (apt-mark's, or dnf's versionlock entries)
     allow_remove: bool
 
+    @property
+    def pm(self) -> PackageManager:
+        return package_managers.get(self.manager)
+
     def simulate(self) -> Command:
-        return Command(("apt-get", "-s", "purge", *self.packages), APT_ENV)
+        return Command(self.pm.simulate_purge(self.packages), self.pm.env)
+
+    def unhold_command(self) -> Command:
+        return Command(self.pm.unhold(self.unhold))
 
     def purge(self) -> Command:
-        return Command(("apt-get", "purge", "-y", *self.packages), APT_ENV)
+        return Command(self.pm.purge(self.packages), self.pm.env)
 
     def commands(self) -> list[Command]:
-        return [self.simulate(), self.purge()]
+        return [self.simulate(), *([self.unhold_command()] if self.unhold else []), self.purge()]
 
     def lines(self) -> list[str]:
-        return [f"$ {self.simulate().shell()}",
+        sim, *rest = self.commands()
+        return [f"$ {sim.shell()}",
                 "  (stop, nothing removed, where it would remove anything else"
                 + (f"; {ALLOW_REMOVE} given: go on)" if self.allow_remove else f", unless {ALLOW_REMOVE})"),
-                f"$ {self.purge().shell()}"]
+                *(f"$ {c.shell()}" for c in rest)]
 
-    def execute(self) -> str:
-        sim = self.simulate().run()
-        if sim.returncode != 0:
-            raise effects.failed(self.simulate().shell(), sim.returncode, sim.output)
-        gone = [ln.split()[1] for ln in sim.stdout.splitlines() if ln.startswith(("Purg ", "Remv "))]
-        extra = sorted({p.split(":")[0] for p in gone} - {p.split(":")[0] for p in self.packages})
+    def check(self) -> None:
+        """The dry run; a failure of it that is not its answer is the package manager's own (a package it cannot
+        find), reported as it says it."""
+        sim = self.simulate()
+        res = sim.run()
+        if not self.pm.purge_dry_run_ok(res.returncode, res.output):
+            raise effects.failed(sim.shell(), res.returncode, res.output)
+        extra = self.pm.purged_too(res.output, self.packages)
         if extra and not self.allow_remove:
             raise RemovalRefused(f"purging {' '.join(self.packages)} would also remove {' '.join(extra)}, which "
-                                 f"gpuprov did not install; nothing was removed (keep them, or pass {ALLOW_REMOVE})")
+                                 f"gpuprov did not install (`{sim.shell()}` says so); nothing was removed (keep "
+                                 f"them, or pass {ALLOW_REMOVE})")
+
+    def execute(self) -> str:
+        self.check()
+        if self.unhold:
+            self.unhold_command().execute()
         return self.purge().execute()
+
+
+def purge_actions(root: Path, manager: str, packages: tuple[str, ...], holds: tuple[str, ...],
+                  allow_remove: bool) -> tuple[list[Action], str]:
+    """The purge of `packages` (installed, recorded) and the removal of gpuprov's holds on them and on `holds`; and a
+    note for the step's title. A package the hold itself needs (dnf's versionlock plugin) stays where the hold keeps
+    entries that are not gpuprov's (the operator's own locks would stop holding without it)."""
+    pm = package_managers.get(manager)
+    ours = set(packages) | set(holds)
+    unhold = pm.holds_among(root, holds, packages)
+    note = ""
+    needed = [p for p in pm.hold_needs if p in packages]
+    if needed and pm.holds_others(root, ours):
+        packages = tuple(p for p in packages if p not in needed)
+        note = f" ({' '.join(needed)} kept: the versionlock list holds locks that are not gpuprov's)"
+    return ([Purge(manager, packages, unhold, allow_remove)] if packages else []), note
 
 
 def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list[Step]:
@@ -454,18 +490,21 @@ def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list
         pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed(pm, (p,), root))
         holds = tuple(p for p in rec.holds if p in pkgs) if stage == Stage.DRIVER else ()
         extra = gpuprov_files(root) if stage == Stage.DRIVER else ()
-        if not asked or not (pkgs or extra):
+        # the driver's module stream gpuprov enabled (NVIDIA's repository), reset once its packages are gone: in the
+        # purge's step, after it, so a purge that stops (exit 14) leaves the stream with the packages
+        adapter = package_managers.get(pm)
+        resets = adapter.stream_resets(root, tuple(rec.streams)) \
+            if stage == Stage.DRIVER and adapter.module_streams else ()
+        if not asked or not (pkgs or extra or resets):
             continue
-        note = ""
-        if pm in dnf.MANAGERS:
-            acts, note = dnf.purge_actions(root, pm, pkgs, holds, opt.allow_remove)
-        else:
-            acts = [Command(("apt-mark", "unhold", *holds))] if holds else []
-            acts += [Purge(pkgs, opt.allow_remove)] if pkgs else []
+        acts, note = purge_actions(root, pm, pkgs, holds, opt.allow_remove)
         acts += [_rm(*extra)] if extra else []
+        acts += [Command(adapter.reset_streams(resets))] if resets else []
+        check = Undone(gone=extra) if not pkgs else Never()
         steps.append(Step(f"uninstall.{stage.value}.packages", stage,
-                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}{note}",
-                          actions=tuple(acts), check=Undone(gone=extra) if not pkgs else Never()))
+                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}{note}"
+                          + (f"; reset the module stream gpuprov enabled: {' '.join(resets)}" if resets else ""),
+                          actions=tuple(acts), check=StreamsReset(check, resets, pm) if resets else check))
     return steps
 
 
@@ -482,7 +521,8 @@ def kept_packages(rec: record.Record, opt: UninstallOptions) -> record.Record:
     """The part of the record an uninstall leaves: the packages (and holds) of the stages it does not purge."""
     kept = {s: list(p) for s, p in rec.packages.items()
             if p and not (s == Stage.DRIVER.value and opt.purge_driver or s == Stage.ENGINE.value and opt.purge_engine)}
-    return record.Record({}, kept, [h for h in rec.holds if any(h in p for p in kept.values())])
+    return record.Record({}, kept, [h for h in rec.holds if any(h in p for p in kept.values())],
+                         streams=[] if opt.purge_driver else list(rec.streams))
 
 
 def state_steps(root: Path, rec: record.Record | None = None, opt: UninstallOptions = UninstallOptions()) -> list[Step]:

@@ -141,11 +141,17 @@ for r in pk["releases"]:
     rpm = glob.glob(f"/tmp/rel/RPMS/noarch/rocky-release-{r['rv']}-{r['rr']}.noarch.rpm")[0]
     shutil.copy(rpm, out / "releases" / f"rocky-release-el{r['major']}.rpm")
     shutil.copy(fx / "host" / f"os-release-{r['major']}", out / "releases" / f"os-release-el{r['major']}")
+# The other releases (Amazon Linux 2023): their own release package's spec, installed the same way.
+for r in pk.get("other_releases", []):
+    subprocess.run(["rpmbuild", "-bb", "--quiet", "--define", "_topdir /tmp/rel", f"/fx/host/{r['spec']}"], check=True)
+    shutil.copy(f"/tmp/rel/RPMS/noarch/{r['rpm']}", out / "releases" / f"release-{r['name']}.rpm")
+    shutil.copy(fx / "host" / f"os-release-{r['name']}", out / "releases" / f"os-release-{r['name']}")
 '''
 
 
 class ElHost(StandInHost):
-    """A Rocky host container, `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it."""
+    """A Rocky host container (major "9" or "8"), or one of packages.json's `other_releases` (major "amzn2023"),
+    `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it."""
 
     def __init__(self, major: str = "9"):
         self.major = major
@@ -154,14 +160,17 @@ class ElHost(StandInHost):
         # /run a tmpfs, as on a server: a restart (the reboot) empties it
         sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run",
            "-v", f"{repos}:/srv/repos:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", el_image())
-        # The release installed as the installer leaves it (rocky-release in rpm's database, os-release); the served
-        # tree is a copy (later/ gets published into it); the distribution's key is in place as an installed Rocky
-        # has it (rocky-release ships it), imported into rpm as the installer does.
-        key = f"/etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-{major}"
-        self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/rocky-release-el{major}.rpm; "
-                  f"cp /srv/repos/releases/os-release-el{major} /etc/os-release; "
+        # The release installed as the installer leaves it (its release package in rpm's database, os-release); the
+        # served tree is a copy (later/ gets published into it); the distribution's key is in place as an installed
+        # host has it (the release package ships it), imported into rpm as the installer does.
+        other = {r["name"]: r for r in packages_table().get("other_releases", [])}.get(major)
+        rpm, osr = (f"release-{major}.rpm", f"os-release-{major}") if other else \
+            (f"rocky-release-el{major}.rpm", f"os-release-el{major}")
+        served = f"amzn/{other['key']}" if other else f"rocky/RPM-GPG-KEY-Rocky-{major}"
+        key = f"/etc/pki/rpm-gpg/{served.rsplit('/', 1)[1]}"
+        self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/{rpm}; cp /srv/repos/releases/{osr} /etc/os-release; "
                   "cp -a /srv/repos /srv/www; rm -rf /srv/www/later; "
-                  f"install -m0644 /srv/www/rocky/RPM-GPG-KEY-Rocky-{major} {key}; rpm --import {key}", check=True)
+                  f"install -m0644 /srv/www/{served} {key}; rpm --import {key}", check=True)
         self.serve()
 
     def serve(self) -> None:

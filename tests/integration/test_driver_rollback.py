@@ -87,7 +87,8 @@ RUN_INSTALL = textwrap.dedent("""
     import sys
     from pathlib import Path
     from provision.errors import GpuprovError
-    from provision.plan.driver import DriverInstall, restore_sources
+    from provision.package_managers.apt import restore_sources
+    from provision.plan.driver import DriverInstall
     k, kernels, previous = sys.argv[1], tuple(sys.argv[2].split(",")), tuple(filter(None, sys.argv[3].split(",")))
     act = DriverInstall((f"linux-headers-{k}", "nvidia-driver", "nvidia-kernel-dkms"), kernels, "nvidia-kernel-dkms",
                         (f"linux-headers-{k}",), "another kernel", unhold=("nvidia-driver", "nvidia-kernel-dkms")
@@ -98,7 +99,7 @@ RUN_INSTALL = textwrap.dedent("""
         print(exc)
         raise SystemExit(exc.exit_code)
 """)
-PIN = "from provision.plan.driver import PIN_SERIES; print(PIN_SERIES)"
+PIN = "from provision.package_managers.apt import PIN_SERIES; print(PIN_SERIES)"
 
 
 def dkms_image() -> str:

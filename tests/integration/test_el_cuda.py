@@ -13,7 +13,13 @@ One host through its stages (module-scoped, in order):
 2. bootstrap --driver 575 (a branch change): the stream switched to 575-open by dnf, every driver package at 575 and
    locked there alone.
 3. After that reboot, `bootstrap --driver skip` goes on without a GPU to verify the driver on (no exit 15).
-4. uninstall --purge-driver: every package gpuprov installed is gone, the operator's stay.
+4. bootstrap --driver 575 --kernel-modules proprietary (a switch of kernel-module flavour, as NVIDIA's guide does it:
+   `module switch-to --allowerasing`): 575-open to 575-dkms, kmod-nvidia-open-dkms replaced by
+   kmod-nvidia-latest-dkms in one dnf transaction that changes no package of the operator's; locked at 575 alone.
+   Then back to --driver 570 (open): branch and flavour in one switch (575-dkms to 570-open).
+5. uninstall --purge-driver: every package gpuprov installed is gone, the operator's stay, and the `nvidia-driver`
+   stream gpuprov enabled is reset. Then the operator enables a stream of their own: bootstrap installs from it
+   and uninstall --purge-driver leaves it enabled.
 """
 from __future__ import annotations
 
@@ -117,9 +123,84 @@ def test_after_the_reboot_a_run_without_the_driver_goes_on(host, installed):
     assert state["resumed_after_reboot"] is True and state["reboot_required"] is False, state
 
 
+def test_flavour_switch_replaces_the_kmod_in_one_transaction(host, installed):
+    """On the previous commit dnf refused the switch (kmod-nvidia-latest-dkms conflicts with the installed
+    kmod-nvidia-open-dkms; only --allowerasing lets the switch replace it): the step failed, nothing switched."""
+    before = host.rpms()
+    cmd = bootstrap("575") + " --kernel-modules proprietary"
+    plan = host.exec(cmd.replace("bootstrap --yes --json", "bootstrap --dry-run"))
+    assert ("dnf --disableplugin=versionlock module switch-to --assumeno --allowerasing nvidia-driver:575-dkms"
+            in " ".join(plan.stdout.replace("\\\n", " ").split())), plan.stdout
+    assert "kmod-nvidia-open-dkms replaced in the same transaction" in " ".join(plan.stdout.split()), plan.stdout
+    tid = host.exec("dnf history list 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {print $1; exit}'").stdout.strip()
+    r = host.exec(cmd)
+    assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
+    after = host.rpms()
+    assert after.get("kmod-nvidia-latest-dkms") == f"3:{NEW}-1.el9" and "kmod-nvidia-open-dkms" not in after, after
+    assert "stream=575-dkms" in stream(host), stream(host)
+    # one transaction took the open kmod out and put the proprietary one in (dnf's own history says so)
+    last = host.exec("dnf history info last 2>&1").stdout
+    assert int(host.exec("dnf history list 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {print $1; exit}'").stdout) > int(tid)
+    assert "kmod-nvidia-latest-dkms" in last and "kmod-nvidia-open-dkms" in last and "Removed" in last, last
+    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    assert changed == {"kmod-nvidia-open-dkms", "kmod-nvidia-latest-dkms"}, changed  # same branch: nothing else
+    # locked at 575 alone, the removed flavour's lock gone with it
+    assert locks(host) and all(f"-3:{NEW}-" in ln for ln in locks(host)), locks(host)
+    assert not any(ln.startswith("kmod-nvidia-open-dkms") for ln in locks(host)), locks(host)
+    assert f"kmod-nvidia-latest-dkms-3:{NEW}-1.el9.*" in locks(host), locks(host)
+
+
+def test_branch_and_flavour_switch_together(host, installed):
+    """575-dkms back to 570-open: branch and flavour in one `module switch-to --allowerasing` (dnf downgrades the
+    driver within the new stream and replaces kmod-nvidia-latest-dkms with kmod-nvidia-open-dkms), nothing of the
+    operator's changed, locked at 570 alone."""
+    host.reboot()
+    r = host.exec(bootstrap("570"))
+    assert r.returncode == 15, r.stdout[-3000:] + r.stderr[-3000:]  # the resume: no GPU to verify 575 on
+    before = host.rpms()
+    r = host.exec(bootstrap("570"))
+    assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
+    after = host.rpms()
+    assert {p: after.get(p) for p in DRIVER_PKGS} == {p: f"3:{OLD}-1.el9" for p in DRIVER_PKGS}, after
+    assert "kmod-nvidia-latest-dkms" not in after and "stream=570-open" in stream(host), stream(host)
+    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    assert changed == {*DRIVER_PKGS, "nvidia-persistenced", "kmod-nvidia-latest-dkms"}, changed
+    assert locks(host) and all(f"-3:{OLD}-" in ln for ln in locks(host)), locks(host)
+    assert f"kmod-nvidia-open-dkms-3:{OLD}-1.el9.*" in locks(host), locks(host)
+
+
+def enabled_modules(host) -> str:
+    """What dnf itself says is enabled of the nvidia-driver module (its table; empty when none is)."""
+    return host.exec("dnf module list --enabled nvidia-driver 2>/dev/null | grep '^nvidia-driver'").stdout
+
+
 def test_uninstall_purges_what_gpuprov_installed(host, installed):
     before, _ = installed
+    assert "570-open" in enabled_modules(host)
+    plan = host.exec("gpuprov uninstall --dry-run --purge-driver")
+    assert "dnf module reset -y nvidia-driver" in plan.stdout, plan.stdout  # said before it is done
     r = host.exec("gpuprov uninstall --yes --purge-driver")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     after = host.rpms()
     assert after.keys() == before.keys(), (sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys()))
+    # the stream gpuprov enabled is reset: dnf lists nothing enabled of the module (on the previous commit: 570-open)
+    assert enabled_modules(host) == "", enabled_modules(host)
+    assert "state=enabled" not in stream(host), stream(host)
+
+
+def test_uninstall_keeps_the_operators_own_stream(host, installed):
+    """A stream the operator enabled before gpuprov ran is theirs: bootstrap installs from it, and uninstall
+    --purge-driver purges the packages and leaves the stream enabled."""
+    before = host.rpms()
+    host.exec("dnf module enable -y -q nvidia-driver:570-open", check=True)
+    r = host.exec(bootstrap("570"))
+    assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
+    assert host.rpms().get("kmod-nvidia-open-dkms") == f"3:{OLD}-1.el9"
+    rec = json.loads(host.exec("cat /var/lib/gpuprov/installed.json", check=True).stdout)
+    assert rec["streams"] == [], rec
+    plan = host.exec("gpuprov uninstall --dry-run --purge-driver")
+    assert "module reset" not in plan.stdout, plan.stdout
+    r = host.exec("gpuprov uninstall --yes --purge-driver")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert host.rpms().keys() == before.keys()
+    assert "570-open" in enabled_modules(host) and "stream=570-open" in stream(host), stream(host)

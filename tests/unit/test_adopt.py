@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from provision import package_managers
 from provision.errors import CONFLICT, GpuprovError
 from provision.plan import steps as st
 from provision.plan.build import build_plan
 from provision.plan.options import Options
-from provision.plan.packages import PackageInstall, removals
+from provision.plan.packages import PackageInstall
 from provision.report import detect_host
 from tests.conftest import make_host
 
@@ -171,9 +172,36 @@ Operation aborted.
 
 
 def test_removals_are_read_from_the_package_managers_dry_run():
-    assert removals("apt", APT_SIM) == ["docker-ce", "containerd.io", "docker-ce-cli"]
-    assert removals("dnf", DNF_ASSUMENO) == ["moby-engine", "podman-docker"]
-    assert removals("apt", "Inst runc (1.1.5)\n") == [] and removals("dnf", "Nothing to do.\nComplete!\n") == []
+    assert package_managers.get("apt").removals(APT_SIM) == ["docker-ce", "containerd.io", "docker-ce-cli"]
+    assert package_managers.get("dnf").removals(DNF_ASSUMENO) == ["moby-engine", "podman-docker"]
+    assert package_managers.get("apt").removals("Inst runc (1.1.5)\n") == []
+    assert package_managers.get("dnf").removals("Nothing to do.\nComplete!\n") == []
+
+
+# Debian's dnf 4.14 on an EL host container (tests/integration/test_el_cuda.py), `dnf remove --assumeno …`: a name
+# wider than its column is on a line of its own, the row's other fields on the next
+DNF_WRAPPED = """Dependencies resolved.
+================================================================================
+ Package                       Arch   Version               Repository     Size
+================================================================================
+Removing:
+ dkms                          noarch 3.1.6-1.el9           @epel          26
+ epel-release                  noarch 9-9.el9               @@commandline 2.1 k
+ python3-dnf-plugin-versionlock
+                               noarch 4.3.0-16.el9          @appstream     12 k
+
+Transaction Summary
+================================================================================
+Remove  3 Packages
+
+Operation aborted.
+"""
+
+
+def test_a_wrapped_dnf_row_is_one_package():
+    """On the previous commit the wrapped row's second line read as a package named `noarch`: `uninstall
+    --purge-driver` stopped with exit 14 ("would also remove noarch, which gpuprov did not install")."""
+    assert package_managers.get("dnf").removals(DNF_WRAPPED) == ["dkms", "epel-release", "python3-dnf-plugin-versionlock"]
 
 
 class Runs:

@@ -305,7 +305,7 @@ def test_cuda_and_epel_mirrors_are_what_dnf_keeps_using(tmp_path):
             "$basearch/' --setopt=epel.metalink=") in acts
     assert ("$ dnf config-manager --save --setopt=cuda-rhel9-x86_64.baseurl=http://mirror.example/cuda/rhel9/x86_64 "
             "--setopt=cuda-rhel9-x86_64.gpgkey=http://mirror.example/cuda/rhel9/x86_64/D42D0685.pub") in acts
-    from provision.plan.dnf import ReposAt
+    from provision.plan.packages import ReposAt
     root = tmp_path / "host"
     check = ReposAt((("/etc/yum.repos.d/epel.repo", "http://mirror.example/epel"),
                      ("/etc/yum.repos.d/cuda-rhel9.repo", "http://mirror.example/cuda")))

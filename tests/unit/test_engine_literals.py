@@ -81,3 +81,94 @@ def test_the_interface_doc_names_what_the_base_class_has():
     listed = set(re.findall(r"`([a-z_]+)`", base.__doc__.split("The subclass sets or implements:")[1]))
     assert {"plan", "unplan", "apply", "validation", "node_probe", "cri_handler"} <= listed
     assert sorted(n for n in listed if not hasattr(base.Engine, n) and n not in base.Engine.__annotations__) == []
+
+
+# ---------------------------------------------------------------- package managers (issue 29 item 1)
+# One adapter per package manager owns all of it (provision/package_managers/base.PackageManager): outside
+# provision/package_managers/ no module branches on a package manager's name, nor names one of their commands as an
+# argv's head (a tuple or list literal starting with it) or inside a shell script (after `;`, `|`, `&&` or `$(`).
+# dpkg-deb, the .deb archive tool a bundle's repository is built with, is not a package manager; `apt` alone is left
+# out (prose says "apt" after a semicolon; no code of gpuprov's runs apt's interactive front-end).
+PM_NAMES = {"apt", "dnf", "yum"}
+PM_COMMANDS = {"apt-get", "apt-mark", "apt-cache", "dpkg", "dpkg-query", "rpm", "dnf", "yum",
+               "yum-config-manager", "createrepo_c", "unattended-upgrade"}
+_PM_ALTERNATIVES = "|".join(map(re.escape, sorted(PM_COMMANDS, key=len, reverse=True)))
+PM_SHELL = re.compile(rf"(?:[;|&]|\$\()\s*(?:{_PM_ALTERNATIVES})\s")
+# (module, line's code) allowed outside package_managers/, with why. Keep it empty.
+PM_EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+def package_manager_uses(src: str) -> list[tuple[int, str]]:
+    """(line, code) of each package-manager-name branch, argv head or shell-script use of a command in `src`."""
+    found = []
+    tree = ast.parse(src)
+    prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if id(node) in prose:  # a docstring says how things work in words
+            continue
+        if isinstance(node, ast.Compare):
+            hit = any(_pm_names_in(o) for o in [node.left, *node.comparators])
+        elif isinstance(node, ast.Dict):
+            hit = any(_pm_names_in(k) for k in node.keys if k is not None)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            hit = bool(node.elts) and isinstance(node.elts[0], ast.Constant) and node.elts[0].value in PM_COMMANDS
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            hit = bool(PM_SHELL.search(node.value))
+        else:
+            continue
+        if hit:
+            found.append((node.lineno, ast.unparse(node)[:120]))
+    return found
+
+
+def _pm_names_in(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value} & PM_NAMES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {n for e in node.elts for n in _pm_names_in(e)}
+    return set()
+
+
+def test_no_package_manager_commands_or_branches_outside_the_adapters():
+    bad = []
+    for path in sorted((REPO / "provision").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel.startswith("provision/package_managers/"):
+            continue
+        for line, code in package_manager_uses(path.read_text()):
+            if (rel, code) not in PM_EXCEPTIONS:
+                bad.append(f"{rel}:{line}: {code}")
+    assert not bad, ("package-manager commands or branches outside provision/package_managers/ (ask the package "
+                     "manager's adapter instead):\n" + "\n".join(bad))
+
+
+def test_the_package_manager_guard_sees_what_it_looks_for():
+    src = ('if pm == "apt":\n    pass\n'
+           'argv = ("apt-get", "install", "-y")\n'
+           'script = "set -e; dpkg-query -W | sort"\n'
+           'MAP = {"dnf": 1}\n'
+           'fine = Target("x", "apt")\n'
+           'msg = "dpkg is consistent (`dpkg --audit` is empty)"\n'
+           'also = ["install", "-d", "dpkg"]\n'
+           '"""Docstring: `apt-get -s`; dnf erases nothing."""\n')
+    assert [line for line, _ in package_manager_uses(src)] == [1, 3, 4, 5]
+    # and the adapters themselves are where those commands are: the guard would see them there
+    assert package_manager_uses((REPO / "provision/package_managers/apt.py").read_text())
+
+
+def test_every_package_manager_adapter_is_registered_and_complete():
+    """package_managers.ADAPTERS is the one registry; each adapter instantiates (every abstract method is there),
+    has its identity, and `get` finds it; every Target's package manager has one."""
+    from provision import package_managers
+    from provision.decide.targets import TARGETS
+    from provision.package_managers import base as pm_base
+
+    assert len(set(package_managers.names())) == len(package_managers.ADAPTERS)
+    for cls in package_managers.ADAPTERS:
+        pm = package_managers.get(cls.name)
+        assert type(pm) is cls and cls.database in ("dpkg", "rpm")
+    assert {t.package_manager for t in TARGETS.values()} <= set(package_managers.names())
+    listed = set(re.findall(r"`([a-z_]+)`", pm_base.__doc__.split("The subclass sets or implements:")[1]))
+    assert sorted(n for n in listed if not hasattr(pm_base.PackageManager, n)
+                  and n not in pm_base.PackageManager.__annotations__) == []
+    assert {n for n in pm_base.PackageManager.__abstractmethods__} <= listed

@@ -24,6 +24,7 @@ from provision.decide.kernel import (
 )
 from provision.facts.boot import next_boot_kernel, nvidia_module, parse_grub_menu, read_next_boot, resolve_entry
 from provision.facts.packages import InstalledPackage, archive_depends, closure, dpkg_installed, offered_module_packages
+from provision.package_managers import apt as apt_pm
 from provision.plan import driver as drv
 from provision.plan.build import build_plan
 from provision.plan.options import Options
@@ -481,4 +482,4 @@ def test_branch_change_that_would_remove_more_stops_and_holds_again(monkeypatch)
     with pytest.raises(RemovalRefused, match="docker.io"):
         act.execute()
     assert not any(a[:2] == ("apt-get", "install") for a in ran)
-    assert ran[-1] == ("sh", "-c", drv.PIN_SERIES, "pin-series", "nvidia-driver")  # pinned again
+    assert ran[-1] == ("sh", "-c", apt_pm.PIN_SERIES, "pin-series", "nvidia-driver")  # pinned again

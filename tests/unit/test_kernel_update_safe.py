@@ -18,6 +18,7 @@ import pytest
 
 from provision import effects, paths
 from provision.decide.kernel import PIN_FILE, branch_of, pinned_branches, pinned_series
+from provision.package_managers import apt as apt_pm
 from provision.plan import driver as drv
 from provision.plan.build import build_plan
 from provision.plan.options import Options
@@ -78,7 +79,7 @@ def test_the_hold_step_pins_the_branch_and_migrates_apt_mark_holds(tmp_path):
     dpkg_status(root, SERIES, held=OURS)
     step = _steps(root, Options())["driver.hold"]
     named = step.check.packages
-    assert step.actions[0].argv == ("sh", "-c", drv.PIN_SERIES, "pin-series", *named)
+    assert step.actions[0].argv == ("sh", "-c", apt_pm.PIN_SERIES, "pin-series", *named)
     assert "apt-mark hold" not in "\n".join(step.lines()) and PIN_FILE in step.title
     assert not step.check.satisfied(root)  # held, not pinned
     _pin(root)
@@ -100,7 +101,7 @@ def test_the_pin_script_writes_what_apt_reads(tmp_path):
         if not shutil.which(tool):
             pytest.skip(f"{tool} is not here")
     pin = tmp_path / "gpuprov-nvidia"
-    script = drv.PIN_SERIES.replace(PIN_FILE, str(pin)).replace("apt-mark unhold", "echo unhold")
+    script = apt_pm.PIN_SERIES.replace(PIN_FILE, str(pin)).replace("apt-mark unhold", "echo unhold")
     r = subprocess.run(["sh", "-c", script, "pin-series", "apt", "libapt-pkg6.0"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     text = pin.read_text()
@@ -121,7 +122,7 @@ def test_a_pinned_series_is_followed_within_its_branch(tmp_path):
     assert step.title.startswith("Update the driver nvidia-driver 1.0 within its branch: nvidia-kernel-dkms"), \
         step.title
     assert not any(ln.startswith("$ rm -f") for ln in step.lines())  # the same branch: the pin stays
-    assert steps["driver.hold"].actions[0].argv[2] == drv.PIN_SERIES
+    assert steps["driver.hold"].actions[0].argv[2] == apt_pm.PIN_SERIES
 
 
 def test_a_branch_change_drops_the_pin_first_and_pins_again_on_refusal(tmp_path, monkeypatch):
@@ -144,7 +145,7 @@ def test_a_branch_change_drops_the_pin_first_and_pins_again_on_refusal(tmp_path,
     monkeypatch.setattr(effects, "run", run)
     with pytest.raises(RemovalRefused):
         step.actions[0].execute()
-    assert ran[-1][:4] == ("sh", "-c", drv.PIN_SERIES, "pin-series") and "nvidia-driver" in ran[-1]
+    assert ran[-1][:4] == ("sh", "-c", apt_pm.PIN_SERIES, "pin-series") and "nvidia-driver" in ran[-1]
 
 
 # ---------------------------------------------------------------- DKMS's kernel hooks
@@ -208,7 +209,7 @@ def test_the_update_plan_rolls_back_to_the_series_installed_not_a_purge(tmp_path
     assert rollback[0][:4] == ("apt-get", "install", "-y", "--allow-downgrades")
     assert "nvidia-kernel-dkms-" in rollback[0]  # the new flavour's module package, which failed, goes
     assert ("dkms", "autoinstall", "-k", OLD) in rollback and ("dkms", "autoinstall", "-k", NEW) in rollback
-    assert any(a[:4] == ("sh", "-c", drv.PIN_EXACT, "pin-exact") for a in rollback)
+    assert any(a[:4] == ("sh", "-c", apt_pm.PIN_EXACT, "pin-exact") for a in rollback)
     assert not any(a[:2] == ("apt-get", "purge") for a in rollback)
     assert "--allow-downgrades" in "\n".join(step.lines())  # printed as it runs
 

@@ -13,7 +13,7 @@ from provision.plan import persistence
 from provision.plan import uninstall as un
 from provision.plan.build import build_plan
 from provision.plan.options import Options
-from provision.plan.steps import PathExists, Step
+from provision.plan.steps import PackagesInstalled, PathExists, Step
 from provision.report import detect_host
 from provision.verify.checks import persistence_result
 from tests.conftest import make_host
@@ -95,9 +95,10 @@ def test_recorded_when_the_package_gpuprov_installed_enabled_it(monkeypatch):
     host container): the enable step is then skipped, yet the enable is gpuprov's doing, so it is recorded."""
     monkeypatch.setattr(ap, "packages_installed", lambda manager, pkgs, root=None: True)
     step = Step(persistence.PACKAGE_STEP, Stage.DRIVER, "install", check=PathExists("/nonexistent"))
-    ap.record_installed([step], {persistence.PACKAGE_STEP: []}, ap.ApplyResult())
+    ap.record_installed([step], {persistence.PACKAGE_STEP: PackagesInstalled("apt", ())}, ap.ApplyResult())
     assert record.read().enabled == []  # nothing was missing: the operator's package
-    ap.record_installed([step], {persistence.PACKAGE_STEP: ["nvidia-persistenced"]}, ap.ApplyResult())
+    ap.record_installed([step], {persistence.PACKAGE_STEP: PackagesInstalled("apt", ("nvidia-persistenced",))},
+                        ap.ApplyResult())
     assert record.read().enabled == [persistence.UNIT]
     assert record.read().packages == {"driver": ["nvidia-persistenced"]}
 

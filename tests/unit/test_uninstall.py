@@ -4,6 +4,7 @@ its own record or, without one, by what the keys are; and the uninstall plan run
 file contents == executed ones), leaves the files as they were, and plans nothing the second time."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -277,8 +278,9 @@ def test_packages_only_from_the_record_and_only_when_asked(host, monkeypatch):
     ids = lambda opt: {s.id: s for s in un.uninstall_steps(LIVE, opt)}  # noqa: E731
     assert not {"uninstall.driver.packages", "uninstall.engine.packages"} & set(ids(un.UninstallOptions()))
     steps = ids(un.UninstallOptions(purge_driver=True, purge_engine=True))
+    # the dry run first: a purge it refuses (exit 14) leaves gpuprov's holds in place (dnf's order, one Purge)
     assert [c.argv for c in steps["uninstall.driver.packages"].commands] == [
-        ("apt-mark", "unhold", "nvidia-driver"), ("apt-get", "-s", "purge", "nvidia-driver", "firmware-misc-nonfree"),
+        ("apt-get", "-s", "purge", "nvidia-driver", "firmware-misc-nonfree"), ("apt-mark", "unhold", "nvidia-driver"),
         ("apt-get", "purge", "-y", "nvidia-driver", "firmware-misc-nonfree")]
     assert [c.argv for c in steps["uninstall.engine.packages"].commands] == [("apt-get", "-s", "purge", "docker.io"),
                                                                              ("apt-get", "purge", "-y", "docker.io")]
@@ -328,6 +330,33 @@ def test_dnf_purge_names_the_record_and_unlocks_only_gpuprov_locks(tmp_path, mon
     assert step.commands[-1].argv == ("dnf", "remove", "-y", "--setopt=clean_requirements_on_remove=0", *pkgs[:3])
 
 
+def test_dnf_purge_resets_only_the_module_stream_gpuprov_enabled(tmp_path, monkeypatch):
+    """The `nvidia-driver` stream bootstrap enabled (the record's `streams`) is reset after the purge, in the same
+    step and printed there; a stream the record does not name (the operator's own) stays; once reset, a second
+    uninstall plans nothing for it. The record keeps `streams` through an uninstall that keeps the driver."""
+    (tmp_path / "etc/dnf/modules.d").mkdir(parents=True)
+    shutil.copy(Path(__file__).parents[1] / "fixtures/el-repos/host/os-release-9", tmp_path / "etc/os-release")
+    state = tmp_path / "etc/dnf/modules.d/nvidia-driver.module"
+    state.write_text("[nvidia-driver]\nname=nvidia-driver\nstream=570-open\nprofiles=default\nstate=enabled\n")
+    monkeypatch.setattr(un, "packages_installed", lambda pm, pkgs, root=LIVE: pm == "dnf")
+    rec = record.Record(packages={"driver": ["nvidia-driver", "kmod-nvidia-open-dkms"]}, streams=["nvidia-driver"])
+    opt = un.UninstallOptions(purge_driver=True)
+    [step] = un.package_steps(tmp_path, rec, opt)
+    assert step.commands[-1].argv == ("dnf", "module", "reset", "-y", "nvidia-driver")
+    assert "reset the module stream gpuprov enabled: nvidia-driver" in step.title
+    assert "dnf module reset -y nvidia-driver" in "\n".join(step.lines())
+    [step] = un.package_steps(tmp_path, dataclasses.replace(rec, streams=[]), opt)  # the operator enabled it
+    assert all(c.argv[1:2] != ("module",) for c in step.commands)
+    monkeypatch.setattr(un, "packages_installed", lambda pm, pkgs, root=LIVE: False)  # purged: only the reset left
+    [step] = un.package_steps(tmp_path, rec, opt)
+    assert [c.argv for c in step.commands] == [("dnf", "module", "reset", "-y", "nvidia-driver")]
+    state.write_text("[nvidia-driver]\nname=nvidia-driver\nstream=\nprofiles=\nstate=\n")  # what reset leaves
+    assert un.package_steps(tmp_path, rec, opt) == []
+    assert un.kept_packages(rec, un.UninstallOptions()).streams == ["nvidia-driver"]
+    assert un.kept_packages(rec, opt).streams == []
+    assert record.Record.from_json(rec.to_json(), "r").streams == ["nvidia-driver"]
+
+
 def test_the_apt_driver_steps_packages_are_recorded_for_purge():
     """The apt driver step's check is DriverBuilt (packages and each kernel's module), not PackagesInstalled: its
     packages must still reach the install record, or `uninstall --purge-driver` purges nothing (seen for real on
@@ -338,4 +367,4 @@ def test_the_apt_driver_steps_packages_are_recorded_for_purge():
     absent = ("gpuprov-test-absent-headless", "gpuprov-test-absent-utils")  # no such packages on this machine
     step = st.Step("driver.packages", Stage.DRIVER, "Install the driver",
                    check=DriverBuilt("apt", absent, ("6.8.0-49-generic",), False))
-    assert ap.missing_packages([step]) == {"driver.packages": list(absent)}
+    assert ap.missing_packages([step]) == {"driver.packages": st.PackagesInstalled("apt", absent)}

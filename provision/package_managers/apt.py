@@ -1,0 +1,206 @@
+"""apt (with dpkg under it) as gpuprov's package-manager adapter (provision/package_managers/base.py).
+
+Holds: the driver's branch pin, by source package, in PIN_FILE (decide/kernel.py) rather than `apt-mark hold`: a hold
+kept the security suite's in-branch driver update from the kernel that needed it (bookworm-security's 535.309.01 for
+6.1.0-56), so the kernel arrived alone and its DKMS build failed. Pinned by source, the series moves together."""
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import Path
+
+from provision import effects
+from provision.decide.kernel import PIN_FILE, PIN_PRIORITY, branch_of, pinned_branches
+from provision.errors import StepFailed
+from provision.facts.packages import dpkg_installed
+from provision.facts.rootfs import read_text_file, under
+from provision.package_managers.base import Argv, HoldWords, PackageManager
+
+ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
+CACHE = "/var/cache/apt/archives"  # where apt keeps the .debs it downloaded (until apt-get clean)
+REMV = re.compile(r"^Remv (\S+)", re.M)
+
+
+def _pin_script(pattern: str) -> str:
+    """The branch pin (PIN_FILE) for the source packages of the packages named ("$@"), each at `pattern` (the shell
+    expression of the pinned version, from $v, the installed one; epoch kept), written whole then renamed; then the
+    `apt-mark hold`s an earlier gpuprov left on those sources' packages are taken off (the pin holds from then on)."""
+    return ("set -e; f=" + PIN_FILE + "; dpkg-query -W -f '${source:Package} ${Version}\\n' \"$@\" | sort -u -k1,1 | "
+            "while read -r s v; do printf 'Package: src:%s:any\\nPin: version %s\\nPin-Priority: "
+            + str(PIN_PRIORITY) + "\\n\\nPackage: src:%s:any\\nPin: version *\\nPin-Priority: -1\\n\\n' "
+            f"\"$s\" {pattern} \"$s\"; done > \"$f.tmp\"; mv \"$f.tmp\" \"$f\"; "
+            "held=$(dpkg-query -W -f '${db:Status-Abbrev} ${source:Package} ${Package}\\n' | "
+            "awk -v want=\" $(dpkg-query -W -f '${source:Package} ' \"$@\") \" "
+            "'$1 == \"hi\" && index(want, \" \" $2 \" \") {print $3}'); "
+            "if [ -n \"$held\" ]; then apt-mark unhold $held; fi")
+
+
+PIN_SERIES = _pin_script('"${v%%.*}.*"')  # the branch installed: 535.*
+# The version installed, exactly: what a rolled-back update leaves (the update that failed to build is not offered
+# to apt again; the next `gpuprov bootstrap` that updates the series pins the branch again).
+PIN_EXACT = _pin_script('"$v"')
+
+
+def read_pins(root: Path) -> dict[str, str]:
+    """The branch pin's sources and their version patterns ({} without the file)."""
+    try:
+        return pinned_branches(read_text_file(under(root, PIN_FILE)))
+    except OSError:
+        return {}
+
+
+def restore_sources(root: Path, previous: tuple[str, ...]) -> tuple[str, ...]:
+    """What a failed update's rollback installs for each name=version of the series before it: the .deb apt kept in
+    its cache (apt knows no version that its lists no longer offer: once the archive carries only the update, the
+    version that worked is in the cache alone), else name=version, from the archive."""
+    out = []
+    for p in previous:
+        name, version = p.split("=", 1)
+        hits = sorted(under(root, CACHE).glob(f"{glob.escape(name)}_{glob.escape(version.replace(':', '%3a'))}_*.deb"))
+        out.append(f"{CACHE}/{hits[0].name}" if hits else p)
+    return tuple(out)
+
+
+class Apt(PackageManager):
+    name = "apt"
+    database = "dpkg"
+    env = ENV
+    checked_driver_install = True
+    recoverable = True
+
+    def refresh(self, opts: Argv = ()) -> Argv:
+        return ("apt-get", *opts, "update")
+
+    def simulate_install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), remove: Argv = ()) -> Argv:
+        return ("apt-get", *opts, "-s", *verb, "-y", "--no-install-recommends", *packages, *(f"{p}-" for p in remove))
+
+    def install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), allow_remove: bool = False,
+                remove: Argv = ()) -> Argv:
+        # --no-remove aborts on the packages named for removal (`NAME-`) too: such an install is guarded by its dry
+        # run alone, which goes ahead only when it removes nothing else
+        guard = () if allow_remove or remove else ("--no-remove",)
+        return ("apt-get", *opts, *verb, "-y", "--no-install-recommends", *guard, *packages,
+                *(f"{p}-" for p in remove))
+
+    def removals(self, output: str) -> list[str]:
+        return list(dict.fromkeys(REMV.findall(output)))
+
+    def versions(self) -> dict[str, str]:
+        res = effects.try_run(["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n"], timeout=60,
+                              probe=True)
+        return _installed_lines(res.output if res else "")
+
+    def installed(self, packages: Argv, root: Path) -> bool:
+        if not packages:
+            return True
+        try:
+            p = effects.run(["dpkg-query", f"--admindir={under(root, 'var/lib/dpkg')}", "-W", "-f",
+                             "${Package} ${Status}\n", *packages], check=False, probe=True)
+        except StepFailed:  # dpkg itself is missing under this root: nothing is installed by it
+            return False
+        # held packages (an earlier gpuprov's `apt-mark hold`) are "hold ok installed"
+        ok = {ln.split()[0] for ln in p.output.splitlines() if ln.endswith((" install ok installed",
+                                                                             " hold ok installed"))}
+        return all(pkg in ok for pkg in packages)
+
+    def hold(self, packages: Argv) -> tuple[Argv, ...]:
+        return (("sh", "-c", PIN_SERIES, "pin-series", *packages),)
+
+    def hold_words(self, packages: Argv) -> HoldWords:
+        return HoldWords(
+            f"Pin the driver to its branch ({PIN_FILE}): the source packages of {' '.join(packages)}, at the branch "
+            f"installed (priority {PIN_PRIORITY}; other versions -1)",
+            ("updates within the branch install with apt's other upgrades (unattended-upgrades included), with the "
+             "kernel that needs them; the userspace is newer than the loaded module until the reboot",
+             "another branch: `gpuprov bootstrap --driver BRANCH`",
+             "`apt-mark hold`s of an earlier gpuprov on these packages are taken off (the pin replaces them)"),
+            f"skipped when {PIN_FILE} pins the source package of each of {' '.join(packages)} to the branch "
+            "installed, and none of their packages is on apt-mark hold")
+
+    def hold_exact(self, packages: Argv) -> Argv:
+        """Pin the sources of `packages` at exactly the versions installed (a rolled-back update's pin)."""
+        return ("sh", "-c", PIN_EXACT, "pin-exact", *packages)
+
+    def held(self, root: Path, packages: Argv) -> bool:
+        installed = dpkg_installed(root)
+        pins = read_pins(root)
+        # the branch, or exactly the version installed (a rolled-back update's pin, kept until an update builds)
+        if not all(p in installed and pins.get(installed[p].source) in (branch_of(installed[p].version),
+                                                                          installed[p].version) for p in packages):
+            return False
+        return not any(p.held for p in installed.values() if p.source in pins)
+
+    def unhold(self, names: Argv) -> Argv:
+        return ("apt-mark", "unhold", *names)
+
+    def unpin(self) -> Argv:
+        """The branch pin removed (a change of branch: the new branch may share its sources)."""
+        return ("rm", "-f", PIN_FILE)
+
+    def mark_auto(self, names: Argv) -> Argv:
+        return ("apt-mark", "auto", *names)
+
+    def offered(self, package: str) -> Argv:
+        """Asks the lists whether `package` is offered (its stanza on stdout, nothing when not)."""
+        return ("apt-cache", "show", "--no-all-versions", package)
+
+    def downgrade(self, packages: Argv, remove: Argv = ()) -> Argv:
+        """Install `packages` (name=version or a cached .deb) even where that is a downgrade."""
+        return ("apt-get", "install", "-y", "--allow-downgrades", *packages, *(f"{p}-" for p in remove))
+
+    def configure_pending(self) -> Argv:
+        return ("dpkg", "--configure", "-a")
+
+    def audit(self) -> Argv:
+        """Asks dpkg what is left broken (nothing printed: consistent)."""
+        return ("dpkg", "--audit")
+
+    def simulate_purge(self, packages: Argv) -> Argv:
+        return ("apt-get", "-s", "purge", *packages)
+
+    def purge(self, packages: Argv) -> Argv:
+        return ("apt-get", "purge", "-y", *packages)
+
+    def purged_too(self, output: str, packages: Argv) -> list[str]:
+        gone = [ln.split()[1] for ln in output.splitlines() if ln.startswith(("Purg ", "Remv "))]
+        return sorted({p.split(":")[0] for p in gone} - {p.split(":")[0] for p in packages})
+
+    def bundle_options(self, bundle: Path, state: Path) -> Argv:
+        """apt pointed at the bundle alone: its own sources list (written to state/bundle.list by the plan's step)
+        and lists dir, no other sources, no network. Pure: planning writes nothing."""
+        return ("-o", f"Dir::Etc::SourceList={state / 'bundle.list'}", "-o", "Dir::Etc::SourceParts=-",
+                "-o", f"Dir::State::Lists={state / 'lists'}", "-o", "Acquire::Languages=none",
+                "-o", "APT::Get::List-Cleanup=false")
+
+    def bundle_files(self, bundle: Path, state: Path) -> tuple[tuple[str, str], ...]:
+        # trusted: the bundle's SHA256SUMS was verified before its repository is used
+        return ((f"{state}/bundle.list", f"deb [trusted=yes] file:{bundle.resolve()} ./\n"),)
+
+    def bundle_dirs(self, state: Path) -> Argv:
+        return (f"{state}/lists/partial",)
+
+    def recover(self, allow_remove: bool) -> tuple[Argv, ...]:
+        """Replay dpkg's journal (it fails for a package whose dependency was cut off mid-unpack), then let apt
+        repair exactly those (removing nothing: a repair that needs a removal fails and names it)."""
+        return (self.configure_pending(),
+                ("apt-get", "install", "-f", "-y", "--no-install-recommends",
+                 *(() if allow_remove else ("--no-remove",))))
+
+    def download(self, packages: Argv, dest: str, release: int | None = None) -> tuple[Argv, ...]:
+        """Download `packages` and what a fresh host lacks of their dependencies into `dest` (a bundle's build, in a
+        clean container of the target)."""
+        return (("apt-get", "install", "-y", "--download-only", "--no-install-recommends", "-o",
+                 f"Dir::Cache::archives={dest}", *packages),)
+
+    def how_to_get(self, package: str) -> str:
+        """How an operator installs `package` on this (Debian-family) machine, in words for a message."""
+        return f"apt-get install {package}"
+
+
+def _installed_lines(output: str) -> dict[str, str]:
+    out = {}
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[2][1:2] == "i":  # dpkg's "ii"/"hi": installed (not just known or removed)
+            out[words[0]] = words[1]
+    return out

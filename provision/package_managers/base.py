@@ -1,0 +1,141 @@
+"""A package manager as an adapter, like an engine (provision/engines/base.py): everything gpuprov asks of apt or of
+dnf/yum goes through one `PackageManager`, and no module outside provision/package_managers/ names a package-manager
+command or branches on a package manager's name (tests/unit/test_engine_literals.py).
+
+An adapter answers with argv tuples and facts, never runs a change itself: the plan (provision/plan/) wraps each argv
+in a printed-and-run Command, so what the plan prints is what runs. It owns:
+- the install transaction: its dry run (`simulate_install`) and the install in a form that cannot remove (`install`),
+  with `removals` reading what a dry run says it would remove; the lists' refresh (`refresh`);
+- what is installed and at which version (`versions`, `installed`);
+- holds (`hold`, `held`, `unhold`): apt's branch pin, dnf's versionlock;
+- the purge of what gpuprov installed (`simulate_purge`, `purge`, `purged_too`);
+- an offline bundle's repository as the only source (`bundle_options`, `bundle_files`);
+- the install record: whether a transaction's dependencies are recorded with it (`records_dependencies`).
+
+The subclass sets or implements: `name`, `database`, `env`, `records_dependencies`, `refresh`, `simulate_install`,
+`install`, `removals`, `versions`, `installed`, `hold`, `held`, `unhold`, `simulate_purge`, `purge`, `purged_too`,
+`bundle_options`, `bundle_files`, `download`, `recover`, `hold_words`."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar, NamedTuple
+
+Argv = tuple[str, ...]
+Env = tuple[tuple[str, str], ...]
+
+
+class HoldWords(NamedTuple):
+    """How the plan says a hold: the step's title, its notes, and its check's description."""
+    title: str
+    notes: tuple[str, ...]
+    check: str
+
+
+class PackageManager(ABC):
+    name: ClassVar[str]  # apt | dnf | yum: what Target.package_manager says
+    database: ClassVar[str]  # dpkg | rpm: what a check's description names
+    env: ClassVar[Env] = ()  # the environment every command of this manager runs with
+    # dnf's `remove` takes unused dependencies along, so its record keeps every package a transaction added
+    # (provision/package_managers/dnf.py); apt's keeps the packages asked for, which `apt-get purge` names
+    records_dependencies: ClassVar[bool] = False
+    # module streams (NAME:STREAM specs) are this manager's: dnf's `module install/switch-to`
+    module_streams: ClassVar[bool] = False
+    # the driver's own install action with its DKMS check and rollback (provision/plan/driver.py: DriverInstall)
+    checked_driver_install: ClassVar[bool] = False
+    # a killed run can leave this manager's database half-configured: the plan's recover step runs `recover()`
+    recoverable: ClassVar[bool] = False
+
+    # ------------------------------------------------------------ the install transaction
+
+    @abstractmethod
+    def refresh(self, opts: Argv = ()) -> Argv | None:
+        """The command that refreshes the package lists before an install; None where the install does itself."""
+
+    @abstractmethod
+    def simulate_install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), remove: Argv = ()) -> Argv:
+        """The dry run of an install: what it would install and remove, changing nothing."""
+
+    @abstractmethod
+    def install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), allow_remove: bool = False,
+                remove: Argv = ()) -> Argv:
+        """The install, in a form that cannot remove a package unless `allow_remove` (or `remove` names it)."""
+
+    @abstractmethod
+    def removals(self, output: str) -> list[str]:
+        """The installed packages a dry run's output says the transaction removes, in order, once each."""
+
+    # ------------------------------------------------------------ what is installed
+
+    @abstractmethod
+    def versions(self) -> dict[str, str]:
+        """Every installed package and its version, from the live database (one query)."""
+
+    @abstractmethod
+    def installed(self, packages: Argv, root: Path) -> bool:
+        """All of `packages` installed, by the database under `root` (reads only)."""
+
+    # ------------------------------------------------------------ holds
+
+    @abstractmethod
+    def hold(self, packages: Argv) -> tuple[Argv, ...]:
+        """The commands that hold the driver's packages at their branch or version."""
+
+    hold_needs: ClassVar[Argv] = ()  # packages `hold` needs installed first (dnf's versionlock plugin)
+
+    @abstractmethod
+    def hold_words(self, packages: Argv) -> HoldWords: ...
+
+    @abstractmethod
+    def held(self, root: Path, packages: Argv) -> bool:
+        """`packages` are held as `hold` holds them (read under `root`)."""
+
+    def holds_among(self, root: Path, holds: Argv, packages: Argv) -> Argv:
+        """What `unhold` takes off before a purge of `packages`: gpuprov's recorded `holds` (apt's)."""
+        return holds
+
+    def holds_others(self, root: Path, names: set[str]) -> bool:
+        """The hold mechanism keeps holds on packages other than `names` (which `hold_needs` must stay for)."""
+        return False
+
+    @abstractmethod
+    def unhold(self, names: Argv) -> Argv:
+        """Take gpuprov's holds off `names`."""
+
+    # ------------------------------------------------------------ purge
+
+    @abstractmethod
+    def simulate_purge(self, packages: Argv) -> Argv: ...
+
+    @abstractmethod
+    def purge(self, packages: Argv) -> Argv: ...
+
+    @abstractmethod
+    def purged_too(self, output: str, packages: Argv) -> list[str]:
+        """What the purge's dry run would remove beyond `packages` (sorted names)."""
+
+    def purge_dry_run_ok(self, returncode: int, output: str) -> bool:
+        """The purge's dry run answered (its exit status for "would do this, did nothing")."""
+        return returncode == 0
+
+    # ------------------------------------------------------------ bundles and recovery
+
+    @abstractmethod
+    def bundle_options(self, bundle: Path, state: Path) -> Argv:
+        """Options that point every install at an offline bundle's repository alone."""
+
+    @abstractmethod
+    def bundle_files(self, bundle: Path, state: Path) -> tuple[tuple[str, str], ...]:
+        """(path, content) of the files those options need written first."""
+
+    @abstractmethod
+    def download(self, packages: Argv, dest: str, release: int | None = None) -> tuple[Argv, ...]:
+        """A bundle's build: the commands that fetch `packages` with every dependency into `dest`."""
+
+    def bundle_dirs(self, state: Path) -> Argv:
+        """The directories those options need made first."""
+        return ()
+
+    def recover(self, allow_remove: bool) -> tuple[Argv, ...]:
+        """The commands that finish what a killed run left half-done (only where `recoverable`)."""
+        return ()

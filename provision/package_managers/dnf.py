@@ -1,0 +1,272 @@
+"""dnf, and yum on EL 7, as gpuprov's package-manager adapter (provision/package_managers/base.py).
+
+The install record keeps every package a step's transactions added to rpm's database, dependencies included
+(`records_dependencies`): dnf's `remove` takes unused dependencies along (clean_requirements_on_remove, on by default
+on EL), so a record of the named packages alone would let a purge remove dependencies the record does not name, or
+(with that option off) leave gpuprov's dependencies behind. With the dependencies recorded, the purge names exactly
+what gpuprov installed and runs with that option off, so what else it would remove is only what depends on them (a
+package the operator installed since), which its dry run names.
+
+Holds are dnf's versionlock: the named packages and every installed nvidia package of their version (ELRepo's
+kmod-nvidia-open, nvidia-x11-drv and nvidia-x11-drv-libs; the CUDA repository's nvidia-driver-*). With the kmod alone
+locked, `dnf upgrade` meets the next nvidia-x11-drv, which needs the next kmod, and (best=True, EL's default) fails
+whole, kernel updates included (tests/integration/test_el_dnf.py). Their earlier locks (another branch's, before a
+module stream switch) are deleted first: two entries of one name would let dnf take either version."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from provision import effects
+from provision.errors import StepFailed
+from provision.facts.rootfs import read_text_file, under
+from provision.package_managers.base import Argv, HoldWords, PackageManager
+
+# rpm lists each imported signing key as a `gpg-pubkey` package: a key is trust the repository's step set up, not a
+# package of gpuprov's to purge (and every key has that one name).
+NOT_PACKAGES = ("gpg-pubkey",)
+# Only the named packages and what depends on them: never dependencies dnf finds unused (see the module's text).
+NO_AUTOREMOVE = "--setopt=clean_requirements_on_remove=0"
+LOCK_ENTRY = re.compile(r"^!?(?:\d+:)?(.+?)-(?:\d+:)?([^-]+)-[^-]+$")  # [!]NAME-[EPOCH:]VERSION-RELEASE.ARCH
+# dnf 4 / yum: "Removing:", "Removing dependent packages:", "Removing for dependencies:", "Erasing:"; dnf 5:
+# "Removing:", "Removing dependent packages:". Obsoleted packages show as "replacing  NAME.ARCH VERSION" lines.
+REMOVE_SECTION = re.compile(r"^(Removing|Erasing)\b[^:]*:\s*$")
+LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u); "
+               "[ $(printf '%s\\n' \"$v\" | wc -l) = 1 ] || { echo \"driver packages at several versions: $v\" >&2; "
+               "exit 1; }; n=$({ printf '%s\\n' \"$@\"; rpm -qa --qf '%{NAME} %{VERSION}\\n' | "
+               "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u); "
+               "\"$pm\" versionlock delete $n >/dev/null; exec \"$pm\" versionlock add $n")
+MODULES_D = "/etc/dnf/modules.d"
+# NVIDIA's `nvidia-driver` module: a stream's kernel-module flavour is in its name (570-open and open-dkms: open;
+# 570-dkms and latest-dkms: proprietary), and each flavour's kmod package conflicts with the other's, so a switch
+# between flavours replaces one with the other (NVIDIA's guide: `dnf module switch-to nvidia-driver:S --allowerasing`).
+DRIVER_MODULE = "nvidia-driver"
+FLAVOUR_KMOD = {"open": "kmod-nvidia-open-dkms", "proprietary": "kmod-nvidia-latest-dkms"}
+
+
+def stream_flavour(stream: str) -> str:
+    return "open" if stream.endswith("-open") or stream == "open-dkms" else "proprietary"
+
+
+def _read(root: Path, path: str) -> str:
+    try:
+        return read_text_file(under(root, path))
+    except OSError:
+        return ""
+
+
+class Dnf(PackageManager):
+    name = "dnf"
+    database = "rpm"
+    records_dependencies = True
+    module_streams = True
+    hold_needs: Argv = ("python3-dnf-plugin-versionlock",)
+    lock_list = "/etc/dnf/plugins/versionlock.list"
+
+    # ------------------------------------------------------------ install
+
+    def refresh(self, opts: Argv = ()) -> None:
+        return None  # dnf refreshes expired metadata itself
+
+    def simulate_install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), remove: Argv = ()) -> Argv:
+        """`remove`: what the transaction replaces on purpose (a flavour switch's old kmod, `stream_swaps`): dnf
+        erases it only with --allowerasing, its dry run too (without, the dry run fails on the conflict)."""
+        return (self.name, *opts, *verb, "--assumeno", *(self._erasing(True) if remove else ()), *packages)
+
+    def install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), allow_remove: bool = False,
+                remove: Argv = ()) -> Argv:
+        return (self.name, *opts, *verb, "-y", *self._erasing(allow_remove or bool(remove)), *packages)
+
+    def _erasing(self, allow_remove: bool) -> Argv:
+        """dnf erases nothing without --allowerasing."""
+        return ("--allowerasing",) if allow_remove else ()
+
+    def stream_install(self, spec: str, opts: Argv = (), switch: bool = False) -> tuple[Argv, Argv]:
+        """(opts, verb) of a module stream's install: a stream switch (a branch change) runs, dry run included,
+        without the versionlock plugin: the old branch's locks are gpuprov's own, and the hold replaces them."""
+        return ((*opts, "--disableplugin=versionlock") if switch else opts,
+                ("module", "switch-to" if switch else "install"))
+
+    def removals(self, output: str) -> list[str]:
+        found, in_section, wrapped = [], False, False
+        for line in output.splitlines():
+            words = line.split()
+            if REMOVE_SECTION.match(line):
+                in_section = True
+            elif not line.startswith(" ") or not words:
+                in_section = False  # another section header, the summary, or the blank line after a table
+            elif wrapped:
+                pass  # the rest of a row whose name filled the column (arch, version, repository, size)
+            elif words[0] == "replacing" and len(words) > 1:
+                found.append(words[1].rsplit(".", 1)[0])
+            elif in_section:
+                found.append(words[0])
+            # dnf puts a name wider than its column on a line of its own and the row's other fields on the next
+            # (`python3-dnf-plugin-versionlock` beside an `@commandline` package): that next line names no package
+            wrapped = in_section and len(words) == 1 and line.startswith(" ")
+        return list(dict.fromkeys(found))
+
+    # ------------------------------------------------------------ what is installed
+
+    def versions(self) -> dict[str, str]:
+        res = effects.try_run(["rpm", "-qa", "--qf", "%{NAME} %{VERSION}-%{RELEASE}\n"], timeout=60, probe=True)
+        return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
+
+    def installed(self, packages: Argv, root: Path) -> bool:
+        """By name or NEVRA (kernel-devel-K.x86_64), else by what provides it (a module spec: its name)."""
+        if not packages:
+            return True
+        argv = ["rpm", "--root", str(root), "-q", *[p.split(":")[0] for p in packages]]
+        try:
+            p = effects.run(argv, check=False, probe=True)
+            if p.returncode != 0:
+                argv[3:] = ["-q", "--whatprovides",
+                            *[n for n in argv[4:] if f"package {n} is not installed" in p.output]]
+                p = effects.run(argv, check=False, probe=True)
+        except StepFailed:  # rpm itself is missing under this root: nothing is installed by it
+            return False
+        return p.returncode == 0
+
+    def rpm_versions(self, root: Path, names: Argv) -> dict[str, str]:
+        """The installed VERSION of each of `names` that rpm's database under `root` lists."""
+        res = effects.try_run(["rpm", "--root", str(root), "-q", "--qf", "%{NAME} %{VERSION}\n", *names],
+                              timeout=60, probe=True)
+        return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
+
+    # ------------------------------------------------------------ holds: the versionlock list
+
+    def hold(self, packages: Argv) -> tuple[Argv, ...]:
+        return (("sh", "-c", LOCK_SERIES, "lock-series", self.name, *packages),)
+
+    def hold_words(self, packages: Argv) -> HoldWords:
+        """A userspace upgrade under a loaded module is "Driver/library version mismatch" until the reboot: the
+        packages stay locked until the operator upgrades them on purpose."""
+        return HoldWords(f"Hold the driver packages against upgrades: {' '.join(packages)}, and every installed "
+                         "nvidia package of their version",
+                         (f"upgrade the driver on purpose: `{self.name} versionlock delete …`, upgrade, reboot",),
+                         f"skipped when {' '.join(packages)} are held")
+
+    def locks(self, root: Path) -> list[tuple[str, str]]:
+        """(name, version) of each entry of the versionlock list under `root`, in order."""
+        out = []
+        for line in _read(root, self.lock_list).splitlines():
+            m = LOCK_ENTRY.match(line.strip())
+            if m and not line.lstrip().startswith("#"):
+                out.append((m.group(1), m.group(2)))
+        return out
+
+    def locked_names(self, root: Path) -> list[str]:
+        return list(dict.fromkeys(n for n, _ in self.locks(root)))
+
+    def held(self, root: Path, packages: Argv) -> bool:
+        """Each of `packages` is locked, and only at the version installed (after a stream switch the old branch's
+        lock would keep the new packages from their updates within the branch, and hold nothing)."""
+        have = self.locks(root)
+        installed = self.rpm_versions(root, packages)
+        return all(any(n == name for n, _ in have) and all(v == installed.get(name) for n, v in have if n == name)
+                   for name in packages)
+
+    def unhold(self, names: Argv) -> Argv:
+        return (self.name, "versionlock", "delete", *names)
+
+    # ------------------------------------------------------------ module streams
+
+    def enabled_streams(self, root: Path) -> dict[str, str]:
+        """The module streams dnf has enabled under `root` (its /etc/dnf/modules.d/NAME.module state files)."""
+        out = {}
+        d = under(root, MODULES_D)
+        for f in sorted(d.glob("*.module")) if d.is_dir() else ():
+            text = _read(root, f"{MODULES_D}/{f.name}")
+            state = re.search(r"^state\s*=\s*(\S+)", text, re.M)
+            stream = re.search(r"^stream\s*=\s*(\S+)", text, re.M)
+            if state and state.group(1) == "enabled" and stream:
+                out[f.name[:-len(".module")]] = stream.group(1)
+        return out
+
+    def streams_to_switch(self, root: Path, specs: Argv) -> Argv:
+        """The `NAME:STREAM` specs whose module has another stream enabled: a branch change, `module switch-to`."""
+        on = self.enabled_streams(root)
+        return tuple(s for s in specs if ":" in s and on.get(s.split(":")[0]) not in (None, s.split(":")[1]))
+
+    def stream_swaps(self, root: Path, switch: Argv) -> Argv:
+        """The installed kmod packages of the other kernel-module flavour that switching to the `switch` streams
+        replaces: that one removal is the switch's own (in its transaction, beside the new flavour's kmod); its dry
+        run refuses any other."""
+        on = self.enabled_streams(root)
+        old = [FLAVOUR_KMOD[stream_flavour(on[m])] for m, _, new in (s.partition(":") for s in switch)
+               if m == DRIVER_MODULE and m in on and stream_flavour(on[m]) != stream_flavour(new)]
+        return tuple(self.rpm_versions(root, tuple(old))) if old else ()
+
+    def stream_resets(self, root: Path, recorded: Argv) -> Argv:
+        """The modules of the install record's `streams` (those gpuprov enabled where none was) that still have a
+        stream enabled: `uninstall --purge-driver` resets them after the purge. An operator's own enabled stream is
+        never recorded."""
+        on = self.enabled_streams(root)
+        return tuple(m for m in recorded if m in on)
+
+    def reset_streams(self, modules: Argv) -> Argv:
+        return (self.name, "module", "reset", "-y", *modules)
+
+    # ------------------------------------------------------------ purge
+
+    def simulate_purge(self, packages: Argv) -> Argv:
+        return (self.name, "remove", "--assumeno", NO_AUTOREMOVE, *packages)
+
+    def purge(self, packages: Argv) -> Argv:
+        return (self.name, "remove", "-y", NO_AUTOREMOVE, *packages)
+
+    def purge_dry_run_ok(self, returncode: int, output: str) -> bool:
+        """dnf answers `--assumeno` with its transaction and "Operation aborted." (yum: "Exiting on user command"),
+        exit 1; any other failure is the package manager's own (a package it cannot find)."""
+        return returncode == 0 or any(w in output for w in ("Operation aborted", "Exiting on user command"))
+
+    def purged_too(self, output: str, packages: Argv) -> list[str]:
+        return sorted(set(self.removals(output)) - set(packages))
+
+    def holds_among(self, root: Path, holds: Argv, packages: Argv) -> Argv:
+        """`versionlock delete` matches by name: the locked names among the holds and the packages, in the list's
+        order (gpuprov's lock covers every nvidia package of the driver's version, recorded with the transaction)."""
+        return tuple(n for n in self.locked_names(root) if n in {*holds, *packages})
+
+    def holds_others(self, root: Path, names: set[str]) -> bool:
+        return any(n not in names for n in self.locked_names(root))
+
+    # ------------------------------------------------------------ repositories and bundles
+
+    def config_manager(self) -> Argv:
+        """The command that adds and edits repository files: dnf's plugin (yum-utils' on EL 7)."""
+        return ("dnf", "config-manager")
+
+    def import_key(self, url: str) -> Argv:
+        return ("rpm", "--import", url)
+
+    def bundle_options(self, bundle: Path, state: Path) -> Argv:
+        """dnf pointed at the bundle's repository alone."""
+        return ("--disablerepo=*", f"--repofrompath=gpuprov,file://{bundle}", "--enablerepo=gpuprov",
+                "--setopt=gpuprov.gpgcheck=0", "--setopt=gpuprov.module_hotfixes=true")
+
+    def bundle_files(self, bundle: Path, state: Path) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def download(self, packages: Argv, dest: str, release: int | None = None) -> tuple[Argv, ...]:
+        """A bundle's build in a clean container of the target release: the packages with every dependency, their
+        repository metadata, and the driver's module streams."""
+        return (("dnf", "download", "--resolve", "--alldeps", f"--releasever={release}", "--destdir", dest,
+                 *packages),
+                ("createrepo_c", dest),
+                # driver module streams: ship the stream's module metadata, or mark the repo module_hotfixes on install
+                ("dnf", "module", "list", "--quiet", "nvidia-driver"))
+
+
+class Yum(Dnf):
+    """EL 7's yum: dnf's commands under yum's name, its own versionlock plugin and config manager, no streams."""
+    name = "yum"
+    module_streams = False
+    hold_needs: Argv = ("yum-plugin-versionlock",)
+    lock_list = "/etc/yum/pluginconf.d/versionlock.list"
+
+    def _erasing(self, allow_remove: bool) -> Argv:
+        return ()  # yum has no --allowerasing: it replaces on obsoletes, which the dry run names
+
+    def config_manager(self) -> Argv:
+        return ("yum-config-manager",)
