@@ -304,7 +304,11 @@ for rel, r in table["releases"].items():
             continue
         series(suite, "restricted", d)
     for e in r["engine"]:
-        repack(rel, e)
+        if r.get("real_engines"):  # Debian's binaries (tested on 22.04); elsewhere control fields only, no payload
+            repack(rel, e)
+        else:
+            deb(rel, e["component"], e["name"], e["version"], depends=e.get("depends", ""),
+                conflicts=e.get("conflicts", ""))
 
 # NVIDIA's CUDA repository for Ubuntu: one flat repository per release (cuda/ubuntu2204/x86_64/), the same package
 # names as Ubuntu's at NVIDIA's versions, and the metapackages NVIDIA adds (nvidia-open-<b>, cuda-drivers-<b>)
