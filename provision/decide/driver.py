@@ -288,6 +288,11 @@ def nvidia_repo_packages(branch: str, modules: str, target: Target) -> tuple[str
     b = "latest" if branch == "current" else branch
     if target.family == "rhel" and target.el_major == 7:  # NVIDIA's rhel7 tree: branch metapackages, no streams
         return (f"nvidia-driver-branch-{b if b != 'latest' else newest_branch()}",)
+    if target.family == "rhel" and (target.el_major or 0) >= 10:
+        # EL 10 has no module streams: NVIDIA's rhel10 repository carries the meta-packages alone (nvidia-open: the
+        # open modules; cuda-drivers: the proprietary), a branch as their version (NVIDIA's driver installation
+        # guide, "Kernel Modules": `dnf install nvidia-open`): the newest branch only (see _nvidia_repo)
+        return ("nvidia-open",) if modules == "open" else ("cuda-drivers",)
     if target.family == "rhel":
         if modules == "open":
             return ("nvidia-driver:open-dkms",) if b == "latest" else (f"nvidia-driver:{b}-open",)
@@ -303,6 +308,12 @@ def default_source(target: Target) -> str:
 
 
 def _nvidia_repo(entry, branch, modules, target, pin) -> tuple[tuple[str, ...], str | None, str | None]:
+    if target.family == "rhel" and (target.el_major or 0) >= 10 and (pin or branch != "current"):
+        # no module streams on EL 10: nothing in NVIDIA's repository keeps an older branch (its meta-packages require
+        # their components at >= their version), so only the newest branch installs from it
+        return (), None, (f"NVIDIA's repository for {target.name} has no branch streams (EL 10 has no modularity): "
+                          f"it installs the newest driver only, not branch {pin or branch}; use ELRepo "
+                          "(--driver-source elrepo) or --driver auto")
     if pin:
         avail = [b for b in NVIDIA_REPO_BRANCHES if b != 470 or (target.el_major or 0) in (7, 8)]
         if int(pin) not in avail or not supports_branch(entry, branch, int(pin)):

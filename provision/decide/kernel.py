@@ -84,7 +84,8 @@ def ubuntu_precompiled(driver_packages: Iterable[str], kernel_metas: Iterable[st
     flavour = metas[0].removeprefix("linux-image-")
     meta = f"linux-modules-nvidia-{series}-{flavour}"
     if meta not in offered:
-        return Precompiled(None, f"the archive has no {meta}: DKMS builds the module")
+        return Precompiled(None, f"the archive has no installable {meta} (none, or its newest version's kernel "
+                           "modules package is not in the lists yet): DKMS builds the module")
     missing = [k for k in kernels if f"linux-modules-nvidia-{series}-{k}" not in offered]
     if missing:
         return Precompiled(None, f"the archive has no linux-modules-nvidia-{series}-{missing[0]} (kernel "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
 from provision.facts.rootfs import read_bytes_bounded, read_text_file, under
+from provision.versions import numbers
 
 DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_STATUS_MAX = 64 << 20  # dpkg's status file outgrows the facts' 4 MiB bound on hosts with many packages
@@ -147,8 +148,21 @@ def fetched_suites(root: Path) -> frozenset[str]:
 
 def offered_module_packages(root: Path) -> frozenset[str]:
     """The `linux-modules-nvidia-*` names in the apt lists of the restricted component (Ubuntu's precompiled, signed
-    NVIDIA modules), as `apt-get update` last fetched them."""
-    return frozenset(n for text in list_texts(root, "restricted") for n in MODULES_RE.findall(text))
+    NVIDIA modules), as `apt-get update` last fetched them; a flavour's metapackage only where the kernel-ABI
+    modules package its newest version depends on is in the lists too (apt installs that newest version, and a
+    mirror can carry a new kernel's linux-meta before its linux-restricted-modules: apt then stops on the
+    metapackage's unmet dependency, where DKMS would have built the module)."""
+    newest: dict[str, tuple[tuple[int, ...], frozenset[str]]] = {}
+    for text in list_texts(root, "restricted"):
+        for m in MODULES_RE.finditer(text):
+            end = text.find("\n\n", m.end())
+            fields = dict(ARCHIVE_FIELD_RE.findall(text[m.start() - 1 if m.start() else 0:end if end >= 0 else None]))
+            deps = frozenset(d.split()[0] for d in fields.get("Depends", "").split(",")
+                             if d.strip().startswith("linux-modules-nvidia-"))
+            key = numbers(fields.get("Version", ""))
+            if m.group(1) not in newest or key > newest[m.group(1)][0]:
+                newest[m.group(1)] = (key, deps)
+    return frozenset(n for n, (_, deps) in newest.items() if deps <= newest.keys())
 
 
 class ArchivePackage(NamedTuple):

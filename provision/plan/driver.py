@@ -161,10 +161,34 @@ def choose_kernels(root: Path, running: str | None, asked: tuple[str, ...], baki
                    "package manager (no modules directory), so nothing is built for it")
 
 
+def el_devel_package(kernel: str) -> str:
+    """The kernel-devel package of an EL kernel release, by its variant (NVIDIA's driver installation guide, Oracle
+    Linux and RHEL): Oracle's UEK (5.15.0-208.159.3.el9uek.x86_64) ships kernel-uek-devel; a `+VARIANT` release
+    (5.14.0-503.14.1.el9_5.aarch64+64k, …x86_64+rt) kernel-VARIANT-devel of the release without the suffix."""
+    if ".el" in kernel and "uek." in kernel.rsplit(".el", 1)[1]:
+        return f"kernel-uek-devel-{kernel}"
+    if "+" in kernel:
+        release, variant = kernel.rsplit("+", 1)
+        return f"kernel-{variant}-devel-{release}"
+    return f"kernel-devel-{kernel}"
+
+
+def check_kmod_kernels(kernels: tuple[str, ...]) -> None:
+    """ELRepo's kmods are built for Red Hat's kernel (kABI-tracking, weak-updates across its minor release): none
+    loads into Oracle's UEK, which Oracle Linux boots by default. Refused up front (exit 4) with the ways out."""
+    uek = [k for k in kernels if el_devel_package(k).startswith("kernel-uek-")]
+    if uek:
+        raise Unsupported(f"ELRepo's kmods are built for Red Hat's kernel, not Oracle's UEK ({uek[0]}): use NVIDIA's "
+                          "repository (--driver-source nvidia: DKMS builds for UEK), or boot the Red Hat compatible "
+                          "kernel first")
+
+
 def headers_packages(target: Target, kernels: tuple[str, ...]) -> list[str]:
     if target.family == "debian":
         return [f"linux-headers-{k}" for k in kernels]
-    return [p for k in kernels for p in (f"kernel-devel-{k}", f"kernel-headers-{k}")]
+    # kernel-headers (the userspace API headers) is one package, not one per kernel as kernel-devel is: dnf refuses
+    # two versions of it in one transaction, and one older than the installed would be downgraded
+    return [*(el_devel_package(k) for k in kernels), "kernel-headers"]
 
 
 # ---------------------------------------------------------------- checks (read through the plan's root)
@@ -550,6 +574,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     apt = _apt_facts(root, target, opt, packages)
     running, asked = (drv.kernel_release if drv else None), tuple(getattr(opt, "kernels", ()))
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
+    if target.family == "rhel" and not dkms:
+        check_kmod_kernels(kernels.releases)
     if apt.replacement is None and dkms and pm.checked_driver_install and not opt.bundle:
         update = series_update(series_installed(root), packages, closure(packages, archive_depends(root)),
                                archive_versions(root, packages), tuple(k for k in kernels.releases if not module_built(root, k)))
