@@ -251,6 +251,11 @@ def ubuntu_dkms_package(packages: tuple[str, ...] | list[str]) -> str | None:
             rest = p.removeprefix(meta)
             if rest != p and rest[:1].isdigit():
                 return f"nvidia-dkms-{rest}"
+        # NVIDIA's repository for Ubuntu: nvidia-open-580 and cuda-drivers-580 pull in nvidia-driver-580[-open]
+        for meta, suffix in (("nvidia-open-", "-open"), ("cuda-drivers-", "")):
+            rest = p.removeprefix(meta)
+            if rest != p and rest.isdigit():
+                return f"nvidia-dkms-{rest}{suffix}"
     return None
 
 

@@ -584,7 +584,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
             kernels = choose_kernels(root, running, asked, baking, replacing=True)
     steps: list[Step] = []
     if target.family == "debian":
-        steps += _components_step(root, target, opt)
+        steps += _components_step(root, target, opt) + _cuda_apt_step(target, opt)
     else:
         steps += _el_repo_steps(target, opt)
     pre = ubuntu_precompiled(packages, apt.kernel_metas, kernels.releases, apt.offered) \
@@ -715,6 +715,20 @@ def _components_step(root: Path, target: Target, opt) -> list[Step]:
         return []
     return [Step("driver.components", Stage.DRIVER, f"Enable {' '.join(comps)} in the existing apt entries",
                  actions=tuple(writes), check=FilesMatch(tuple((w.path, w.content) for w in writes)))]
+
+
+def _cuda_apt_step(target: Target, opt) -> list[Step]:
+    """Debian/Ubuntu with --driver-source nvidia: NVIDIA's CUDA repository (where nvidia-open-<b> and cuda-drivers-<b>
+    come from), signed-by the key beside its tree, at its --mirror where one is given. Without this step the install
+    named packages no configured source has."""
+    if opt.driver_source != "nvidia" or opt.bundle:
+        return []
+    url = repos.cuda_apt_url(target, opt.mirrors)
+    src = WriteFile(repos.cuda_apt_list(target), repos.cuda_apt_source(target, opt.mirrors))
+    return [Step("driver.repo", Stage.DRIVER, "Add NVIDIA's CUDA apt repository with a signed-by keyring",
+                 actions=(Command(("install", "-m", "0755", "-d", "/etc/apt/keyrings")),
+                          Command(("curl", "-fsSL", f"{url}/{repos.CUDA_APT_KEY}", "-o", repos.CUDA_APT_KEYRING)), src),
+                 check=FilesMatch(((src.path, src.content),)))]
 
 
 def _nouveau_step(nouveau_loaded: bool) -> Step:

@@ -41,6 +41,26 @@ def cuda_repo_file(target: Target) -> str:
     return f"/etc/yum.repos.d/cuda-{cuda_tree(target)}.repo"
 
 
+# NVIDIA's CUDA repository for Debian and Ubuntu: a flat apt repository per release (ubuntu2204/x86_64/), signed by
+# the key beside it; NVIDIA's cuda-keyring package writes its list at CUDA_APT_LIST's path.
+CUDA_APT_KEY = "3bf863cc.pub"
+CUDA_APT_KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.asc"
+
+
+def cuda_apt_url(target: Target, mirrors: MirrorMap | None = None) -> str:
+    return f"{base('cuda', mirrors)}/{target.os_id}{target.version.replace('.', '')}/x86_64"
+
+
+def cuda_apt_list(target: Target) -> str:
+    """cuda-keyring's own list file: one file names the repository (a second list naming the same URL with another
+    Signed-By stops every apt run)."""
+    return f"/etc/apt/sources.list.d/cuda-{target.os_id}{target.version.replace('.', '')}-x86_64.list"
+
+
+def cuda_apt_source(target: Target, mirrors: MirrorMap | None = None) -> str:
+    return f"deb [signed-by={CUDA_APT_KEYRING}] {cuda_apt_url(target, mirrors)}/ /\n"
+
+
 def epel_release(el: int, mirrors: MirrorMap | None = None) -> str:
     return f"{base('epel', mirrors)}/epel-release-latest-{el}.noarch.rpm"
 

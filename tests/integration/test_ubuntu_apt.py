@@ -21,7 +21,12 @@ hooks (run-parts of /etc/kernel/*.d), initramfs-tools, DKMS's add/build/install/
 with its headers and linux-headers-aws; a kernel ABI bump brings its headers (the headers metapackage follows) and
 DKMS builds for it from the headers' own hook; a re-run after the reboot changes nothing.
 
-Marked slow; about three minutes here once the image and archive are cached (built once per recipe: ~2.5 min + 16 s).
+22.04 with linux-generic-hwe-22.04 on a GPU machine (the running GA kernel and the next-boot HWE kernel): precompiled
+for both, or DKMS for both where the next-boot ABI has no precompiled package yet; 24.04 with linux-generic:
+precompiled. Ubuntu's engines: docker.io and containerd from the archive, really running on a systemd host (Debian's
+binaries under Ubuntu's packages), an operator's containerd.io kept (exit 14). NVIDIA's repository through --mirror.
+
+Marked slow; about five minutes here once the image and archive are cached (built once per recipe: ~2.5 min + ~30 s).
 """
 from __future__ import annotations
 
@@ -219,3 +224,235 @@ def test_kernel_abi_bump_brings_headers_and_dkms_builds(noble):
     r = noble.exec(BOOT)
     assert r.returncode == 15, _out(r)
     assert noble.debs() == before
+
+
+# ---------------------------------------------------------------- kernel flavours on a GPU machine
+# 22.04 with the HWE kernel (linux-generic-hwe-22.04) booting next while the release's GA kernel runs, and an H200 on
+# the PCI bus (no --for-gpu): gpuprov builds for the running and the next-boot kernel. Canonical's precompiled modules
+# are chosen only when the archive has them for both; a newer HWE ABI whose linux-modules-nvidia-… Canonical has not
+# published yet (6.8.0-51 in the stand-in) means DKMS for both; and when the HWE metapackage moves to that ABI after a
+# precompiled install (day two), verify is red (exit 10) and bootstrap replaces Canonical's packages with DKMS for
+# every kernel in one transaction. gpuprov already decides this; these hold it.
+KGA, KHWE, KHWE_NEXT = "5.15.0-91-generic", "6.8.0-49-generic", "6.8.0-51-generic"
+GPU_BOOT = "gpuprov bootstrap --yes --engine none --no-validate --driver 570"
+LRM = "linux-modules-nvidia-570-server-open-"
+
+
+def _hwe_host(hwe: str) -> UbuntuHost:
+    h = UbuntuHost("22.04", kernel_meta=f"linux-image-{KGA} {hwe}", running=KGA)
+    h.install_gpuprov()
+    return h
+
+
+def _driver_step(host) -> dict:
+    r = host.exec("gpuprov plan --engine none --driver 570 --json")
+    assert r.returncode == 0, _out(r)
+    return next(s for s in json.loads(r.stdout)["steps"] if s["id"] == "driver.packages")
+
+
+def test_hwe_precompiled_for_the_running_and_the_next_boot_kernel():
+    h = _hwe_host(" ".join(f"{p}=6.8.0-49.49~22.04.1" for p in
+                           ("linux-generic-hwe-22.04", "linux-image-generic-hwe-22.04", "linux-headers-generic-hwe-22.04")))
+    try:
+        assert h.kernel() == KHWE
+        step = _driver_step(h)
+        assert f"kernel module: Ubuntu's precompiled, signed modules ({LRM}generic-hwe-22.04, following " \
+            "linux-image-generic-hwe-22.04)" in step["notes"], step["notes"]
+        # each kernel's own ABI package: the one running now and the one booting next
+        assert f"apt-mark auto {LRM}{KHWE} {LRM}{KGA}" in step["commands"], step["commands"]
+        before = h.debs()
+        r = h.exec(GPU_BOOT)
+        assert r.returncode == 7, _out(r)
+        after = h.debs()
+        new = set(after) - set(before)
+        assert {f"{LRM}generic-hwe-22.04", f"{LRM}{KHWE}", f"{LRM}{KGA}",
+                "nvidia-headless-no-dkms-570-server-open"} <= new, sorted(new)
+        assert not [p for p in new if p.startswith(("nvidia-dkms-", "linux-headers-"))], sorted(new)
+        assert not [p for p in before if p not in after], "a package was removed"
+        for k in (KGA, KHWE):  # Canonical's module, not a DKMS build
+            assert h.exec(f"modinfo -k {k} -F filename nvidia").stdout.strip() == \
+                f"/lib/modules/{k}/kernel/nvidia-570srv-open/nvidia.ko"
+            assert _modinfo(h, k) == "570.195.03"
+        assert h.exec("dkms status").stdout.strip() == ""
+        # day two: the HWE metapackage moves to 6.8.0-51, for which Canonical has no precompiled modules yet
+        r = h.exec("DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-generic-hwe-22.04")
+        assert r.returncode == 0 and h.kernel() == KHWE_NEXT, _out(r)
+        verify = h.exec("gpuprov verify --json")
+        assert verify.returncode == 10 and f"kernel {KHWE_NEXT} boots next" in verify.stdout, _out(verify)
+        h.reboot()
+        r = h.exec(GPU_BOOT)  # the resume verifies the first install: no module loads in a container (exit 5)
+        assert r.returncode == 5 and "no driver loaded" in r.stderr, _out(r)
+        before = h.debs()
+        r = h.exec(GPU_BOOT)  # DKMS for every kernel, Canonical's packages replaced in the same transaction
+        assert r.returncode == 7, _out(r)
+        after = h.debs()
+        assert {p for p in before if p not in after} == {f"{LRM}generic-hwe-22.04", f"{LRM}{KHWE}", f"{LRM}{KGA}"}, \
+            sorted(p for p in before if p not in after)
+        assert "nvidia-dkms-570-server-open" in after
+        for k in (KGA, KHWE, KHWE_NEXT):
+            assert h.exec(f"modinfo -k {k} -F filename nvidia").stdout.strip() == \
+                f"/lib/modules/{k}/updates/dkms/nvidia.ko"
+    finally:
+        h.remove()
+
+
+def test_hwe_dkms_where_the_next_boot_kernel_has_no_precompiled_modules():
+    h = _hwe_host("linux-generic-hwe-22.04")
+    try:
+        assert h.kernel() == KHWE_NEXT
+        # the archive has them for the running kernel and the HWE flavour's metapackage, not for the next-boot ABI
+        offered = set(h.exec(f"apt-cache pkgnames {LRM}").stdout.split())
+        assert {f"{LRM}{KGA}", f"{LRM}generic-hwe-22.04"} <= offered and f"{LRM}{KHWE_NEXT}" not in offered, offered
+        step = _driver_step(h)
+        assert f"kernel module: the archive has no {LRM}{KHWE_NEXT} (kernel {KHWE_NEXT}): DKMS builds the module" \
+            in step["notes"], step["notes"]
+        before = h.debs()
+        r = h.exec(GPU_BOOT)
+        assert r.returncode == 7, _out(r)
+        after = h.debs()
+        new = set(after) - set(before)
+        assert {"nvidia-headless-570-server-open", "nvidia-dkms-570-server-open", f"linux-headers-{KGA}"} <= new, \
+            sorted(new)
+        assert not [p for p in after if p.startswith("linux-modules-nvidia")], sorted(after)
+        assert f"linux-image-{KHWE}" not in after  # the flavour metapackage's older ABI was not pulled in
+        assert not [p for p in before if p not in after], "a package was removed"
+        for k in (KGA, KHWE_NEXT):
+            assert h.exec(f"modinfo -k {k} -F filename nvidia").stdout.strip() == \
+                f"/lib/modules/{k}/updates/dkms/nvidia.ko"
+            assert _modinfo(h, k) == "570.195.03"
+            assert h.exec(f"dkms status -k {k}").stdout.rstrip().endswith(": installed")
+    finally:
+        h.remove()
+
+
+def test_noble_generic_precompiled():
+    """24.04 with linux-generic (the aws host above has DKMS): Canonical's modules for noble's generic kernel."""
+    h = UbuntuHost("24.04")
+    try:
+        h.install_gpuprov()
+        before = h.debs()
+        r = h.exec(BOOT)
+        assert r.returncode == 7, _out(r)
+        new = set(h.debs()) - set(before)
+        assert {"linux-modules-nvidia-580-server-open-generic", "linux-modules-nvidia-580-server-open-6.8.0-49-generic",
+                "nvidia-headless-no-dkms-580-server-open"} <= new, sorted(new)
+        assert not [p for p in new if p.startswith("nvidia-dkms-")], sorted(new)
+        assert _modinfo(h, "6.8.0-49-generic") == "580.95.05"
+    finally:
+        h.remove()
+
+
+# ---------------------------------------------------------------- Ubuntu's engines through apt
+# A 22.04 host with systemd as PID 1. The archive's docker.io, containerd and runc carry Debian bookworm's real
+# binaries and maintainer scripts under Ubuntu's names, versions and Depends/Conflicts (ubuntu_hosts.py's repack), so
+# the engines really start in the host. In order: an operator's containerd.io (Docker's repository's, which
+# Conflicts with Ubuntu's containerd) stops `--engine docker` with exit 14 and nothing changed; once the operator
+# removes it, `--engine containerd` installs containerd and registers the runtime; `--engine docker` then installs
+# docker.io beside it (containerd kept), daemon.json written and the running dockerd lists the runtime; each re-run
+# changes nothing. gpuprov already behaves so: these hold it against the real packages' transactions.
+ENG = "gpuprov bootstrap --yes --driver skip --no-validate --engine"
+CONTAINERD_IO = """set -e; d=$(mktemp -d); mkdir -p $d/DEBIAN $d/usr/bin
+printf '#!/bin/sh\\necho operator containerd\\n' > $d/usr/bin/containerd; chmod 755 $d/usr/bin/containerd
+printf 'Package: containerd.io\\nVersion: 1.7.27-1\\nArchitecture: amd64\\nMaintainer: Containerd team \
+<help@containerd.io>\\nProvides: containerd, runc\\nConflicts: containerd, runc\\nReplaces: containerd, runc\\n\
+Description: the operator containerd.io (Docker repository control fields)\\n' > $d/DEBIAN/control
+dpkg-deb -b $d /tmp/containerd.io.deb >/dev/null; dpkg -i /tmp/containerd.io.deb >/dev/null"""
+
+
+@pytest.fixture(scope="module")
+def engines():
+    h = UbuntuHost("22.04", systemd=True)
+    try:
+        h.install_gpuprov()
+        yield h
+    finally:
+        h.remove()
+
+
+def _unchanged(host) -> str:
+    return host.exec("md5sum /var/lib/dpkg/status /etc/docker/daemon.json /etc/containerd/config.toml 2>&1; "
+                     "systemctl is-active docker containerd").stdout
+
+
+def test_engine_install_refused_with_14_before_removing_the_operators_containerd(engines):
+    engines.exec(CONTAINERD_IO, check=True)
+    before, state = engines.debs(), _unchanged(engines)
+    r = engines.exec(f"{ENG} docker")
+    assert r.returncode == 14, _out(r)
+    assert "would remove installed packages: containerd.io" in r.stderr, r.stderr
+    assert engines.debs() == before and _unchanged(engines) == state
+    engines.exec("dpkg --purge containerd.io", check=True)
+
+
+def test_containerd_from_the_archive_registered_and_rerun_noop(engines):
+    r = engines.exec(f"{ENG} containerd")
+    assert r.returncode == 0, _out(r)
+    debs = engines.debs()
+    assert debs["containerd"] == "1.7.12-0ubuntu2~22.04.1" and debs["runc"] == "1.1.12-0ubuntu2~22.04.1", debs
+    assert "docker.io" not in debs
+    assert "/etc/containerd/conf.d/99-gpuprov.toml" in engines.exec("cat /etc/containerd/config.toml").stdout
+    assert engines.exec("systemctl is-active containerd").stdout.strip() == "active"
+    assert engines.exec("ctr version").returncode == 0  # Debian's real containerd, under Ubuntu's package
+    state = _unchanged(engines)
+    r = engines.exec(f"{ENG} containerd")
+    assert r.returncode == 0 and "0 change(s)" in r.stdout + r.stderr, _out(r)
+    assert _unchanged(engines) == state
+
+
+def test_docker_io_from_the_archive_keeps_containerd_and_rerun_noop(engines):
+    before = engines.debs()
+    r = engines.exec(f"{ENG} docker")
+    assert r.returncode == 0, _out(r)
+    after = engines.debs()
+    assert after["docker.io"] == "24.0.7-0ubuntu2~22.04.1", after
+    assert {p: after.get(p) for p in before} == before  # containerd, runc and everything else kept as they were
+    daemon = json.loads(engines.exec("cat /etc/docker/daemon.json", check=True).stdout)
+    assert daemon["runtimes"]["nvidia"]["path"] == "/usr/local/bin/gpuprov-runtime", daemon
+    assert daemon["default-runtime"] == "nvidia", daemon
+    info = engines.exec("docker info --format '{{.DefaultRuntime}} {{json .Runtimes}}'", check=True).stdout
+    assert info.startswith("nvidia ") and "/usr/local/bin/gpuprov-runtime" in info, info  # the real dockerd
+    state = _unchanged(engines)
+    r = engines.exec(f"{ENG} docker")
+    assert r.returncode == 0 and "0 change(s)" in r.stdout + r.stderr, _out(r)
+    assert _unchanged(engines) == state
+
+
+# ---------------------------------------------------------------- NVIDIA's repository on Ubuntu
+# `--driver-source nvidia` on 22.04 through `--mirror cuda=URL`: NVIDIA's flat repository for ubuntu2204 (a stand-in of
+# its packaging: nvidia-open-580 -> nvidia-driver-580-open -> nvidia-headless/nvidia-dkms-580-open …, NVIDIA's
+# versions) served on the host's loopback. On main the plan named nvidia-open-580 but never added the repository, so
+# apt found no such package; now a driver.repo step adds it (signed-by its key, at the mirror) and the real apt
+# installs from it, DKMS builds NVIDIA's `nvidia` module, the series is pinned, and a re-run changes nothing.
+CUDA = ("--for-gpu 10de:2330 --driver-source nvidia --driver 580 --engine none "
+        "--mirror cuda=http://127.0.0.1:8090/cuda")
+CUDA_LIST = "/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list"
+
+
+def test_nvidia_repository_through_the_mirror():
+    h = UbuntuHost("22.04")
+    try:
+        h.install_gpuprov()
+        before = h.debs()
+        r = h.exec(f"gpuprov bootstrap --yes --no-validate {CUDA}")
+        assert r.returncode == 7, _out(r)
+        assert h.exec(f"cat {CUDA_LIST}").stdout == ("deb [signed-by=/etc/apt/keyrings/cuda-archive-keyring.asc] "
+                                                     "http://127.0.0.1:8090/cuda/ubuntu2204/x86_64/ /\n")
+        after = h.debs()
+        new = {p: after[p] for p in set(after) - set(before)}
+        assert new.get("nvidia-open-580") == "580.95.05-0ubuntu1", new
+        assert {"nvidia-driver-580-open", "nvidia-dkms-580-open", "libnvidia-compute-580"} <= new.keys(), new
+        # every NVIDIA package from NVIDIA's repository (apt-cache policy: its URL is the installed version's source)
+        policy = h.exec("apt-cache policy nvidia-driver-580-open").stdout
+        assert "*** 580.95.05-0ubuntu1 990" in policy and "127.0.0.1:8090/cuda/ubuntu2204/x86_64" in policy, policy
+        assert not [p for p in before if p not in after], "a package was removed"
+        assert h.exec(f"dkms status -k {K91}").stdout.strip() == f"nvidia/580.95.05, {K91}, x86_64: installed"
+        assert _modinfo(h, K91) == "580.95.05"
+        pin = h.exec(f"cat {PIN}").stdout
+        assert "src:nvidia-graphics-drivers-580:any\nPin: version 580.*\nPin-Priority: 990" in pin, pin
+        state = h.exec(f"md5sum /var/lib/dpkg/status {CUDA_LIST} /etc/apt/keyrings/cuda-archive-keyring.asc").stdout
+        r = h.exec(f"gpuprov bootstrap --yes --no-validate {CUDA}")
+        assert r.returncode == 7 and "reboot is still pending" in r.stderr, _out(r)
+        assert h.exec(f"md5sum /var/lib/dpkg/status {CUDA_LIST} /etc/apt/keyrings/cuda-archive-keyring.asc"
+                      ).stdout == state
+    finally:
+        h.remove()

@@ -21,21 +21,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
-from tests.integration.hosts import StandInHost, built_in_container, committed_image, ensure_image, ensure_wheelhouse, sh
+from tests.integration.hosts import NESTED, StandInHost, built_in_container, committed_image, ensure_image, ensure_wheelhouse, sh
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-archive"
 DISTROS = Path(__file__).resolve().parents[1] / "fixtures" / "distros"
+GPU_HOST = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-vm"  # its sysfs: one H200 (10de:2335)
 PORT = 8090  # the loopback HTTP server inside the host (its own network namespace)
 # Debian's apt/dpkg (minbase), Python for gpuprov, and what an Ubuntu server has for kernels and DKMS: kmod,
 # initramfs-tools, dkms (with the compiler it depends on), openssl (DKMS's signing key). apt-utils and gnupg build
 # the archive in the same image.
-APT = "python3 python3-venv kmod initramfs-tools dkms openssl apt-utils gnupg"
+# systemd (PID 1 of the engine hosts) and what an Ubuntu server has that docker.io's libraries and scripts need
+# (iptables, adduser, libdevmapper, tini, libseccomp). Debian's docker.io, containerd and runc are downloaded, not
+# installed: the archive BUILD repackages them under Ubuntu's names, versions and Depends (packages.json), so the
+# engine an Ubuntu host installs from the stand-in archive is a real one.
+APT = ("python3 python3-venv kmod initramfs-tools dkms openssl apt-utils gnupg "
+       "systemd systemd-sysv dbus iptables adduser libdevmapper1.02.1 tini libseccomp2 curl")
+ENGINE_DEBS = "/opt/debian-engine"
 PREP = r"""set -e
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends %(apt)s >/dev/null
+mkdir -p %(engine)s && cd %(engine)s && apt-get download -qq docker.io containerd runc
 apt-get clean
 rm -rf /var/lib/apt/lists/* /etc/apt/sources.list /etc/apt/sources.list.d/*
 """
@@ -44,8 +53,8 @@ RELEASES = {"22.04": "jammy", "24.04": "noble"}
 
 def ubuntu_image() -> str:
     """gpuprov-test/ubuntu-apt:<recipe hash>: Debian minbase + Debian's apt/dpkg, kmod, initramfs-tools, dkms."""
-    tag = hashlib.sha256((PREP + APT).encode()).hexdigest()[:12]
-    return committed_image(f"gpuprov-test/ubuntu-apt:{tag}", ensure_image(), PREP % {"apt": APT})
+    tag = hashlib.sha256((PREP + APT + ENGINE_DEBS).encode()).hexdigest()[:12]
+    return committed_image(f"gpuprov-test/ubuntu-apt:{tag}", ensure_image(), PREP % {"apt": APT, "engine": ENGINE_DEBS})
 
 
 def ubuntu_archive() -> Path:
@@ -90,8 +99,9 @@ def sharedobj(soname):
     return p
 
 def deb(suite, comp, name, version, *, source=None, maint=CORE, depends="", provides="", conflicts="",
-        replaces="", files=None, scripts=None, section="misc", desc=None):
-    """One .deb: files maps a path to text, a Path (copied) or ("link", target)."""
+        replaces="", files=None, scripts=None, section="misc", desc=None, pool=None):
+    """One .deb: files maps a path to text, a Path (copied) or ("link", target); pool: where it goes instead of
+    www/pool/<suite>/<comp> (NVIDIA's flat repository)."""
     root = work / "pkg" / f"{name}_{version}"
     shutil.rmtree(root, ignore_errors=True)
     (root / "DEBIAN").mkdir(parents=True)
@@ -120,7 +130,7 @@ def deb(suite, comp, name, version, *, source=None, maint=CORE, depends="", prov
     for sname, text in (scripts or {}).items():
         s = root / "DEBIAN" / sname
         s.write_text("#!/bin/sh\nset -e\n" + textwrap.dedent(text)); s.chmod(0o755)
-    pool = out / "www" / "pool" / suite / comp; pool.mkdir(parents=True, exist_ok=True)
+    pool = pool or out / "www" / "pool" / suite / comp; pool.mkdir(parents=True, exist_ok=True)
     path = pool / f"{name}_{version.split(':')[-1]}_amd64.deb"
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", str(root), str(path)], check=True,
                    capture_output=True)
@@ -134,6 +144,88 @@ def relink():
     else rm -f /boot/vmlinuz /boot/initrd.img; fi
     """
 
+def repack(suite, e):
+    """Debian's own package (downloaded into the image) under Ubuntu's name, version, Depends and Conflicts: the
+    payload is Debian's real binaries and maintainer scripts (the systemd unit, the docker group), the control
+    fields Ubuntu's. Provenance in the control file (X-Gpuprov-Stand-In) and the README."""
+    src = next(pathlib.Path("/opt/debian-engine").glob(e["name"] + "_*.deb"))
+    root = work / "repack" / e["name"]; shutil.rmtree(root, ignore_errors=True); root.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "-R", str(src), str(root)], check=True)
+    ctl = (root / "DEBIAN" / "control").read_text().splitlines()
+    orig = next(ln.split(": ", 1)[1] for ln in ctl if ln.startswith("Version: "))
+    keep = [ln for ln in ctl if not ln.startswith(("Version:", "Depends:", "Conflicts:", "Breaks:", "Maintainer:",
+                                                   "Section:", "Description:"))
+            and not ln.startswith(" ")]
+    fields = {"Version": e["version"], "Maintainer": CORE, "Section": e["component"] + "/admin",
+              "Depends": e.get("depends", ""), "Conflicts": e.get("conflicts", ""),
+              "X-Gpuprov-Stand-In": f"Debian bookworm {e['name']} {orig}, repackaged",
+              "Description": f"stand-in for Ubuntu's {e['name']} (Debian's binaries)"}
+    (root / "DEBIAN" / "control").write_text("\n".join(keep + [f"{k}: {v}" for k, v in fields.items() if v]) + "\n")
+    pool = out / "www" / "pool" / suite / e["component"]; pool.mkdir(parents=True, exist_ok=True)
+    path = pool / f"{e['name']}_{e['version'].split(':')[-1]}_amd64.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", str(root), str(path)], check=True,
+                   capture_output=True)
+    built.setdefault((suite, e["component"]), []).append(path)
+
+def series(suite, comp, d, pool=None):
+    """One driver series as Ubuntu packages it (NVIDIA's repository for Ubuntu uses the same names): the shared
+    packages, the DKMS module source, the headless and full metapackages, each of both module flavours."""
+    V = d["version"]; up = V.split("-")[0]; s = d["series"]; src = d["source"]
+    def debp(*a, **k):
+        deb(*a, pool=pool, **k)
+    common = f"nvidia-kernel-common-{s} (= {V})"
+    debp(suite, comp, f"nvidia-kernel-common-{s}", V, source=src, provides="nvidia-kernel-common",
+        conflicts="nvidia-kernel-common", replaces="nvidia-kernel-common")
+    debp(suite, comp, f"nvidia-firmware-{s}-{up}", V, source=src,
+        files={f"/lib/firmware/nvidia/{up}/gsp_ga10x.bin": "stand-in\n"})
+    debp(suite, comp, f"libnvidia-compute-{s}", V, source=src, section="libs",
+        provides="libnvidia-compute", conflicts="libnvidia-compute", replaces="libnvidia-compute",
+        files={f"/usr/lib/x86_64-linux-gnu/libcuda.so.{up}": sharedobj("libcuda.so.1"),
+               "/usr/lib/x86_64-linux-gnu/libcuda.so.1": ("link", f"libcuda.so.{up}"),
+               f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{up}": sharedobj("libnvidia-ml.so.1"),
+               "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": ("link", f"libnvidia-ml.so.{up}")})
+    debp(suite, comp, f"nvidia-utils-{s}", V, source=src, provides="nvidia-utils",
+        conflicts="nvidia-utils", replaces="nvidia-utils", depends=f"libnvidia-compute-{s}",
+        files={"/usr/bin/nvidia-smi": "#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn'\"'\"'t "
+                                      "communicate with the NVIDIA driver.' >&2\nexit 9\n"})
+    debp(suite, comp, f"nvidia-compute-utils-{s}", V, source=src, provides="nvidia-compute-utils",
+        conflicts="nvidia-compute-utils", replaces="nvidia-compute-utils", depends=f"libnvidia-compute-{s}")
+    for opn in ("", "-open"):
+        S = s + opn
+        name, ver = d["dkms_name"], up
+        build = ("#!/bin/sh\nset -e\nfor m in nvidia nvidia-uvm nvidia-modeset; do printf '%s\\n' "
+                 "\"__attribute__((section(\\\".modinfo\\\"), used)) static const char v[] = \\\"version="
+                 + up + "\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static const char l[] = "
+                 "\\\"license=Dual MIT/GPL\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
+                 "const char n[] = \\\"name=$m\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
+                 "const char k[] = \\\"vermagic=$1 SMP mod_unload modversions \\\";\" > $m.c; "
+                 "gcc -c -o $m.ko $m.c; done\n")
+        conf = (f'PACKAGE_NAME="{name}"\nPACKAGE_VERSION="{ver}"\nAUTOINSTALL="yes"\n'
+                'MAKE[0]="sh ./build.sh ${kernelver}"\nCLEAN="rm -f *.ko *.c"\n'
+                + "".join(f'BUILT_MODULE_NAME[{i}]="{m}"\nDEST_MODULE_LOCATION[{i}]="/updates/dkms"\n'
+                          f'STRIP[{i}]="no"\n' for i, m in enumerate(("nvidia", "nvidia-uvm", "nvidia-modeset"))))
+        # dh_dkms's maintainer scripts, as Ubuntu's nvidia-dkms packages carry them
+        debp(suite, comp, f"nvidia-dkms-{S}", V, source=src, section="kernel",
+            depends=f"dkms, {common}, nvidia-kernel-source-{S} (= {V})", provides="nvidia-dkms-kernel",
+            conflicts="nvidia-dkms-kernel",
+            files={f"/usr/src/{name}-{ver}/dkms.conf": conf, f"/usr/src/{name}-{ver}/build.sh": build},
+            scripts={"postinst": f"""
+                if [ "$1" = configure ]; then /usr/lib/dkms/common.postinst {name} {ver} "" "" "$2"; fi
+                """,
+                     "prerm": f"""
+                if [ "$(dkms status -m {name} -v {ver})" ]; then dkms remove -m {name} -v {ver} --all; fi
+                """})
+        debp(suite, comp, f"nvidia-kernel-source-{S}", V, source=src, section="kernel",
+            provides="nvidia-kernel-source", conflicts="nvidia-kernel-source")
+        nodkms = (f"{common}, libnvidia-compute-{s} (= {V}), nvidia-compute-utils-{s} (= {V}), "
+                  f"nvidia-firmware-{s}-{up} (= {V}), nvidia-kernel-source-{S} (= {V})")
+        debp(suite, comp, f"nvidia-headless-no-dkms-{S}", V, source=src, depends=nodkms)
+        debp(suite, comp, f"nvidia-headless-{S}", V, source=src,
+            depends=f"nvidia-headless-no-dkms-{S} (= {V}), nvidia-dkms-{S} (= {V})")
+        debp(suite, comp, f"nvidia-driver-{S}", V, source=src,
+            depends=f"nvidia-headless-{S} (= {V}), nvidia-utils-{s} (= {V}), libnvidia-compute-{s} (= {V})")
+
+
 for rel, r in table["releases"].items():
     upd = rel + "-updates"
     for k in r["kernels"]:
@@ -144,7 +236,8 @@ for rel, r in table["releases"].items():
             depends="kmod", files={f"/boot/vmlinuz-{K}": f"stand-in kernel image {K}\n",
                                    f"/boot/config-{K}": "CONFIG_MODULES=y\nCONFIG_BLK_DEV_INITRD=y\nCONFIG_RD_GZIP=y\n",
                                    f"/lib/modules/{K}/modules.order": "", f"/lib/modules/{K}/modules.builtin": "",
-                                   f"/lib/modules/{K}/modules.builtin.modinfo": ""},
+                                   f"/lib/modules/{K}/modules.builtin.modinfo": "",
+                                   f"/lib/modules/{K}/kernel/stand-in": ""},
             scripts={"postinst": f"""
                 [ "$1" = configure ] || exit 0
                 depmod -a {K}
@@ -176,7 +269,7 @@ for rel, r in table["releases"].items():
             depends=f"linux-headers-{K}")
         deb(suite, "main", k["meta"], mv, source=k["meta_source"], maint=KERNEL_TEAM, section="kernel",
             depends=f"linux-image-{f} (= {mv}), linux-headers-{f} (= {mv})")
-        if f in r["precompiled_flavours"]:
+        if f in r["precompiled_flavours"] and k.get("lrm", True):  # lrm false: not built for this ABI yet
             for d in r["drivers"]:
                 if d.get("transitional_to"):
                     continue
@@ -209,60 +302,25 @@ for rel, r in table["releases"].items():
                 deb(suite, "restricted", n, V, source=src, section="oldlibs", depends=f"{n.replace(s, t)} (= {V})",
                     desc=f"Transitional package for {n.replace(s, t)}")
             continue
-        common = f"nvidia-kernel-common-{s} (= {V})"
-        deb(suite, "restricted", f"nvidia-kernel-common-{s}", V, source=src, provides="nvidia-kernel-common",
-            conflicts="nvidia-kernel-common", replaces="nvidia-kernel-common")
-        deb(suite, "restricted", f"nvidia-firmware-{s}-{up}", V, source=src,
-            files={f"/lib/firmware/nvidia/{up}/gsp_ga10x.bin": "stand-in\n"})
-        deb(suite, "restricted", f"libnvidia-compute-{s}", V, source=src, section="libs",
-            provides="libnvidia-compute", conflicts="libnvidia-compute", replaces="libnvidia-compute",
-            files={f"/usr/lib/x86_64-linux-gnu/libcuda.so.{up}": sharedobj("libcuda.so.1"),
-                   "/usr/lib/x86_64-linux-gnu/libcuda.so.1": ("link", f"libcuda.so.{up}"),
-                   f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{up}": sharedobj("libnvidia-ml.so.1"),
-                   "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": ("link", f"libnvidia-ml.so.{up}")})
-        deb(suite, "restricted", f"nvidia-utils-{s}", V, source=src, provides="nvidia-utils",
-            conflicts="nvidia-utils", replaces="nvidia-utils", depends=f"libnvidia-compute-{s}",
-            files={"/usr/bin/nvidia-smi": "#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn'\"'\"'t "
-                                          "communicate with the NVIDIA driver.' >&2\nexit 9\n"})
-        deb(suite, "restricted", f"nvidia-compute-utils-{s}", V, source=src, provides="nvidia-compute-utils",
-            conflicts="nvidia-compute-utils", replaces="nvidia-compute-utils", depends=f"libnvidia-compute-{s}")
-        for opn in ("", "-open"):
-            S = s + opn
-            name, ver = d["dkms_name"], up
-            build = ("#!/bin/sh\nset -e\nfor m in nvidia nvidia-uvm nvidia-modeset; do printf '%s\\n' "
-                     "\"__attribute__((section(\\\".modinfo\\\"), used)) static const char v[] = \\\"version="
-                     + up + "\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static const char l[] = "
-                     "\\\"license=Dual MIT/GPL\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
-                     "const char n[] = \\\"name=$m\\\";\" \"__attribute__((section(\\\".modinfo\\\"), used)) static "
-                     "const char k[] = \\\"vermagic=$1 SMP mod_unload modversions \\\";\" > $m.c; "
-                     "gcc -c -o $m.ko $m.c; done\n")
-            conf = (f'PACKAGE_NAME="{name}"\nPACKAGE_VERSION="{ver}"\nAUTOINSTALL="yes"\n'
-                    'MAKE[0]="sh ./build.sh ${kernelver}"\nCLEAN="rm -f *.ko *.c"\n'
-                    + "".join(f'BUILT_MODULE_NAME[{i}]="{m}"\nDEST_MODULE_LOCATION[{i}]="/updates/dkms"\n'
-                              f'STRIP[{i}]="no"\n' for i, m in enumerate(("nvidia", "nvidia-uvm", "nvidia-modeset"))))
-            # dh_dkms's maintainer scripts, as Ubuntu's nvidia-dkms packages carry them
-            deb(suite, "restricted", f"nvidia-dkms-{S}", V, source=src, section="kernel",
-                depends=f"dkms, {common}, nvidia-kernel-source-{S} (= {V})", provides="nvidia-dkms-kernel",
-                conflicts="nvidia-dkms-kernel",
-                files={f"/usr/src/{name}-{ver}/dkms.conf": conf, f"/usr/src/{name}-{ver}/build.sh": build},
-                scripts={"postinst": f"""
-                    if [ "$1" = configure ]; then /usr/lib/dkms/common.postinst {name} {ver} "" "" "$2"; fi
-                    """,
-                         "prerm": f"""
-                    if [ "$(dkms status -m {name} -v {ver})" ]; then dkms remove -m {name} -v {ver} --all; fi
-                    """})
-            deb(suite, "restricted", f"nvidia-kernel-source-{S}", V, source=src, section="kernel",
-                provides="nvidia-kernel-source", conflicts="nvidia-kernel-source")
-            nodkms = (f"{common}, libnvidia-compute-{s} (= {V}), nvidia-compute-utils-{s} (= {V}), "
-                      f"nvidia-firmware-{s}-{up} (= {V}), nvidia-kernel-source-{S} (= {V})")
-            deb(suite, "restricted", f"nvidia-headless-no-dkms-{S}", V, source=src, depends=nodkms)
-            deb(suite, "restricted", f"nvidia-headless-{S}", V, source=src,
-                depends=f"nvidia-headless-no-dkms-{S} (= {V}), nvidia-dkms-{S} (= {V})")
-            deb(suite, "restricted", f"nvidia-driver-{S}", V, source=src,
-                depends=f"nvidia-headless-{S} (= {V}), nvidia-utils-{s} (= {V}), libnvidia-compute-{s} (= {V})")
+        series(suite, "restricted", d)
     for e in r["engine"]:
-        deb(rel, e["component"], e["name"], e["version"], depends=e.get("depends", ""),
-            conflicts=e.get("conflicts", ""))
+        if r.get("real_engines"):  # Debian's binaries (tested on 22.04); elsewhere control fields only, no payload
+            repack(rel, e)
+        else:
+            deb(rel, e["component"], e["name"], e["version"], depends=e.get("depends", ""),
+                conflicts=e.get("conflicts", ""))
+
+# NVIDIA's CUDA repository for Ubuntu: one flat repository per release (cuda/ubuntu2204/x86_64/), the same package
+# names as Ubuntu's at NVIDIA's versions, and the metapackages NVIDIA adds (nvidia-open-<b>, cuda-drivers-<b>)
+for tree, r in table["nvidia_repo"].items():
+    flat = out / "www" / "cuda" / tree / "x86_64"
+    for d in r["drivers"]:
+        series(tree, "nvidia", d, pool=flat)
+        V = d["version"]; b = d["series"]
+        deb(tree, "nvidia", f"nvidia-open-{b}", V, source=r["meta_source"], pool=flat,
+            depends=f"nvidia-driver-{b}-open (= {V})")
+        deb(tree, "nvidia", f"cuda-drivers-{b}", V, source=r["meta_source"], pool=flat,
+            depends=f"nvidia-driver-{b} (= {V})")
 
 # index and sign: www/dists/<rel> and an empty www/dists/<rel>-updates; later/<rel>-updates with the update
 env = dict(os.environ, GNUPGHOME="/tmp/gnupg"); os.makedirs("/tmp/gnupg", mode=0o700)
@@ -289,6 +347,17 @@ def index(top, suite, with_packages):
     subprocess.run(["gpg", "--batch", "--yes", "--clearsign", "-o", str(dist / "InRelease"), str(dist / "Release")],
                    check=True, env=env, capture_output=True)
 
+for tree in table["nvidia_repo"]:  # flat: Packages and a signed Release beside the .debs; the key as NVIDIA names it
+    flat = out / "www" / "cuda" / tree / "x86_64"
+    (flat / "Packages").write_text(subprocess.run(["apt-ftparchive", "packages", "."], cwd=flat, check=True,
+                                                  capture_output=True, text=True).stdout)
+    (flat / "Release").write_text(subprocess.run(["apt-ftparchive", "-oAPT::FTPArchive::Release::Origin=NVIDIA",
+                                                  "-oAPT::FTPArchive::Release::Label=NVIDIA CUDA", "release", "."],
+                                                 cwd=flat, check=True, capture_output=True, text=True).stdout)
+    subprocess.run(["gpg", "--batch", "--yes", "--clearsign", "-o", str(flat / "InRelease"), str(flat / "Release")],
+                   check=True, env=env, capture_output=True)
+    (flat / "3bf863cc.pub").write_bytes(subprocess.run(["gpg", "--export", "--armor"], check=True, env=env,
+                                                       capture_output=True).stdout)
 for rel in table["releases"]:
     index(out / "www", rel, True)
     index(out / "www", rel + "-updates", False)
@@ -306,12 +375,25 @@ class UbuntuHost(StandInHost):
     in its sources as Ubuntu names its archive (main restricted universe; multiverse off, as a minimal install can
     leave it), the release's kernel metapackage installed from it."""
 
-    def __init__(self, release: str, kernel_meta: str = "linux-generic"):
-        self.release, self.codename = release, RELEASES[release]
+    def __init__(self, release: str, kernel_meta: str = "linux-generic", running: str | None = None,
+                 systemd: bool = False):
+        """kernel_meta: what apt installs first (a kernel metapackage, or packages with versions); running: the
+        kernel the host runs (uname -r as gpuprov reads it, /proc/sys/kernel/osrelease), one of those installed;
+        None: the machine's own, which the host has not installed (its /lib/modules is absent); systemd: systemd runs
+        as PID 1 with the privileges a nested engine needs (tests/integration/hosts.py's NESTED)."""
+        self.release, self.codename, self.running = release, RELEASES[release], running
         self.name = f"ubuntu-host-{uuid.uuid4().hex[:8]}"
         archive = ubuntu_archive()
-        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run",
-           "-v", f"{archive}:/srv/archive:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", ubuntu_image())
+        # CAP_SYS_ADMIN only to bind a file over /proc/sys/kernel/osrelease (the running kernel, as gpuprov reads it)
+        caps = ["--cap-add", "SYS_ADMIN", "--security-opt", "apparmor=unconfined"] if running else []
+        if systemd:  # an engine's stores on tmpfs: overlayfs cannot stack on the machine's overlay
+            caps = [*NESTED, "--tmpfs", "/var/lib/containerd:exec", "--tmpfs", "/run/lock", "-e", "container=docker"]
+        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run", *caps,
+           "-v", f"{archive}:/srv/archive:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", ubuntu_image(),
+           *(["/lib/systemd/systemd"] if systemd else []))
+        if systemd:
+            self.exec("for i in $(seq 60); do s=$(systemctl is-system-running); "
+                      "case $s in running|degraded) exit 0;; esac; sleep 1; done; exit 1", check=True)
         for src, dst in ((DISTROS / f"ubuntu-{release}" / "etc" / "os-release", "/etc/os-release"),
                          (FIXTURE / "host" / f"lsb-release-{release}", "/etc/lsb-release")):
             sh("docker", "cp", str(src), f"{self.name}:{dst}")
@@ -327,7 +409,9 @@ class UbuntuHost(StandInHost):
             sources = ("/etc/apt/sources.list.d/ubuntu.sources",
                        f"Types: deb\nURIs: {base}\nSuites: {c} {c}-updates\nComponents: main restricted universe\n"
                        f"Signed-By: {keyring}\n")
+        # /ubuntu: the Ubuntu archive; /cuda: NVIDIA's repository (--mirror cuda=http://127.0.0.1:PORT/cuda)
         self.exec("set -e; cp -a /srv/archive/www /srv/www; mkdir -p /srv/pub; ln -s /srv/www /srv/pub/ubuntu; "
+                  "ln -s /srv/www/cuda /srv/pub/cuda; "
                   f"install -D -m0644 /srv/archive/key.gpg {keyring}; "
                   f"echo '{'bookworm/sid' if release == '22.04' else 'trixie/sid'}' > /etc/debian_version",
                   check=True)
@@ -335,6 +419,23 @@ class UbuntuHost(StandInHost):
         self.serve()
         self.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
                   f"{kernel_meta}", check=True)
+        self.run_kernel()
+
+    def run_kernel(self) -> None:
+        """With `running`: that kernel runs (a file bound over /proc/sys/kernel/osrelease) on a machine with a GPU
+        (tests/fixtures/hosts/h200-vm's PCI devices, an H200, bound over /sys/bus/pci/devices): gpuprov builds for the
+        running and the next-boot kernel, as on a GPU server, rather than for every installed kernel (--for-gpu)."""
+        if not self.running:
+            return
+        if self.exec("test -d /srv/pci/devices").returncode:
+            # a tar stream: docker cp refuses the fixture's sysfs links (driver -> ../../../bus/pci/drivers/…)
+            tar = subprocess.run(["tar", "-C", str(GPU_HOST / "sys" / "bus" / "pci"), "-cf", "-", "devices"],
+                                 check=True, capture_output=True).stdout
+            subprocess.run(["docker", "exec", "-i", self.name, "sh", "-c", "mkdir -p /srv/pci && tar -C /srv/pci -xf -"],
+                           input=tar, check=True, capture_output=True)
+        self.exec(f"set -e; test -d /lib/modules/{self.running}/kernel; echo {self.running} > /srv/osrelease; "
+                  "mount --bind /srv/osrelease /proc/sys/kernel/osrelease; "
+                  "mount --bind /srv/pci/devices /sys/bus/pci/devices", check=True)
 
     def serve(self) -> None:
         self.spawn(f"cd /srv/pub && exec python3 -m http.server --bind 127.0.0.1 {PORT} >/var/log/archive.log 2>&1")
@@ -353,6 +454,7 @@ class UbuntuHost(StandInHost):
         """docker restart: /run (a tmpfs, as on a server) starts empty, so gpuprov's pending-reboot mark goes."""
         sh("docker", "restart", self.name, timeout=300)
         self.serve()
+        self.run_kernel()
 
     def debs(self) -> dict[str, str]:
         """Installed packages: name -> version."""

@@ -317,6 +317,23 @@ def test_cuda_and_epel_mirrors_are_what_dnf_keeps_using(tmp_path):
     assert check.satisfied(root)
 
 
+def test_nvidia_apt_repository_added_before_its_packages(tmp_path):
+    """--driver-source nvidia on Ubuntu: the plan installs NVIDIA's nvidia-open-<b>; on the previous commit it added no
+    repository that has it (apt: no such package). Now NVIDIA's flat repository for the release, at its --mirror,
+    signed-by the key beside it, in cuda-keyring's list file (a second list of the same URL with another Signed-By
+    stops apt). tests/integration/test_ubuntu_apt.py installs from it with a real apt."""
+    steps = plan(tmp_path, "ubuntu-22.04", driver_source="nvidia", mirrors={"cuda": "http://mirror.example/cuda"})
+    ids = list(steps)
+    assert ids.index("driver.repo") < ids.index("driver.packages"), ids
+    acts = steps["driver.repo"]["actions"]
+    assert ("$ curl -fsSL http://mirror.example/cuda/ubuntu2204/x86_64/3bf863cc.pub -o "
+            "/etc/apt/keyrings/cuda-archive-keyring.asc") in acts, acts
+    assert "write /etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list" in " ".join(acts), acts
+    assert "nvidia-open-" in install_line(steps)
+    # DKMS builds NVIDIA's module and is checked, as for Ubuntu's own packages
+    assert any(a.startswith("$ dkms status -k ") for a in steps["driver.packages"]["actions"])
+
+
 def test_another_module_stream_enabled_is_switched(tmp_path):
     """NVIDIA's repository on EL 8+: the branch is a module stream. With another stream of nvidia-driver enabled
     (dnf's state file), the plan switches it (`dnf module switch-to`, its dry run first, both past the old branch's
