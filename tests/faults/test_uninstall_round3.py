@@ -120,7 +120,7 @@ def apt_host(tmp_path, monkeypatch):
 
 @needs("apt-get")
 def test_purge_that_would_remove_the_operators_package_stops(apt_host):
-    purge = un.Purge(("gp-engine",), allow_remove=False)
+    purge = un.Purge("apt", ("gp-engine",), (), allow_remove=False)
     ran = []
     real = purge.purge
 

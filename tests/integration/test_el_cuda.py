@@ -185,7 +185,7 @@ def test_uninstall_purges_what_gpuprov_installed(host, installed):
     # the operator installs the kernel-devel of the errata kernel to come, beside the one gpuprov installed: a purge
     # by name (`dnf remove kernel-devel`) took it along, and its dry run named nothing extra
     host.publish_later("rocky/9/AppStream/x86_64/os")
-    host.exec(f"dnf install -y -q kernel-devel-{LATER_DEVEL}", check=True)
+    host.exec(f"dnf install -y -q --refresh kernel-devel-{LATER_DEVEL}", check=True)
     plan = host.exec("gpuprov uninstall --dry-run --purge-driver")
     assert "dnf module reset -y nvidia-driver" in plan.stdout, plan.stdout  # said before it is done
     r = host.exec("gpuprov uninstall --yes --purge-driver")
