@@ -301,10 +301,17 @@ def nvidia_repo_packages(branch: str, modules: str, target: Target) -> tuple[str
     return (f"nvidia-open-{b}",) if modules == "open" else (f"cuda-drivers-{b}",)
 
 
+# EL-compatible releases that boot a kernel line of their own, not Red Hat's: ELRepo's kmods (kABI-tracking, built
+# for Red Hat's kernel) load into none of them, so their driver comes from NVIDIA's repository, built by DKMS against
+# the distribution's kernel-devel. Alibaba Cloud Linux 3 (PLATFORM_ID platform:al8, EL 8 userspace) runs 5.10
+# (5.10.134-15.1.al8), where RHEL 8 runs 4.18.
+OWN_KERNEL_LINE = frozenset({"alinux"})
+
+
 def default_source(target: Target) -> str:
     if target.family == "debian":
         return target.os_id
-    return "elrepo" if target.el_major else "nvidia"
+    return "elrepo" if target.el_major and target.os_id not in OWN_KERNEL_LINE else "nvidia"
 
 
 def _nvidia_repo(entry, branch, modules, target, pin) -> tuple[tuple[str, ...], str | None, str | None]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from provision import effects, package_managers, paths
-from provision.decide.driver import packaged_branches, ubuntu_dkms_package
+from provision.decide.driver import default_source, packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
     METAPACKAGE_RE,
     PIN_FILE,
@@ -175,12 +175,20 @@ def el_devel_package(kernel: str) -> str:
 
 def check_kmod_kernels(kernels: tuple[str, ...]) -> None:
     """ELRepo's kmods are built for Red Hat's kernel (kABI-tracking, weak-updates across its minor release): none
-    loads into Oracle's UEK, which Oracle Linux boots by default. Refused up front (exit 4) with the ways out."""
+    loads into Oracle's UEK, which Oracle Linux boots by default, or into Alibaba Cloud Linux's kernel. Refused up
+    front (exit 4) with the ways out."""
     uek = [k for k in kernels if el_devel_package(k).startswith("kernel-uek-")]
     if uek:
         raise Unsupported(f"ELRepo's kmods are built for Red Hat's kernel, not Oracle's UEK ({uek[0]}): use NVIDIA's "
                           "repository (--driver-source nvidia: DKMS builds for UEK), or boot the Red Hat compatible "
                           "kernel first")
+    # Alibaba Cloud Linux 3's kernels (5.10.134-15.1.al8.x86_64): its own 5.10 line, no Red Hat compatible kernel to
+    # boot instead
+    alinux = [k for k in kernels if re.search(r"\.al\d+\.", k)]
+    if alinux:
+        raise Unsupported(f"ELRepo's kmods are built for Red Hat's kernel, not Alibaba Cloud Linux's ({alinux[0]}): "
+                          "use NVIDIA's repository (--driver-source nvidia, the default there: DKMS builds against "
+                          "its kernel-devel)")
 
 
 def headers_packages(target: Target, kernels: tuple[str, ...]) -> list[str]:
@@ -568,9 +576,10 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         return [kept]
     modules = gpus[0].modules
     # ELRepo's kmods are prebuilt; everything else builds with DKMS. "distro" on EL is ELRepo, but not where ELRepo
-    # serves nothing (Amazon Linux 2023: NVIDIA's repository, whose kmod-nvidia-*-dkms packages need kernel-devel)
+    # serves nothing (Amazon Linux 2023) or nothing that loads (Alibaba Cloud Linux 3's own kernel): NVIDIA's
+    # repository, whose kmod-nvidia-*-dkms packages need kernel-devel
     dkms = not (opt.driver_source == "elrepo" or (target.family == "rhel" and opt.driver_source == "distro"
-                                                   and bool(target.el_major)))
+                                                   and default_source(target) == "elrepo"))
     apt = _apt_facts(root, target, opt, packages)
     running, asked = (drv.kernel_release if drv else None), tuple(getattr(opt, "kernels", ()))
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
@@ -895,7 +904,7 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
     pm = package_managers.get(target.package_manager)
     if opt.bundle:
         return []  # the bundle's repository already holds the kmod / module packages
-    if opt.driver_source in ("distro", "elrepo") and el:
+    if el and (opt.driver_source == "elrepo" or opt.driver_source == "distro" and default_source(target) == "elrepo"):
         pre = (Command(pm.import_key(repos.elrepo_key(el, opt.mirrors))),
                PackageInstall(target.package_manager, (repos.elrepo_release(el, opt.mirrors),)),
                *mirror_commands("elrepo", target, opt.mirrors))
@@ -905,7 +914,8 @@ def _el_repo_steps(target: Target, opt) -> list[Step]:
                                                  "/etc/yum.repos.d/elrepo.repo", mirror),
                              notes=("ELRepo kmods are kABI-tracking and signed",))]
     # behind --mirror, each repository file is pointed at its mirror (its own URLs are upstream's)
-    pre = ((PackageInstall(pm.name, (repos.epel_release(el, opt.mirrors),)), *mirror_commands("epel", target, opt.mirrors))
+    pre = ((PackageInstall(pm.name, (repos.epel_release(target, opt.mirrors),)),
+            *mirror_commands("epel", target, opt.mirrors))
            if el else ()) + \
         (Command((*pm.config_manager(), "--add-repo", repos.cuda_repo(target, opt.mirrors))),
          *mirror_commands("cuda", target, opt.mirrors))

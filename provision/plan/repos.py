@@ -61,8 +61,16 @@ def cuda_apt_source(target: Target, mirrors: MirrorMap | None = None) -> str:
     return f"deb [signed-by={CUDA_APT_KEYRING}] {cuda_apt_url(target, mirrors)}/ /\n"
 
 
-def epel_release(el: int, mirrors: MirrorMap | None = None) -> str:
-    return f"{base('epel', mirrors)}/epel-release-latest-{el}.noarch.rpm"
+# A distribution's own EPEL release package, where it has one in its repositories: Alibaba Cloud Linux 3's
+# epel-aliyuncs-release (EPEL 8 from Alibaba's mirror) conflicts with EPEL's epel-release, and EPEL 8's repo file
+# names `epel-$releasever`, which is 3 there.
+OWN_EPEL_RELEASE = {"alinux": "epel-aliyuncs-release"}
+
+
+def epel_release(target: Target, mirrors: MirrorMap | None = None) -> str:
+    """What installs EPEL: the distribution's own release package by name, else EPEL's epel-release by URL."""
+    return OWN_EPEL_RELEASE.get(target.os_id) or \
+        f"{base('epel', mirrors)}/epel-release-latest-{target.el_major}.noarch.rpm"
 
 
 DOCKER_CE_REPO_ID = "docker-ce-stable"  # the enabled repository of Docker's docker-ce.repo
@@ -89,7 +97,8 @@ def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) 
         return (f"--setopt=elrepo.baseurl={b}/linux/elrepo/el{target.el_major}/$basearch/",
                 "--setopt=elrepo.mirrorlist=")
     if name == "epel":  # epel-release's epel.repo: a metalink to upstream's mirror list, its baseurl commented out
-        return (f"--setopt=epel.baseurl={b}/$releasever/Everything/$basearch/", "--setopt=epel.metalink=")
+        # the EL major, not $releasever: Alibaba Cloud Linux 3's is 3, and its EPEL is EPEL 8
+        return (f"--setopt=epel.baseurl={b}/{target.el_major}/Everything/$basearch/", "--setopt=epel.metalink=")
     if name == "cuda":  # NVIDIA's cuda-<tree>.repo: one repository, id cuda-<tree>-x86_64
         tree = cuda_tree(target)
         return (f"--setopt=cuda-{tree}-x86_64.baseurl={b}/{tree}/x86_64",

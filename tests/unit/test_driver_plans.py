@@ -301,7 +301,7 @@ def test_cuda_and_epel_mirrors_are_what_dnf_keeps_using(tmp_path):
     steps = plan(tmp_path, "rocky-9", driver_source="nvidia",
                  mirrors={"cuda": "http://mirror.example/cuda", "epel": "http://mirror.example/epel"})
     acts = steps["driver.repo"]["actions"]
-    assert ("$ dnf config-manager --save '--setopt=epel.baseurl=http://mirror.example/epel/$releasever/Everything/"
+    assert ("$ dnf config-manager --save '--setopt=epel.baseurl=http://mirror.example/epel/9/Everything/"
             "$basearch/' --setopt=epel.metalink=") in acts
     assert ("$ dnf config-manager --save --setopt=cuda-rhel9-x86_64.baseurl=http://mirror.example/cuda/rhel9/x86_64 "
             "--setopt=cuda-rhel9-x86_64.gpgkey=http://mirror.example/cuda/rhel9/x86_64/D42D0685.pub") in acts

@@ -16,7 +16,7 @@ from provision.report import detect_host
 from tests.conftest import DISTROS, make_host
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-KERNELS = {"debian": "6.1.0-27-amd64", "ubuntu": "6.8.0-49-generic"}
+KERNELS = {"debian": "6.1.0-27-amd64", "ubuntu": "6.8.0-49-generic", "alinux": "5.10.134-15.1.al8.x86_64"}
 # Releases whose drivers predate the H100: plan them for a GPU they do support (ELRepo EL7 builds no open/580
 # kmods: a Kepler Tesla K80; Debian 11 / Ubuntu 18.04 top out at 470: a Volta V100).
 LEGACY_GPU = {"centos-7": "kepler", "debian-11": "volta", "ubuntu-18.04": "volta"}

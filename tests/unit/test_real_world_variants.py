@@ -112,3 +112,29 @@ def test_oracle_linux_on_uek_dkms_names_kernel_uek_devel_and_elrepo_is_refused(t
                                                           f"/lib/modules/{UEK}/kernel/.keep": "",
                                                           f"/boot/vmlinuz-{UEK}": ""})
     assert e.value.exit_code == 4 and "UEK" in str(e.value) and "--driver-source nvidia" in str(e.value)
+
+
+ALINUX = "5.10.134-15.1.al8.x86_64"  # Alibaba Cloud Linux 3's kernel (tailscale/tailscale#9010): its own 5.10 line
+
+
+def test_alibaba_cloud_linux_3_defaults_to_nvidias_dkms_and_elrepo_is_refused(tmp_path):
+    """Alibaba Cloud Linux 3 (platform:al8) boots its own 5.10 kernel, not RHEL 8's 4.18: ELRepo's el8 kmods
+    (kABI-tracking, built for Red Hat's kernel) load into none of its kernels. main defaulted to them (ELRepo's
+    elrepo-release and kmod-nvidia-open, no kernel-devel). Now the default is NVIDIA's rhel8 repository with DKMS
+    against Alinux's kernel-devel, dkms from EPEL 8 through Alinux's own epel-aliyuncs-release (EPEL's epel-release
+    conflicts with it); `--driver-source elrepo` is refused up front (exit 4) naming the way out."""
+    from tests.unit.test_driver_plans import plan
+
+    files = {"/proc/sys/kernel/osrelease": ALINUX + "\n", f"/lib/modules/{ALINUX}/kernel/.keep": "",
+             f"/boot/vmlinuz-{ALINUX}": ""}
+    steps = plan(tmp_path / "a", "alinux-3", "datacenter", files=files)
+    repo = steps["driver.repo"]["actions"]
+    assert "$ dnf install -y epel-aliyuncs-release" in repo, repo
+    assert not any("elrepo" in a or "epel-release-latest" in a for a in repo), repo
+    assert any("cuda/repos/rhel8/x86_64/cuda-rhel8.repo" in a for a in repo), repo
+    words = next(a for a in steps["driver.packages"]["actions"] if a.startswith("$ dnf install -y ")).split()
+    assert {f"kernel-devel-{ALINUX}", "kernel-headers", "dkms"} <= set(words), words
+    assert "$ dnf module install -y nvidia-driver:open-dkms" in steps["driver.packages"]["actions"], steps
+    with pytest.raises(GpuprovError) as e:
+        plan(tmp_path / "b", "alinux-3", "datacenter", files=files, driver_source="elrepo")
+    assert e.value.exit_code == 4 and ALINUX in str(e.value) and "--driver-source nvidia" in str(e.value)
