@@ -117,8 +117,10 @@ for i, m in enumerate(pk.get("modules", [])):
                   and p["version"] in m["versions"])
     data = {"name": m["name"], "stream": m["stream"], "version": 1000 + i, "context": "00000000", "arch": "x86_64",
             "summary": "stand-in " + m["name"], "description": "stand-in (tests/fixtures/el-repos/README.md)",
-            "license": {"module": ["stand-in"]}, "dependencies": [{"requires": {"platform": [m["platform"]]}}],
+            "license": {"module": ["stand-in"]},
             "profiles": {k: {"rpms": v} for k, v in m["profiles"].items()}, "artifacts": {"rpms": arts}}
+    if m["platform"]:  # none declared: the stream is active on every platform (NVIDIA's rhel8 streams on al8)
+        data["dependencies"] = [{"requires": {"platform": [m["platform"]]}}]
     docs.setdefault(m["repo"], []).append({"document": "modulemd", "version": 2, "data": data})
 for d in pk.get("module_defaults", []):
     data = {"module": d["module"], "stream": d["stream"], "profiles": d["profiles"]}
@@ -141,7 +143,8 @@ for r in pk["releases"]:
     rpm = glob.glob(f"/tmp/rel/RPMS/noarch/rocky-release-{r['rv']}-{r['rr']}.noarch.rpm")[0]
     shutil.copy(rpm, out / "releases" / f"rocky-release-el{r['major']}.rpm")
     shutil.copy(fx / "host" / f"os-release-{r['major']}", out / "releases" / f"os-release-el{r['major']}")
-# The other releases (Amazon Linux 2023): their own release package's spec, installed the same way.
+# The other releases (Amazon Linux 2023, Alibaba Cloud Linux 3): their own release package's spec, installed the same
+# way.
 for r in pk.get("other_releases", []):
     subprocess.run(["rpmbuild", "-bb", "--quiet", "--define", "_topdir /tmp/rel", f"/fx/host/{r['spec']}"], check=True)
     shutil.copy(f"/tmp/rel/RPMS/noarch/{r['rpm']}", out / "releases" / f"release-{r['name']}.rpm")
@@ -150,8 +153,8 @@ for r in pk.get("other_releases", []):
 
 
 class ElHost(StandInHost):
-    """A Rocky host container (major "9" or "8"), or one of packages.json's `other_releases` (major "amzn2023"),
-    `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it."""
+    """A Rocky host container (major "9" or "8"), or one of packages.json's `other_releases` (major "amzn2023" or
+    "alinux3"), `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it."""
 
     def __init__(self, major: str = "9"):
         self.major = major
@@ -166,7 +169,7 @@ class ElHost(StandInHost):
         other = {r["name"]: r for r in packages_table().get("other_releases", [])}.get(major)
         rpm, osr = (f"release-{major}.rpm", f"os-release-{major}") if other else \
             (f"rocky-release-el{major}.rpm", f"os-release-el{major}")
-        served = f"amzn/{other['key']}" if other else f"rocky/RPM-GPG-KEY-Rocky-{major}"
+        served = other["key"] if other else f"rocky/RPM-GPG-KEY-Rocky-{major}"
         key = f"/etc/pki/rpm-gpg/{served.rsplit('/', 1)[1]}"
         self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/{rpm}; cp /srv/repos/releases/{osr} /etc/os-release; "
                   "cp -a /srv/repos /srv/www; rm -rf /srv/www/later; "

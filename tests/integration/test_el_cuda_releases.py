@@ -1,11 +1,15 @@
 """NVIDIA's CUDA repository on more releases through a real dnf and rpm: Amazon Linux 2023 (its default driver source:
-ELRepo serves no AL2023, and there is no EPEL) and Rocky 8 (`--driver-source nvidia`, with EPEL for dkms), each a host
-container of tests/integration/el_hosts.py's one image: AL2023 presented by its os-release and a stand-in
-system-release (its $releasever and `platform:al2023` provides), Rocky 8 by Rocky 8.10's release files. Against stand-in
-repositories (tests/fixtures/el-repos/README.md says where each fact came from): AL2023's amazonlinux (kernel 6.1,
-kernel-devel, kernel-headers, dkms) or Rocky 8's BaseOS and EPEL 8, and NVIDIA's cuda-amzn2023 / cuda-rhel8 with their
-`nvidia-driver` module streams on the al2023 / el8 platform, reached through `--mirror`. Stand-in: the payloads (no
-DKMS build runs). Real: dnf's modularity, its transactions, GPG checks, versionlock and rpm's database.
+ELRepo serves no AL2023, and there is no EPEL), Alibaba Cloud Linux 3 (its default too: ELRepo's el8 kmods are built
+for RHEL 8's 4.18 kernel, Alinux boots its own 5.10; NVIDIA's rhel8 tree, EPEL 8 through Alinux's own
+epel-aliyuncs-release) and Rocky 8 (`--driver-source nvidia`, with EPEL for dkms), each a host container of
+tests/integration/el_hosts.py's one image: AL2023 presented by its os-release and a stand-in system-release (its
+$releasever and `platform:al2023` provides), Alinux 3 by its os-release and a stand-in alinux-release ($releasever 3,
+`platform:al8`), Rocky 8 by Rocky 8.10's release files. Against stand-in repositories (tests/fixtures/el-repos/README.md
+says where each fact came from): AL2023's amazonlinux (kernel 6.1, kernel-devel, kernel-headers, dkms), Alinux 3's
+alinux3-os (kernel 5.10.134-15.1.al8, kernel-devel, kernel-headers, epel-aliyuncs-release) or Rocky 8's BaseOS, EPEL 8,
+and NVIDIA's cuda-amzn2023 / cuda-rhel8 with their `nvidia-driver` module streams (the rhel8 streams declaring no
+platform, as NVIDIA's generator writes them: active on el8 and al8), reached through `--mirror`. Stand-in: the payloads
+(no DKMS build runs). Real: dnf's modularity, its transactions, GPG checks, versionlock and rpm's database.
 
 One host per release through its stages (module-scoped, in order): bootstrap (driver only, 570) with the stream's DKMS
 prerequisites; after the reboot a re-run changes nothing; uninstall --purge-driver purges what gpuprov installed and
@@ -34,14 +38,16 @@ class Release:
     tag: str  # NVIDIA's release tag for it
     repo: str  # NVIDIA's repository id there
     options: str  # the bootstrap's source and mirrors
-    epel: bool  # EPEL brings dkms
+    epel: str  # the package that brings EPEL (for dkms), "" where the distribution has dkms
 
 
 RELEASES = {
     "amzn-2023": Release("amzn2023", "6.1.119-129.201.amzn2023", "1.amzn2023", "cuda-amzn2023-x86_64",
-                         f"--mirror cuda={url('cuda')}", False),
+                         f"--mirror cuda={url('cuda')}", ""),
+    "alinux-3": Release("alinux3", "5.10.134-15.1.al8", "1.el8", "cuda-rhel8-x86_64",
+                        f"--mirror cuda={url('cuda')} --mirror epel={url('epel')}", "epel-aliyuncs-release"),
     "rocky-8": Release("8", "4.18.0-553.el8_10", "1.el8", "cuda-rhel8-x86_64",
-                       f"--driver-source nvidia --mirror cuda={url('cuda')} --mirror epel={url('epel')}", True),
+                       f"--driver-source nvidia --mirror cuda={url('cuda')} --mirror epel={url('epel')}", "epel-release"),
 }
 
 
@@ -77,13 +83,15 @@ def stream(host) -> str:
 
 def test_driver_from_nvidias_stream_with_its_dkms_prerequisites(host, rel, installed):
     """AL2023, on the previous commit: the default driver source planned no kernel-devel (DKMS had nothing to build
-    against): "distro" was taken for ELRepo's prebuilt kmods, which AL2023 does not get."""
+    against): "distro" was taken for ELRepo's prebuilt kmods, which AL2023 does not get. Alinux 3 on main: ELRepo's
+    el8 kmod-nvidia-open (kABI-tracking for RHEL 8's 4.18 kernel: it loads into no 5.10 .al8 kernel)."""
     before, r = installed
     assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
     after = host.rpms()
     assert {p: after.get(p) for p in DRIVER_PKGS} == {p: f"3:570.133.20-{rel.tag}" for p in DRIVER_PKGS}, after
     assert after.get("kernel-devel") == f"0:{rel.kernel}" and after.get("kernel-headers") == f"0:{rel.kernel}"
-    assert "dkms" in after and ("epel-release" in after) == rel.epel, after
+    assert "dkms" in after and {p for p in ("epel-release", "epel-aliyuncs-release") if p in after} == \
+        ({rel.epel} if rel.epel else set()), after
     assert host.exec("test -e /etc/yum.repos.d/epel.repo").returncode == (0 if rel.epel else 1)
     assert "stream=570-open" in stream(host) and "state=enabled" in stream(host), stream(host)
     info = host.exec(f"dnf repoinfo {rel.repo} 2>&1").stdout
