@@ -113,6 +113,7 @@ def test_rerun_after_the_reboot_changes_nothing(host, rel, installed):
 
 def test_uninstall_purges_and_resets_the_stream(host, rel, installed):
     before, _ = installed
+    assert set(DRIVER_PKGS) <= host.rpms().keys() and "state=enabled" in stream(host)  # what it removes is there
     r = host.exec("gpuprov uninstall --yes --purge-driver")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert host.rpms().keys() == before.keys()
