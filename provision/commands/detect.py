@@ -118,7 +118,8 @@ def register(app) -> None:
                                              "ubuntu-24.04, rocky-9 (default: the host's own)."),
         kernel_modules: str = typer.Option("auto", "--kernel-modules", help="auto|open|proprietary"),
         driver_source: str = typer.Option("distro", "--driver-source", help="distro | elrepo | nvidia (distro: "
-                                          "Debian's or Ubuntu's own packages, ELRepo on EL)"),
+                                          "Debian's or Ubuntu's own packages, ELRepo on EL; NVIDIA's "
+                                          "repository on Amazon Linux 2023 and Alibaba Cloud Linux 3)"),
     ) -> None:
         """Read-only facts: distro, NVIDIA GPUs and the driver each needs, driver state, container engines."""
         run(root, json_out, pci_id, target, kernel_modules, driver_source)
