@@ -13,7 +13,7 @@ from provision import effects
 from provision.decide.kernel import PIN_FILE, PIN_PRIORITY, branch_of, pinned_branches
 from provision.errors import StepFailed
 from provision.facts.packages import dpkg_installed
-from provision.facts.rootfs import read_text_file, under
+from provision.facts.rootfs import read_text, under
 from provision.package_managers.base import Argv, HoldWords, PackageManager
 
 ENV = (("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "a"))
@@ -43,10 +43,7 @@ PIN_EXACT = _pin_script('"$v"')
 
 def read_pins(root: Path) -> dict[str, str]:
     """The branch pin's sources and their version patterns ({} without the file)."""
-    try:
-        return pinned_branches(read_text_file(under(root, PIN_FILE)))
-    except OSError:
-        return {}
+    return pinned_branches(read_text(root, PIN_FILE) or "")
 
 
 def restore_sources(root: Path, previous: tuple[str, ...]) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from provision import effects
 from provision.errors import StepFailed
-from provision.facts.rootfs import read_text_file, under
+from provision.facts.rootfs import read_text, under
 from provision.package_managers.base import Argv, HoldWords, PackageManager
 
 # rpm lists each imported signing key as a `gpg-pubkey` package: a key is trust the repository's step set up, not a
@@ -54,10 +54,13 @@ def stream_flavour(stream: str) -> str:
 
 
 def _read(root: Path, path: str) -> str:
-    try:
-        return read_text_file(under(root, path))
-    except OSError:
-        return ""
+    return read_text(root, path) or ""
+
+
+def _pairs(argv: list[str]) -> dict[str, str]:
+    """An rpm query whose format prints two fields a line (`%{NAME} %{VERSION}` …) as a dict: first -> second."""
+    res = effects.try_run(argv, timeout=60, probe=True)
+    return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
 
 
 class Dnf(PackageManager):
@@ -114,15 +117,12 @@ class Dnf(PackageManager):
     # ------------------------------------------------------------ what is installed
 
     def versions(self) -> dict[str, str]:
-        res = effects.try_run(["rpm", "-qa", "--qf", "%{NAME} %{VERSION}-%{RELEASE}\n"], timeout=60, probe=True)
-        return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
+        return _pairs(["rpm", "-qa", "--qf", "%{NAME} %{VERSION}-%{RELEASE}\n"])
 
     def snapshot(self) -> dict[str, str]:
         """Every installed package as NAME-VERSION-RELEASE.ARCH -> NAME (one query): what a step added, kernels'
         side-by-side versions apart."""
-        res = effects.try_run(["rpm", "-qa", "--qf", "%{NAME}-%{VERSION}-%{RELEASE}.%{ARCH} %{NAME}\n"], timeout=60,
-                              probe=True)
-        return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
+        return _pairs(["rpm", "-qa", "--qf", "%{NAME}-%{VERSION}-%{RELEASE}.%{ARCH} %{NAME}\n"])
 
     def installonly(self) -> set[str]:
         """The installed packages' names that dnf installs side by side (INSTALLONLY, as rpm answers for them)."""
@@ -164,9 +164,7 @@ class Dnf(PackageManager):
 
     def rpm_versions(self, root: Path, names: Argv) -> dict[str, str]:
         """The installed VERSION of each of `names` that rpm's database under `root` lists."""
-        res = effects.try_run(["rpm", "--root", str(root), "-q", "--qf", "%{NAME} %{VERSION}\n", *names],
-                              timeout=60, probe=True)
-        return dict(ln.split(" ", 1) for ln in (res.output if res else "").splitlines() if ln.count(" ") == 1)
+        return _pairs(["rpm", "--root", str(root), "-q", "--qf", "%{NAME} %{VERSION}\n", *names])
 
     # ------------------------------------------------------------ holds: the versionlock list
 

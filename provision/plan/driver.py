@@ -610,10 +610,14 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
                              pre.abi if pre and pre.package else ())
-    # a module stream switch between kernel-module flavours removes the old flavour's kmod: its hold goes too
-    specs = tuple(p for p in packages if ":" in p) if pm.module_streams and not opt.bundle else ()
-    swapped = pm.stream_swaps(root, pm.streams_to_switch(root, specs)) if specs else ()
-    steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg, root))
+    # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
+    # `dnf module switch-to` makes; a switch between kernel-module flavours also replaces the old flavour's kmod
+    # (`swap`), whose hold goes too. Read once, for the packages step and the hold step.
+    streams = tuple(p for p in packages if ":" in p) if pm.module_streams and not opt.bundle else ()
+    switch = pm.streams_to_switch(root, streams) if streams else ()
+    swap = pm.stream_swaps(root, switch) if switch else ()
+    steps.append(_packages_step(target, opt, gpus[0], packages, kernel_plan, dkms, dkms_pkg, root, streams,
+                                switch, swap))
     if target.os_id == "debian" and dkms_pkg and "nvidia-driver" in packages:
         mod, alt = DEBIAN_FLAVOURS[modules]
         steps.append(Step("driver.flavour", Stage.DRIVER, f"Make `modprobe nvidia` load the {modules} module ({mod})",
@@ -623,7 +627,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     # Ubuntu's precompiled modules metapackage follows the kernel (its source is the kernel's metapackages'):
     # pinning it would pin linux-generic's source too
     steps.append(_hold_step(target, tuple(p for p in packages if not p.startswith(("firmware-", "linux-modules-"))),
-                            swapped))
+                            swap))
     if pm.checked_driver_install and dkms_pkg and dkms:
         steps.append(_kernel_hook_step(root, target))
     if drv and drv.secure_boot and dkms:
@@ -779,17 +783,14 @@ class KernelPlan:
 
 
 def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
-                   dkms_pkg: str | None, root: Path = Path("/")) -> Step:
+                   dkms_pkg: str | None, root: Path = Path("/"), streams: tuple[str, ...] = (),
+                   switch: tuple[str, ...] = (), swap: tuple[str, ...] = ()) -> Step:
     """Headers and driver packages in one transaction. On apt (not from a bundle) a DriverInstall, which checks
-    each kernel's DKMS build and rolls a failed one back; elsewhere the family's package step."""
+    each kernel's DKMS build and rolls a failed one back; elsewhere the family's package step. `streams`, `switch`,
+    `swap`: the module streams installed, those switched to, the other flavour's kmod they replace (driver_steps)."""
     kernels, rep = kp.kernels, kp.replacement
     all_pkgs = kp.headers + kp.follow + tuple(packages)
-    # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
-    # `dnf module switch-to` makes (the hold step then locks the new branch)
     pm = package_managers.get(target.package_manager)
-    streams = tuple(p for p in all_pkgs if ":" in p) if pm.module_streams and not opt.bundle else ()
-    switch = pm.streams_to_switch(root, streams) if streams else ()
-    swap = pm.stream_swaps(root, switch) if switch else ()  # the other kernel-module flavour's kmod, replaced
     title = ((f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
               f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
               f"Switch the driver's module stream to {' '.join(switch)} (another "
