@@ -20,9 +20,9 @@ PREP_PACKAGES = ("systemd", "systemd-sysv", "dbus", "kmod", "initramfs-tools", "
 # initramfs-tools told to take the modules /etc/initramfs-tools/modules lists (none) instead of `most`: a host
 # container boots no initramfs, and what the tests read in one (gpuprov's nouveau blacklist, every
 # /etc/modprobe.d/*.conf) mkinitramfs copies whatever MODULES says; under `most` neither nouveau nor nvidia's modules
-# were in it either (seen: lsinitramfs after stage 1). Each generation takes ~5 s instead of 40-55 s (the module
-# walk, not the compression; measured on the 2-core machine at load 4), and a bookworm install makes six: four in
-# apt's dpkg runs (its triggers), gpuprov's own, nvidia-persistenced's.
+# were in it either (seen: lsinitramfs after stage 1). Each generation takes ~5 s instead of 38-54 s (the module
+# walk, not the compression; the 2-core machine at load 4), and test_driver_install's bookworm host alone makes about
+# ten: the install's dpkg triggers (three) and nvidia-persistenced's, each new kernel's hook, the driver swap's.
 INITRAMFS_CONF = "MODULES=list\n"
 RECIPE = "v3 " + " ".join(PREP_PACKAGES) + " " + INITRAMFS_CONF
 SYSTEMD_FLAGS = [*NESTED, "--tmpfs", "/run", "--tmpfs", "/run/lock"]
