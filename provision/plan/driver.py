@@ -25,7 +25,7 @@ import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from provision import effects, package_managers, paths
+from provision import effects, package_managers, paths, record
 from provision.decide.driver import default_source, packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
     METAPACKAGE_RE,
@@ -40,9 +40,9 @@ from provision.decide.kernel import (
 )
 from provision.decide.packages import debian_components
 from provision.decide.targets import Target
-from provision.errors import DkmsBuildFailed, RemovalRefused, StepFailed, Unsupported
+from provision.errors import DkmsBuildFailed, GpuprovError, RemovalRefused, StepFailed, Unsupported
 from provision.facts.boot import installed_kernels, next_boot_kernel, nvidia_module
-from provision.facts.driver_facts import DRIVER_PACKAGE_RE
+from provision.facts.driver_facts import DRIVER_PACKAGE_RE, InstalledDriver, installed_driver
 from provision.facts.packages import (
     archive_depends,
     archive_versions,
@@ -54,6 +54,7 @@ from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.package_managers.apt import Apt, read_pins, restore_sources
+from provision.package_managers.base import PackageManager
 from provision.plan import repos
 from provision.plan.packages import (
     PackageInstall,
@@ -571,7 +572,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     packages = _driver_packages(gpus, target)
     root = Path(report.root or "/")
     pm = package_managers.get(target.package_manager)
-    kept = _keep_installed(drv, packages, opt, baking, _held_series(root, target, packages))
+    kept = _keep_installed(_installed_driver(drv, root, pm), packages, opt, baking, pm, root,
+                           _held_series(root, target, packages))
     if kept:
         return [kept]
     modules = gpus[0].modules
@@ -672,24 +674,45 @@ def _boot_kernel_unserved(root: Path, running: str | None) -> bool:
     return any(METAPACKAGE_RE.match(p.name) and p.held for p in series_installed(root).values())
 
 
-def _keep_installed(drv, packages: list[str], opt, baking: bool, ours: bool = False) -> Step | None:
+def _installed_driver(drv, root: Path, pm: PackageManager) -> InstalledDriver | None:
+    """The driver on disk the facts found (dpkg's packages, the .run installer), else the driver packages the
+    package manager's database lists (rpm's: the facts layer reads files, rpm's database is asked through the
+    adapter; apt's answer is the dpkg database the facts read already). None: no driver on disk."""
+    if drv is None or drv.installed is not None:
+        return drv.installed if drv else None
+    return installed_driver(root, pm.installed_packages(root, DRIVER_PACKAGE_RE.match))
+
+
+def _recorded(root: Path, packages: tuple[str, ...]) -> bool:
+    """`packages` are in gpuprov's install record (its driver stage): a driver gpuprov installed, before its reboot.
+    dnf's record keeps side-by-side packages by NAME-VERSION-RELEASE.ARCH, so a name matches those too."""
+    try:
+        rec = record.read(str(under(root, paths.INSTALL_RECORD)))
+    except GpuprovError:
+        return False  # an untrusted or broken record names nothing of gpuprov's here (uninstall refuses it itself)
+    ours = rec.packages.get("driver", [])
+    return bool(packages) and all(p in ours or any(o.startswith(f"{p}-") and o[len(p) + 1:][:1].isdigit()
+                                                   for o in ours) for p in packages)
+
+
+def _keep_installed(inst: InstalledDriver | None, packages: list[str], opt, baking: bool, pm: PackageManager,
+                    root: Path, ours: bool = False) -> Step | None:
     """A driver on disk but not loaded (the loaded one is driver.present) that gpuprov did not install is kept, with
     no driver step: NVIDIA's CUDA-repository packages and the .run installer always (installing the distro's over
-    them breaks both), the distribution's driver of another branch unless --driver names one. None: plan the
-    install (nothing there, the packages this plan installs: their own checks say done, or `ours`: the series
-    gpuprov installed and held)."""
-    inst = drv.installed if drv else None
-    if inst is None or baking:
+    them breaks both), the distribution's (or, on EL, ELRepo's) driver of another branch unless --driver names one.
+    None: plan the install (nothing there, the packages this plan installs: their own checks say done, or `ours`:
+    the series gpuprov installed and held, or the packages its install record names)."""
+    if inst is None or baking or _recorded(root, inst.packages):
         return None
-    if inst.source == "distro":
+    if inst.source in ("distro", "elrepo"):
         mine = {p for p in packages if DRIVER_PACKAGE_RE.match(p)}
         if mine <= set(inst.packages) or opt.driver != "auto" or ours:
             return None
-    replace = {"cuda-repo": "to have gpuprov install the distribution's driver instead, purge NVIDIA's packages "
-                            f"first (apt-get purge {' '.join(inst.packages)})",
+    hint = " && ".join(" ".join(a) for a in pm.removal_hint(root, inst.packages)) if inst.packages else ""
+    replace = {"cuda-repo": f"to have gpuprov install its own instead, remove NVIDIA's packages first ({hint})",
                "run-installer": "to have gpuprov install the distribution's driver instead, remove it first "
                                 "(nvidia-installer --uninstall)",
-               "distro": "`--driver <branch>` replaces it"}[inst.source]
+               "distro": "`--driver <branch>` replaces it", "elrepo": "`--driver <branch>` replaces it"}[inst.source]
     boot = [f"reboot to load it: the module is on disk for {', '.join(inst.modules)}" if inst.modules else
             "no nvidia module on disk for any kernel: its package's build may have failed"]
     if inst.reboot_pending:

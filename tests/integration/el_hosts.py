@@ -19,6 +19,7 @@ from pathlib import Path
 from tests.integration.hosts import StandInHost, built_in_container, committed_image, ensure_image, ensure_wheelhouse, sh
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "el-repos"
+GPU_PCI = FIXTURE.parent / "hosts" / "h200-vm" / "sys" / "bus" / "pci" / "devices"  # one H200 (10de:2335)
 PORT = 8089  # the loopback HTTP server inside the host (its own network namespace: no clash with anything)
 APT = "dnf rpm createrepo-c dnf-plugins-core dracut-core python3 python3-venv curl gnupg"
 # Where Debian's dnf/rpm differ from EL's, set as EL has them: rpm's database in /var/lib/rpm (Debian: ~/.rpmdb), no
@@ -154,14 +155,17 @@ for r in pk.get("other_releases", []):
 
 class ElHost(StandInHost):
     """A Rocky host container (major "9" or "8"), or one of packages.json's `other_releases` (major "amzn2023" or
-    "alinux3"), `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it."""
+    "alinux3"), `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it. `gpu`: a server with
+    its GPU on the PCI bus (tests/fixtures/hosts/h200-vm's PCI devices, an H200, bound over /sys/bus/pci/devices), so
+    gpuprov plans for the GPU it finds rather than baking for one (--for-gpu)."""
 
-    def __init__(self, major: str = "9"):
+    def __init__(self, major: str = "9", gpu: bool = False):
         self.major = major
         self.name = f"el-host-{uuid.uuid4().hex[:8]}"
         repos = el_repos()
+        pci = ("-v", f"{GPU_PCI}:/sys/bus/pci/devices:ro") if gpu else ()
         # /run a tmpfs, as on a server: a restart (the reboot) empties it
-        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run",
+        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run", *pci,
            "-v", f"{repos}:/srv/repos:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", el_image())
         # The release installed as the installer leaves it (its release package in rpm's database, os-release); the
         # served tree is a copy (later/ gets published into it); the distribution's key is in place as an installed
