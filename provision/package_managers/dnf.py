@@ -44,6 +44,7 @@ LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u);
                "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u); "
                "\"$pm\" versionlock delete $n >/dev/null; exec \"$pm\" versionlock add $n")
 MODULES_D = "/etc/dnf/modules.d"
+RPM_DBPATHS = ("var/lib/rpm", "usr/lib/sysimage/rpm")  # rpm's database: EL 8/9's place, and Fedora's/EL 10's
 RPM_ROW = "%{NAME} %{EPOCHNUM}:%{VERSION}-%{RELEASE}\n"  # installed_packages' query: one package a line
 # NVIDIA's `nvidia-driver` module: a stream's kernel-module flavour is in its name (570-open and open-dkms: open;
 # 570-dkms and latest-dkms: proprietary), and each flavour's kmod package conflicts with the other's, so a switch
@@ -168,7 +169,11 @@ class Dnf(PackageManager):
     def installed_packages(self, root: Path, match: Callable[[str], object]) -> dict[str, InstalledPackage]:
         """rpm's database under `root`, asked (`rpm --root ROOT -qa`) rather than read: its file is rpm's own format
         (sqlite on EL 9 and Amazon Linux 2023, Berkeley DB on EL 8 and Alibaba Cloud Linux 3), which only rpm reads
-        on every release. A query changes nothing. Versions as [EPOCH:]VERSION-RELEASE (epoch 0 left out)."""
+        on every release. A query changes nothing. Versions as [EPOCH:]VERSION-RELEASE (epoch 0 left out). A root
+        without rpm's database (a host tree of another family, a fixture) is not asked: a plan runs no command there
+        (tests/unit/test_plan_truth.py)."""
+        if not any(under(root, d).is_dir() for d in RPM_DBPATHS):
+            return {}
         res = effects.try_run(["rpm", "--root", str(root), "-qa", "--qf", RPM_ROW], timeout=60, probe=True)
         out = {}
         for line in (res.output if res and res.returncode == 0 else "").splitlines():

@@ -38,7 +38,9 @@ def rpm_answers(monkeypatch):
 
 def el_host(tmp_path: Path, recorded: str, answer: list[str]) -> Path:
     answer[0] = (VARIANTS / recorded).read_text()
-    return make_host(tmp_path, "rocky-9", "datacenter", kernel=KERNEL)  # an H100: open kernel modules
+    root = make_host(tmp_path, "rocky-9", "datacenter", kernel=KERNEL)  # an H100: open kernel modules
+    (root / "var/lib/rpm").mkdir(parents=True)  # rpm's database is there (its files are rpm's to read)
+    return root
 
 
 def driver_plan(root: Path, driver: str = "auto") -> dict:
@@ -101,3 +103,12 @@ def test_rpm_names_are_driver_packages_and_the_apt_way_out_is_apts(tmp_path):
     (tmp_path / f"lib/modules/{KERNEL}/weak-updates/nvidia").mkdir(parents=True)  # a kABI-compatible kernel's link
     (tmp_path / f"lib/modules/{KERNEL}/weak-updates/nvidia/nvidia.ko").write_text("")
     assert nvidia_modules(tmp_path) == (KERNEL,)
+
+
+def test_a_root_without_rpms_database_is_not_asked(tmp_path, rpm_answers):
+    """A host tree without rpm's database (a fixture, another family's root) is not asked: a plan there runs no
+    command (tests/unit/test_plan_truth.py)."""
+    answer, asked = rpm_answers
+    root = el_host(tmp_path, "rpm-qa-cuda-570-open.txt", answer)
+    (root / "var/lib/rpm").rmdir()
+    assert package_managers.get("dnf").installed_packages(root, DRIVER_PACKAGE_RE.match) == {} and not asked
