@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from provision import effects
-from provision.decide.kernel import PIN_FILE, PIN_PRIORITY, branch_of, pinned_branches
+from provision.decide.kernel import METAPACKAGE_RE, PIN_FILE, PIN_PRIORITY, branch_of, pinned_branches, pinned_series
 from provision.errors import StepFailed
 from provision.facts.packages import InstalledPackage, dpkg_installed
 from provision.facts.rootfs import read_text, under
@@ -122,6 +122,11 @@ class Apt(PackageManager):
     def hold_exact(self, packages: Argv) -> Argv:
         """Pin the sources of `packages` at exactly the versions installed (a rolled-back update's pin)."""
         return ("sh", "-c", PIN_EXACT, "pin-exact", *packages)
+
+    def driver_held(self, root: Path, packages: Argv) -> bool:
+        """A driver metapackage of `packages` is in the series gpuprov pinned (decide/kernel.py: pinned_series)."""
+        installed = pinned_series(dpkg_installed(root), read_pins(root))
+        return any(METAPACKAGE_RE.match(p) and p in installed and installed[p].held for p in packages)
 
     def held(self, root: Path, packages: Argv) -> bool:
         installed = dpkg_installed(root)

@@ -98,6 +98,13 @@ class PackageManager(ABC):
     def held(self, root: Path, packages: Argv) -> bool:
         """`packages` are held as `hold` holds them (read under `root`)."""
 
+    def driver_held(self, root: Path, packages: Argv) -> bool:
+        """The driver a plan installs (`packages`; a module stream by its module's name) is installed and held as
+        gpuprov's hold step holds it: the driver gpuprov installed, which it keeps following (a kernel that boots
+        without its module, another kernel-module flavour)."""
+        names = tuple(dict.fromkeys(p.split(":")[0] for p in packages))
+        return bool(names) and self.held(root, names)
+
     def holds_among(self, root: Path, holds: Argv, packages: Argv) -> Argv:
         """What `unhold` takes off before a purge of `packages`: gpuprov's recorded `holds` (apt's)."""
         return holds

@@ -215,6 +215,8 @@ class Dnf(PackageManager):
         """Each of `packages` is locked, and only at the version installed (after a stream switch the old branch's
         lock would keep the new packages from their updates within the branch, and hold nothing)."""
         have = self.locks(root)
+        if not all(any(n == name for n, _ in have) for name in packages):
+            return False  # read from the list alone: no rpm query (a plan on a host gpuprov never locked runs none)
         installed = self.rpm_versions(root, packages)
         return all(any(n == name for n, _ in have) and all(v == installed.get(name) for n, v in have if n == name)
                    for name in packages)

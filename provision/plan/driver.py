@@ -28,7 +28,6 @@ from pathlib import Path
 from provision import effects, package_managers, paths, record
 from provision.decide.driver import default_source, packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
-    METAPACKAGE_RE,
     PIN_FILE,
     Replacement,
     branch_replacement,
@@ -366,12 +365,10 @@ class DriverInstall(Action):
             ([Command(self.pm.unpin())] if self.unpin else [])
 
     def _autoinstall(self) -> list[Command]:
-        """The module package's own build covers the running and the newest kernel only; DKMS's autoinstall builds
-        for the others (and does nothing where it is built)."""
-        return [Command(("dkms", "autoinstall", "-k", k)) for k in self.kernels] if self.dkms_package else []
+        return DkmsBuild(self.kernels, self.ways_out).builds() if self.dkms_package else []
 
     def _dkms_status(self) -> list[Command]:
-        return [Command(("dkms", "status", "-k", k)) for k in self.kernels] if self.dkms_package else []
+        return DkmsBuild(self.kernels, self.ways_out).checks() if self.dkms_package else []
 
     def commands(self) -> list[Command]:
         """In order: unhold the old series (a change of branch), refresh, ask apt for every kernel's headers, install
@@ -444,7 +441,7 @@ class DriverInstall(Action):
             raise effects.failed(install.shell(), res.returncode, res.output)
         for status in self._dkms_status():
             k = status.argv[-1]
-            built = any(k in ln and ln.rstrip().endswith(": installed") for ln in status.run().output.splitlines())
+            built = dkms_installed(status.run().output, k)
             # a build that ran and failed (its make.log, DKMS's own message) — not apt failing before it
             if not built and (res.returncode == 0 or "Bad return status" in res.output or build_logs()):
                 raise self._rollback(k)
@@ -478,8 +475,7 @@ class DriverInstall(Action):
         lacking, audit = [], ""
         for c in rest:
             r = c.run()
-            if c.argv[:2] == ("dkms", "status") and not any(
-                    ln.rstrip().endswith(": installed") for ln in r.output.splitlines()):
+            if c.argv[:2] == ("dkms", "status") and not dkms_installed(r.output, c.argv[-1]):
                 lacking.append(c.argv[-1])
             if c.argv == self.pm.audit():
                 audit = r.output.strip()
@@ -494,6 +490,51 @@ class DriverInstall(Action):
         return DkmsBuildFailed(
             f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
             f"{f' (full log: {kept})' if kept else ''}. {back}; {modules}; {state}. Ways out: {self.ways_out}")
+
+
+@dataclass(frozen=True)
+class DkmsBuild(Action):
+    """DKMS builds the driver's module for every kernel the plan chose, and `dkms status` proves it did. A module
+    package's own scriptlet builds for the running kernel only (NVIDIA's kmod-nvidia-*-dkms; Debian's for the newest
+    too), and kernel-devel installed after its kernel triggers no build: the kernel that boots next, or every
+    installed one when baking an image, gets its build here (autoinstall does nothing where the module is built).
+    On apt it is part of DriverInstall; elsewhere it follows the package install, which completed: a failed build
+    stops the plan with exit 16 naming the kernel and the compiler's first error, the packages left installed (the
+    package manager's database is consistent; nothing to roll back) for a re-run once the way out is taken."""
+    reports = True
+    kernels: tuple[str, ...]
+    ways_out: str
+
+    def builds(self) -> list[Command]:
+        return [Command(("dkms", "autoinstall", "-k", k)) for k in self.kernels]
+
+    def checks(self) -> list[Command]:
+        return [Command(("dkms", "status", "-k", k)) for k in self.kernels]
+
+    def commands(self) -> list[Command]:
+        return [*self.builds(), *self.checks()]
+
+    def lines(self) -> list[str]:
+        return [ln for c in self.commands() for ln in c.lines()] + \
+            ["  (a kernel whose status is not `installed` stops the step there: exit 16, the packages kept)"]
+
+    def execute(self) -> str:
+        for build in self.builds():  # its outcome is what `dkms status` says next
+            build.run()
+        for status in self.checks():
+            k = status.argv[-1]
+            if not dkms_installed(status.run().output, k):
+                first, kept = first_build_error(k)
+                raise DkmsBuildFailed(
+                    f"DKMS could not build the driver's module for kernel {k}: {first or 'no compiler error found'}"
+                    f"{f' (full log: {kept})' if kept else ''}. The driver's packages stay installed (nothing to roll "
+                    f"back); kernel {k} has no nvidia module (`gpuprov verify` names it). Ways out: {self.ways_out}")
+        return f"DKMS built the driver's module for {', '.join(self.kernels)}"
+
+
+def dkms_installed(status: str, kernel: str) -> bool:
+    """`dkms status -k K` lists a module installed for K ("nvidia/570.133.20, K, x86_64: installed")."""
+    return any(kernel in ln and ln.rstrip().endswith(": installed") for ln in status.splitlines())
 
 
 def _last_error(output: str) -> str:
@@ -565,7 +606,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         return []
     gpus = [d for _, d in report.gpus]
     baking = bool(getattr(opt, "for_gpus", ()))
-    early = _nothing_to_install(report, gpus, baking)
+    early = _nothing_to_install(report, gpus, baking, target)
     if early:
         return [early]
     drv = report.driver
@@ -640,15 +681,17 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     return steps
 
 
-def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | None:
+def _nothing_to_install(report: HostReport, gpus: list, baking: bool, target: Target) -> Step | None:
     """The verify-only step when there is no GPU, or a loaded driver with its userspace (unless baking an image for
-    GPUs this machine does not have); None when the driver is to be installed."""
+    GPUs this machine does not have, or the kernel that boots next lacks the module of the driver gpuprov holds);
+    None when the driver is to be installed."""
     drv = report.driver
     if not gpus:
         return Step("driver.none", Stage.DRIVER, "No NVIDIA GPU on the PCI bus: no driver to install",
                     check=Already("no GPU"), verify_only=True)
+    ours = tuple(dict.fromkeys(p for d in gpus for p in d.packages))
     if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking and \
-            not _boot_kernel_unserved(Path(report.root or "/"), drv.kernel_release):
+            not _boot_kernel_unserved(Path(report.root or "/"), drv.kernel_release, target, ours):
         return Step("driver.present", Stage.DRIVER,
                     f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
                     f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
@@ -657,21 +700,19 @@ def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | 
 
 
 def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
-    """The driver metapackage this plan installs is installed and held: the series gpuprov installed (its hold
-    step), which it keeps following (another module flavour, an update within the branch for a new kernel)."""
-    if not package_managers.get(target.package_manager).checked_driver_install:
-        return False
-    installed = series_installed(root)
-    return any(METAPACKAGE_RE.match(p) and p in installed and installed[p].held for p in packages)
+    """The driver this plan installs is installed and held (its package manager's driver_held): the series gpuprov
+    installed (its hold step), which it keeps following (another module flavour, an update within the branch for a
+    new kernel)."""
+    return package_managers.get(target.package_manager).driver_held(root, tuple(packages))
 
 
-def _boot_kernel_unserved(root: Path, running: str | None) -> bool:
+def _boot_kernel_unserved(root: Path, running: str | None, target: Target, packages: tuple[str, ...]) -> bool:
     """A driver loaded from gpuprov's held series while the kernel that boots next (a kernel update) has no nvidia
     module: the driver stage runs for that kernel instead of leaving the driver alone."""
     boot = boot_kernel(root)
     if not boot or boot == running or module_built(root, boot):
         return False
-    return any(METAPACKAGE_RE.match(p.name) and p.held for p in series_installed(root).values())
+    return _held_series(root, target, list(packages))
 
 
 def _installed_driver(drv, root: Path, pm: PackageManager) -> InstalledDriver | None:
@@ -833,15 +874,16 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                      "module)")
     if kp.precompiled_why:
         notes.append(f"kernel module: {kp.precompiled_why}")
+    ways = "; ".join(w for w in (
+        "--kernel-modules proprietary (this GPU allows it)" if gpu.modules == "open" and
+        gpu.kernel_modules == "either" else "",
+        "another kernel (install it, then --kernel VERSION)",
+        "NVIDIA's repository (--driver-source nvidia)" if opt.driver_source != "nvidia" else
+        "ELRepo's prebuilt kmods (--driver-source elrepo)" if default_source(target) == "elrepo" else "",
+        f"back to {rep.old} (--driver with its branch)" if rep else "") if w)
     if pm.checked_driver_install and not opt.bundle:
-        ways = [w for w in (
-            "--kernel-modules proprietary (this GPU allows it)" if gpu.modules == "open" and
-            gpu.kernel_modules == "either" else "",
-            "another kernel (install it, then --kernel VERSION)",
-            "NVIDIA's repository (--driver-source nvidia)",
-            f"back to {rep.old} (--driver with its branch)" if rep else "") if w]
         install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
-                                tuple(h for h in kp.headers if h.startswith("linux-headers-")), "; ".join(ways),
+                                tuple(h for h in kp.headers if h.startswith("linux-headers-")), ways,
                                 allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
                                 remove=rep.remove if rep else (), unpin=bool(rep and not rep.why),
                                 previous=rep.previous if rep and rep.why else (),
@@ -853,9 +895,11 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
         return Step("driver.packages", Stage.DRIVER, title, actions=(install, *auto),
                     check=DriverBuilt(pm.name, all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
                     reboot=True, reboot_reason=why, notes=tuple(notes))
-    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False)
+    # DKMS's build for each chosen kernel, after the install (from a bundle: the packages' own scriptlets only)
+    builds = DkmsBuild(kernels.releases, ways) if dkms and not opt.bundle else None
+    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, builds is not None)
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
-                        reboot_reason=why,
+                        reboot_reason=why, post=(builds,) if builds else (),
                         allow_remove=opt.allow_remove, switch=switch, swap=swap,
                         check=StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))

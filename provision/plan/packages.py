@@ -246,7 +246,7 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
                  pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
-                 opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), kept_before: str = "",
+                 opts: tuple[str, ...] = (), post: tuple[Action, ...] = (), kept_before: str = "",
                  switch: tuple[str, ...] = (), swap: tuple[str, ...] = (), **kw) -> Step:
     """pre: what runs before the install (a repository added); opts: dnf's options for the install and its dry run
     (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three. kept_before: what

@@ -86,7 +86,21 @@ def spec(p):
         else:
             lines.append(f"printf '%s\\n' {json.dumps(src)} > %{{buildroot}}{path}")
     lines += ["%files"] + [f"%dir {f}" if s == "/" else f for f, s in files.items()]
+    lines += SCRIPTLETS[p["scriptlet"]](p) if "scriptlet" in p else []
     return "\n".join(lines) + "\n"
+# The scriptlets the real packages run (tests/fixtures/el-repos/README.md says whose): a kernel's %posttrans runs
+# kernel-install's plugins (dkms's among them: tests/fixtures/el-repos/payloads), a DKMS module package registers its
+# source and builds for the running kernel only, each step's failure ignored.
+def kernel_install(p):
+    k = f"{p['version']}-{p['release']}.{p.get('arch', 'x86_64')}"
+    return ["%posttrans", "for h in /usr/lib/kernel/install.d/*.install; do",
+            f'  [ -x "$h" ] || continue; "$h" add {k} /lib/modules/{k}/vmlinuz || exit $?', "done"]
+def dkms_module(p):
+    src = next(f for f in p["files"] if f.endswith("/dkms.conf")).split("/")[3]
+    mv = f"-m {src.rsplit('-', 1)[0]} -v {src.rsplit('-', 1)[1]}"
+    return ["%post", f"dkms add {mv} -q --rpm_safe_upgrade || :", f"dkms build {mv} -q || :",
+            f"dkms install {mv} -q --force || :", "%preun", f"dkms remove {mv} -q --all --rpm_safe_upgrade || :"]
+SCRIPTLETS = {"kernel-install": kernel_install, "dkms": dkms_module}
 gpgkeys = {}
 for p in pk["packages"]:
     for k, v in list(p.get("files", {}).items()):
@@ -144,6 +158,15 @@ for r in pk["releases"]:
     rpm = glob.glob(f"/tmp/rel/RPMS/noarch/rocky-release-{r['rv']}-{r['rr']}.noarch.rpm")[0]
     shutil.copy(rpm, out / "releases" / f"rocky-release-el{r['major']}.rpm")
     shutil.copy(fx / "host" / f"os-release-{r['major']}", out / "releases" / f"os-release-el{r['major']}")
+# Every EL install has bash, which provides /bin/sh: the interpreter of the scriptlets (rpm requires it of them
+# whatever AutoReqProv says). One stand-in of it serves every release, installed when a host starts.
+(top / "SPECS" / "bash.spec").write_text("\n".join([
+    "Name: bash", "Version: 5.1.8", "Release: 9.el9", "Summary: stand-in for bash", "License: stand-in",
+    "BuildArch: noarch", "Provides: /bin/sh", "AutoReqProv: no", "%description", "stand-in: /bin/sh is Debian's",
+    "%files", ""]))
+subprocess.run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", str(top / "SPECS" / "bash.spec")],
+               check=True)
+shutil.copy(glob.glob(str(top / "RPMS" / "noarch" / "bash-5.1.8-9.el9.noarch.rpm"))[0], out / "releases" / "bash.rpm")
 # The other releases (Amazon Linux 2023, Alibaba Cloud Linux 3): their own release package's spec, installed the same
 # way.
 for r in pk.get("other_releases", []):
@@ -175,7 +198,8 @@ class ElHost(StandInHost):
             (f"rocky-release-el{major}.rpm", f"os-release-el{major}")
         served = other["key"] if other else f"rocky/RPM-GPG-KEY-Rocky-{major}"
         key = f"/etc/pki/rpm-gpg/{served.rsplit('/', 1)[1]}"
-        self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/{rpm}; cp /srv/repos/releases/{osr} /etc/os-release; "
+        self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/{rpm} /srv/repos/releases/bash.rpm; "
+                  f"cp /srv/repos/releases/{osr} /etc/os-release; "
                   "cp -a /srv/repos /srv/www; rm -rf /srv/www/later; "
                   f"install -m0644 /srv/www/{served} {key}; rpm --import {key}", check=True)
         self.serve()
