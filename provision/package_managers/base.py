@@ -64,6 +64,15 @@ class PackageManager(ABC):
                 remove: Argv = ()) -> Argv:
         """The install, in a form that cannot remove a package unless `allow_remove` (or `remove` names it)."""
 
+    def upgrade_verb(self) -> Argv:
+        """The verb that brings installed packages to their newest candidate (the install's own where it does)."""
+        return ("install",)
+
+    def kernel_kept(self) -> Argv:
+        """Options for an install that must not bring a kernel in as a dependency: the newest candidate that fits the
+        installed kernels instead (ELRepo's kmods are each built for one minor release's kernel and require it)."""
+        return ()
+
     @abstractmethod
     def removals(self, output: str) -> list[str]:
         """The installed packages a dry run's output says the transaction removes, in order, once each."""

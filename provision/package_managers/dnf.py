@@ -80,6 +80,15 @@ class Dnf(PackageManager):
     def refresh(self, opts: Argv = ()) -> None:
         return None  # dnf refreshes expired metadata itself
 
+    def upgrade_verb(self) -> Argv:
+        return ("upgrade",)
+
+    def kernel_kept(self) -> Argv:
+        """ELRepo's newest kmod requires the newest minor release's kernel: with it offered, dnf installed that kernel
+        in the driver's transaction; without (an EUS host), best=True failed the install (tests/fixtures/el-variants).
+        Kernels excluded and best off, dnf picks the newest build for the installed kernel (real dnf 4.14)."""
+        return ("--setopt=best=False", "--exclude=kernel,kernel-core")
+
     def simulate_install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), remove: Argv = ()) -> Argv:
         """`remove`: what the transaction replaces on purpose (a flavour switch's old kmod, `stream_swaps`): dnf
         erases it only with --allowerasing, its dry run too (without, the dry run fails on the conflict)."""
@@ -334,6 +343,9 @@ class Yum(Dnf):
 
     def _erasing(self, allow_remove: bool) -> Argv:
         return ()  # yum has no --allowerasing: it replaces on obsoletes, which the dry run names
+
+    def kernel_kept(self) -> Argv:
+        return ("--exclude=kernel",)  # yum has no `best`: it takes the newest candidate that installs
 
     def config_manager(self) -> Argv:
         return ("yum-config-manager",)

@@ -532,6 +532,34 @@ class DkmsBuild(Action):
         return f"DKMS built the driver's module for {', '.join(self.kernels)}"
 
 
+@dataclass(frozen=True)
+class KmodServes(Action):
+    """After ELRepo's kmod was updated for the kernel that boots next: that kernel has its nvidia module (the kmod's
+    own build, or a weak-updates link within its minor release). ELRepo publishes a minor release's builds some days
+    after its kernel: with none yet, dnf found nothing newer, the locks lifted for the update are set again (`relock`)
+    and the step stops (exit 4) naming the kernel and the ways out."""
+    reports = True
+    kernel: str
+    relock: tuple[tuple[str, ...], ...]
+
+    def on_failure(self) -> list[Command]:
+        return [Command(argv) for argv in self.relock]
+
+    def lines(self) -> list[str]:
+        return [f"  (then kernel {self.kernel} must have an nvidia module; if not, lock again and stop with exit 4:)",
+                *(f"  {ln}" for c in self.on_failure() for ln in c.lines())]
+
+    def execute(self) -> str:
+        if module_built(Path("/"), self.kernel):
+            return f"ELRepo's kmod serves kernel {self.kernel}"
+        for c in self.on_failure():
+            c.execute()
+        raise Unsupported(
+            f"ELRepo offers no kmod for kernel {self.kernel} yet (each kmod is built for one minor release's kernels; "
+            "the installed one is kept and locked again): boot a kernel it serves until ELRepo publishes the build, "
+            "then run bootstrap again; or use NVIDIA's repository (--driver-source nvidia: DKMS builds for any kernel)")
+
+
 def dkms_installed(status: str, kernel: str) -> bool:
     """`dkms status -k K` lists a module installed for K ("nvidia/570.133.20, K, x86_64: installed")."""
     return any(kernel in ln and ln.rstrip().endswith(": installed") for ln in status.splitlines())
@@ -628,6 +656,13 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
     if target.family == "rhel" and not dkms:
         check_kmod_kernels(kernels.releases)
+    # ELRepo's kmod gpuprov locked, and the kernel that boots next outside its minor release (no weak-updates link):
+    # the kmod follows that kernel, its locks lifted for the update and set again by the hold step
+    unlock = _kmod_unlock(root, pm, packages) if target.family == "rhel" and not dkms and not opt.bundle else ()
+    boot = boot_kernel(root)
+    if unlock and boot:
+        kernels = Kernels((boot,), f"{boot} boots next without an nvidia module: ELRepo builds a kmod for each "
+                          "minor release's kernels")
     if apt.replacement is None and dkms and pm.checked_driver_install and not opt.bundle:
         update = series_update(series_installed(root), packages, closure(packages, archive_depends(root)),
                                archive_versions(root, packages), tuple(k for k in kernels.releases if not module_built(root, k)))
@@ -652,7 +687,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
-                             pre.abi if pre and pre.package else ())
+                             pre.abi if pre and pre.package else (), unlock)
     # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
     # `dnf module switch-to` makes; a switch between kernel-module flavours also replaces the old flavour's kmod
     # (`swap`), whose hold goes too. Read once, for the packages step and the hold step.
@@ -704,6 +739,16 @@ def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
     installed (its hold step), which it keeps following (another module flavour, an update within the branch for a
     new kernel)."""
     return package_managers.get(target.package_manager).driver_held(root, tuple(packages))
+
+
+def _kmod_unlock(root: Path, pm, packages: list[str]) -> tuple[str, ...]:
+    """The nvidia packages whose locks are lifted for ELRepo's kmod to follow the kernel that boots next: gpuprov
+    locked the kmod (driver_held) and that kernel has no nvidia module (weak-modules links a kmod only into the
+    kernels of its minor release). Empty: nothing to follow."""
+    boot = boot_kernel(root)
+    if not boot or module_built(root, boot) or not pm.driver_held(root, tuple(packages)):
+        return ()
+    return tuple(n for n in pm.locked_names(root) if "nvidia" in n)
 
 
 def _boot_kernel_unserved(root: Path, running: str | None, target: Target, packages: tuple[str, ...]) -> bool:
@@ -844,6 +889,7 @@ class KernelPlan:
     precompiled_why: str = ""
     replacement: Replacement | None = None
     auto: tuple[str, ...] = ()  # Ubuntu: each kernel's precompiled modules, marked automatic after the install
+    kmod_unlock: tuple[str, ...] = ()  # ELRepo: the locks lifted so the kmod follows the kernel that boots next
 
 
 def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
@@ -897,9 +943,27 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                     reboot=True, reboot_reason=why, notes=tuple(notes))
     # DKMS's build for each chosen kernel, after the install (from a bundle: the packages' own scriptlets only)
     builds = DkmsBuild(kernels.releases, ways) if dkms and not opt.bundle else None
-    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, builds is not None)
+    # prebuilt kmods (ELRepo's): the build for the installed kernels, never a kernel pulled in with the newest one
+    kept = pm.kernel_kept() if target.family == "rhel" and not dkms else ()
+    if kept and not kp.kmod_unlock:
+        title += " (ELRepo's build for the installed kernels' minor release: no newer kernel pulled in)"
+    if kept:
+        notes.append("ELRepo's kmods are each built for one minor release's kernel: the newest build that fits the "
+                     "installed kernels is installed, never a newer kernel with it (a kernel of the next minor release "
+                     "installed later gets its kmod from the next bootstrap)")
+    pre: tuple = ()
+    post: tuple = (builds,) if builds else ()
+    verb: tuple[str, ...] = ()
+    if kp.kmod_unlock:  # the kmod follows the kernel that boots next: unlocked, updated, proven, locked again
+        boot = kernels.releases[0]
+        title = (f"Update ELRepo's kmod for kernel {boot}, which boots next without its module (a kmod serves one "
+                 f"minor release's kernels): {' '.join(packages)}")
+        pre, verb = (Command(pm.unhold(kp.kmod_unlock)),), pm.upgrade_verb()
+        post = (KmodServes(boot, pm.hold(kp.kmod_unlock)),)
+    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases,
+                        builds is not None or bool(kp.kmod_unlock))
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
-                        reboot_reason=why, post=(builds,) if builds else (),
+                        reboot_reason=why, pre=pre, post=post, opts=kept, verb=verb,
                         allow_remove=opt.allow_remove, switch=switch, swap=swap,
                         check=StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))

@@ -93,14 +93,24 @@ def spec(p):
 # source and builds for the running kernel only, each step's failure ignored.
 def kernel_install(p):
     k = f"{p['version']}-{p['release']}.{p.get('arch', 'x86_64')}"
-    return ["%posttrans", "for h in /usr/lib/kernel/install.d/*.install; do",
+    return ["%posttrans", f"/usr/sbin/weak-modules --add-kernel {k} || exit $?",
+            "for h in /usr/lib/kernel/install.d/*.install; do",
             f'  [ -x "$h" ] || continue; "$h" add {k} /lib/modules/{k}/vmlinuz || exit $?', "done"]
+def kmod(p):  # ELRepo's kmodtool: depmod and weak-modules for its modules; on removal, the links taken away
+    nvr = f"{p['name']}-{p['version']}-{p['release']}.{p.get('arch', 'x86_64')}"
+    ko = next(f for f in p["files"] if f.endswith(".ko"))
+    listed = f"/run/rpm-{p['name']}-modules"
+    return ["%post", f"echo {ko} | /usr/sbin/weak-modules --add-modules",
+            "%preun", f"rpm -ql {nvr} | grep '[.]ko$' > {listed}",
+            "%postun", f"/usr/sbin/weak-modules --remove-modules < {listed}; rm -f {listed}"]
 def dkms_module(p):
     src = next(f for f in p["files"] if f.endswith("/dkms.conf")).split("/")[3]
     mv = f"-m {src.rsplit('-', 1)[0]} -v {src.rsplit('-', 1)[1]}"
     return ["%post", f"dkms add {mv} -q --rpm_safe_upgrade || :", f"dkms build {mv} -q || :",
             f"dkms install {mv} -q --force || :", "%preun", f"dkms remove {mv} -q --all --rpm_safe_upgrade || :"]
-SCRIPTLETS = {"kernel-install": kernel_install, "dkms": dkms_module}
+SCRIPTLETS = {"kernel-install": kernel_install, "dkms": dkms_module, "kmod": kmod}
+def later_dir(later):  # `later: true` is the next update (later/), `later: "minor"` the next minor release's
+    return "" if not later else "later" if later is True else f"later-{later}"
 gpgkeys = {}
 for p in pk["packages"]:
     for k, v in list(p.get("files", {}).items()):
@@ -116,7 +126,7 @@ rpms = [glob.glob(str(top / "RPMS" / "*" / f"{p['name']}-{p['version']}-{p['rele
 subprocess.run(["rpmsign", "--define", "__gpg /usr/bin/gpg", "--define", "_gpg_name gpuprov stand-in signer",
                 "--addsign", *sorted(set(rpms))], check=True, env=env, capture_output=True)
 for p, rpm in zip(pk["packages"], rpms):
-    dest = out / ("later" if p.get("later") else "") / p["repo"]
+    dest = out / later_dir(p.get("later")) / p["repo"]
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(rpm, dest / (p.get("file_name") or os.path.basename(rpm)))
 for d in pk["repos"]:
@@ -158,15 +168,6 @@ for r in pk["releases"]:
     rpm = glob.glob(f"/tmp/rel/RPMS/noarch/rocky-release-{r['rv']}-{r['rr']}.noarch.rpm")[0]
     shutil.copy(rpm, out / "releases" / f"rocky-release-el{r['major']}.rpm")
     shutil.copy(fx / "host" / f"os-release-{r['major']}", out / "releases" / f"os-release-el{r['major']}")
-# Every EL install has bash, which provides /bin/sh: the interpreter of the scriptlets (rpm requires it of them
-# whatever AutoReqProv says). One stand-in of it serves every release, installed when a host starts.
-(top / "SPECS" / "bash.spec").write_text("\n".join([
-    "Name: bash", "Version: 5.1.8", "Release: 9.el9", "Summary: stand-in for bash", "License: stand-in",
-    "BuildArch: noarch", "Provides: /bin/sh", "AutoReqProv: no", "%description", "stand-in: /bin/sh is Debian's",
-    "%files", ""]))
-subprocess.run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", str(top / "SPECS" / "bash.spec")],
-               check=True)
-shutil.copy(glob.glob(str(top / "RPMS" / "noarch" / "bash-5.1.8-9.el9.noarch.rpm"))[0], out / "releases" / "bash.rpm")
 # The other releases (Amazon Linux 2023, Alibaba Cloud Linux 3): their own release package's spec, installed the same
 # way.
 for r in pk.get("other_releases", []):
@@ -198,9 +199,9 @@ class ElHost(StandInHost):
             (f"rocky-release-el{major}.rpm", f"os-release-el{major}")
         served = other["key"] if other else f"rocky/RPM-GPG-KEY-Rocky-{major}"
         key = f"/etc/pki/rpm-gpg/{served.rsplit('/', 1)[1]}"
-        self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/{rpm} /srv/repos/releases/bash.rpm; "
+        self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/{rpm} /srv/repos/base/*.rpm; "
                   f"cp /srv/repos/releases/{osr} /etc/os-release; "
-                  "cp -a /srv/repos /srv/www; rm -rf /srv/www/later; "
+                  "cp -a /srv/repos /srv/www; rm -rf /srv/www/later /srv/www/later-*; "
                   f"install -m0644 /srv/www/{served} {key}; rpm --import {key}", check=True)
         self.serve()
 
@@ -214,10 +215,11 @@ class ElHost(StandInHost):
         sh("docker", "restart", "-t", "1", self.name)
         self.serve()
 
-    def publish_later(self, repo: str) -> None:
-        """An upstream update: the kept-aside packages of `repo` join it, and its metadata is regenerated."""
-        self.exec(f"set -e; cp /srv/repos/later/{repo}/*.rpm /srv/www/{repo}/; createrepo_c -q --update /srv/www/{repo}",
-                  check=True)
+    def publish_later(self, repo: str, group: str = "later") -> None:
+        """An upstream update: the kept-aside packages of `repo` join it, and its metadata is regenerated. `group`:
+        later (packages.json's `later: true`) or later-minor (`later: "minor"`: the next minor release's)."""
+        self.exec(f"set -e; cp /srv/repos/{group}/{repo}/*.rpm /srv/www/{repo}/; "
+                  f"createrepo_c -q --update /srv/www/{repo}", check=True)
 
     def rpms(self) -> dict[str, str]:
         """Installed packages: name -> epoch:version-release (epoch 0 when none)."""
