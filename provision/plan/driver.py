@@ -742,13 +742,17 @@ def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
 
 
 def _kmod_unlock(root: Path, pm, packages: list[str]) -> tuple[str, ...]:
-    """The nvidia packages whose locks are lifted for ELRepo's kmod to follow the kernel that boots next: gpuprov
-    locked the kmod (driver_held) and that kernel has no nvidia module (weak-modules links a kmod only into the
+    """The packages whose locks are lifted for ELRepo's kmod to follow the kernel that boots next: gpuprov locked
+    the kmod (driver_held) and that kernel has no nvidia module (weak-modules links a kmod only into the
     kernels of its minor release). Empty: nothing to follow."""
     boot = boot_kernel(root)
     if not boot or module_built(root, boot) or not pm.driver_held(root, tuple(packages)):
         return ()
-    return tuple(n for n in pm.locked_names(root) if "nvidia" in n)
+    # the series gpuprov's hold step locked: the kmod and every nvidia package at its version (an operator's lock on
+    # another package, nvidia-container-toolkit say, stays as it is)
+    locks = pm.locks(root)
+    version = next((v for n, v in locks if n in {p.split(":")[0] for p in packages}), None)
+    return tuple(dict.fromkeys(n for n, v in locks if v == version))
 
 
 def _boot_kernel_unserved(root: Path, running: str | None, target: Target, packages: tuple[str, ...]) -> bool:

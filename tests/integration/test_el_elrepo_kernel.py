@@ -10,7 +10,9 @@ of that minor release only (tests/fixtures/el-repos: 570.144-1.el9_5.elrepo for 
 3. The operator's `dnf upgrade` brings 9.6's kernel; gpuprov's lock keeps the 9.5 kmod, which weak-modules does not
    link into it: it would boot without a module (verify exit 10). Before, bootstrap changed nothing (the packages
    were installed); now it lifts the locks, upgrades the kmod to the 9.6 build (no kernel touched), proves the module
-   is there for that kernel, locks again; verify passes; after the reboot a re-run changes nothing.
+   is there for that kernel, locks again; verify passes; after the reboot a re-run changes nothing. While the site's
+   ELRepo mirror lacks the 9.6 build, bootstrap stops with exit 4 naming the kernel, the kmod and its locks as they
+   were.
 """
 from __future__ import annotations
 
@@ -47,6 +49,12 @@ def kernels(host) -> list[str]:
 
 def kmod(host) -> str:
     return host.rpms()["kmod-nvidia-open"]
+
+
+def locks(host) -> list[str]:
+    """The versionlock list's entries, sorted."""
+    return sorted(ln for ln in host.exec("cat /etc/dnf/plugins/versionlock.list").stdout.splitlines()
+                  if ln.strip() and not ln.startswith("#"))
 
 
 def next_boot(host) -> tuple[int, dict]:
@@ -87,6 +95,15 @@ def test_the_kmod_follows_the_next_minor_releases_kernel(host):
     assert rc == 10 and check["status"] == "fail" and MINOR in check["detail"], check
     plan = host.exec(DRIVER.replace("bootstrap --yes", "bootstrap --dry-run"))
     assert f"Update ELRepo's kmod for kernel {MINOR}" in " ".join(plan.stdout.split()), plan.stdout
+    # the site's ELRepo mirror has not synced the 9.6 build yet: the update finds nothing newer, the locks come back
+    locked = locks(host)
+    host.exec(f"rm /srv/www/{ELREPO}/*el9_6*.rpm && createrepo_c -q --update /srv/www/{ELREPO} && "
+              "dnf makecache -q --refresh", check=True)
+    r = host.exec(DRIVER)
+    assert r.returncode == 4 and f"ELRepo offers no kmod for kernel {MINOR} yet" in r.stderr, r.stderr[-3000:]
+    assert kmod(host).endswith(":570.144-1.el9_5.elrepo") and locks(host) == locked, (host.rpms(), locks(host))
+    host.publish_later(ELREPO, "later-minor")  # the mirror syncs
+    host.exec("dnf makecache -q --refresh", check=True)
     before = kernels(host)
     r = host.exec(DRIVER + " --json")
     assert r.returncode in (0, 7), r.stdout[-3000:] + r.stderr[-3000:]
@@ -96,8 +113,8 @@ def test_the_kmod_follows_the_next_minor_releases_kernel(host):
     assert host.exec(f"test -f /lib/modules/{MINOR}/extra/nvidia/nvidia.ko").returncode == 0
     rc, check = next_boot(host)
     assert check["status"] == "pass" and MINOR in check["detail"], check
-    locks = host.exec("cat /etc/dnf/plugins/versionlock.list").stdout
-    assert "kmod-nvidia-open-0:570.172.08-1.el9_6.elrepo.*" in locks and "570.144" not in locks, locks
+    assert "kmod-nvidia-open-0:570.172.08-1.el9_6.elrepo.*" in locks(host), locks(host)
+    assert not any("570.144" in ln for ln in locks(host)), locks(host)
     host.reboot()
     assert host.exec(DRIVER).returncode == 15
     r = host.exec(DRIVER + " --json")

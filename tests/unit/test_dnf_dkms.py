@@ -74,3 +74,24 @@ def test_a_locked_driver_follows_a_kernel_that_boots_without_its_module(tmp_path
     assert first_driver_step(_loaded(tmp_path / "b", False, False)).id == "driver.present"
     steps = build_plan(detect_host(_loaded(tmp_path / "c", True, False), engines=False, source="nvidia"), opt)
     assert f"$ dkms autoinstall -k {NEWER}" in _step(steps, "driver.packages").lines()
+
+
+def test_the_kmod_follows_a_kernel_with_its_own_locks_only(tmp_path, monkeypatch):
+    """ELRepo's kmod gpuprov locked, and a kernel of the next minor release booting without its module: the locks
+    lifted for the update are the series gpuprov's hold step locked (the kmod's version), never an operator's lock on
+    another nvidia package (relocking it with the driver's series would fail: several versions)."""
+    from provision import package_managers
+    from provision.plan.driver import _kmod_unlock
+
+    monkeypatch.setattr(Dnf, "rpm_versions", lambda self, root, names: {n: "570.144" for n in names})
+    root = make_host(tmp_path, "rocky-9", "none", kernel=RUNNING)
+    (root / f"lib/modules/{NEWER}/kernel").mkdir(parents=True)
+    (root / f"boot/vmlinuz-{NEWER}").write_text("")
+    (root / LOCKS).parent.mkdir(parents=True, exist_ok=True)
+    (root / LOCKS).write_text("kmod-nvidia-open-0:570.144-1.el9_5.elrepo.*\nnvidia-x11-drv-0:570.144-1.el9_5.elrepo.*\n"
+                              "nvidia-container-toolkit-0:1.17.8-1.*\n")
+    dnf = package_managers.get("dnf")
+    assert _kmod_unlock(root, dnf, ["kmod-nvidia-open"]) == ("kmod-nvidia-open", "nvidia-x11-drv")
+    (root / f"lib/modules/{NEWER}/extra/nvidia").mkdir(parents=True)  # the boot kernel has its module: nothing
+    (root / f"lib/modules/{NEWER}/extra/nvidia/nvidia.ko").write_text("")
+    assert _kmod_unlock(root, dnf, ["kmod-nvidia-open"]) == ()
