@@ -21,7 +21,8 @@ Exit codes (documented in README.md):
      default-runtime; --replace-runtime overrides), a package install that would remove installed packages
      (named; --allow-remove overrides), or a file that kept changing while gpuprov edited it
  15  driver installed, but no NVIDIA device to verify it on (image baking, a VM without its GPU)
- 16  the driver's kernel module failed to build (DKMS); the module package was rolled back, dpkg is consistent
+ 16  the driver's kernel module failed to build (DKMS), named with the compiler's first error: on apt the module
+     package rolled back (dpkg consistent), on dnf/yum the packages kept (nothing half-installed)
 130  interrupted (Ctrl-C; as a shell reports SIGINT): re-run, every step is idempotent
 """
 from __future__ import annotations

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 from provision.facts.boot import read_next_boot
-from provision.facts.packages import dpkg_installed
+from provision.facts.packages import InstalledPackage, dpkg_installed
 from provision.facts.rootfs import is_live, read_bytes_bounded, read_first_line, read_text, under
 
 # Where a driver root keeps its libraries (a root of its own like /usr/local/nvidia, or a distro's /). The runtime's
@@ -25,35 +25,51 @@ DRIVER_ROOT_CANDIDATES = ("/", "/usr/local/nvidia", "/run/nvidia/driver")
 NVRM_RE = re.compile(r"NVRM version:\s+NVIDIA UNIX (Open )?(?:\S+ )?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
-# The packages that are an NVIDIA kernel driver (not its libraries): Debian's, Ubuntu's and NVIDIA's CUDA repository's.
+# The packages that are an NVIDIA kernel driver (not its libraries), one table for dpkg's and rpm's databases:
+# Debian's, Ubuntu's and NVIDIA's CUDA repository's (.deb); on rpm hosts NVIDIA's CUDA repository's (nvidia-driver,
+# its module streams' kmod-nvidia-latest-dkms / kmod-nvidia-open-dkms, EL 10's nvidia-open and cuda-drivers) and
+# ELRepo's (kmod-nvidia, kmod-nvidia-open, nvidia-x11-drv, the legacy kmod-nvidia-470xx / nvidia-x11-drv-470xx).
 DRIVER_PACKAGE_RE = re.compile(r"^(cuda-drivers(-\d+)?|nvidia-driver(-\d+)?(-server)?(-open)?|nvidia-tesla-\d+-driver|"
                                r"nvidia-headless(-no-dkms)?-\d+(-server)?(-open)?|nvidia(-open)?-kernel-dkms|"
-                               r"nvidia-tesla-\d+-kernel-dkms|nvidia-open(-\d+)?)$")
+                               r"nvidia-tesla-\d+-kernel-dkms|nvidia-open(-\d+)?|"
+                               r"kmod-nvidia(-open|-latest)?(-dkms)?|kmod-nvidia-\d+xx|nvidia-x11-drv(-\d+xx)?)$")
+# rpm has no maintainer field to tell NVIDIA's packages by (dpkg's Maintainer at nvidia.com); the names tell: these
+# are NVIDIA's CUDA repository's alone (NVIDIA/yum-packaging-nvidia-driver and -dkms specs; ELRepo ships kmod-nvidia and
+# nvidia-x11-drv instead, tests/fixtures/el-repos/README.md)
+CUDA_REPO_RPMS = ("nvidia-driver", "kmod-nvidia-latest-dkms", "kmod-nvidia-open-dkms", "nvidia-open", "cuda-drivers")
+# ELRepo's build gives every package its `.elrepo` dist tag (kmod-nvidia-570.144-1.el9_5.elrepo): another
+# kmod-nvidia (RPM Fusion's, a rebuild) is not ELRepo's
+ELREPO_RELEASE = ".elrepo"
+# The package whose version names the driver: a metapackage's, else the userspace's (ELRepo's nvidia-x11-drv)
+MAIN_PACKAGES = ("cuda-drivers", "nvidia-driver", "nvidia-open", "nvidia-x11-drv")
 RUN_INSTALLER = "usr/bin/nvidia-installer"  # NVIDIA's .run installer leaves itself here (for --uninstall)
 REBOOT_FLAGS = ("run/reboot-required", "var/run/reboot-required")
 
 
 class InstalledDriver(NamedTuple):
     """An NVIDIA driver on disk, loaded or not, and where it came from: gpuprov keeps one it did not install."""
-    source: str  # cuda-repo (NVIDIA's CUDA repository packages) | distro (the distribution's) | run-installer
+    # cuda-repo (NVIDIA's CUDA repository packages) | distro (the distribution's) | elrepo (ELRepo's: on EL, gpuprov's
+    # "distro" source) | run-installer
+    source: str
     packages: tuple[str, ...]  # the driver packages installed (none for the .run installer)
     version: str | None  # the main package's version, or the .run installer's userspace version
     modules: tuple[str, ...]  # kernels that have an nvidia module on disk
     reboot_pending: bool  # the system asks for a reboot (/run/reboot-required)
 
     def describe(self) -> str:
-        where = {"cuda-repo": "NVIDIA's CUDA repository", "distro": "the distribution's packages",
+        where = {"cuda-repo": "NVIDIA's CUDA repository", "distro": "the distribution's packages", "elrepo": "ELRepo",
                  "run-installer": f"NVIDIA's .run installer (/{RUN_INSTALLER})"}[self.source]
         return f"NVIDIA driver {self.version or '(version unknown)'} from {where}" + \
             (f" ({' '.join(self.packages)})" if self.packages else "")
 
 
 def nvidia_modules(root: Path) -> tuple[str, ...]:
-    """Kernels with an nvidia module on disk: DKMS's (updates/dkms), precompiled packages' and kmods' (extra,
-    kernel/drivers/video, where the .run installer puts its own)."""
+    """Kernels with an nvidia module on disk: DKMS's (updates/dkms; EL's dkms: extra), precompiled packages' and
+    kmods' (extra; ELRepo's kmods: extra/nvidia, linked into weak-updates/nvidia for kABI-compatible kernels),
+    kernel/drivers/video, where the .run installer puts its own."""
     found = []
     for k in sorted(p.name for p in under(root, "lib/modules").glob("*")):
-        for sub in ("updates/dkms", "extra", "kernel/drivers/video", "updates"):
+        for sub in ("updates/dkms", "extra", "extra/nvidia", "weak-updates/nvidia", "kernel/drivers/video", "updates"):
             if any(under(root, f"lib/modules/{k}/{sub}").glob("nvidia*.ko*")):
                 found.append(k)
                 break
@@ -61,17 +77,32 @@ def nvidia_modules(root: Path) -> tuple[str, ...]:
 
 
 def read_installed_driver(root: Path) -> InstalledDriver | None:
-    """The driver packages dpkg lists (the CUDA repository's by their maintainer, NVIDIA), else the .run installer
-    with its modules. None: no driver on disk that gpuprov can see (rpm hosts: their kmod packages are the
-    distro's or ELRepo's, which gpuprov's own steps check)."""
-    pkgs = dpkg_installed(root, DRIVER_PACKAGE_RE.match)
+    """The driver packages dpkg lists, else the .run installer with its modules. None: no driver on disk that these
+    files tell (rpm hosts: rpm's database is no file to read here; the plan asks rpm through the package-manager
+    adapter, a layer above facts, and classifies its answer with `installed_driver`)."""
+    return installed_driver(root, dpkg_installed(root, DRIVER_PACKAGE_RE.match))
+
+
+def driver_source(pkgs: Iterable[InstalledPackage]) -> str:
+    """Where installed driver packages came from: NVIDIA's CUDA repository (dpkg: its maintainer at nvidia.com; rpm:
+    its names), ELRepo (its dist tag), else the distribution."""
+    pkgs = list(pkgs)
+    if any("nvidia.com" in p.maintainer.lower() for p in pkgs) or \
+            any(p.name in CUDA_REPO_RPMS and p.database == "rpm" for p in pkgs):
+        return "cuda-repo"
+    if any(ELREPO_RELEASE in p.version for p in pkgs):
+        return "elrepo"
+    return "distro"
+
+
+def installed_driver(root: Path, pkgs: dict[str, InstalledPackage]) -> InstalledDriver | None:
+    """The driver of these installed driver packages (DRIVER_PACKAGE_RE's, from dpkg's or rpm's database), else the
+    .run installer with its modules; None when neither is there."""
     modules = nvidia_modules(root)
     reboot = any(under(root, f).exists() for f in REBOOT_FLAGS)
     if pkgs:
-        main = next((p for p in pkgs.values() if p.name.startswith(("cuda-drivers", "nvidia-driver"))),
-                    next(iter(pkgs.values())))
-        source = "cuda-repo" if any("nvidia.com" in p.maintainer.lower() for p in pkgs.values()) else "distro"
-        return InstalledDriver(source, tuple(sorted(pkgs)), main.upstream, modules, reboot)
+        main = next((p for p in pkgs.values() if p.name.startswith(MAIN_PACKAGES)), next(iter(pkgs.values())))
+        return InstalledDriver(driver_source(pkgs.values()), tuple(sorted(pkgs)), main.upstream, modules, reboot)
     if under(root, RUN_INSTALLER).is_file() and modules:
         return InstalledDriver("run-installer", (), find_driver_root(root)[1], modules, reboot)
     return None

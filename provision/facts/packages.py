@@ -41,6 +41,7 @@ class InstalledPackage(NamedTuple):
     held: bool = False
     installed: bool = True  # False: known to dpkg but not fully installed (unpacked, half-configured: a killed run)
     architecture: str = ""  # dpkg's Architecture field: "amd64", "all"
+    database: str = "dpkg"  # dpkg | rpm: which database listed it (rpm's: [EPOCH:]VERSION-RELEASE, no maintainer)
 
     @property
     def upstream(self) -> str:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import glob
 import re
 from pathlib import Path
+from typing import Callable
 
 from provision import effects
-from provision.decide.kernel import PIN_FILE, PIN_PRIORITY, branch_of, pinned_branches
+from provision.decide.kernel import METAPACKAGE_RE, PIN_FILE, PIN_PRIORITY, branch_of, pinned_branches, pinned_series
 from provision.errors import StepFailed
-from provision.facts.packages import dpkg_installed
+from provision.facts.packages import InstalledPackage, dpkg_installed
 from provision.facts.rootfs import read_text, under
 from provision.package_managers.base import Argv, HoldWords, PackageManager
 
@@ -87,6 +88,10 @@ class Apt(PackageManager):
                               probe=True)
         return _installed_lines(res.output if res else "")
 
+    def installed_packages(self, root: Path, match: Callable[[str], object]) -> dict[str, InstalledPackage]:
+        """dpkg's status file under `root`, read as a file (provision/facts/packages.py)."""
+        return dpkg_installed(root, match)
+
     def installed(self, packages: Argv, root: Path) -> bool:
         if not packages:
             return True
@@ -117,6 +122,11 @@ class Apt(PackageManager):
     def hold_exact(self, packages: Argv) -> Argv:
         """Pin the sources of `packages` at exactly the versions installed (a rolled-back update's pin)."""
         return ("sh", "-c", PIN_EXACT, "pin-exact", *packages)
+
+    def driver_held(self, root: Path, packages: Argv) -> bool:
+        """A driver metapackage of `packages` is in the series gpuprov pinned (decide/kernel.py: pinned_series)."""
+        installed = pinned_series(dpkg_installed(root), read_pins(root))
+        return any(METAPACKAGE_RE.match(p) and p in installed and installed[p].held for p in packages)
 
     def held(self, root: Path, packages: Argv) -> bool:
         installed = dpkg_installed(root)
@@ -157,6 +167,9 @@ class Apt(PackageManager):
 
     def purge(self, packages: Argv) -> Argv:
         return ("apt-get", "purge", "-y", *packages)
+
+    def removal_hint(self, root: Path, packages: Argv) -> tuple[Argv, ...]:
+        return (("apt-get", "purge", *packages),)
 
     def purged_too(self, output: str, packages: Argv) -> list[str]:
         gone = [ln.split()[1] for ln in output.splitlines() if ln.startswith(("Purg ", "Remv "))]

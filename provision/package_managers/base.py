@@ -6,20 +6,23 @@ An adapter answers with argv tuples and facts, never runs a change itself: the p
 in a printed-and-run Command, so what the plan prints is what runs. It owns:
 - the install transaction: its dry run (`simulate_install`) and the install in a form that cannot remove (`install`),
   with `removals` reading what a dry run says it would remove; the lists' refresh (`refresh`);
-- what is installed and at which version (`versions`, `installed`);
+- what is installed and at which version (`versions`, `installed`, `installed_packages`);
 - holds (`hold`, `held`, `unhold`): apt's branch pin, dnf's versionlock;
-- the purge of what gpuprov installed (`simulate_purge`, `purge`, `purged_too`);
+- the purge of what gpuprov installed (`simulate_purge`, `purge`, `purged_too`), and the way out it names for what
+  it did not install (`removal_hint`);
 - an offline bundle's repository as the only source (`bundle_options`, `bundle_files`);
 - the install record: whether a transaction's dependencies are recorded with it (`records_dependencies`).
 
 The subclass sets or implements: `name`, `database`, `env`, `records_dependencies`, `refresh`, `simulate_install`,
-`install`, `removals`, `versions`, `installed`, `hold`, `held`, `unhold`, `simulate_purge`, `purge`, `purged_too`,
-`bundle_options`, `bundle_files`, `download`, `recover`, `hold_words`."""
+`install`, `removals`, `versions`, `installed`, `installed_packages`, `hold`, `held`, `unhold`, `simulate_purge`,
+`purge`, `purged_too`, `removal_hint`, `bundle_options`, `bundle_files`, `download`, `recover`, `hold_words`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import Callable, ClassVar, NamedTuple
+
+from provision.facts.packages import InstalledPackage
 
 Argv = tuple[str, ...]
 Env = tuple[tuple[str, str], ...]
@@ -61,6 +64,15 @@ class PackageManager(ABC):
                 remove: Argv = ()) -> Argv:
         """The install, in a form that cannot remove a package unless `allow_remove` (or `remove` names it)."""
 
+    def upgrade_verb(self) -> Argv:
+        """The verb that brings installed packages to their newest candidate (the install's own where it does)."""
+        return ("install",)
+
+    def kernel_kept(self) -> Argv:
+        """Options for an install that must not bring a kernel in as a dependency: the newest candidate that fits the
+        installed kernels instead (ELRepo's kmods are each built for one minor release's kernel and require it)."""
+        return ()
+
     @abstractmethod
     def removals(self, output: str) -> list[str]:
         """The installed packages a dry run's output says the transaction removes, in order, once each."""
@@ -74,6 +86,11 @@ class PackageManager(ABC):
     @abstractmethod
     def installed(self, packages: Argv, root: Path) -> bool:
         """All of `packages` installed, by the database under `root` (reads only)."""
+
+    @abstractmethod
+    def installed_packages(self, root: Path, match: Callable[[str], object]) -> dict[str, InstalledPackage]:
+        """The installed packages whose name `match`es, with their versions, from the database under `root` (reads
+        only): what the plan tells an operator's driver by (provision/facts/driver_facts.py: installed_driver)."""
 
     # ------------------------------------------------------------ holds
 
@@ -89,6 +106,13 @@ class PackageManager(ABC):
     @abstractmethod
     def held(self, root: Path, packages: Argv) -> bool:
         """`packages` are held as `hold` holds them (read under `root`)."""
+
+    def driver_held(self, root: Path, packages: Argv) -> bool:
+        """The driver a plan installs (`packages`; a module stream by its module's name) is installed and held as
+        gpuprov's hold step holds it: the driver gpuprov installed, which it keeps following (a kernel that boots
+        without its module, another kernel-module flavour)."""
+        names = tuple(dict.fromkeys(p.split(":")[0] for p in packages))
+        return bool(names) and self.held(root, names)
 
     def holds_among(self, root: Path, holds: Argv, packages: Argv) -> Argv:
         """What `unhold` takes off before a purge of `packages`: gpuprov's recorded `holds` (apt's)."""
@@ -113,6 +137,11 @@ class PackageManager(ABC):
     @abstractmethod
     def purged_too(self, output: str, packages: Argv) -> list[str]:
         """What the purge's dry run would remove beyond `packages` (sorted names)."""
+
+    @abstractmethod
+    def removal_hint(self, root: Path, packages: Argv) -> tuple[Argv, ...]:
+        """The commands an operator runs to remove `packages` gpuprov did not install (printed, never run: gpuprov
+        does not remove what it did not install)."""
 
     def purge_dry_run_ok(self, returncode: int, output: str) -> bool:
         """The purge's dry run answered (its exit status for "would do this, did nothing")."""

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Callable
 
 from provision import effects
 from provision.errors import StepFailed
+from provision.facts.packages import InstalledPackage
 from provision.facts.rootfs import read_text, under
 from provision.package_managers.base import Argv, HoldWords, PackageManager
 
@@ -42,6 +44,8 @@ LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u);
                "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u); "
                "\"$pm\" versionlock delete $n >/dev/null; exec \"$pm\" versionlock add $n")
 MODULES_D = "/etc/dnf/modules.d"
+RPM_DBPATHS = ("var/lib/rpm", "usr/lib/sysimage/rpm")  # rpm's database: EL 8/9's place, and Fedora's/EL 10's
+RPM_ROW = "%{NAME} %{EPOCHNUM}:%{VERSION}-%{RELEASE}\n"  # installed_packages' query: one package a line
 # NVIDIA's `nvidia-driver` module: a stream's kernel-module flavour is in its name (570-open and open-dkms: open;
 # 570-dkms and latest-dkms: proprietary), and each flavour's kmod package conflicts with the other's, so a switch
 # between flavours replaces one with the other (NVIDIA's guide: `dnf module switch-to nvidia-driver:S --allowerasing`).
@@ -75,6 +79,15 @@ class Dnf(PackageManager):
 
     def refresh(self, opts: Argv = ()) -> None:
         return None  # dnf refreshes expired metadata itself
+
+    def upgrade_verb(self) -> Argv:
+        return ("upgrade",)
+
+    def kernel_kept(self) -> Argv:
+        """ELRepo's newest kmod requires the newest minor release's kernel: with it offered, dnf installed that kernel
+        in the driver's transaction; without (an EUS host), best=True failed the install (tests/fixtures/el-variants).
+        Kernels excluded and best off, dnf picks the newest build for the installed kernel (real dnf 4.14)."""
+        return ("--setopt=best=False", "--exclude=kernel,kernel-core")
 
     def simulate_install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), remove: Argv = ()) -> Argv:
         """`remove`: what the transaction replaces on purpose (a flavour switch's old kmod, `stream_swaps`): dnf
@@ -162,6 +175,22 @@ class Dnf(PackageManager):
             return False
         return p.returncode == 0
 
+    def installed_packages(self, root: Path, match: Callable[[str], object]) -> dict[str, InstalledPackage]:
+        """rpm's database under `root`, asked (`rpm --root ROOT -qa`) rather than read: its file is rpm's own format
+        (sqlite on EL 9 and Amazon Linux 2023, Berkeley DB on EL 8 and Alibaba Cloud Linux 3), which only rpm reads
+        on every release. A query changes nothing. Versions as [EPOCH:]VERSION-RELEASE (epoch 0 left out). A root
+        without rpm's database (a host tree of another family, a fixture) is not asked: a plan runs no command there
+        (tests/unit/test_plan_truth.py)."""
+        if not any(under(root, d).is_dir() for d in RPM_DBPATHS):
+            return {}
+        res = effects.try_run(["rpm", "--root", str(root), "-qa", "--qf", RPM_ROW], timeout=60, probe=True)
+        out = {}
+        for line in (res.output if res and res.returncode == 0 else "").splitlines():
+            name, _, version = line.partition(" ")
+            if version and " " not in version and match(name):
+                out[name] = InstalledPackage(name, version.removeprefix("0:"), database="rpm")
+        return out
+
     def rpm_versions(self, root: Path, names: Argv) -> dict[str, str]:
         """The installed VERSION of each of `names` that rpm's database under `root` lists."""
         return _pairs(["rpm", "--root", str(root), "-q", "--qf", "%{NAME} %{VERSION}\n", *names])
@@ -195,6 +224,8 @@ class Dnf(PackageManager):
         """Each of `packages` is locked, and only at the version installed (after a stream switch the old branch's
         lock would keep the new packages from their updates within the branch, and hold nothing)."""
         have = self.locks(root)
+        if not all(any(n == name for n, _ in have) for name in packages):
+            return False  # read from the list alone: no rpm query (a plan on a host gpuprov never locked runs none)
         installed = self.rpm_versions(root, packages)
         return all(any(n == name for n, _ in have) and all(v == installed.get(name) for n, v in have if n == name)
                    for name in packages)
@@ -247,6 +278,13 @@ class Dnf(PackageManager):
 
     def purge(self, packages: Argv) -> Argv:
         return (self.name, "remove", "-y", NO_AUTOREMOVE, *packages)
+
+    def removal_hint(self, root: Path, packages: Argv) -> tuple[Argv, ...]:
+        """dnf's remove, and where NVIDIA's `nvidia-driver` module has a stream enabled, its reset: an enabled stream
+        stays enabled after its packages go, and dnf would offer only that stream's packages of those names."""
+        reset = ((self.name, "module", "reset", DRIVER_MODULE),) \
+            if self.module_streams and DRIVER_MODULE in self.enabled_streams(root) else ()
+        return ((self.name, "remove", *packages), *reset)
 
     def purge_dry_run_ok(self, returncode: int, output: str) -> bool:
         """dnf answers `--assumeno` with its transaction and "Operation aborted." (yum: "Exiting on user command"),
@@ -305,6 +343,9 @@ class Yum(Dnf):
 
     def _erasing(self, allow_remove: bool) -> Argv:
         return ()  # yum has no --allowerasing: it replaces on obsoletes, which the dry run names
+
+    def kernel_kept(self) -> Argv:
+        return ("--exclude=kernel",)  # yum has no `best`: it takes the newest candidate that installs
 
     def config_manager(self) -> Argv:
         return ("yum-config-manager",)

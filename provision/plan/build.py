@@ -106,7 +106,7 @@ def engine_steps(report: HostReport, target: Target, opt: Options) -> list[Step]
             # the operator's next `dnf upgrade` (a real dnf does: tests/integration/test_el_dnf.py).
             cm, rid = package_managers.get(target.package_manager).config_manager(), repos.DOCKER_CE_REPO_ID
             pre = (Command((*cm, "--add-repo", repos.docker_ce_repo_file(target, opt.mirrors))),
-                   Command((*cm, "--save", *repos.mirror_setopts("docker-ce", target, opt.mirrors),
+                   Command((*cm, "--save", *repos.docker_ce_setopts(target, opt.mirrors),
                             f"--setopt={rid}.enabled=0")))
             opts, post = (f"--enablerepo={rid}",), (Command((*cm, "--save", f"--setopt={rid}.enabled=1")),)
             kept = (f"Docker CE's repository file {repos.DOCKER_CE_REPO_FILE} was written and stays, disabled: no "

@@ -25,10 +25,9 @@ import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from provision import effects, package_managers, paths
+from provision import effects, package_managers, paths, record
 from provision.decide.driver import default_source, packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
-    METAPACKAGE_RE,
     PIN_FILE,
     Replacement,
     branch_replacement,
@@ -40,9 +39,9 @@ from provision.decide.kernel import (
 )
 from provision.decide.packages import debian_components
 from provision.decide.targets import Target
-from provision.errors import DkmsBuildFailed, RemovalRefused, StepFailed, Unsupported
+from provision.errors import DkmsBuildFailed, GpuprovError, RemovalRefused, StepFailed, Unsupported
 from provision.facts.boot import installed_kernels, next_boot_kernel, nvidia_module
-from provision.facts.driver_facts import DRIVER_PACKAGE_RE
+from provision.facts.driver_facts import DRIVER_PACKAGE_RE, InstalledDriver, installed_driver
 from provision.facts.packages import (
     archive_depends,
     archive_versions,
@@ -54,6 +53,7 @@ from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 from provision.options import Stage
 from provision.package_managers.apt import Apt, read_pins, restore_sources
+from provision.package_managers.base import PackageManager
 from provision.plan import repos
 from provision.plan.packages import (
     PackageInstall,
@@ -365,12 +365,10 @@ class DriverInstall(Action):
             ([Command(self.pm.unpin())] if self.unpin else [])
 
     def _autoinstall(self) -> list[Command]:
-        """The module package's own build covers the running and the newest kernel only; DKMS's autoinstall builds
-        for the others (and does nothing where it is built)."""
-        return [Command(("dkms", "autoinstall", "-k", k)) for k in self.kernels] if self.dkms_package else []
+        return DkmsBuild(self.kernels, self.ways_out).builds() if self.dkms_package else []
 
     def _dkms_status(self) -> list[Command]:
-        return [Command(("dkms", "status", "-k", k)) for k in self.kernels] if self.dkms_package else []
+        return DkmsBuild(self.kernels, self.ways_out).checks() if self.dkms_package else []
 
     def commands(self) -> list[Command]:
         """In order: unhold the old series (a change of branch), refresh, ask apt for every kernel's headers, install
@@ -443,7 +441,7 @@ class DriverInstall(Action):
             raise effects.failed(install.shell(), res.returncode, res.output)
         for status in self._dkms_status():
             k = status.argv[-1]
-            built = any(k in ln and ln.rstrip().endswith(": installed") for ln in status.run().output.splitlines())
+            built = dkms_installed(status.run().output, k)
             # a build that ran and failed (its make.log, DKMS's own message) — not apt failing before it
             if not built and (res.returncode == 0 or "Bad return status" in res.output or build_logs()):
                 raise self._rollback(k)
@@ -477,8 +475,7 @@ class DriverInstall(Action):
         lacking, audit = [], ""
         for c in rest:
             r = c.run()
-            if c.argv[:2] == ("dkms", "status") and not any(
-                    ln.rstrip().endswith(": installed") for ln in r.output.splitlines()):
+            if c.argv[:2] == ("dkms", "status") and not dkms_installed(r.output, c.argv[-1]):
                 lacking.append(c.argv[-1])
             if c.argv == self.pm.audit():
                 audit = r.output.strip()
@@ -493,6 +490,79 @@ class DriverInstall(Action):
         return DkmsBuildFailed(
             f"DKMS could not build {self.dkms_package} for kernel {kernel}: {first or 'no compiler error found'}"
             f"{f' (full log: {kept})' if kept else ''}. {back}; {modules}; {state}. Ways out: {self.ways_out}")
+
+
+@dataclass(frozen=True)
+class DkmsBuild(Action):
+    """DKMS builds the driver's module for every kernel the plan chose, and `dkms status` proves it did. A module
+    package's own scriptlet builds for the running kernel only (NVIDIA's kmod-nvidia-*-dkms; Debian's for the newest
+    too), and kernel-devel installed after its kernel triggers no build: the kernel that boots next, or every
+    installed one when baking an image, gets its build here (autoinstall does nothing where the module is built).
+    On apt it is part of DriverInstall; elsewhere it follows the package install, which completed: a failed build
+    stops the plan with exit 16 naming the kernel and the compiler's first error, the packages left installed (the
+    package manager's database is consistent; nothing to roll back) for a re-run once the way out is taken."""
+    reports = True
+    kernels: tuple[str, ...]
+    ways_out: str
+
+    def builds(self) -> list[Command]:
+        return [Command(("dkms", "autoinstall", "-k", k)) for k in self.kernels]
+
+    def checks(self) -> list[Command]:
+        return [Command(("dkms", "status", "-k", k)) for k in self.kernels]
+
+    def commands(self) -> list[Command]:
+        return [*self.builds(), *self.checks()]
+
+    def lines(self) -> list[str]:
+        return [ln for c in self.commands() for ln in c.lines()] + \
+            ["  (a kernel whose status is not `installed` stops the step there: exit 16, the packages kept)"]
+
+    def execute(self) -> str:
+        for build in self.builds():  # its outcome is what `dkms status` says next
+            build.run()
+        for status in self.checks():
+            k = status.argv[-1]
+            if not dkms_installed(status.run().output, k):
+                first, kept = first_build_error(k)
+                raise DkmsBuildFailed(
+                    f"DKMS could not build the driver's module for kernel {k}: {first or 'no compiler error found'}"
+                    f"{f' (full log: {kept})' if kept else ''}. The driver's packages stay installed (nothing to roll "
+                    f"back); kernel {k} has no nvidia module (`gpuprov verify` names it). Ways out: {self.ways_out}")
+        return f"DKMS built the driver's module for {', '.join(self.kernels)}"
+
+
+@dataclass(frozen=True)
+class KmodServes(Action):
+    """After ELRepo's kmod was updated for the kernel that boots next: that kernel has its nvidia module (the kmod's
+    own build, or a weak-updates link within its minor release). ELRepo publishes a minor release's builds some days
+    after its kernel: with none yet, dnf found nothing newer, the locks lifted for the update are set again (`relock`)
+    and the step stops (exit 4) naming the kernel and the ways out."""
+    reports = True
+    kernel: str
+    relock: tuple[tuple[str, ...], ...]
+
+    def on_failure(self) -> list[Command]:
+        return [Command(argv) for argv in self.relock]
+
+    def lines(self) -> list[str]:
+        return [f"  (then kernel {self.kernel} must have an nvidia module; if not, lock again and stop with exit 4:)",
+                *(f"  {ln}" for c in self.on_failure() for ln in c.lines())]
+
+    def execute(self) -> str:
+        if module_built(Path("/"), self.kernel):
+            return f"ELRepo's kmod serves kernel {self.kernel}"
+        for c in self.on_failure():
+            c.execute()
+        raise Unsupported(
+            f"ELRepo offers no kmod for kernel {self.kernel} yet (each kmod is built for one minor release's kernels; "
+            "the installed one is kept and locked again): boot a kernel it serves until ELRepo publishes the build, "
+            "then run bootstrap again; or use NVIDIA's repository (--driver-source nvidia: DKMS builds for any kernel)")
+
+
+def dkms_installed(status: str, kernel: str) -> bool:
+    """`dkms status -k K` lists a module installed for K ("nvidia/570.133.20, K, x86_64: installed")."""
+    return any(kernel in ln and ln.rstrip().endswith(": installed") for ln in status.splitlines())
 
 
 def _last_error(output: str) -> str:
@@ -564,14 +634,15 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         return []
     gpus = [d for _, d in report.gpus]
     baking = bool(getattr(opt, "for_gpus", ()))
-    early = _nothing_to_install(report, gpus, baking)
+    early = _nothing_to_install(report, gpus, baking, target)
     if early:
         return [early]
     drv = report.driver
     packages = _driver_packages(gpus, target)
     root = Path(report.root or "/")
     pm = package_managers.get(target.package_manager)
-    kept = _keep_installed(drv, packages, opt, baking, _held_series(root, target, packages))
+    kept = _keep_installed(_installed_driver(drv, root, pm), packages, opt, baking, pm, root,
+                           _held_series(root, target, packages))
     if kept:
         return [kept]
     modules = gpus[0].modules
@@ -585,6 +656,13 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
     if target.family == "rhel" and not dkms:
         check_kmod_kernels(kernels.releases)
+    # ELRepo's kmod gpuprov locked, and the kernel that boots next outside its minor release (no weak-updates link):
+    # the kmod follows that kernel, its locks lifted for the update and set again by the hold step
+    unlock = _kmod_unlock(root, pm, packages) if target.family == "rhel" and not dkms and not opt.bundle else ()
+    boot = boot_kernel(root)
+    if unlock and boot:
+        kernels = Kernels((boot,), f"{boot} boots next without an nvidia module: ELRepo builds a kmod for each "
+                          "minor release's kernels")
     if apt.replacement is None and dkms and pm.checked_driver_install and not opt.bundle:
         update = series_update(series_installed(root), packages, closure(packages, archive_depends(root)),
                                archive_versions(root, packages), tuple(k for k in kernels.releases if not module_built(root, k)))
@@ -609,7 +687,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
-                             pre.abi if pre and pre.package else ())
+                             pre.abi if pre and pre.package else (), unlock)
     # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
     # `dnf module switch-to` makes; a switch between kernel-module flavours also replaces the old flavour's kmod
     # (`swap`), whose hold goes too. Read once, for the packages step and the hold step.
@@ -638,15 +716,17 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     return steps
 
 
-def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | None:
+def _nothing_to_install(report: HostReport, gpus: list, baking: bool, target: Target) -> Step | None:
     """The verify-only step when there is no GPU, or a loaded driver with its userspace (unless baking an image for
-    GPUs this machine does not have); None when the driver is to be installed."""
+    GPUs this machine does not have, or the kernel that boots next lacks the module of the driver gpuprov holds);
+    None when the driver is to be installed."""
     drv = report.driver
     if not gpus:
         return Step("driver.none", Stage.DRIVER, "No NVIDIA GPU on the PCI bus: no driver to install",
                     check=Already("no GPU"), verify_only=True)
+    ours = tuple(dict.fromkeys(p for d in gpus for p in d.packages))
     if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking and \
-            not _boot_kernel_unserved(Path(report.root or "/"), drv.kernel_release):
+            not _boot_kernel_unserved(Path(report.root or "/"), drv.kernel_release, target, ours):
         return Step("driver.present", Stage.DRIVER,
                     f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
                     f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
@@ -655,41 +735,74 @@ def _nothing_to_install(report: HostReport, gpus: list, baking: bool) -> Step | 
 
 
 def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
-    """The driver metapackage this plan installs is installed and held: the series gpuprov installed (its hold
-    step), which it keeps following (another module flavour, an update within the branch for a new kernel)."""
-    if not package_managers.get(target.package_manager).checked_driver_install:
-        return False
-    installed = series_installed(root)
-    return any(METAPACKAGE_RE.match(p) and p in installed and installed[p].held for p in packages)
+    """The driver this plan installs is installed and held (its package manager's driver_held): the series gpuprov
+    installed (its hold step), which it keeps following (another module flavour, an update within the branch for a
+    new kernel)."""
+    return package_managers.get(target.package_manager).driver_held(root, tuple(packages))
 
 
-def _boot_kernel_unserved(root: Path, running: str | None) -> bool:
+def _kmod_unlock(root: Path, pm, packages: list[str]) -> tuple[str, ...]:
+    """The packages whose locks are lifted for ELRepo's kmod to follow the kernel that boots next: gpuprov locked
+    the kmod (driver_held) and that kernel has no nvidia module (weak-modules links a kmod only into the
+    kernels of its minor release). Empty: nothing to follow."""
+    boot = boot_kernel(root)
+    if not boot or module_built(root, boot) or not pm.driver_held(root, tuple(packages)):
+        return ()
+    # the series gpuprov's hold step locked: the kmod and every nvidia package at its version (an operator's lock on
+    # another package, nvidia-container-toolkit say, stays as it is)
+    locks = pm.locks(root)
+    version = next((v for n, v in locks if n in {p.split(":")[0] for p in packages}), None)
+    return tuple(dict.fromkeys(n for n, v in locks if v == version))
+
+
+def _boot_kernel_unserved(root: Path, running: str | None, target: Target, packages: tuple[str, ...]) -> bool:
     """A driver loaded from gpuprov's held series while the kernel that boots next (a kernel update) has no nvidia
     module: the driver stage runs for that kernel instead of leaving the driver alone."""
     boot = boot_kernel(root)
     if not boot or boot == running or module_built(root, boot):
         return False
-    return any(METAPACKAGE_RE.match(p.name) and p.held for p in series_installed(root).values())
+    return _held_series(root, target, list(packages))
 
 
-def _keep_installed(drv, packages: list[str], opt, baking: bool, ours: bool = False) -> Step | None:
+def _installed_driver(drv, root: Path, pm: PackageManager) -> InstalledDriver | None:
+    """The driver on disk the facts found (dpkg's packages, the .run installer), else the driver packages the
+    package manager's database lists (rpm's: the facts layer reads files, rpm's database is asked through the
+    adapter; apt's answer is the dpkg database the facts read already). None: no driver on disk."""
+    if drv is None or drv.installed is not None:
+        return drv.installed if drv else None
+    return installed_driver(root, pm.installed_packages(root, DRIVER_PACKAGE_RE.match))
+
+
+def _recorded(root: Path, packages: tuple[str, ...]) -> bool:
+    """`packages` are in gpuprov's install record (its driver stage): a driver gpuprov installed, before its reboot.
+    dnf's record keeps side-by-side packages by NAME-VERSION-RELEASE.ARCH, so a name matches those too."""
+    try:
+        rec = record.read(str(under(root, paths.INSTALL_RECORD)))
+    except GpuprovError:
+        return False  # an untrusted or broken record names nothing of gpuprov's here (uninstall refuses it itself)
+    ours = rec.packages.get("driver", [])
+    return bool(packages) and all(p in ours or any(o.startswith(f"{p}-") and o[len(p) + 1:][:1].isdigit()
+                                                   for o in ours) for p in packages)
+
+
+def _keep_installed(inst: InstalledDriver | None, packages: list[str], opt, baking: bool, pm: PackageManager,
+                    root: Path, ours: bool = False) -> Step | None:
     """A driver on disk but not loaded (the loaded one is driver.present) that gpuprov did not install is kept, with
     no driver step: NVIDIA's CUDA-repository packages and the .run installer always (installing the distro's over
-    them breaks both), the distribution's driver of another branch unless --driver names one. None: plan the
-    install (nothing there, the packages this plan installs: their own checks say done, or `ours`: the series
-    gpuprov installed and held)."""
-    inst = drv.installed if drv else None
-    if inst is None or baking:
+    them breaks both), the distribution's (or, on EL, ELRepo's) driver of another branch unless --driver names one.
+    None: plan the install (nothing there, the packages this plan installs: their own checks say done, or `ours`:
+    the series gpuprov installed and held, or the packages its install record names)."""
+    if inst is None or baking or _recorded(root, inst.packages):
         return None
-    if inst.source == "distro":
+    if inst.source in ("distro", "elrepo"):
         mine = {p for p in packages if DRIVER_PACKAGE_RE.match(p)}
         if mine <= set(inst.packages) or opt.driver != "auto" or ours:
             return None
-    replace = {"cuda-repo": "to have gpuprov install the distribution's driver instead, purge NVIDIA's packages "
-                            f"first (apt-get purge {' '.join(inst.packages)})",
+    hint = " && ".join(" ".join(a) for a in pm.removal_hint(root, inst.packages)) if inst.packages else ""
+    replace = {"cuda-repo": f"to have gpuprov install its own instead, remove NVIDIA's packages first ({hint})",
                "run-installer": "to have gpuprov install the distribution's driver instead, remove it first "
                                 "(nvidia-installer --uninstall)",
-               "distro": "`--driver <branch>` replaces it"}[inst.source]
+               "distro": "`--driver <branch>` replaces it", "elrepo": "`--driver <branch>` replaces it"}[inst.source]
     boot = [f"reboot to load it: the module is on disk for {', '.join(inst.modules)}" if inst.modules else
             "no nvidia module on disk for any kernel: its package's build may have failed"]
     if inst.reboot_pending:
@@ -780,6 +893,7 @@ class KernelPlan:
     precompiled_why: str = ""
     replacement: Replacement | None = None
     auto: tuple[str, ...] = ()  # Ubuntu: each kernel's precompiled modules, marked automatic after the install
+    kmod_unlock: tuple[str, ...] = ()  # ELRepo: the locks lifted so the kmod follows the kernel that boots next
 
 
 def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
@@ -810,15 +924,16 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                      "module)")
     if kp.precompiled_why:
         notes.append(f"kernel module: {kp.precompiled_why}")
+    ways = "; ".join(w for w in (
+        "--kernel-modules proprietary (this GPU allows it)" if gpu.modules == "open" and
+        gpu.kernel_modules == "either" else "",
+        "another kernel (install it, then --kernel VERSION)",
+        "NVIDIA's repository (--driver-source nvidia)" if opt.driver_source != "nvidia" else
+        "ELRepo's prebuilt kmods (--driver-source elrepo)" if default_source(target) == "elrepo" else "",
+        f"back to {rep.old} (--driver with its branch)" if rep else "") if w)
     if pm.checked_driver_install and not opt.bundle:
-        ways = [w for w in (
-            "--kernel-modules proprietary (this GPU allows it)" if gpu.modules == "open" and
-            gpu.kernel_modules == "either" else "",
-            "another kernel (install it, then --kernel VERSION)",
-            "NVIDIA's repository (--driver-source nvidia)",
-            f"back to {rep.old} (--driver with its branch)" if rep else "") if w]
         install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
-                                tuple(h for h in kp.headers if h.startswith("linux-headers-")), "; ".join(ways),
+                                tuple(h for h in kp.headers if h.startswith("linux-headers-")), ways,
                                 allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
                                 remove=rep.remove if rep else (), unpin=bool(rep and not rep.why),
                                 previous=rep.previous if rep and rep.why else (),
@@ -830,9 +945,29 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
         return Step("driver.packages", Stage.DRIVER, title, actions=(install, *auto),
                     check=DriverBuilt(pm.name, all_pkgs, kernels.releases, bool(dkms_pkg) or not dkms),
                     reboot=True, reboot_reason=why, notes=tuple(notes))
-    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases, False)
+    # DKMS's build for each chosen kernel, after the install (from a bundle: the packages' own scriptlets only)
+    builds = DkmsBuild(kernels.releases, ways) if dkms and not opt.bundle else None
+    # prebuilt kmods (ELRepo's): the build for the installed kernels, never a kernel pulled in with the newest one
+    kept = pm.kernel_kept() if target.family == "rhel" and not dkms else ()
+    if kept and not kp.kmod_unlock:
+        title += " (ELRepo's build for the installed kernels' minor release: no newer kernel pulled in)"
+    if kept:
+        notes.append("ELRepo's kmods are each built for one minor release's kernel: the newest build that fits the "
+                     "installed kernels is installed, never a newer kernel with it (a kernel of the next minor release "
+                     "installed later gets its kmod from the next bootstrap)")
+    pre: tuple = ()
+    post: tuple = (builds,) if builds else ()
+    verb: tuple[str, ...] = ()
+    if kp.kmod_unlock:  # the kmod follows the kernel that boots next: unlocked, updated, proven, locked again
+        boot = kernels.releases[0]
+        title = (f"Update ELRepo's kmod for kernel {boot}, which boots next without its module (a kmod serves one "
+                 f"minor release's kernels): {' '.join(packages)}")
+        pre, verb = (Command(pm.unhold(kp.kmod_unlock)),), pm.upgrade_verb()
+        post = (KmodServes(boot, pm.hold(kp.kmod_unlock)),)
+    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases,
+                        builds is not None or bool(kp.kmod_unlock))
     return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
-                        reboot_reason=why,
+                        reboot_reason=why, pre=pre, post=post, opts=kept, verb=verb,
                         allow_remove=opt.allow_remove, switch=switch, swap=swap,
                         check=StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))

@@ -217,7 +217,7 @@ def mirror_commands(name: str, target: Target, mirrors) -> tuple[Command, ...]:
 
 def install_actions(target: Target, packages: tuple[str, ...], bundle: str | None = None,
                     allow_remove: bool = False, opts: tuple[str, ...] = (), kept_before: str = "",
-                    switch: tuple[str, ...] = (), swap: tuple[str, ...] = ()) -> list:
+                    switch: tuple[str, ...] = (), swap: tuple[str, ...] = (), verb: tuple[str, ...] = ()) -> list:
     """The commands that install `packages`: a manager with lists refreshes them first (each package step, so a
     step that runs alone after an earlier run never installs from stale lists); with a bundle, the package manager
     sees the bundle alone (one transaction). Module streams (NAME:STREAM) install one each; `switch`: those whose
@@ -236,7 +236,8 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
     acts: list = [*pre, *([Command(refresh, pm.env)] if refresh else [])]
     streams = tuple(p for p in packages if ":" in p) if pm.module_streams and not bundle else ()
     plain = tuple(p for p in packages if p not in streams)
-    acts += [PackageInstall(pm.name, plain, opts, allow_remove=allow_remove, kept_before=kept_before)] if plain else []
+    acts += [PackageInstall(pm.name, plain, opts, verb=verb or ("install",), allow_remove=allow_remove,
+                            kept_before=kept_before)] if plain else []
     for spec in streams:
         o, verb = pm.stream_install(spec, opts, switch=spec in switch)
         acts.append(PackageInstall(pm.name, (spec,), o, verb=verb, allow_remove=allow_remove,
@@ -246,9 +247,11 @@ def install_actions(target: Target, packages: tuple[str, ...], bundle: str | Non
 
 def package_step(sid: str, stage: Stage, title: str, target: Target, packages: tuple[str, ...],
                  pre: tuple[Command, ...] = (), bundle: str | None = None, check=None, allow_remove: bool = False,
-                 opts: tuple[str, ...] = (), post: tuple[Command, ...] = (), kept_before: str = "",
-                 switch: tuple[str, ...] = (), swap: tuple[str, ...] = (), **kw) -> Step:
-    """pre: what runs before the install (a repository added); opts: dnf's options for the install and its dry run
+                 opts: tuple[str, ...] = (), post: tuple[Action, ...] = (), kept_before: str = "",
+                 switch: tuple[str, ...] = (), swap: tuple[str, ...] = (), verb: tuple[str, ...] = (),
+                 **kw) -> Step:
+    """pre: what runs before the install (a repository added); verb: the plain packages' verb when not install (an
+    adapter's upgrade_verb); opts: dnf's options for the install and its dry run
     (`--enablerepo`); post: what runs once the install succeeded. A bundle has none of the three. kept_before: what
     `pre` leaves when the install's dry run refuses it, in words (its exit 14 says so)."""
     hint = (f"a package may be missing from bundle {bundle}: rebuild it with `gpuprov bundle create`; nothing was "
@@ -256,7 +259,7 @@ def package_step(sid: str, stage: Stage, title: str, target: Target, packages: t
     return Step(sid, stage, title, actions=(*([] if bundle else pre),
                                             *install_actions(target, packages, bundle, allow_remove,
                                                              () if bundle else opts,
-                                                             "" if bundle else kept_before, switch, swap),
+                                                             "" if bundle else kept_before, switch, swap, verb),
                                             *([] if bundle else post)),
                 check=check or PackagesInstalled(target.package_manager, packages), hint=hint, **kw)
 

@@ -88,8 +88,9 @@ def docker_ce_repo_file(target: Target, mirrors: MirrorMap | None = None) -> str
 
 def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) -> tuple[str, ...]:
     """`--setopt` options that point the enabled repository a release package (elrepo-release) or a fetched .repo
-    file (Docker's) defines at the mirror: those files name upstream's hosts whatever URL they came from, so without
-    this every later dnf run behind `--mirror` fails on upstream's metadata. () without a mirror for `name`."""
+    file defines at the mirror (Docker's: docker_ce_setopts): those files name upstream's hosts whatever URL they
+    came from, so without this every later dnf run behind `--mirror` fails on upstream's metadata. () without a
+    mirror for `name`."""
     if not (mirrors or {}).get(name):
         return ()
     b = base(name, mirrors)
@@ -103,11 +104,18 @@ def mirror_setopts(name: str, target: Target, mirrors: MirrorMap | None = None) 
         tree = cuda_tree(target)
         return (f"--setopt=cuda-{tree}-x86_64.baseurl={b}/{tree}/x86_64",
                 f"--setopt=cuda-{tree}-x86_64.gpgkey={b}/{tree}/x86_64/{CUDA_KEY}")
-    if name == "docker-ce":
-        distro = "rhel" if target.os_id == "rhel" else "centos"
-        return (f"--setopt={DOCKER_CE_REPO_ID}.baseurl={b}/{distro}/$releasever/$basearch/stable",
-                f"--setopt={DOCKER_CE_REPO_ID}.gpgkey={b}/{distro}/gpg")
     return ()
+
+
+def docker_ce_setopts(target: Target, mirrors: MirrorMap | None = None) -> tuple[str, ...]:
+    """Docker's docker-ce.repo names its tree by `$releasever`: Alibaba Cloud Linux 3's is 3, and Docker has no
+    centos/3 (its tree there is centos/8, the EL major, as Alibaba's own Docker guide sets it). The enabled repository
+    is pointed at its mirror, or wherever `$releasever` is not the EL major; () otherwise (the file's own URLs)."""
+    if not (mirrors or {}).get("docker-ce") and target.version == str(target.el_major):
+        return ()
+    b, distro = base("docker-ce", mirrors), "rhel" if target.os_id == "rhel" else "centos"
+    return (f"--setopt={DOCKER_CE_REPO_ID}.baseurl={b}/{distro}/{target.el_major}/$basearch/stable",
+            f"--setopt={DOCKER_CE_REPO_ID}.gpgkey={b}/{distro}/gpg")
 
 
 def docker_ce_apt_source(target: Target, mirrors: MirrorMap | None = None) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from tests.integration.hosts import StandInHost, built_in_container, committed_image, ensure_image, ensure_wheelhouse, sh
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "el-repos"
+GPU_PCI = FIXTURE.parent / "hosts" / "h200-vm" / "sys" / "bus" / "pci" / "devices"  # one H200 (10de:2335)
 PORT = 8089  # the loopback HTTP server inside the host (its own network namespace: no clash with anything)
 APT = "dnf rpm createrepo-c dnf-plugins-core dracut-core python3 python3-venv curl gnupg"
 # Where Debian's dnf/rpm differ from EL's, set as EL has them: rpm's database in /var/lib/rpm (Debian: ~/.rpmdb), no
@@ -85,7 +86,31 @@ def spec(p):
         else:
             lines.append(f"printf '%s\\n' {json.dumps(src)} > %{{buildroot}}{path}")
     lines += ["%files"] + [f"%dir {f}" if s == "/" else f for f, s in files.items()]
+    lines += SCRIPTLETS[p["scriptlet"]](p) if "scriptlet" in p else []
     return "\n".join(lines) + "\n"
+# The scriptlets the real packages run (tests/fixtures/el-repos/README.md says whose): a kernel's %posttrans runs
+# kernel-install's plugins (dkms's among them: tests/fixtures/el-repos/payloads), a DKMS module package registers its
+# source and builds for the running kernel only, each step's failure ignored.
+def kernel_install(p):
+    k = f"{p['version']}-{p['release']}.{p.get('arch', 'x86_64')}"
+    return ["%posttrans", f"/usr/sbin/weak-modules --add-kernel {k} || exit $?",
+            "for h in /usr/lib/kernel/install.d/*.install; do",
+            f'  [ -x "$h" ] || continue; "$h" add {k} /lib/modules/{k}/vmlinuz || exit $?', "done"]
+def kmod(p):  # ELRepo's kmodtool: depmod and weak-modules for its modules; on removal, the links taken away
+    nvr = f"{p['name']}-{p['version']}-{p['release']}.{p.get('arch', 'x86_64')}"
+    ko = next(f for f in p["files"] if f.endswith(".ko"))
+    listed = f"/run/rpm-{p['name']}-modules"
+    return ["%post", f"echo {ko} | /usr/sbin/weak-modules --add-modules",
+            "%preun", f"rpm -ql {nvr} | grep '[.]ko$' > {listed}",
+            "%postun", f"/usr/sbin/weak-modules --remove-modules < {listed}; rm -f {listed}"]
+def dkms_module(p):
+    src = next(f for f in p["files"] if f.endswith("/dkms.conf")).split("/")[3]
+    mv = f"-m {src.rsplit('-', 1)[0]} -v {src.rsplit('-', 1)[1]}"
+    return ["%post", f"dkms add {mv} -q --rpm_safe_upgrade || :", f"dkms build {mv} -q || :",
+            f"dkms install {mv} -q --force || :", "%preun", f"dkms remove {mv} -q --all --rpm_safe_upgrade || :"]
+SCRIPTLETS = {"kernel-install": kernel_install, "dkms": dkms_module, "kmod": kmod}
+def later_dir(later):  # `later: true` is the next update (later/), `later: "minor"` the next minor release's
+    return "" if not later else "later" if later is True else f"later-{later}"
 gpgkeys = {}
 for p in pk["packages"]:
     for k, v in list(p.get("files", {}).items()):
@@ -101,7 +126,7 @@ rpms = [glob.glob(str(top / "RPMS" / "*" / f"{p['name']}-{p['version']}-{p['rele
 subprocess.run(["rpmsign", "--define", "__gpg /usr/bin/gpg", "--define", "_gpg_name gpuprov stand-in signer",
                 "--addsign", *sorted(set(rpms))], check=True, env=env, capture_output=True)
 for p, rpm in zip(pk["packages"], rpms):
-    dest = out / ("later" if p.get("later") else "") / p["repo"]
+    dest = out / later_dir(p.get("later")) / p["repo"]
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(rpm, dest / (p.get("file_name") or os.path.basename(rpm)))
 for d in pk["repos"]:
@@ -154,14 +179,17 @@ for r in pk.get("other_releases", []):
 
 class ElHost(StandInHost):
     """A Rocky host container (major "9" or "8"), or one of packages.json's `other_releases` (major "amzn2023" or
-    "alinux3"), `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it."""
+    "alinux3"), `--network none`, the stand-in repositories served on 127.0.0.1:PORT inside it. `gpu`: a server with
+    its GPU on the PCI bus (tests/fixtures/hosts/h200-vm's PCI devices, an H200, bound over /sys/bus/pci/devices), so
+    gpuprov plans for the GPU it finds rather than baking for one (--for-gpu)."""
 
-    def __init__(self, major: str = "9"):
+    def __init__(self, major: str = "9", gpu: bool = False):
         self.major = major
         self.name = f"el-host-{uuid.uuid4().hex[:8]}"
         repos = el_repos()
+        pci = ("-v", f"{GPU_PCI}:/sys/bus/pci/devices:ro") if gpu else ()
         # /run a tmpfs, as on a server: a restart (the reboot) empties it
-        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run",
+        sh("docker", "run", "-d", "--name", self.name, "--network", "none", "--tmpfs", "/run", *pci,
            "-v", f"{repos}:/srv/repos:ro", "-v", f"{ensure_wheelhouse()}:/wh:ro", el_image())
         # The release installed as the installer leaves it (its release package in rpm's database, os-release); the
         # served tree is a copy (later/ gets published into it); the distribution's key is in place as an installed
@@ -171,8 +199,9 @@ class ElHost(StandInHost):
             (f"rocky-release-el{major}.rpm", f"os-release-el{major}")
         served = other["key"] if other else f"rocky/RPM-GPG-KEY-Rocky-{major}"
         key = f"/etc/pki/rpm-gpg/{served.rsplit('/', 1)[1]}"
-        self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/{rpm}; cp /srv/repos/releases/{osr} /etc/os-release; "
-                  "cp -a /srv/repos /srv/www; rm -rf /srv/www/later; "
+        self.exec(f"set -e; rpm -i --nodeps /srv/repos/releases/{rpm} /srv/repos/base/*.rpm; "
+                  f"cp /srv/repos/releases/{osr} /etc/os-release; "
+                  "cp -a /srv/repos /srv/www; rm -rf /srv/www/later /srv/www/later-*; "
                   f"install -m0644 /srv/www/{served} {key}; rpm --import {key}", check=True)
         self.serve()
 
@@ -186,10 +215,11 @@ class ElHost(StandInHost):
         sh("docker", "restart", "-t", "1", self.name)
         self.serve()
 
-    def publish_later(self, repo: str) -> None:
-        """An upstream update: the kept-aside packages of `repo` join it, and its metadata is regenerated."""
-        self.exec(f"set -e; cp /srv/repos/later/{repo}/*.rpm /srv/www/{repo}/; createrepo_c -q --update /srv/www/{repo}",
-                  check=True)
+    def publish_later(self, repo: str, group: str = "later") -> None:
+        """An upstream update: the kept-aside packages of `repo` join it, and its metadata is regenerated. `group`:
+        later (packages.json's `later: true`) or later-minor (`later: "minor"`: the next minor release's)."""
+        self.exec(f"set -e; cp /srv/repos/{group}/{repo}/*.rpm /srv/www/{repo}/; "
+                  f"createrepo_c -q --update /srv/www/{repo}", check=True)
 
     def rpms(self) -> dict[str, str]:
         """Installed packages: name -> epoch:version-release (epoch 0 when none)."""

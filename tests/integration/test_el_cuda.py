@@ -21,6 +21,16 @@ One host through its stages (module-scoped, in order):
    kernel-devel of the errata kernel stays), the operator's stay, and the `nvidia-driver`
    stream gpuprov enabled is reset. Then the operator enables a stream of their own: bootstrap installs from it
    and uninstall --purge-driver leaves it enabled.
+6. A kernel update under NVIDIA's DKMS packages: the driver installed again (its module built by DKMS for the
+   installed kernel), then the operator's `dnf upgrade kernel` brings the errata kernel without its kernel-devel:
+   dkms's kernel-install plugin cannot build for it (dnf still exits 0), so it would boot without a module, which
+   `gpuprov verify` names (exit 10). `gpuprov bootstrap` installs that kernel's kernel-devel and has DKMS build for it;
+   verify's next-boot check passes. A build that fails there stops with exit 16 naming the kernel and the compiler's
+   first error, the packages kept; after the reboot a re-run changes nothing.
+
+The stand-in `dkms` (tests/fixtures/el-repos/payloads) runs DKMS's command line, tree and status lines and compiles
+nothing; the kmod packages' scriptlets (build for the running kernel only) and the kernel's kernel-install plugins
+are the real packages' (the fixture README says whose).
 """
 from __future__ import annotations
 
@@ -62,6 +72,20 @@ def installed(host):
     return before, host.exec(bootstrap("570"))
 
 
+def built(host, kernel: str) -> bool:
+    """DKMS says the module is installed for `kernel`, and modules.dep names it there."""
+    status = host.exec(f"dkms status -k {kernel}").stdout
+    return ": installed" in status and \
+        host.exec(f"grep -q '^extra/nvidia.ko.xz:' /lib/modules/{kernel}/modules.dep").returncode == 0
+
+
+def next_boot(host) -> tuple[int, dict]:
+    """`gpuprov verify --json`: (exit code, its next-boot kernel module check)."""
+    r = host.exec("gpuprov verify --json")
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, {c["name"]: c for c in json.loads(r.stdout)["checks"]}["next-boot kernel module"]
+
+
 def stream(host) -> str:
     return host.exec("cat /etc/dnf/modules.d/nvidia-driver.module").stdout
 
@@ -86,6 +110,9 @@ def test_driver_from_the_570_open_stream_through_the_mirrors(host, installed):
         assert base in info and "upstream.invalid" not in info, info
     assert host.exec("dnf makecache 2>&1").returncode == 0
     assert sorted(locks(host)) == sorted(f"{p}-3:{OLD}-1.el9.*" for p in (*DRIVER_PKGS, "nvidia-persistenced"))
+    # DKMS built the module for the installed kernel (the kmod's own scriptlet builds for the running kernel only,
+    # which here is not an EL kernel: on the previous commit nothing was built for it)
+    assert built(host, GA_DEVEL), host.exec("dkms status; ls -R /lib/modules").stdout
     rec = json.loads(host.exec("cat /var/lib/gpuprov/installed.json", check=True).stdout)
     # every package the transactions added, by name; kernel-devel, installed side by side per kernel, by its version
     assert sorted(rec["packages"]["driver"]) == sorted({*(after.keys() - before.keys() - {"kernel-devel"}),
@@ -216,3 +243,67 @@ def test_uninstall_keeps_the_operators_own_stream(host, installed):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert host.rpms().keys() == before.keys()
     assert "570-open" in enabled_modules(host) and "stream=570-open" in stream(host), stream(host)
+
+
+def test_kernel_update_gets_its_dkms_module(host, installed):
+    """Stage 6: on the previous commit the driver step installed kernel-devel but ran no DKMS build, so the kernel that
+    boots next kept no module after bootstrap (verify exit 10 on and on)."""
+    for repo in ("rocky/9/BaseOS/x86_64/os", "rocky/9/AppStream/x86_64/os"):  # the errata kernel published
+        host.publish_later(repo)
+    host.exec(f"! rpm -q kernel-devel-{LATER_DEVEL} || dnf remove -y -q kernel-devel-{LATER_DEVEL}",
+              check=True)  # the operator's, from stage 5
+    r = host.exec(bootstrap("570"))
+    assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
+    assert built(host, GA_DEVEL) and not host.exec(f"ls /lib/modules/{LATER_DEVEL}").returncode == 0
+    reboot_and_resume(host)
+    before = host.rpms()
+    # the operator's kernel update, the kernel alone: its kernel-install plugins run dkms, which has no kernel-devel
+    # for it; rpm reports the scriptlet's failure and goes on
+    up = host.exec("dnf upgrade -y --refresh kernel 2>&1")
+    assert up.returncode == 0, up.stdout[-3000:]
+    assert "kernel headers for kernel " + LATER_DEVEL in up.stdout, up.stdout[-3000:]
+    assert not built(host, LATER_DEVEL)
+    rc, check = next_boot(host)
+    assert rc == 10 and check["status"] == "fail" and LATER_DEVEL in check["detail"], check
+    # bootstrap builds for it: its kernel-devel installed, DKMS run for every installed kernel
+    plan = host.exec(bootstrap("570").replace("bootstrap --yes --json", "bootstrap --dry-run"))
+    assert f"dkms autoinstall -k {LATER_DEVEL}" in plan.stdout, plan.stdout
+    r = host.exec(bootstrap("570"))
+    assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
+    assert built(host, LATER_DEVEL) and built(host, GA_DEVEL), host.exec("dkms status").stdout
+    after = host.rpms()
+    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    assert changed <= {"kernel", "kernel-core", "kernel-devel"}, changed  # the driver itself is what it was
+    assert f"kernel-devel-{LATER_DEVEL}" in host.exec("rpm -q kernel-devel").stdout
+    rc, check = next_boot(host)
+    assert check["status"] == "pass" and LATER_DEVEL in check["detail"], check
+    reboot_and_resume(host)
+    # a build that fails (the errata kernel's tree made to break the module, its module removed): exit 16 naming the
+    # kernel and the compiler's first error, the log kept, no package changed; once the tree is back, a re-run builds
+    makefile = f"/usr/src/kernels/{LATER_DEVEL}/Makefile"
+    host.exec(f"cp {makefile} /tmp/Makefile.ok && echo 'stand-in: breaks nvidia' >> {makefile} && "
+              f"dkms remove -m nvidia-open -v {OLD} -k {LATER_DEVEL}", check=True)
+    before = host.rpms()
+    r = host.exec(bootstrap("570"))
+    assert r.returncode == 16, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"for kernel {LATER_DEVEL}: " in r.stderr and "error: implicit declaration" in r.stderr, r.stderr
+    assert "packages stay installed" in r.stderr and "--kernel-modules proprietary" in r.stderr, r.stderr
+    kept = f"/var/log/gpuprov/dkms-nvidia-open-{OLD}-{LATER_DEVEL}.log"
+    assert kept in r.stderr and host.exec(f"grep -q 'error:' {kept}").returncode == 0, r.stderr
+    assert host.rpms() == before and not built(host, LATER_DEVEL)
+    host.exec(f"cp /tmp/Makefile.ok {makefile}", check=True)
+    r = host.exec(bootstrap("570"))
+    assert r.returncode in (0, 7) and built(host, LATER_DEVEL), r.stdout[-3000:] + r.stderr[-3000:]
+    # after the reboot the resume verifies (no device here: exit 15); then a re-run changes nothing: the module for
+    # every kernel satisfies the step's check
+    reboot_and_resume(host)
+    r = host.exec(bootstrap("570"))
+    assert r.returncode == 0 and json.loads(r.stdout)["changed"] == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def reboot_and_resume(host) -> None:
+    """The reboot the driver step asked for, then the run that resumes after it (no device here to verify the driver
+    on: exit 15); until then a bootstrap only says the reboot is pending (exit 7)."""
+    host.reboot()
+    r = host.exec(bootstrap("570"))
+    assert r.returncode == 15, r.stdout[-3000:] + r.stderr[-3000:]

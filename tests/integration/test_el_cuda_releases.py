@@ -118,3 +118,26 @@ def test_uninstall_purges_and_resets_the_stream(host, rel, installed):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert host.rpms().keys() == before.keys()
     assert "state=enabled" not in stream(host), stream(host)
+
+
+def test_docker_engine_packages_from_their_repository(host, rel):
+    """The engine's packages through the plan's own commands (engine.packages as `gpuprov plan --json` prints them,
+    each run in the host; the dry run's `--assumeno` answers no), Docker CE's repository at its mirror. On the previous
+    commit Alinux 3's baseurl read `$releasever` (3), where Docker publishes no tree: dnf failed on the missing
+    metadata. AL2023: Docker publishes none; the plan takes the distribution's `docker`."""
+    r = host.exec(f"gpuprov plan --json --engine docker --driver skip --mirror docker-ce={url('docker-ce')}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    step = next(s for s in json.loads(r.stdout)["steps"] if s["id"] == "engine.packages")
+    commands = [a[2:] for a in step["actions"] if a.startswith("$ ")]
+    if rel.host == "amzn2023":
+        assert commands[-1] == "dnf install -y docker" and not any("docker-ce" in c for c in commands), commands
+        return
+    assert any("/centos/8/$basearch/stable" in c for c in commands), commands
+    for c in commands:
+        done = host.exec(c + " 2>&1")
+        assert done.returncode == 0 or "--assumeno" in c, f"{c}\n{done.stdout[-3000:]}"
+    after = host.rpms()
+    assert {p: after.get(p) for p in ("docker-ce", "docker-ce-cli", "containerd.io")} == \
+        {"docker-ce": "3:28.1.1-1.el8", "docker-ce-cli": "1:28.1.1-1.el8", "containerd.io": "0:1.7.27-3.1.el8"}, after
+    info = host.exec("dnf repoinfo docker-ce-stable 2>&1").stdout
+    assert f"{url('docker-ce')}/centos/8/x86_64/stable" in info, info

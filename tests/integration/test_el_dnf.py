@@ -2,9 +2,9 @@
 tests/integration/el_hosts.py: Debian's dnf 4.14 and rpm 4.18 behind Rocky's release files), against stand-in
 ELRepo, BaseOS/AppStream and Docker CE repositories (tests/fixtures/el-repos) served on loopback and reached through
 `--mirror NAME=URL`. The host has no network: nothing reaches an upstream archive. What is stand-in: the packages'
-payloads (no real kernel or module; no weak-modules, dracut or depmod scriptlets). What is real: dnf's dependency
-resolution, transactions, GPG checks, the versionlock plugin, obsoletes/conflicts, rpm's database, and dracut
-(Debian's, set to EL's image name and hostonly default).
+payloads (no real kernel or module; a stand-in weak-modules, run by the kmods' and the kernel's real
+scriptlets). What is real: dnf's dependency resolution, transactions, GPG checks, the versionlock plugin,
+obsoletes/conflicts, rpm's database, and dracut (Debian's, set to EL's image name and hostonly default).
 
 One host per release through its stages (module-scoped, in order, each starting where the last left it):
 1. The operator's host: kernel, podman and runc installed from the distribution with dnf. Docker CE asked for
@@ -12,7 +12,8 @@ One host per release through its stages (module-scoped, in order, each starting 
    Docker's repository left disabled (the operator's next `dnf upgrade` would replace runc otherwise).
 2. bootstrap (driver only) with --mirror elrepo=...: elrepo-release, kmod-nvidia-open and nvidia-x11-drv from
    the mirror, the driver locked with dnf versionlock; a second run changes nothing.
-3. ELRepo publishes 570.144 and the distribution a kernel: `dnf upgrade` takes the kernel, the lock keeps 570.133.07.
+3. ELRepo publishes 570.144 and the distribution a kernel: `dnf upgrade` takes the kernel, the lock keeps 570.133.07,
+   and the kmod serves the new kernel through weak-updates (kABI tracking), which verify's next-boot check finds.
 4. `gpuprov uninstall --purge-driver` stops with exit 14 where a package of the operator's needs the driver (dnf's
    own dry run says so), and once it is gone purges the driver packages gpuprov recorded (dependencies included:
    every package its transactions added) and their version locks, and nothing the operator had.
@@ -132,6 +133,14 @@ def test_versionlock_holds_across_dnf_upgrade(host, driven, rel):
     assert after["nvidia-x11-drv"].endswith(f":570.133.07-{rel.elrepo_tag}"), after
     kernels = host.exec("rpm -q kernel-core").stdout.split()
     assert any(rel.later_kernel in k for k in kernels), kernels  # the kernel is not held
+    # kABI tracking: the kmod built for the installed kernel serves the errata kernel of its minor release through
+    # weak-updates (weak-modules, run by the kernel's own scriptlet), and verify's next-boot check finds it there
+    new = next(k for k in kernels if rel.later_kernel in k).removeprefix("kernel-core-")
+    link = host.exec(f"readlink /lib/modules/{new}/weak-updates/nvidia/nvidia.ko").stdout.strip()
+    assert link == f"/lib/modules/{rel.kernel}/extra/nvidia/nvidia.ko", link
+    checks = {c["name"]: c for c in json.loads(host.exec("gpuprov verify --json").stdout)["checks"]}
+    boot = checks["next-boot kernel module"]
+    assert boot["status"] == "pass" and new in boot["detail"] and "weak-updates" in boot["detail"], boot
 
 
 # The operator's own package, built and installed on the host after gpuprov: it needs the driver's libraries.
@@ -174,4 +183,7 @@ def test_uninstall_purges_only_what_gpuprov_recorded(host, driven):
     # operator had stays (the kernels, podman, runc)
     assert after.keys() == before.keys(), (sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys()))
     assert "nvidia" not in host.exec("cat /etc/dnf/plugins/versionlock.list 2>/dev/null").stdout
+    # the kmod's removal took its weak-updates links and modules.dep lines with it (its own scriptlets)
+    assert host.exec("ls /lib/modules/*/weak-updates/nvidia/ 2>/dev/null; grep -h nvidia /lib/modules/*/modules.dep"
+                     ).stdout == ""
     assert host.exec("test -e /var/lib/gpuprov/installed.json").returncode == 1  # nothing left to undo

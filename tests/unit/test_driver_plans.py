@@ -288,10 +288,21 @@ def test_docker_ce_repo_enabled_only_once_installed(tmp_path):
     lines = [ln for ln in step.lines() if ln.startswith("$")]
     assert lines[0] == "$ dnf config-manager --add-repo http://m.example/d/centos/docker-ce.repo"
     assert lines[1].startswith("$ dnf config-manager --save ") and lines[1].endswith("--setopt=docker-ce-stable.enabled=0")
-    assert "docker-ce-stable.baseurl=http://m.example/d/centos/$releasever/$basearch/stable" in lines[1]
+    assert "docker-ce-stable.baseurl=http://m.example/d/centos/9/$basearch/stable" in lines[1]
     assert lines[2] == "$ dnf --enablerepo=docker-ce-stable install --assumeno docker-ce docker-ce-cli containerd.io"
     assert lines[3] == "$ dnf --enablerepo=docker-ce-stable install -y docker-ce docker-ce-cli containerd.io"
     assert lines[4] == "$ dnf config-manager --save --setopt=docker-ce-stable.enabled=1"
+
+
+def test_docker_ce_on_alibaba_cloud_linux_3_uses_docker_s_el8_tree(tmp_path):
+    """Docker's docker-ce.repo reads `$releasever`, 3 on Alibaba Cloud Linux 3, where Docker has no tree: the plan
+    saves the EL 8 tree's baseurl, mirror or not (real dnf: tests/integration/test_el_cuda_releases.py)."""
+    root = make_host(tmp_path, "alinux-3", "none", kernel="5.10.134-15.1.al8.x86_64")
+    o = Options(engine="docker", engine_source="docker-ce", driver="skip")
+    step = next(s for s in build_plan(detect_host(root, engines=False), o) if s.id == "engine.packages")
+    save = next(ln for ln in step.lines() if ln.startswith("$ dnf config-manager --save "))
+    assert "--setopt=docker-ce-stable.baseurl=" in save and "/centos/8/$basearch/stable" in save, save
+    assert "$releasever" not in save, save
 
 
 def test_cuda_and_epel_mirrors_are_what_dnf_keeps_using(tmp_path):
