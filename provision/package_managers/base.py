@@ -15,7 +15,8 @@ in a printed-and-run Command, so what the plan prints is what runs. It owns:
 
 The subclass sets or implements: `name`, `database`, `env`, `records_dependencies`, `refresh`, `simulate_install`,
 `install`, `removals`, `versions`, `installed`, `installed_packages`, `hold`, `held`, `unhold`, `simulate_purge`,
-`purge`, `purged_too`, `removal_hint`, `bundle_options`, `bundle_files`, `download`, `recover`, `hold_words`."""
+`purge`, `purged_too`, `removal_hint`, `offered`, `bundle_options`, `bundle_files`, `download`, `recover`,
+`hold_words`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
