@@ -15,7 +15,8 @@ in a printed-and-run Command, so what the plan prints is what runs. It owns:
 
 The subclass sets or implements: `name`, `database`, `env`, `records_dependencies`, `refresh`, `simulate_install`,
 `install`, `removals`, `versions`, `installed`, `installed_packages`, `hold`, `held`, `unhold`, `simulate_purge`,
-`purge`, `purged_too`, `removal_hint`, `bundle_options`, `bundle_files`, `download`, `recover`, `hold_words`."""
+`purge`, `purged_too`, `removal_hint`, `offered`, `bundle_options`, `bundle_files`, `download`, `recover`,
+`hold_words`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -68,10 +69,15 @@ class PackageManager(ABC):
         """The verb that brings installed packages to their newest candidate (the install's own where it does)."""
         return ("install",)
 
-    def kernel_kept(self) -> Argv:
-        """Options for an install that must not bring a kernel in as a dependency: the newest candidate that fits the
-        installed kernels instead (ELRepo's kmods are each built for one minor release's kernel and require it)."""
+    def unlocked(self) -> Argv:
+        """Options for a transaction that moves packages gpuprov's hold keeps (its hold step renews the holds after;
+        a failed or killed run leaves them as they were)."""
         return ()
+
+    @abstractmethod
+    def offered(self, package: str) -> Argv:
+        """Asks whether `package` (a name, or a version glob where the manager takes one) is offered: nothing
+        printed, or a non-zero exit, when it is not."""
 
     @abstractmethod
     def removals(self, output: str) -> list[str]:

@@ -83,11 +83,12 @@ class Dnf(PackageManager):
     def upgrade_verb(self) -> Argv:
         return ("upgrade",)
 
-    def kernel_kept(self) -> Argv:
-        """ELRepo's newest kmod requires the newest minor release's kernel: with it offered, dnf installed that kernel
-        in the driver's transaction; without (an EUS host), best=True failed the install (tests/fixtures/el-variants).
-        Kernels excluded and best off, dnf picks the newest build for the installed kernel (real dnf 4.14)."""
-        return ("--setopt=best=False", "--exclude=kernel,kernel-core")
+    def unlocked(self) -> Argv:
+        return ("--disableplugin=versionlock",)
+
+    def offered(self, package: str) -> Argv:
+        """Installed or available, at any version (versionlock would hide the versions it does not hold)."""
+        return (self.name, "--disableplugin=versionlock", "-q", "list", "--showduplicates", package)
 
     def simulate_install(self, packages: Argv, opts: Argv = (), verb: Argv = ("install",), remove: Argv = ()) -> Argv:
         """`remove`: what the transaction replaces on purpose (a flavour switch's old kmod, `stream_swaps`): dnf
@@ -105,7 +106,7 @@ class Dnf(PackageManager):
     def stream_install(self, spec: str, opts: Argv = (), switch: bool = False) -> tuple[Argv, Argv]:
         """(opts, verb) of a module stream's install: a stream switch (a branch change) runs, dry run included,
         without the versionlock plugin: the old branch's locks are gpuprov's own, and the hold replaces them."""
-        return ((*opts, "--disableplugin=versionlock") if switch else opts,
+        return ((*opts, *self.unlocked()) if switch else opts,
                 ("module", "switch-to" if switch else "install"))
 
     def removals(self, output: str) -> list[str]:
@@ -343,9 +344,6 @@ class Yum(Dnf):
 
     def _erasing(self, allow_remove: bool) -> Argv:
         return ()  # yum has no --allowerasing: it replaces on obsoletes, which the dry run names
-
-    def kernel_kept(self) -> Argv:
-        return ("--exclude=kernel",)  # yum has no `best`: it takes the newest candidate that installs
 
     def config_manager(self) -> Argv:
         return ("yum-config-manager",)

@@ -533,36 +533,72 @@ class DkmsBuild(Action):
 
 
 @dataclass(frozen=True)
-class KmodServes(Action):
-    """After ELRepo's kmod was updated for the kernel that boots next: that kernel has its nvidia module (the kmod's
-    own build, or a weak-updates link within its minor release). ELRepo publishes a minor release's builds some days
-    after its kernel: with none yet, dnf found nothing newer, the locks lifted for the update are set again (`relock`)
-    and the step stops (exit 4) naming the kernel and the ways out."""
-    reports = True
+class KmodOffered(Action):
+    """Before ELRepo's kmod is installed or moved: the repositories offer its build for the boot kernel's minor
+    release (elrepo_build). ELRepo publishes a minor release's builds some days after its kernel (and a site's
+    mirror may lag): with none, stop (exit 4) before anything changes, naming the kernel and the ways out."""
     kernel: str
-    relock: tuple[tuple[str, ...], ...]
+    package: str
+    query: Command
 
-    def on_failure(self) -> list[Command]:
-        return [Command(argv) for argv in self.relock]
+    def commands(self) -> list[Command]:
+        return [self.query]
 
     def lines(self) -> list[str]:
-        return [f"  (then kernel {self.kernel} must have an nvidia module; if not, lock again and stop with exit 4:)",
-                *(f"  {ln}" for c in self.on_failure() for ln in c.lines())]
+        return [*self.query.lines(), "  (none offered: stop with exit 4, nothing changed)"]
+
+    def execute(self) -> str:
+        r = self.query.run()
+        if r.returncode != 0 or not r.output.strip():
+            raise Unsupported(
+                f"ELRepo offers no build of {self.package} for kernel {self.kernel}'s minor release "
+                f"({minor_release(self.kernel)}) yet: nothing was changed. Boot a kernel of a minor release ELRepo "
+                "builds for, or wait for its build and run bootstrap again; or use NVIDIA's repository "
+                "(--driver-source nvidia: DKMS builds for any kernel)")
+        return ""
+
+
+@dataclass(frozen=True)
+class KmodServes(Action):
+    """After ELRepo's kmod is installed or moved: the kernel that boots next has its nvidia module (the build's own,
+    or a weak-updates link within its minor release); else stop (exit 4) naming the kernel."""
+    reports = True
+    kernel: str
+
+    def lines(self) -> list[str]:
+        return [f"  (then kernel {self.kernel} must have an nvidia module: exit 4 otherwise)"]
 
     def execute(self) -> str:
         if module_built(Path("/"), self.kernel):
             return f"ELRepo's kmod serves kernel {self.kernel}"
-        for c in self.on_failure():
-            c.execute()
-        raise Unsupported(
-            f"ELRepo offers no kmod for kernel {self.kernel} yet (each kmod is built for one minor release's kernels; "
-            "the installed one is kept and locked again): boot a kernel it serves until ELRepo publishes the build, "
-            "then run bootstrap again; or use NVIDIA's repository (--driver-source nvidia: DKMS builds for any kernel)")
+        raise Unsupported(f"ELRepo's kmod was installed, but kernel {self.kernel}, which boots next, has no nvidia "
+                          "module (weak-modules did not link it): boot a kernel it serves, or use NVIDIA's repository "
+                          "(--driver-source nvidia: DKMS builds for any kernel)")
+
+
+def elrepo_build(package: str, kernel: str | None) -> str:
+    """ELRepo builds each kmod for one minor release's kernels and tags it so (kmod-nvidia-open-570.172.08-1.el9_6
+    .elrepo.x86_64 requires 9.6's kernel): the version glob of `package`'s builds for `kernel`'s minor release, which dnf
+    takes as a package spec; the name where either is no ELRepo kmod or kernel carries no such tag. Without it dnf
+    took the newest build whatever the kernel: a newer kernel pulled into the driver's transaction, or (best=True,
+    none offered, an EUS host) the install failed."""
+    tag = minor_release(kernel)
+    # NAME-VERSION-RELEASE.ARCH, each part a glob (dnf 4.14 matched no glob without the arch: it read `.elrepo` as one)
+    return f"{package}-[0-9]*-*.{tag}*.elrepo.*" if tag and package.startswith("kmod-") else package
+
+
+def minor_release(kernel: str | None) -> str | None:
+    """An EL kernel's minor-release tag: el9_6 of 5.14.0-570.12.1.el9_6.x86_64 (el7 of EL 7's); None without one."""
+    m = re.search(r"\.(el\d+(?:_\d+)?)\.", f"{kernel}." if kernel else "")
+    return m.group(1) if m else None
 
 
 def dkms_installed(status: str, kernel: str) -> bool:
-    """`dkms status -k K` lists a module installed for K ("nvidia/570.133.20, K, x86_64: installed")."""
-    return any(kernel in ln and ln.rstrip().endswith(": installed") for ln in status.splitlines())
+    """`dkms status -k K` lists a module installed for K ("nvidia/570.133.20, K, x86_64: installed"; DKMS 2.x/3.x
+    append "(WARNING! Diff between built and installed module!)" where the installed file differs, signed after the
+    build say: installed all the same)."""
+    return any(kernel in ln and ": " in ln and ln.split(": ", 1)[1].split()[:1] == ["installed"]
+               for ln in status.splitlines())
 
 
 def _last_error(output: str) -> str:
@@ -656,12 +692,12 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     kernels = choose_kernels(root, running, asked, baking, replacing=apt.replacement is not None)
     if target.family == "rhel" and not dkms:
         check_kmod_kernels(kernels.releases)
-    # ELRepo's kmod gpuprov locked, and the kernel that boots next outside its minor release (no weak-updates link):
-    # the kmod follows that kernel, its locks lifted for the update and set again by the hold step
-    unlock = _kmod_unlock(root, pm, packages) if target.family == "rhel" and not dkms and not opt.bundle else ()
-    boot = boot_kernel(root)
-    if unlock and boot:
-        kernels = Kernels((boot,), f"{boot} boots next without an nvidia module: ELRepo builds a kmod for each "
+    # ELRepo's kmods: the build for the boot kernel's minor release. One gpuprov locked, with the kernel that boots
+    # next outside its minor release (no weak-updates link), follows that kernel (the hold step renews the lock)
+    boot = boot_kernel(root) if target.family == "rhel" and not dkms and not opt.bundle else None
+    moved = bool(boot) and _kmod_follows(root, pm, packages, boot)  # type: ignore[arg-type]
+    if moved:
+        kernels = Kernels((boot,), f"{boot} boots next without an nvidia module: ELRepo builds a kmod for each "  # type: ignore[arg-type]
                           "minor release's kernels")
     if apt.replacement is None and dkms and pm.checked_driver_install and not opt.bundle:
         update = series_update(series_installed(root), packages, closure(packages, archive_depends(root)),
@@ -687,7 +723,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
-                             pre.abi if pre and pre.package else (), unlock)
+                             pre.abi if pre and pre.package else (), boot, moved)
     # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
     # `dnf module switch-to` makes; a switch between kernel-module flavours also replaces the old flavour's kmod
     # (`swap`), whose hold goes too. Read once, for the packages step and the hold step.
@@ -741,18 +777,10 @@ def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
     return package_managers.get(target.package_manager).driver_held(root, tuple(packages))
 
 
-def _kmod_unlock(root: Path, pm, packages: list[str]) -> tuple[str, ...]:
-    """The packages whose locks are lifted for ELRepo's kmod to follow the kernel that boots next: gpuprov locked
-    the kmod (driver_held) and that kernel has no nvidia module (weak-modules links a kmod only into the
-    kernels of its minor release). Empty: nothing to follow."""
-    boot = boot_kernel(root)
-    if not boot or module_built(root, boot) or not pm.driver_held(root, tuple(packages)):
-        return ()
-    # the series gpuprov's hold step locked: the kmod and every nvidia package at its version (an operator's lock on
-    # another package, nvidia-container-toolkit say, stays as it is)
-    locks = pm.locks(root)
-    version = next((v for n, v in locks if n in {p.split(":")[0] for p in packages}), None)
-    return tuple(dict.fromkeys(n for n, v in locks if v == version))
+def _kmod_follows(root: Path, pm, packages: list[str], boot: str) -> bool:
+    """ELRepo's kmod follows the kernel that boots next: gpuprov locked it (driver_held) and that kernel has no nvidia
+    module (weak-modules links a kmod only into the kernels of its minor release)."""
+    return not module_built(root, boot) and pm.driver_held(root, tuple(packages))
 
 
 def _boot_kernel_unserved(root: Path, running: str | None, target: Target, packages: tuple[str, ...]) -> bool:
@@ -893,7 +921,8 @@ class KernelPlan:
     precompiled_why: str = ""
     replacement: Replacement | None = None
     auto: tuple[str, ...] = ()  # Ubuntu: each kernel's precompiled modules, marked automatic after the install
-    kmod_unlock: tuple[str, ...] = ()  # ELRepo: the locks lifted so the kmod follows the kernel that boots next
+    elrepo_boot: str | None = None  # ELRepo: the kernel that boots next, whose minor release's build is installed
+    kmod_moves: bool = False  # ELRepo: the kmod gpuprov locked moves to that build (the kernel boots without one)
 
 
 def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
@@ -947,27 +976,24 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
                     reboot=True, reboot_reason=why, notes=tuple(notes))
     # DKMS's build for each chosen kernel, after the install (from a bundle: the packages' own scriptlets only)
     builds = DkmsBuild(kernels.releases, ways) if dkms and not opt.bundle else None
-    # prebuilt kmods (ELRepo's): the build for the installed kernels, never a kernel pulled in with the newest one
-    kept = pm.kernel_kept() if target.family == "rhel" and not dkms else ()
-    if kept and not kp.kmod_unlock:
-        title += " (ELRepo's build for the installed kernels' minor release: no newer kernel pulled in)"
-    if kept:
-        notes.append("ELRepo's kmods are each built for one minor release's kernel: the newest build that fits the "
-                     "installed kernels is installed, never a newer kernel with it (a kernel of the next minor release "
-                     "installed later gets its kmod from the next bootstrap)")
     pre: tuple = ()
     post: tuple = (builds,) if builds else ()
-    verb: tuple[str, ...] = ()
-    if kp.kmod_unlock:  # the kmod follows the kernel that boots next: unlocked, updated, proven, locked again
-        boot = kernels.releases[0]
-        title = (f"Update ELRepo's kmod for kernel {boot}, which boots next without its module (a kmod serves one "
-                 f"minor release's kernels): {' '.join(packages)}")
-        pre, verb = (Command(pm.unhold(kp.kmod_unlock)),), pm.upgrade_verb()
-        post = (KmodServes(boot, pm.hold(kp.kmod_unlock)),)
-    check = DriverBuilt(target.package_manager, all_pkgs, kernels.releases,
-                        builds is not None or bool(kp.kmod_unlock))
-    return package_step("driver.packages", Stage.DRIVER, title, target, all_pkgs, bundle=opt.bundle, reboot=True,
-                        reboot_reason=why, pre=pre, post=post, opts=kept, verb=verb,
+    verb, opts, specs, modules_for = (), (), all_pkgs, kernels.releases
+    if kp.elrepo_boot:  # ELRepo's build for the boot kernel's minor release, offered first, its module proven after
+        boot = kp.elrepo_boot
+        specs = tuple(elrepo_build(p, boot) for p in all_pkgs)
+        kmod, name = next(((s, p) for s, p in zip(specs, all_pkgs) if s != p), (specs[0], all_pkgs[0]))
+        tag = minor_release(boot) if kmod != name else None
+        title = (f"Move ELRepo's kmod to its build for kernel {boot}, which boots next without its module ({tag}; "
+                 "kernels of other minor releases keep none): " + " ".join(packages) if kp.kmod_moves else
+                 title + f" (ELRepo's build for kernel {boot}'s minor release{f': {tag}' if tag else ''})")
+        pre = (KmodOffered(boot, name, Command(pm.offered(kmod))),)
+        post, modules_for = (KmodServes(boot),), (boot,)
+        if kp.kmod_moves:  # past the lock for this transaction only: a failed or killed run leaves it as it was
+            verb, opts = pm.upgrade_verb(), pm.unlocked()
+    check = DriverBuilt(target.package_manager, all_pkgs, modules_for, builds is not None or bool(kp.elrepo_boot))
+    return package_step("driver.packages", Stage.DRIVER, title, target, specs, bundle=opt.bundle, reboot=True,
+                        reboot_reason=why, pre=pre, post=post, opts=opts, verb=verb,
                         allow_remove=opt.allow_remove, switch=switch, swap=swap,
                         check=StreamsEnabled(check, streams) if streams else check,
                         notes=tuple(notes))

@@ -4,15 +4,16 @@ of that minor release only (tests/fixtures/el-repos: 570.144-1.el9_5.elrepo for 
 570.172.08-1.el9_6.elrepo for 9.6's 5.14.0-570.12.1.el9_6). One Rocky 9.5 host through three stages:
 1. ELRepo carries the 9.6 build, the host's repositories no 9.6 kernel (an EUS host): before this change dnf's
    best=True failed the install ("nothing provides kernel >= …", exit 5) after the ELRepo step had changed the host.
-   Now the newest build that fits the installed kernel (570.144) is installed, and the plan says why.
+   Now the build for the installed kernel's minor release (570.144, el9_5), asked for by its version, and the plan
+   says so.
 2. The 9.6 kernel offered: before, dnf installed it in the driver's transaction and the plan said nothing. Now the
    kernel stays the operator's.
 3. The operator's `dnf upgrade` brings 9.6's kernel; gpuprov's lock keeps the 9.5 kmod, which weak-modules does not
    link into it: it would boot without a module (verify exit 10). Before, bootstrap changed nothing (the packages
-   were installed); now it lifts the locks, upgrades the kmod to the 9.6 build (no kernel touched), proves the module
-   is there for that kernel, locks again; verify passes; after the reboot a re-run changes nothing. While the site's
-   ELRepo mirror lacks the 9.6 build, bootstrap stops with exit 4 naming the kernel, the kmod and its locks as they
-   were.
+   were installed); now it moves the kmod to the 9.6 build past the lock for that one transaction (no kernel
+   touched), proves the module is there for that kernel, and the hold step renews the lock; verify passes; after the
+   reboot a re-run changes nothing. While the site's ELRepo mirror lacks the 9.6 build, bootstrap stops with exit 4
+   before anything changes, the kmod and its lock list as they were.
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def next_boot(host) -> tuple[int, dict]:
 
 def test_no_newer_kernel_offered_the_build_for_the_installed_kernel(host):
     plan = host.exec(DRIVER.replace("bootstrap --yes", "bootstrap --dry-run"))
-    assert "no newer kernel pulled in" in " ".join(plan.stdout.split()), plan.stdout
+    assert "ELRepo's build for kernel " + KERNEL + "'s minor release: el9_5" in " ".join(plan.stdout.split()), \
+        plan.stdout
     r = host.exec(DRIVER)
     assert r.returncode in (0, 7), r.stdout[-3000:] + r.stderr[-3000:]
     assert kmod(host).endswith(":570.144-1.el9_5.elrepo"), host.rpms()
@@ -94,13 +96,16 @@ def test_the_kmod_follows_the_next_minor_releases_kernel(host):
     rc, check = next_boot(host)
     assert rc == 10 and check["status"] == "fail" and MINOR in check["detail"], check
     plan = host.exec(DRIVER.replace("bootstrap --yes", "bootstrap --dry-run"))
-    assert f"Update ELRepo's kmod for kernel {MINOR}" in " ".join(plan.stdout.split()), plan.stdout
-    # the site's ELRepo mirror has not synced the 9.6 build yet: the update finds nothing newer, the locks come back
+    assert f"Move ELRepo's kmod to its build for kernel {MINOR}" in " ".join(plan.stdout.split()), plan.stdout
+    # the site's ELRepo mirror has not synced the 9.6 build yet: exit 4 before anything changes (the newer 9.5 build
+    # is not taken instead, the lock list is not touched)
     locked = locks(host)
     host.exec(f"rm /srv/www/{ELREPO}/*el9_6*.rpm && createrepo_c -q --update /srv/www/{ELREPO} && "
               "dnf makecache -q --refresh", check=True)
     r = host.exec(DRIVER)
-    assert r.returncode == 4 and f"ELRepo offers no kmod for kernel {MINOR} yet" in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 4, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (f"ELRepo offers no build of kmod-nvidia-open for kernel {MINOR}'s minor release (el9_6) yet: nothing was "
+            "changed") in " ".join(r.stderr.split()), r.stderr[-3000:]
     assert kmod(host).endswith(":570.144-1.el9_5.elrepo") and locks(host) == locked, (host.rpms(), locks(host))
     host.publish_later(ELREPO, "later-minor")  # the mirror syncs
     host.exec("dnf makecache -q --refresh", check=True)

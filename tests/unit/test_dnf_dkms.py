@@ -76,22 +76,52 @@ def test_a_locked_driver_follows_a_kernel_that_boots_without_its_module(tmp_path
     assert f"$ dkms autoinstall -k {NEWER}" in _step(steps, "driver.packages").lines()
 
 
-def test_the_kmod_follows_a_kernel_with_its_own_locks_only(tmp_path, monkeypatch):
-    """ELRepo's kmod gpuprov locked, and a kernel of the next minor release booting without its module: the locks
-    lifted for the update are the series gpuprov's hold step locked (the kmod's version), never an operator's lock on
-    another nvidia package (relocking it with the driver's series would fail: several versions)."""
-    from provision import package_managers
-    from provision.plan.driver import _kmod_unlock
+def test_dkms_status_installed_with_its_warning_is_installed():
+    """DKMS 2.x/3.x print "installed (WARNING! Diff between built and installed module!)" where the installed file
+    differs from its build (signed after it): before, that read as a failed build (dnf: a false exit 16; apt: the
+    working driver rolled back)."""
+    from provision.plan.driver import dkms_installed
 
-    monkeypatch.setattr(Dnf, "rpm_versions", lambda self, root, names: {n: "570.144" for n in names})
+    warned = f"nvidia/570.133.20, {RUNNING}, x86_64: installed (WARNING! Diff between built and installed module!)"
+    assert dkms_installed(warned, RUNNING) and dkms_installed(f"nvidia, 570.133.20, {RUNNING}, x86_64: installed",
+                                                              RUNNING)
+    assert not dkms_installed(f"nvidia/570.133.20, {RUNNING}, x86_64: built", RUNNING)
+    assert not dkms_installed("nvidia/570.133.20: added", RUNNING)
+    assert not dkms_installed(f"nvidia/570.133.20, {NEWER}, x86_64: installed", RUNNING)
+
+
+def test_elrepo_installs_the_build_for_the_boot_kernels_minor_release(tmp_path, monkeypatch):
+    """ELRepo builds a kmod per minor release's kernels (570.172.08-1.el9_6.elrepo requires 9.6's kernel). Before,
+    dnf took the newest build whatever the kernel: a newer kernel in the driver's transaction, or a failed install
+    (best=True) where none was offered. Now the build of the boot kernel's minor release, asked for by a version glob,
+    offered first (exit 4 before any change), its module proven after. The kmod gpuprov locked moves to the boot
+    kernel's build when that kernel has no module, past the lock for that one transaction (the lock list untouched:
+    a failed or killed run leaves it as it was)."""
+    from provision.plan.driver import elrepo_build, minor_release
+
+    assert minor_release("5.14.0-570.12.1.el9_6.x86_64") == "el9_6" and minor_release("3.10.0-1160.el7.x86_64") == "el7"
+    assert minor_release("6.1.119-129.201.amzn2023.x86_64") is None
+    assert elrepo_build("kmod-nvidia-open", NEWER) == "kmod-nvidia-open-[0-9]*-*.el9_5*.elrepo.*"
+    assert elrepo_build("nvidia-x11-drv", NEWER) == "nvidia-x11-drv"
     root = make_host(tmp_path, "rocky-9", "none", kernel=RUNNING)
-    (root / f"lib/modules/{NEWER}/kernel").mkdir(parents=True)
-    (root / f"boot/vmlinuz-{NEWER}").write_text("")
+    step = _step(build_plan(detect_host(root, engines=False, for_gpus=(H100,)),
+                            Options(for_gpus=(H100,), engine="none")), "driver.packages")
+    lines = [ln for ln in step.lines() if ln.startswith("$ ")]
+    spec = "'kmod-nvidia-open-[0-9]*-*.el9_5*.elrepo.*'"
+    assert lines == [f"$ dnf --disableplugin=versionlock -q list --showduplicates {spec}",
+                     f"$ dnf install --assumeno {spec}", f"$ dnf install -y {spec}"], lines
+    # gpuprov's lock, a 9.6 kernel booting next without a module: the kmod moves, past the lock
+    monkeypatch.setattr(Dnf, "rpm_versions", lambda self, root, names: {n: "570.144" for n in names})
+    k96 = "5.14.0-570.12.1.el9_6.x86_64"
+    (root / f"lib/modules/{k96}/kernel").mkdir(parents=True)
+    (root / f"boot/vmlinuz-{k96}").write_text("")
     (root / LOCKS).parent.mkdir(parents=True, exist_ok=True)
-    (root / LOCKS).write_text("kmod-nvidia-open-0:570.144-1.el9_5.elrepo.*\nnvidia-x11-drv-0:570.144-1.el9_5.elrepo.*\n"
-                              "nvidia-container-toolkit-0:1.17.8-1.*\n")
-    dnf = package_managers.get("dnf")
-    assert _kmod_unlock(root, dnf, ["kmod-nvidia-open"]) == ("kmod-nvidia-open", "nvidia-x11-drv")
-    (root / f"lib/modules/{NEWER}/extra/nvidia").mkdir(parents=True)  # the boot kernel has its module: nothing
-    (root / f"lib/modules/{NEWER}/extra/nvidia/nvidia.ko").write_text("")
-    assert _kmod_unlock(root, dnf, ["kmod-nvidia-open"]) == ()
+    (root / LOCKS).write_text("kmod-nvidia-open-0:570.144-1.el9_5.elrepo.*\nnvidia-x11-drv-0:570.144-1.el9_5.elrepo.*\n")
+    step = _step(build_plan(detect_host(root, engines=False, for_gpus=(H100,)),
+                            Options(for_gpus=(H100,), engine="none")), "driver.packages")
+    spec = "'kmod-nvidia-open-[0-9]*-*.el9_6*.elrepo.*'"
+    assert step.title.startswith(f"Move ELRepo's kmod to its build for kernel {k96}"), step.title
+    assert [ln for ln in step.lines() if ln.startswith("$ ")][1:] == [
+        f"$ dnf --disableplugin=versionlock upgrade --assumeno {spec}",
+        f"$ dnf --disableplugin=versionlock upgrade -y {spec}"], step.lines()
+    assert not any("versionlock delete" in ln for ln in step.lines())

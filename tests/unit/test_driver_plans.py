@@ -55,7 +55,8 @@ FAMILIES = {
 def test_pinned_branch_installed_and_held(tmp_path, family):
     distro, sysfs, pin, pkg, hold = FAMILIES[family]
     steps = plan(tmp_path, distro, sysfs, pin=pin)
-    assert pkg in install_line(steps).split()
+    # ELRepo's kmod by the version glob of the boot kernel's minor release (plan/driver.py's elrepo_build)
+    assert any(w.strip("'") == pkg or w.strip("'").startswith(f"{pkg}-[0-9]*-*.el") for w in install_line(steps).split())
     holds = " ".join(steps["driver.hold"]["actions"])
     assert hold in holds and pkg in holds
     assert steps["driver.packages"]["reboot"]

@@ -102,6 +102,8 @@ class Recorder:
             return effects.CommandResult(list(argv), 1 if failing else 0, "done\n", "done\n")
 
         monkeypatch.setattr(effects, "run", run)
+        # the kernel's module files, which KmodServes reads after ELRepo's kmod is installed: there, as DKMS's are
+        monkeypatch.setattr(driver, "module_built", lambda root, kernel: dkms_builds)
         # gpuprov's in-process operations touch the host where these functions do: recorded there, with the
         # arguments the step's action passes (what it printed)
         self.ops: list[tuple] = []
