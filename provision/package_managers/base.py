@@ -45,7 +45,7 @@ class PackageManager(ABC):
     records_dependencies: ClassVar[bool] = False
     # module streams (NAME:STREAM specs) are this manager's: dnf's `module install/switch-to`
     module_streams: ClassVar[bool] = False
-    # the driver's own install action with its DKMS check and rollback (provision/plan/driver.py: DriverInstall)
+    # the driver's own install action with its DKMS check and rollback (provision/plan/dkms.py: DriverInstall)
     checked_driver_install: ClassVar[bool] = False
     # a killed run can leave this manager's database half-configured: the plan's recover step runs `recover()`
     recoverable: ClassVar[bool] = False

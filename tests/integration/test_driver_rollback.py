@@ -82,13 +82,14 @@ MAKE_DEBS = textwrap.dedent(r"""
 PUBLISH = ("/opt/gpuprov/bin/python -c 'from pathlib import Path; from provision.bundle.aptrepo import "
            "write_flat_repo; write_flat_repo(Path(\"/srv/standin/pool\"))' && apt-get update -qq")
 
-# The driver stage's DriverInstall as `bootstrap` builds it for this series (plan/driver.py), run as it runs.
+# The driver stage's DriverInstall as `bootstrap` builds it for this series (plan/driver.py, plan/dkms.py), run as it
+# runs.
 RUN_INSTALL = textwrap.dedent("""
     import sys
     from pathlib import Path
     from provision.errors import GpuprovError
     from provision.package_managers.apt import restore_sources
-    from provision.plan.driver import DriverInstall
+    from provision.plan.dkms import DriverInstall
     k, kernels, previous = sys.argv[1], tuple(sys.argv[2].split(",")), tuple(filter(None, sys.argv[3].split(",")))
     act = DriverInstall((f"linux-headers-{k}", "nvidia-driver", "nvidia-kernel-dkms"), kernels, "nvidia-kernel-dkms",
                         (f"linux-headers-{k}",), "another kernel", unhold=("nvidia-driver", "nvidia-kernel-dkms")

@@ -80,7 +80,7 @@ def test_dkms_status_installed_with_its_warning_is_installed():
     """DKMS 2.x/3.x print "installed (WARNING! Diff between built and installed module!)" where the installed file
     differs from its build (signed after it): before, that read as a failed build (dnf: a false exit 16; apt: the
     working driver rolled back)."""
-    from provision.plan.driver import dkms_installed
+    from provision.plan.dkms import dkms_installed
 
     warned = f"nvidia/570.133.20, {RUNNING}, x86_64: installed (WARNING! Diff between built and installed module!)"
     assert dkms_installed(warned, RUNNING) and dkms_installed(f"nvidia, 570.133.20, {RUNNING}, x86_64: installed",
@@ -97,7 +97,7 @@ def test_elrepo_installs_the_build_for_the_boot_kernels_minor_release(tmp_path, 
     offered first (exit 4 before any change), its module proven after. The kmod gpuprov locked moves to the boot
     kernel's build when that kernel has no module, past the lock for that one transaction (the lock list untouched:
     a failed or killed run leaves it as it was)."""
-    from provision.plan.driver import elrepo_build, minor_release
+    from provision.plan.kmods import elrepo_build, minor_release
 
     assert minor_release("5.14.0-570.12.1.el9_6.x86_64") == "el9_6" and minor_release("3.10.0-1160.el7.x86_64") == "el7"
     assert minor_release("6.1.119-129.201.amzn2023.x86_64") is None

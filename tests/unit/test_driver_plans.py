@@ -55,7 +55,7 @@ FAMILIES = {
 def test_pinned_branch_installed_and_held(tmp_path, family):
     distro, sysfs, pin, pkg, hold = FAMILIES[family]
     steps = plan(tmp_path, distro, sysfs, pin=pin)
-    # ELRepo's kmod by the version glob of the boot kernel's minor release (plan/driver.py's elrepo_build)
+    # ELRepo's kmod by the version glob of the boot kernel's minor release (plan/kmods.py's elrepo_build)
     assert any(w.strip("'") == pkg or w.strip("'").startswith(f"{pkg}-[0-9]*-*.el") for w in install_line(steps).split())
     holds = " ".join(steps["driver.hold"]["actions"])
     assert hold in holds and pkg in holds
@@ -182,7 +182,7 @@ def test_dkms_failure_rolls_back_and_names_the_first_error(tmp_path, monkeypatch
     tests/integration/test_driver_install.py on trixie): purge, dpkg consistent, exit 16 with the compiler's line."""
     from provision import effects
     from provision.errors import DkmsBuildFailed
-    from provision.plan import driver as drv
+    from provision.plan import dkms as drv
 
     log = tmp_path / "var/lib/dkms/nvidia-current-open/550.163.01/build/make.log"
     log.parent.mkdir(parents=True)
@@ -217,7 +217,7 @@ def test_dkms_failure_rolls_back_and_names_the_first_error(tmp_path, monkeypatch
 
 def test_apt_failing_before_dkms_is_a_step_failure(monkeypatch):
     from provision import effects
-    from provision.plan import driver as drv
+    from provision.plan import dkms as drv
 
     monkeypatch.setattr(drv, "build_logs", lambda: [])
 
@@ -234,7 +234,7 @@ def test_apt_failing_before_dkms_is_a_step_failure(monkeypatch):
 
 def test_headers_apt_lacks_refused_before_installing(monkeypatch):
     from provision import effects
-    from provision.plan import driver as drv
+    from provision.plan import dkms as drv
 
     ran = []
 

@@ -25,7 +25,7 @@ from provision.decide.kernel import (
 from provision.facts.boot import next_boot_kernel, nvidia_module, parse_grub_menu, read_next_boot, resolve_entry
 from provision.facts.packages import InstalledPackage, archive_depends, closure, dpkg_installed, offered_module_packages
 from provision.package_managers import apt as apt_pm
-from provision.plan import driver as drv
+from provision.plan import dkms
 from provision.plan.build import build_plan
 from provision.plan.options import Options
 from provision.plan.steps import packages_installed
@@ -395,7 +395,7 @@ def test_driver_install_builds_for_every_kernel_as_printed(monkeypatch):
         return effects.CommandResult(list(argv), 0, out, "")
 
     monkeypatch.setattr(effects, "run", run)
-    act = drv.DriverInstall((f"linux-headers-{OLD}", f"linux-headers-{NEW}", "linux-headers-amd64", *TESLA_470),
+    act = dkms.DriverInstall((f"linux-headers-{OLD}", f"linux-headers-{NEW}", "linux-headers-amd64", *TESLA_470),
                             (OLD, NEW), "nvidia-tesla-470-kernel-dkms", (f"linux-headers-{OLD}", f"linux-headers-{NEW}"),
                             "x", unhold=("nvidia-driver",), remove=("nvidia-driver", "libcuda1"))
     act.execute()
@@ -477,7 +477,7 @@ def test_branch_change_that_would_remove_more_stops_and_holds_again(monkeypatch)
         return effects.CommandResult(list(argv), 0, out, "")
 
     monkeypatch.setattr(effects, "run", run)
-    act = drv.DriverInstall((f"linux-headers-{OLD}", *TESLA_470), (OLD,), "nvidia-tesla-470-kernel-dkms",
+    act = dkms.DriverInstall((f"linux-headers-{OLD}", *TESLA_470), (OLD,), "nvidia-tesla-470-kernel-dkms",
                             (f"linux-headers-{OLD}",), "x", unhold=("nvidia-driver",), remove=("nvidia-driver", "libcuda1"))
     with pytest.raises(RemovalRefused, match="docker.io"):
         act.execute()

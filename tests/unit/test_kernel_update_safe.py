@@ -19,6 +19,7 @@ import pytest
 from provision import effects, paths
 from provision.decide.kernel import PIN_FILE, branch_of, pinned_branches, pinned_series
 from provision.package_managers import apt as apt_pm
+from provision.plan import dkms
 from provision.plan import driver as drv
 from provision.plan.build import build_plan
 from provision.plan.options import Options
@@ -233,9 +234,9 @@ def test_a_failed_update_reinstalls_builds_pins_and_names_the_kernel_without_a_m
         return effects.CommandResult(list(argv), 0, "" if argv[0] == "dpkg" else "Package: x\n", "")
 
     monkeypatch.setattr(effects, "run", run)
-    monkeypatch.setattr(drv, "build_logs", lambda: [])
+    monkeypatch.setattr(dkms, "build_logs", lambda: [])
     prev = ("nvidia-driver=535.261.03-1~deb12u1", "nvidia-open-kernel-dkms=535.261.03-1~deb12u1")
-    act = drv.DriverInstall((f"linux-headers-{OLD}", f"linux-headers-{NEW}", "nvidia-kernel-dkms", "nvidia-driver"),
+    act = dkms.DriverInstall((f"linux-headers-{OLD}", f"linux-headers-{NEW}", "nvidia-kernel-dkms", "nvidia-driver"),
                             (OLD, NEW), "nvidia-kernel-dkms", (f"linux-headers-{OLD}", f"linux-headers-{NEW}"), "x",
                             unhold=("nvidia-driver",), remove=("nvidia-open-kernel-dkms",), previous=prev)
     with pytest.raises(DkmsBuildFailed) as exc:
@@ -303,7 +304,7 @@ def test_apt_failing_before_dkms_is_installed_reports_apts_error(monkeypatch):
 
     monkeypatch.setattr(effects, "run", run)
     monkeypatch.setattr(effects, "which", lambda name: None)
-    act = drv.DriverInstall((f"linux-headers-{OLD}", "nvidia-open-kernel-dkms", "nvidia-driver"), (OLD,),
+    act = dkms.DriverInstall((f"linux-headers-{OLD}", "nvidia-open-kernel-dkms", "nvidia-driver"), (OLD,),
                             "nvidia-open-kernel-dkms", (f"linux-headers-{OLD}",), "x")
     with pytest.raises(StepFailed, match="held broken packages"):
         act.execute()

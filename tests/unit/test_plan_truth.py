@@ -31,7 +31,7 @@ from provision.engines import validate
 from provision.engines.base import FileEdit
 from provision.errors import GpuprovError
 from provision.facts.distro_facts import read_distro
-from provision.plan import driver
+from provision.plan import dkms, driver, kmods
 from provision.plan import runtime as runtime_host
 from provision.plan import steps as st
 from provision.plan.apply import check_plan
@@ -103,7 +103,8 @@ class Recorder:
 
         monkeypatch.setattr(effects, "run", run)
         # the kernel's module files, which KmodServes reads after ELRepo's kmod is installed: there, as DKMS's are
-        monkeypatch.setattr(driver, "module_built", lambda root, kernel: dkms_builds)
+        monkeypatch.setattr(kmods, "nvidia_module", lambda root, kernel: "/lib/modules/K/extra/nvidia.ko" if dkms_builds
+                            else None)
         # gpuprov's in-process operations touch the host where these functions do: recorded there, with the
         # arguments the step's action passes (what it printed)
         self.ops: list[tuple] = []
@@ -120,7 +121,7 @@ class Recorder:
             self.write_kw.append(kw)
 
         monkeypatch.setattr(st, "write_file", write)
-        monkeypatch.setattr(driver, "build_logs", lambda: [])  # no DKMS build log of this machine's is read
+        monkeypatch.setattr(dkms, "build_logs", lambda: [])  # no DKMS build log of this machine's is read
         monkeypatch.setattr(effects, "wait_for", lambda pred, *a, **kw: True)
 
 
