@@ -23,7 +23,7 @@ for arg in "$@"; do
     echo "install.sh --dry-run: would install python3-venv first (missing); without it no plan can be shown" >&2
     exit 0
   fi
-  scratch=$(mktemp -d /tmp/gpuprov-dry-run.XXXXXX)
+  scratch=$(mktemp -d "${TMPDIR:-/tmp}/gpuprov-dry-run.XXXXXX")
   trap 'rm -rf "$scratch"' EXIT
   python3 -m venv "$scratch/venv" && "$scratch/venv/bin/pip" install -q "${pip_index[@]}" "${what[@]}"
   "$scratch/venv/bin/gpuprov" bootstrap "$@"

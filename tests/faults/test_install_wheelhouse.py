@@ -100,13 +100,15 @@ def test_wheelhouse_upgrades_and_refuses_a_downgrade(tmp_path):
 @pytest.mark.slow
 def test_dry_run_installs_nothing(tmp_path):
     """`install.sh --dry-run` (issue 28 item 13): gpuprov's plan from a throwaway virtualenv, nothing installed or
-    linked, nothing left in /tmp. (Before: it installed gpuprov into the prefix and linked it, then ran the plan.)"""
+    linked, nothing left in its scratch directory ($TMPDIR, else /tmp). (Before: it installed gpuprov into the prefix
+    and linked it, then ran the plan.)"""
     wh = tmp_path / "wh"
     wh.mkdir()
     fake_wheel(wh, "0.9.0")
-    scratch = set(Path("/tmp").glob("gpuprov-dry-run.*"))
-    r = install(tmp_path, wh, "--dry-run")
+    tmp = tmp_path / "tmp"  # install.sh's scratch lives under $TMPDIR: its own here (another run's /tmp is not read)
+    tmp.mkdir()
+    r = install(tmp_path, wh, "--dry-run", TMPDIR=str(tmp))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "fake gpuprov 0.9.0 bootstrap --dry-run" and "would install gpuprov into" in r.stderr
     assert not (tmp_path / "venv").exists() and list((tmp_path / "bin").iterdir()) == []
-    assert set(Path("/tmp").glob("gpuprov-dry-run.*")) == scratch
+    assert list(tmp.iterdir()) == []
