@@ -105,6 +105,12 @@ def _entry(path: str, where: str, entry: object) -> dict:
     return out
 
 
+
+def entry_names(entry: str, name: str) -> bool:
+    """A recorded package `entry` is package `name`: the name itself, or one of its side-by-side versions, which
+    dnf's record keeps by NAME-VERSION-RELEASE.ARCH (kernel-devel-5.14.0-503.14.1.el9_5.x86_64)."""
+    return entry == name or (entry.startswith(f"{name}-") and entry[len(name) + 1:][:1].isdigit())
+
 @dataclass
 class Record:
     configs: dict[str, dict] = field(default_factory=dict)

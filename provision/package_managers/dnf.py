@@ -23,6 +23,7 @@ from provision.errors import StepFailed
 from provision.facts.packages import InstalledPackage
 from provision.facts.rootfs import read_text, under
 from provision.package_managers.base import Argv, HoldWords, PackageManager
+from provision.record import entry_names
 
 # rpm lists each imported signing key as a `gpg-pubkey` package: a key is trust the repository's step set up, not a
 # package of gpuprov's to purge (and every key has that one name).
@@ -295,10 +296,7 @@ class Dnf(PackageManager):
     def purged_too(self, output: str, packages: Argv) -> list[str]:
         """dnf's dry run names packages by NAME; a recorded NAME-VERSION-RELEASE.ARCH (a kernel's side-by-side
         package) is that name: the purge names that version alone, so the name in the dry run is it."""
-        def ours(name: str) -> bool:
-            return name in packages or any(p.startswith(f"{name}-") and p[len(name) + 1:][:1].isdigit()
-                                           for p in packages)
-        return sorted(n for n in set(self.removals(output)) if not ours(n))
+        return sorted(n for n in set(self.removals(output)) if not any(entry_names(p, n) for p in packages))
 
     def holds_among(self, root: Path, holds: Argv, packages: Argv) -> Argv:
         """`versionlock delete` matches by name: the locked names among the holds and the packages, in the list's

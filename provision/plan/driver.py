@@ -502,8 +502,7 @@ def _recorded(root: Path, packages: tuple[str, ...]) -> bool:
     except GpuprovError:
         return False  # an untrusted or broken record names nothing of gpuprov's here (uninstall refuses it itself)
     ours = rec.packages.get("driver", [])
-    return bool(packages) and all(p in ours or any(o.startswith(f"{p}-") and o[len(p) + 1:][:1].isdigit()
-                                                   for o in ours) for p in packages)
+    return bool(packages) and all(any(record.entry_names(o, p) for o in ours) for p in packages)
 
 
 def _keep_installed(inst: InstalledDriver | None, packages: list[str], opt, baking: bool, pm: PackageManager,
