@@ -54,8 +54,8 @@ def planned_packages(host: KernelHost) -> list[str]:
 
 def one_round(cpus: tuple[str | None, str | None]) -> tuple[float, float, int]:
     """(gpuprov's seconds, plain apt's seconds, the number of packages) on two fresh hosts, side by side."""
-    h = KernelHost("bookworm", "bench-gpuprov", cpus=cpus[0])
-    ref = KernelHost("bookworm", "bench-apt", cpus=cpus[1])
+    h = KernelHost("bookworm", "bench-gpuprov", cpus=cpus[0], share_builds=False)  # both sides build
+    ref = KernelHost("bookworm", "bench-apt", cpus=cpus[1], share_builds=False)
     try:
         h.install_gpuprov()
         packages = planned_packages(h)

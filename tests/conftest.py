@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,17 @@ def arch_report():
 # gpuprov's host lock for every gpuprov these tests start: a private one, so that the suite never queues behind (or
 # makes wait) a real gpuprov run, or another checkout's test run, on the same machine. Hosts in containers have
 # their own /run. Tests of the lock itself set their own.
-os.environ.setdefault("GPUPROV_LOCK_DIR", tempfile.mkdtemp(prefix="gpuprov-test-lock-"))
 # gpuprov's state (/var/lib/gpuprov, /run/gpuprov: provision/paths.py) likewise: the runtime's install stamp and
 # discovery cache, reboot state, unpacked bundles of every gpuprov these tests start go to private directories.
-os.environ.setdefault("GPUPROV_STATE_DIR", tempfile.mkdtemp(prefix="gpuprov-test-state-"))
-os.environ.setdefault("GPUPROV_RUN_DIR", tempfile.mkdtemp(prefix="gpuprov-test-run-"))
+# Each xdist worker gets its own (workers inherit the controller's environment: with one lock dir between them, one
+# worker's bootstrap waited for another's, and said so on stderr).
+for _var, _prefix in (("GPUPROV_LOCK_DIR", "gpuprov-test-lock-"), ("GPUPROV_STATE_DIR", "gpuprov-test-state-"),
+                      ("GPUPROV_RUN_DIR", "gpuprov-test-run-")):
+    _worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if _worker and os.path.basename(os.environ.get(_var, "")).startswith(_prefix):
+        os.environ[_var] = tempfile.mkdtemp(prefix=f"{_prefix}{_worker}-")
+    else:
+        os.environ.setdefault(_var, tempfile.mkdtemp(prefix=_prefix))
 
 # sysfs setups: address -> (vendor, device, class, subvendor, subdevice, bound driver)
 SYSFS_SETUPS: dict[str, dict[str, tuple]] = {
@@ -153,6 +160,7 @@ HOST_GPUPROV = ("/usr/local/bin/gpuprov*", "/usr/local/bin/nvidia-container-runt
                 "/etc/docker/daemon.json", "/var/lib/gpuprov", "/run/gpuprov", "/opt/gpuprov", "/etc/containerd",
                 "/etc/cdi", "/var/run/cdi", "/etc/nvidia-container-runtime")
 _HOST_STATE = pytest.StashKey[dict]()
+_STARTED = pytest.StashKey[float]()
 
 
 def host_gpuprov_state() -> dict[str, str]:
@@ -186,6 +194,7 @@ def host_gpuprov_state() -> dict[str, str]:
 
 def pytest_sessionstart(session):
     session.config.stash[_HOST_STATE] = host_gpuprov_state()
+    session.config.stash[_STARTED] = time.time()
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -221,3 +230,105 @@ def debian12_bundle(tmp_path_factory):
     from tests.bundles import build_debian12
 
     return build_debian12(tmp_path_factory.mktemp("bundles") / "debian-12")
+
+
+# --- The parallel run (issue 37): groups, order, a scheduler that parks nothing, where the time went ----------------
+# run-tests.sh runs the suite with pytest-xdist (`-n N --dist loadgroup`). A group is what one worker runs, in order:
+# a test's own `xdist_group` mark (tests that share a host: test_driver_install's chains, the two files that share
+# the Debian 12 bundle), else its file (module-scoped hosts and ordered stages stay together). Groups are handed out
+# longest first, so the long chains start at once and the short files fill in beside them; the seconds are a cold
+# run's on a 2-core machine (docs/PROOFS.md), the rest are short and keep their collection order.
+GROUP_SECONDS = {
+    "driver-bookworm": 2000, "driver-bookworm-security": 1500, "driver-trixie": 500,
+    "tests/integration/test_fleet_ansible.py": 500, "tests/integration/test_kubelet.py": 450,
+    "tests/integration/test_ubuntu_apt.py": 400, "tests/integration/test_el_cuda.py": 300,
+    "tests/integration/test_bootstrap_e2e.py": 300, "tests/integration/test_driver_rollback.py": 280,
+    "debian12-bundle": 250, "tests/integration/test_el_dnf.py": 200, "tests/integration/test_el_cuda_releases.py": 180,
+    "tests/integration/test_el_elrepo_kernel.py": 150, "tests/integration/test_fleet_readme.py": 150,
+    "tests/integration/test_day_two.py": 150, "tests/integration/test_runtime_docker.py": 150,
+    "tests/integration/test_podman.py": 120, "tests/integration/test_driver_debian_detect.py": 100,
+}
+TIERS = (  # (the first of these a test's path starts with, its tier in the summary)
+    ("tests/unit/", "unit"), ("tests/faults/", "faults"), ("tests/cri/", "containerd (CRI)"),
+    ("tests/k8s", "kubernetes"), ("tests/gpu/", "gpu"),
+    ("tests/integration/test_driver_", "integration: drivers on Debian"),
+    ("tests/integration/test_el_", "integration: EL (dnf)"), ("tests/integration/test_ubuntu_", "integration: Ubuntu (apt)"),
+    ("tests/integration/test_fleet_", "integration: fleets (ansible)"),
+    ("tests/integration/test_kubelet", "integration: kubernetes"), ("tests/integration/test_k8s", "integration: kubernetes"),
+    ("tests/integration/test_bundle_", "integration: bundles"), ("tests/integration/", "integration: engines and runtime"),
+)
+
+
+def xdist_group(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0]) if mark and mark.args else item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    items.sort(key=lambda it: -GROUP_SECONDS.get(xdist_group(it), 0))  # stable: each group keeps its order
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a run without xdist has no such hook
+def pytest_xdist_make_scheduler(config, log):
+    """loadgroup, except that a worker gets its next group only when it is on the last test of the one it has (xdist
+    hands one out at two left: a group parked behind a 20-minute stage waits there while another worker idles)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LastTestScheduling(LoadGroupScheduling):
+        def _reschedule(self, node):
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
+
+    return LastTestScheduling(config, log)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Where the time went: the tests' seconds (setup, call, teardown) by tier, and by xdist group for the groups
+    over a minute; the DKMS builds the hosts made or reused (driver_hosts.dkms_build_cache)."""
+    if hasattr(config, "workerinput"):
+        return
+    tiers: dict[str, list] = {}
+    groups: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            nodeid, secs = getattr(r, "nodeid", None), getattr(r, "duration", None)
+            if not nodeid or secs is None or getattr(r, "when", None) not in ("setup", "call", "teardown"):
+                continue
+            tier = next((t for prefix, t in TIERS if nodeid.startswith(prefix)), "other")
+            entry = tiers.setdefault(tier, [0.0, set()])
+            entry[0] += secs
+            entry[1].add(nodeid)
+            group = nodeid.split("@", 1)[1] if "@" in nodeid else nodeid.split("::", 1)[0]
+            groups[group] = groups.get(group, 0.0) + secs
+    if not tiers:
+        return
+    tw = terminalreporter
+    wall = time.time() - config.stash.get(_STARTED, time.time())
+    tw.write_sep("=", f"where the time went (tests' own seconds; the run took {wall:.0f} s of wall time)")
+    for tier, (secs, ids) in sorted(tiers.items(), key=lambda kv: -kv[1][0]):
+        tw.write_line(f"{secs:9.1f} s  {len(ids):5d} tests  {tier}")
+    tw.write_line("groups over 60 s (one worker each, in this order of cost):")
+    for group, secs in sorted(groups.items(), key=lambda kv: -kv[1]):
+        if secs >= 60:
+            tw.write_line(f"{secs:9.1f} s  {group}")
+    try:
+        from tests.integration.driver_hosts import dkms_uses
+
+        uses = [u for u in dkms_uses() if u["at"] >= time.time() - wall]
+    except Exception:  # no DKMS cache on this machine
+        uses = []
+    for u in uses:
+        tw.write_line(f"DKMS {u['how']:6s} {u['module']}/{u['version']} for {u['kernel']}: exit {u['rc']}, "
+                      f"{u['seconds']} s (waited {u['waited']} s) on {u['host']}")

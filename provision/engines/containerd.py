@@ -555,7 +555,7 @@ class ContainerdEngine(Engine):
         name `binary` as runc (BinaryName: CRI's handler `nvidia`, `ctr run --runc-binary`): NAMESPACE/ID. Their
         shim execs that binary to kill and delete them, whatever containerd's config says by then. [] without an
         answer."""
-        r = effects.try_run(["ctr", "namespaces", "ls", "-q"], timeout=20) if effects.which("ctr") else None
+        r = effects.try_run(["ctr", "namespaces", "ls", "-q"], timeout=20) if validate.ctr_reachable() else None
         out = []
         for ns in (r.stdout.split() if r is not None and r.returncode == 0 else []):
             t = effects.try_run(["ctr", "-n", ns, "tasks", "ls"], timeout=20)

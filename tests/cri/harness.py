@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.cri import image
+from tests.shared_builds import CACHE, once
 
-CACHE = Path(os.environ.get("GPUPROV_TEST_CACHE", "/var/cache/gpuprov-tests"))
 SUITE = "sid"  # where a containerd 2.x is (trixie has 1.7)
 APT_SOURCE = "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} {suite} main\n"
 
@@ -58,23 +58,24 @@ def _private_apt(suite: str) -> list[str]:
 def newer_packages(suite: str, *packages: str) -> Path:
     """`packages` of `suite`, unpacked together with `dpkg -x` under CACHE, in a directory named by their
     versions (so a new upload is a new directory). Returns that directory (the unpacked root)."""
-    opts, work = _private_apt(suite), CACHE / f"apt-{suite}"
-    versions = []
-    for pkg in packages:
-        out = subprocess.run(["apt-cache", *opts, "show", "--no-all-versions", f"{pkg}/{suite}"], check=True,
-                             capture_output=True, text=True).stdout
-        versions.append(next(ln.split(": ", 1)[1] for ln in out.splitlines() if ln.startswith("Version: ")))
-    dest = CACHE / f"{packages[0]}-{versions[0]}" if len(packages) == 1 else CACHE / (
-        f"{packages[0]}-{versions[0]}+{len(packages) - 1}")
-    if dest.exists():
-        return dest
-    tmp = Path(tempfile.mkdtemp(dir=CACHE))
-    for pkg, version in zip(packages, versions):
-        subprocess.run(["apt-get", *opts, "download", f"{pkg}/{suite}"], check=True, capture_output=True, cwd=work)
-        deb = next(work.glob(f"{pkg}_{version.split(':')[-1]}_*.deb"))
-        subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
-        deb.unlink()
-    tmp.rename(dest)
+    with once(f"apt-{suite}"):  # one worker at a time in this suite's private apt (its own locking is off)
+        opts, work = _private_apt(suite), CACHE / f"apt-{suite}"
+        versions = []
+        for pkg in packages:
+            out = subprocess.run(["apt-cache", *opts, "show", "--no-all-versions", f"{pkg}/{suite}"], check=True,
+                                 capture_output=True, text=True).stdout
+            versions.append(next(ln.split(": ", 1)[1] for ln in out.splitlines() if ln.startswith("Version: ")))
+        dest = CACHE / f"{packages[0]}-{versions[0]}" if len(packages) == 1 else CACHE / (
+            f"{packages[0]}-{versions[0]}+{len(packages) - 1}")
+        if dest.exists():
+            return dest
+        tmp = Path(tempfile.mkdtemp(dir=CACHE))
+        for pkg, version in zip(packages, versions):
+            subprocess.run(["apt-get", *opts, "download", f"{pkg}/{suite}"], check=True, capture_output=True, cwd=work)
+            deb = next(work.glob(f"{pkg}_{version.split(':')[-1]}_*.deb"))
+            subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
+            deb.unlink()
+        tmp.rename(dest)
     return dest
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.conftest import gpuprov_bin
 from tests.faults.conftest import HOST_BUSY, RT, root_only, user_daemon_json
 
@@ -38,6 +40,7 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     assert doc["data-root"] == "/srv/docker"
 
 
+@pytest.mark.alone  # a time bound: run with nothing beside it (conftest)
 def test_no_wait_fails_fast_and_waiter_waits(tmp_path, monkeypatch):
     from provision.hostlock import host_lock
 

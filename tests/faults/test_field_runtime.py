@@ -112,6 +112,7 @@ def test_utility_only_start_needs_no_uvm(tmp_path):
     assert "/dev/nvidia0" in devices(cfg) and "/dev/nvidia-uvm" not in devices(cfg)
 
 
+@pytest.mark.alone  # a time bound: run with nothing beside it (conftest)
 def test_hanging_modprobe_never_hangs_a_start(tmp_path, monkeypatch):
     root = host_copy(tmp_path, uvm=False)
     fake_modprobe(tmp_path, root, "exec sleep 60\n")
@@ -270,6 +271,7 @@ def test_images_get_libraries_where_their_loader_looks(tmp_path, layout, want):
 
 # --- item 5's reader against what an image could plant at /etc/ld.so.cache ---
 
+@pytest.mark.alone  # a time bound: run with nothing beside it (conftest)
 def test_hostile_image_caches_are_skipped_not_trusted(tmp_path):
     from provision.inject import ldcache
 

@@ -69,6 +69,7 @@ def test_hot_path_exceptions_say_why_where_they_are():
             assert "effects" in comment and " ms" in comment, f"{rel}: os.{name} needs its measured reason above it"
 
 
+@pytest.mark.alone  # a time bound: run with nothing beside it (conftest)
 def test_failures_are_step_failed_never_a_traceback(tmp_path):
     with pytest.raises(StepFailed, match="command not found: gpuprov-no-such-binary") as e:
         effects.run(["gpuprov-no-such-binary", "x"])
@@ -90,6 +91,7 @@ def test_failures_are_step_failed_never_a_traceback(tmp_path):
     assert effects.run(["cat"]).stdout == ""  # stdin is /dev/null: nothing waits on a terminal
 
 
+@pytest.mark.alone  # a time bound: run with nothing beside it (conftest)
 def test_try_run_and_run_parallel():
     assert effects.try_run(["gpuprov-no-such-binary"], timeout=5) is None
     assert effects.try_run(["sleep", "30"], timeout=0.3) is None

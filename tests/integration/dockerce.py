@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tests.shared_builds import once
+
 DOCKER_VERSION = "5:28.0.1-1~debian.12~bookworm"
 CONTAINERD_VERSION = "1.7.25-1"
 SOURCES = ("docker.io", "containerd", "runc")  # Debian's packages whose binaries go in
@@ -151,6 +153,13 @@ def build(cache_root: Path = Path(tempfile.gettempdir())) -> Path:
     out = cache_root / f"gpuprov-dockerce-{key}"
     if (out / ".done").exists():
         return out
+    with once(str(out)):
+        if not (out / ".done").exists():
+            _build(out, key)
+    return out
+
+
+def _build(out: Path, key: str) -> None:
     shutil.rmtree(out, ignore_errors=True)
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
@@ -165,7 +174,6 @@ def build(cache_root: Path = Path(tempfile.gettempdir())) -> Path:
             _package(src, tmp / name, debs, name, p)
         shutil.copytree(debs, out)
     (out / ".done").write_text(key)
-    return out
 
 
 def _package(src: Path, tree: Path, debs: Path, name: str, p: dict) -> None:

@@ -7,11 +7,13 @@ timing comparison is fair. Its name carries a hash of the recipe below, so a cha
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
-import tempfile
 import time
+from pathlib import Path
 
-from tests.integration.hosts import NESTED, committed_image, ensure_image, ensure_wheelhouse, sh
+from tests.integration.hosts import NESTED, committed_image, debootstrap_image, ensure_image, ensure_wheelhouse, sh
+from tests.shared_builds import CACHE
 
 # Installed into the image: systemd as PID 1, the distribution's kernel metapackage (no headers: a server as the
 # installer leaves it, from the point release only; gpuprov installs the headers), Python for gpuprov.
@@ -26,20 +28,11 @@ PREP_PACKAGES = ("systemd", "systemd-sysv", "dbus", "kmod", "initramfs-tools", "
 INITRAMFS_CONF = "MODULES=list\n"
 RECIPE = "v3 " + " ".join(PREP_PACKAGES) + " " + INITRAMFS_CONF
 SYSTEMD_FLAGS = [*NESTED, "--tmpfs", "/run", "--tmpfs", "/run/lock"]
+MAKE_CACHE = Path(__file__).with_name("dkms_make_cache.py")
 
 
 def _minbase(suite: str) -> str:
-    if suite == "bookworm":
-        return ensure_image()
-    name = f"gpuprov-test/driver-{suite}-minbase:1"
-    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
-        return name
-    with tempfile.TemporaryDirectory() as td:
-        sh("debootstrap", "--variant=minbase", suite, td, timeout=1200)
-        tar = subprocess.Popen(["tar", "-C", td, "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(["docker", "import", "-", name], stdin=tar.stdout, check=True, capture_output=True)
-        tar.wait()
-    return name
+    return ensure_image() if suite == "bookworm" else debootstrap_image(f"gpuprov-test/driver-{suite}-minbase:1", suite)
 
 
 def kernel_image(suite: str) -> str:
@@ -55,16 +48,34 @@ def kernel_image(suite: str) -> str:
                            cmd='["/lib/systemd/systemd"]')
 
 
+def dkms_build_cache() -> tuple[str, ...]:
+    """docker run's arguments that put tests/integration/dkms_make_cache.py in a host as its `make` and the machine's
+    DKMS build cache at /var/cache/gpuprov-dkms: a module built from the same inputs (source, kernel headers,
+    compiler) by any host of this machine is reused, so NVIDIA's real build of each flavour, version and kernel is
+    paid once per machine (issue 37). What a reuse replays and why that is the build: that file's docstring."""
+    cache = CACHE / "dkms-builds"
+    cache.mkdir(parents=True, exist_ok=True)
+    return ("-v", f"{MAKE_CACHE}:/usr/local/bin/make:ro", "-v", f"{cache}:/var/cache/gpuprov-dkms")
+
+
+def dkms_uses() -> list[dict]:
+    """The DKMS build cache's log: one entry per build a host asked for (how: built or reused, module, version,
+    kernel, rc, seconds)."""
+    log = CACHE / "dkms-builds/uses.log"
+    return [json.loads(ln) for ln in log.read_text().splitlines() if ln.strip()] if log.exists() else []
+
+
 class KernelHost:
     """A systemd host container from the prepared image; reached through `docker exec` only."""
 
-    def __init__(self, suite: str, role: str, cpus: str | None = None):
+    def __init__(self, suite: str, role: str, cpus: str | None = None, share_builds: bool = True):
         """cpus: the CPUs the host may use (docker's --cpuset-cpus), so that two hosts timed side by side each have
-        their own and neither's build waits on the other's."""
+        their own and neither's build waits on the other's. share_builds: DKMS builds go through the machine's build
+        cache (dkms_build_cache); a benchmark that times the build itself turns it off."""
         self.name = f"driver-{suite}-{role}-{int(time.time() * 1000) % 10**8}"
         self.suite = suite
         sh("docker", "run", "-d", "--name", self.name, *SYSTEMD_FLAGS, *(["--cpuset-cpus", cpus] if cpus else []),
-           "-v", f"{ensure_wheelhouse()}:/wh:ro", kernel_image(suite))
+           "-v", f"{ensure_wheelhouse()}:/wh:ro", *(dkms_build_cache() if share_builds else ()), kernel_image(suite))
         self.wait_systemd()
 
     def wait_systemd(self, timeout: float = 90) -> str:

@@ -12,6 +12,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from tests.shared_builds import once
+
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "gpuprov-test/bookworm-minbase:1"
 SYSTEMD_IMAGE = "gpuprov-test/bookworm-systemd:1"  # minbase + systemd systemd-sysv dbus (TESTING.md), no compiler
@@ -33,14 +35,22 @@ def checkout_ignore():
 
 
 def ensure_image() -> str:
-    if sh("docker", "image", "inspect", IMAGE, check=False).returncode == 0:
-        return IMAGE
-    with tempfile.TemporaryDirectory() as td:
-        sh("debootstrap", "--variant=minbase", "bookworm", td, timeout=900)
-        tar = subprocess.Popen(["tar", "-C", td, "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(["docker", "import", "-", IMAGE], stdin=tar.stdout, check=True, capture_output=True)
-        tar.wait()
-    return IMAGE
+    return debootstrap_image(IMAGE, "bookworm")
+
+
+def debootstrap_image(name: str, suite: str) -> str:
+    """NAME: `debootstrap --variant=minbase SUITE` imported as an image, made when missing (once per machine)."""
+    if sh("docker", "image", "inspect", name, check=False).returncode == 0:
+        return name
+    with once(name):
+        if sh("docker", "image", "inspect", name, check=False).returncode == 0:
+            return name  # another worker made it while this one waited
+        with tempfile.TemporaryDirectory() as td:
+            sh("debootstrap", "--variant=minbase", suite, td, timeout=1200)
+            tar = subprocess.Popen(["tar", "-C", td, "-c", "."], stdout=subprocess.PIPE)
+            subprocess.run(["docker", "import", "-", name], stdin=tar.stdout, check=True, capture_output=True)
+            tar.wait()
+    return name
 
 
 def committed_image(name: str, base: str, script: str, cmd: str = '["sleep", "infinity"]',
@@ -49,14 +59,17 @@ def committed_image(name: str, base: str, script: str, cmd: str = '["sleep", "in
     docker's `-v` values), which is then committed with CMD. A failed script makes no image."""
     if sh("docker", "image", "inspect", name, check=False).returncode == 0:
         return name
-    box = f"gpuprov-prep-{uuid.uuid4().hex[:8]}"
-    try:
-        r = sh("docker", "run", "--name", box, *(a for v in volumes for a in ("-v", v)), base, "bash", "-c", script,
-               check=False, timeout=1800)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        sh("docker", "commit", "-c", f"CMD {cmd}", box, name)
-    finally:
-        sh("docker", "rm", "-f", box, check=False)
+    with once(name):
+        if sh("docker", "image", "inspect", name, check=False).returncode == 0:
+            return name  # another worker made it while this one waited
+        box = f"gpuprov-prep-{uuid.uuid4().hex[:8]}"
+        try:
+            r = sh("docker", "run", "--name", box, *(a for v in volumes for a in ("-v", v)), base, "bash", "-c",
+                   script, check=False, timeout=1800)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            sh("docker", "commit", "-c", f"CMD {cmd}", box, name)
+        finally:
+            sh("docker", "rm", "-f", box, check=False)
     return name
 
 
@@ -97,6 +110,14 @@ def ensure_wheelhouse() -> Path:
     key = checkout_key()
     if stamp.exists() and stamp.read_text() == key:
         return wh
+    with once(str(wh)):
+        if not (stamp.exists() and stamp.read_text() == key):
+            _build_wheelhouse(wh)
+            stamp.write_text(key)
+    return wh
+
+
+def _build_wheelhouse(wh: Path) -> None:
     shutil.rmtree(wh, ignore_errors=True)
     wh.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as td:  # build from a copy: the checkout may be read-only or dirty
@@ -104,8 +125,6 @@ def ensure_wheelhouse() -> Path:
         shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(".git", ".venv", ".gpu-kit", ".whl", "*.egg-info",
                                                                  "__pycache__", "build"))
         sh(sys.executable, "-m", "pip", "wheel", "-q", str(src), "-w", str(wh), timeout=900)
-    stamp.write_text(key)
-    return wh
 
 
 def recipe_key(tree: Path, *parts: str) -> str:
@@ -126,6 +145,13 @@ def built_in_container(cache_root: Path, tree: Path, image: str, script: str) ->
     out = cache_root / recipe_key(tree, image, script)
     if (out / ".done").exists():
         return out
+    with once(str(out)):
+        if not (out / ".done").exists():
+            _build_in_container(out, tree, image, script)
+    return out
+
+
+def _build_in_container(out: Path, tree: Path, image: str, script: str) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as td:
@@ -136,7 +162,6 @@ def built_in_container(cache_root: Path, tree: Path, image: str, script: str) ->
         os.rename(td, out)
         os.mkdir(td)  # TemporaryDirectory removes its own path
     (out / ".done").write_text("ok")
-    return out
 
 
 class StandInHost:

@@ -14,7 +14,8 @@ from tests.bundles import link_copy, make_signer
 from tests.conftest import needs, run_cli
 from tests.integration.hosts import Host
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow,
+# the Debian 12 bundle is a session fixture: the two files that use it share one worker (conftest.py)
+pytestmark = [pytest.mark.xdist_group("debian12-bundle"), pytest.mark.integration, pytest.mark.slow,
               needs("debootstrap", docker=True)]
 
 

@@ -21,16 +21,10 @@ PROBE = Path(__file__).resolve().parents[1] / "gpu/probes/gfx_probe.c"
 
 @pytest.fixture(scope="module")
 def base_rootfs(tmp_path_factory) -> Path:
-    from tests.integration.hosts import ensure_image, export_rootfs, sh
+    from tests.integration.hosts import committed_image, ensure_image, export_rootfs
 
-    if sh("docker", "image", "inspect", IMAGE, check=False).returncode != 0:
-        name = "caps-loaders-build"
-        sh("docker", "rm", "-f", name, check=False)
-        sh("docker", "run", "--name", name, ensure_image(), "sh", "-c",
-           "apt-get update -qq && apt-get install -y -qq --no-install-recommends libegl1 libvulkan1 >/dev/null",
-           timeout=600)
-        sh("docker", "commit", name, IMAGE)
-        sh("docker", "rm", "-f", name)
+    committed_image(IMAGE, ensure_image(), "apt-get update -qq && apt-get install -y -qq --no-install-recommends "
+                    "libegl1 libvulkan1 >/dev/null")
     root = tmp_path_factory.mktemp("loaders") / "rootfs"
     root.mkdir()
     export_rootfs(IMAGE, root)

@@ -3,7 +3,7 @@ CPU builder) on fresh systemd Debian hosts that carry a Debian kernel from the p
 headers (as the installer leaves a server). Everything is asserted against what apt offers at test time, never
 against hard-coded versions.
 
-Debian 12, one host through three stages of a server's life (module-scoped, in order; each stage starts where the
+Debian 12, one host through two stages of a server's life (module-scoped, in order; each stage starts where the
 one before left the host, so the DKMS builds are the only ones these claims need):
 1. Install: the open kernel module (the GPU allows it) built by DKMS for the kernel that boots, with that kernel's
    headers and the headers metapackage that follows linux-image-amd64; `modprobe nvidia` loading that flavour,
@@ -17,20 +17,25 @@ one before left the host, so the DKMS builds are the only ones these claims need
    guard and named by `gpuprov verify` (exit 10). `gpuprov bootstrap` then brings the series to the archive's 535
    (the proprietary flavour, since bookworm's open module does not follow the driver's updates), built for both
    kernels, pinned again; verify is green; a second bootstrap changes nothing.
-3. Branch change, after the reboot the update recorded (bootstrap exit 7 until then, the resume exit 15 after):
-   `bootstrap --driver 470` for a Tesla T4 (10de:1eb8, which both 535 and 470 drive): the pinned 535
+
+A second Debian 12 host, installed with the security suite already on (issue 31's second path), as Debian 12's
+installer leaves it (`main non-free-firmware`: the lists show no driver package before gpuprov enables contrib and
+non-free): the proprietary 535 the security suite carries (the flavour it updates with the driver; the open one was
+chosen before and apt refused it), built for the point release's kernel and, since the headers metapackage follows
+the security suite, for the security kernel's headers too (seen: apt's install transaction upgraded
+linux-image-amd64 as well, so the security kernel arrived there and the module package's own build covered it); the
+real `unattended-upgrade` then applies the rest: exit 0, `dpkg --audit` empty, the security kernel configured
+completely with its module, verify green, a second bootstrap changes nothing. (The kernel arriving through
+unattended-upgrades itself is stage 2's path.) Then, on the same host, after the reboot the install recorded:
+3. Branch change: `bootstrap --driver 470` for a Tesla T4 (10de:1eb8, which both 535 and 470 drive): the pinned 535
    series unpinned and swapped for nvidia-tesla-470-driver in one apt transaction, the 470 module built for both
    installed kernels, the new series pinned, the reboot recorded; verify's next-boot check green again.
 
-A host installed with the security suite already on (issue 31's second path, its own host), as Debian 12's installer
-leaves it (`main non-free-firmware`: the lists show no driver package before gpuprov enables contrib and non-free):
-the proprietary 535 the security suite carries (the flavour it updates with the driver; the open one was chosen
-before and apt refused it), built for the point release's kernel and, since the headers metapackage follows the
-security suite, for the security kernel's headers too (seen: apt's install transaction upgraded linux-image-amd64 as
-well, so the security kernel arrived there and the module package's own build covered it); the real
-`unattended-upgrade` then applies the rest: exit 0, `dpkg --audit` empty, the security kernel configured completely
-with its module, verify green, a second bootstrap changes nothing. (The kernel arriving through unattended-upgrades
-itself is stage 2's path.)
+Each host's chain ends by checking that it left the host consistent (dpkg, apt, DKMS's tree). The two bookworm hosts
+and trixie's are independent: each is an xdist group of its own, so the parallel run (run-tests.sh) gives each its
+own worker. NVIDIA's build of each flavour, version and kernel is made once per machine and reused by any other host
+that needs it (stage 2 and the security-on host both build the proprietary 535 for both kernels):
+driver_hosts.dkms_build_cache says how.
 
 How long gpuprov's install takes against a plain `apt-get install` of the same packages is measured by
 bench/driver_install_bench.py, not asserted here.
@@ -38,12 +43,12 @@ bench/driver_install_bench.py, not asserted here.
 Debian 13: the same install, or, while trixie's open module does not build against trixie's kernel, the honest
 failure: exit 16 naming package, kernel and the compiler's first error line, dpkg consistent, the ways out.
 
-Slow (DKMS builds: four on bookworm, one on trixie): marked `slow`, run in CI.
+Slow (NVIDIA's DKMS builds: the open 535 for the point release's kernel and its failed build for the security
+kernel, the proprietary 535 and the Tesla 470 for both kernels, trixie's open module): marked `slow`, all run in CI.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 
@@ -59,12 +64,9 @@ T4 = "10de:1eb8"  # Turing: driven by bookworm's nvidia-driver (535) and by nvid
 SECURITY = "deb http://deb.debian.org/debian-security bookworm-security main contrib non-free non-free-firmware"
 INSTALLER_SECURITY = SECURITY.replace("main contrib non-free non-free-firmware", "main non-free-firmware")
 NEXT_BOOT = "next-boot kernel module"
-# Both pass under pytest with the pin (session 9, issue 31), but each adds DKMS builds CI's 2 cores cannot fit (the
-# security-on host is its own host: 920 s at load 2-5, 1968 s at load 10-15; the branch change builds 470 for two
-# kernels: 409 s, on the shared 2-core machine). GPUPROV_TEST_DRIVER_ALL=1 runs them; CI skips them, saying why (-rs).
-BEYOND_CI = pytest.mark.skipif(os.environ.get("GPUPROV_TEST_DRIVER_ALL") != "1", reason=(
-    "passes, but its DKMS builds would add 20-40 min to CI (the security-on host 920-1968 s, the branch change "
-    "409 s, on 2 cores): GPUPROV_TEST_DRIVER_ALL=1 runs it"))
+# One xdist group per host (conftest.py): each chain runs in order on one worker, beside the others.
+CHAIN, SECURITY_CHAIN, TRIXIE = (pytest.mark.xdist_group(g) for g in
+                                 ("driver-bookworm", "driver-bookworm-security", "driver-trixie"))
 # With --engine none there is no engine: these checks fail in every verify here, whatever the kernel's module.
 NO_ENGINE = {"engine running", "runtime registered", "container through the runtime"}
 
@@ -123,10 +125,9 @@ def _unchanged(h: KernelHost) -> str:
                   "/etc/modprobe.d/nvidia.conf; apt-mark showhold; ls /lib/modules/*/updates/dkms").stdout
 
 
-@pytest.fixture(scope="module")
-def bookworm():
-    kernel_image("bookworm")
-    h = KernelHost("bookworm", "gpuprov")
+def _host(suite: str):
+    kernel_image(suite)
+    h = KernelHost(suite, "gpuprov")
     try:
         h.install_gpuprov()
         yield h
@@ -134,6 +135,26 @@ def bookworm():
         h.remove()
 
 
+@pytest.fixture(scope="module")
+def bookworm():
+    """Stages 1-2's host."""
+    yield from _host("bookworm")
+
+
+@pytest.fixture(scope="module")
+def bookworm_security():
+    """The host installed with the security suite on, then stage 3's."""
+    yield from _host("bookworm")
+
+
+def _left_consistent(h: KernelHost) -> None:
+    """What a chain must leave: dpkg and apt consistent, and no gpuprov run or DKMS build still going."""
+    _consistent(h, "at the end")
+    running = h.exec("cat /proc/[0-9]*/comm 2>/dev/null | grep -xE 'gpuprov|dkms' || true").stdout.strip()
+    assert running == "", running
+
+
+@CHAIN
 def test_bookworm_install_then_resume(bookworm):
     h = bookworm
     k = h.kernel()
@@ -203,6 +224,7 @@ def test_bookworm_install_then_resume(bookworm):
     assert len(r3.stderr.strip().splitlines()) == 1
 
 
+@CHAIN
 def test_bookworm_security_kernel_never_breaks_apt(bookworm):
     """Issue 31, the point release -> security suite path: the pending security updates applied by the real
     unattended-upgrades, then `apt-get full-upgrade`. A newer kernel ABI arrives (6.1.0-56); the pinned open 535.261.03
@@ -269,12 +291,60 @@ def test_bookworm_security_kernel_never_breaks_apt(bookworm):
     assert _unchanged(h) == before
 
 
-@BEYOND_CI
-def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
-    h = bookworm
+@CHAIN
+def test_bookworm_host_left_consistent(bookworm):
+    _left_consistent(bookworm)
+
+
+@SECURITY_CHAIN
+def test_bookworm_security_suite_on_from_the_start(bookworm_security):
+    h = bookworm_security
+    old = h.kernel()
+    # as Debian 12's installer leaves a server: the point release and the security suite, `main
+    # non-free-firmware` (neither contrib nor non-free: the lists show no driver package yet)
+    h.exec("sed -i 's/ main$/ main non-free-firmware/' /etc/apt/sources.list && "
+           f"echo '{INSTALLER_SECURITY}' >> /etc/apt/sources.list", check=True)
+    r = h.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q unattended-upgrades")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert h.exec("apt-cache madison nvidia-driver").stdout.strip() == ""  # none before gpuprov's components
+    # the flavour bookworm-security updates with the driver, chosen before contrib is there to show the lag
+    packages, _ = _planned_packages(h)
+    assert packages[2:4] == ["nvidia-kernel-dkms", "nvidia-driver"], packages
+    r, took = _timed(h, BOOT + " --json")
+    print(f"bookworm+security: gpuprov bootstrap {took:.1f}s, exit {r.returncode}")
+    assert r.returncode == 7, r.stdout[-3000:] + r.stderr[-3000:]
+    _consistent(h, "after bootstrap")
+    # the flavour the suite can update: the proprietary module, at the suite's version
+    assert h.exec("dpkg-query -W -f '${Status}' nvidia-kernel-dkms").stdout == "install ok installed"
+    assert _held(h) == set() and _pinned(h, "nvidia-driver", "nvidia-kernel-dkms")
+    installed = h.kernel()  # seen: the security kernel already, apt brought it in gpuprov's own transaction
+    r, took = _timed(h, "unattended-upgrade -v 2>&1; echo rc=$?")
+    print(f"bookworm+security: unattended-upgrade {took:.1f}s\n{r.stdout[-3000:]}")
+    assert r.stdout.rstrip().endswith("rc=0"), r.stdout[-3000:]
+    _consistent(h, "after unattended-upgrade")
+    new = h.kernel()
+    print(f"bookworm+security: kernel {old}; after gpuprov's install {installed}; after unattended-upgrade {new}")
+    assert new != old, (old, new)  # the security kernel, whichever of the two apt runs brought it
+    _complete(h, new)
+    # the pinned driver's module is there for the new kernel before any further gpuprov run: the headers
+    # metapackage from the security suite brought that kernel's headers with the install, so DKMS built for it then
+    # (seen), or in the kernel's own hook
+    assert "installed" in h.exec(f"dkms status -k {new}").stdout, h.exec("dkms status").stdout
+    rc, check, _ = _verify(h)
+    assert check["status"] == "pass" and new in check["detail"], check
+    h.restart()  # the reboot the install recorded; then a second bootstrap changes nothing (exit 15: no device)
+    before = _unchanged(h)
+    r2 = h.exec(BOOT)
+    assert r2.returncode == 15 and "Traceback" not in r2.stderr, r2.stderr
+    assert _unchanged(h) == before
+
+
+@SECURITY_CHAIN
+def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm_security):
+    h = bookworm_security
     kernels = h.exec("ls /lib/modules").stdout.split()
     assert len(kernels) == 2, kernels  # the point release's and the security suite's
-    # the host rebooted after the stage above: nothing to do, or the resume of a recorded reboot (exit 15: no device)
+    # the host rebooted after the test above: nothing to do, or the resume of a recorded reboot (exit 15: no device)
     assert h.exec(BOOT).returncode in (0, 15)
     change = f"--for-gpu {T4} --driver 470"
     plan = h.exec(f"gpuprov plan {change} --engine none --json")
@@ -302,7 +372,7 @@ def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
     assert _held(h) == set() and _pinned(h, "nvidia-tesla-470-driver", "nvidia-tesla-470-kernel-dkms",
                                          "nvidia-tesla-470-driver-libs")
     assert "nvidia-graphics-drivers:any" not in h.exec("cat /etc/apt/preferences.d/gpuprov-nvidia").stdout
-    # DKMS built 470 for both kernels, the one that boots next included (its module was removed by hand above)
+    # DKMS built 470 for both kernels, the one that boots next included
     for k in kernels:
         assert re.search(rf"nvidia-tesla-470/{re.escape(tesla)}, {re.escape(k)}, x86_64: installed",
                          h.exec(f"dkms status -k {k}").stdout), h.exec("dkms status").stdout
@@ -316,54 +386,12 @@ def test_bookworm_branch_change_rebuilds_for_every_kernel(bookworm):
     assert check["status"] == "pass" and h.kernel() in check["detail"], check
 
 
-@BEYOND_CI
-def test_bookworm_security_suite_on_from_the_start():
-    kernel_image("bookworm")
-    h = KernelHost("bookworm", "gpuprov")
-    try:
-        h.install_gpuprov()
-        old = h.kernel()
-        # as Debian 12's installer leaves a server: the point release and the security suite, `main
-        # non-free-firmware` (neither contrib nor non-free: the lists show no driver package yet)
-        h.exec("sed -i 's/ main$/ main non-free-firmware/' /etc/apt/sources.list && "
-               f"echo '{INSTALLER_SECURITY}' >> /etc/apt/sources.list", check=True)
-        r = h.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q unattended-upgrades")
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        assert h.exec("apt-cache madison nvidia-driver").stdout.strip() == ""  # none before gpuprov's components
-        # the flavour bookworm-security updates with the driver, chosen before contrib is there to show the lag
-        packages, _ = _planned_packages(h)
-        assert packages[2:4] == ["nvidia-kernel-dkms", "nvidia-driver"], packages
-        r, took = _timed(h, BOOT + " --json")
-        print(f"bookworm+security: gpuprov bootstrap {took:.1f}s, exit {r.returncode}")
-        assert r.returncode == 7, r.stdout[-3000:] + r.stderr[-3000:]
-        _consistent(h, "after bootstrap")
-        # the flavour the suite can update: the proprietary module, at the suite's version
-        assert h.exec("dpkg-query -W -f '${Status}' nvidia-kernel-dkms").stdout == "install ok installed"
-        assert _held(h) == set() and _pinned(h, "nvidia-driver", "nvidia-kernel-dkms")
-        installed = h.kernel()  # seen: the security kernel already, apt brought it in gpuprov's own transaction
-        r, took = _timed(h, "unattended-upgrade -v 2>&1; echo rc=$?")
-        print(f"bookworm+security: unattended-upgrade {took:.1f}s\n{r.stdout[-3000:]}")
-        assert r.stdout.rstrip().endswith("rc=0"), r.stdout[-3000:]
-        _consistent(h, "after unattended-upgrade")
-        new = h.kernel()
-        print(f"bookworm+security: kernel {old}; after gpuprov's install {installed}; after unattended-upgrade {new}")
-        assert new != old, (old, new)  # the security kernel, whichever of the two apt runs brought it
-        _complete(h, new)
-        # the pinned driver's module is there for the new kernel before any further gpuprov run: the headers
-        # metapackage from the security suite brought that kernel's headers with the install, so DKMS built for it then
-        # (seen), or in the kernel's own hook
-        assert "installed" in h.exec(f"dkms status -k {new}").stdout, h.exec("dkms status").stdout
-        rc, check, _ = _verify(h)
-        assert check["status"] == "pass" and new in check["detail"], check
-        h.restart()  # the reboot the install recorded; then a second bootstrap changes nothing (exit 15: no device)
-        before = _unchanged(h)
-        r2 = h.exec(BOOT)
-        assert r2.returncode == 15 and "Traceback" not in r2.stderr, r2.stderr
-        assert _unchanged(h) == before
-    finally:
-        h.remove()
+@SECURITY_CHAIN
+def test_bookworm_security_host_left_consistent(bookworm_security):
+    _left_consistent(bookworm_security)
 
 
+@TRIXIE
 def test_trixie_open_module_built_or_failure_met_honestly():
     kernel_image("trixie")
     h = KernelHost("trixie", "gpuprov")

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cri.harness import CACHE, newer_packages
+from tests.cri.harness import newer_packages
+from tests.shared_builds import CACHE, once
 
 GO_SUITE, GO_PACKAGES = "sid", ("golang-1.26-go", "golang-1.26-src")
 BIN = CACHE / "k8s-bin"
@@ -215,6 +216,11 @@ def build(src: Source, origin: str) -> tuple[Path, float]:
     out = BIN / f"{src.key}-{go_version(goroot)}" / src.name
     if out.exists():
         return out, 0.0
+    with once(str(out)):
+        return (out, 0.0) if out.exists() else _build(src, origin, goroot, out)
+
+
+def _build(src: Source, origin: str, goroot: Path, out: Path) -> tuple[Path, float]:
     work = Path(tempfile.mkdtemp(prefix=f"gpuprov-build-{src.name}-", dir=CACHE))
     try:
         unpack(src, origin, work)

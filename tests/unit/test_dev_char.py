@@ -115,6 +115,7 @@ def test_planted_dev_char_is_refused(tmp_path, plant):
         assert os.listdir(char) == []
 
 
+@pytest.mark.alone  # a time bound: run with nothing beside it (conftest)
 def test_a_fifo_in_dev_never_blocks(tmp_path):
     """Only lstat'ed: a FIFO named like a node (or in nvidia-caps) is no node and is never opened."""
     root = _dev_root(tmp_path, {"nvidia0": (195, 0)})

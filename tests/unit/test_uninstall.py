@@ -391,3 +391,28 @@ def test_dnf_records_a_side_by_side_kernel_package_by_its_version(monkeypatch):
            "Removing dependent packages:\n site-kmod      noarch  1.0-1                   @System     1 k\n\n")
     assert dnf.purged_too(dry, ours) == ["site-kmod"]
     assert dnf.purge(ours)[-2:] == ours  # the purge names that version, never the operator's others
+
+
+def test_no_ctr_call_without_containerds_socket(tmp_path, monkeypatch):
+    """Without containerd's socket every ctr command waits out its 10 s dial timeout: uninstall asks ctr nothing
+    then (20 s on a docker-only host before); with the socket there, it asks."""
+    import socket
+
+    from provision.engines import validate
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin/ctr"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("CONTAINERD_ADDRESS", str(tmp_path / "containerd.sock"))
+    validate.leftover_image_argvs()
+    assert not calls.exists()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "containerd.sock"))
+    try:
+        validate.leftover_image_argvs()
+    finally:
+        sock.close()
+    assert "namespaces ls -q" in calls.read_text()
