@@ -28,11 +28,11 @@ for a in "$@"; do case "$a" in tests/*|./tests/*) exec .venv/bin/python -m pytes
 # The whole suite, in two passes (issue 37; tests/conftest.py says how the work is split and ordered):
 # 1. the tests marked `alone` (a time bound is their point), one at a time, with nothing beside them;
 # 2. everything else on GPUPROV_TEST_WORKERS workers (default 4 on 2 cores: most integration time is waiting on
-#    apt, DKMS and containers), each xdist group (a host and its ordered stages, or a file) on one worker.
+#    apt, DKMS and containers), each file (its hosts and their ordered stages) on one worker.
 workers=${GPUPROV_TEST_WORKERS:-4}
 rc=0
 .venv/bin/python -m pytest -rs -m alone tests "$@" || rc=$?
 [ "$rc" -eq 5 ] && rc=0  # none selected (options like -k)
-.venv/bin/python -m pytest -rs --durations=25 -n "$workers" --dist loadgroup -m "not alone" tests "$@" || rc2=$?
+.venv/bin/python -m pytest -rs --durations=25 -n "$workers" --dist loadfile -m "not alone" tests "$@" || rc2=$?
 [ "$rc" -eq 0 ] && rc=${rc2:-0}
 exit "$rc"

@@ -232,21 +232,24 @@ def debian12_bundle(tmp_path_factory):
     return build_debian12(tmp_path_factory.mktemp("bundles") / "debian-12")
 
 
-# --- The parallel run (issue 37): groups, order, a scheduler that parks nothing, where the time went ----------------
-# run-tests.sh runs the suite with pytest-xdist (`-n N --dist loadgroup`). A group is what one worker runs, in order:
-# a test's own `xdist_group` mark (tests that share a host: test_driver_install's chains, the two files that share
-# the Debian 12 bundle), else its file (module-scoped hosts and ordered stages stay together). Groups are handed out
-# longest first, so the long chains start at once and the short files fill in beside them; the seconds are a cold
-# run's on a 2-core machine (docs/PROOFS.md), the rest are short and keep their collection order.
-GROUP_SECONDS = {
-    "driver-bookworm": 2000, "driver-bookworm-security": 1500, "driver-trixie": 500,
+# --- The parallel run (issue 37): files, order, a scheduler that parks nothing, where the time went ----------------
+# run-tests.sh runs the suite with pytest-xdist (`-n N --dist loadfile`): a file is what one worker runs, in order
+# (module-scoped hosts and their ordered stages stay together; tests on different hosts are in different files).
+# Files are handed out longest first, so the long ones start at once and the short ones fill in beside them; the
+# seconds are a cold run's on a 2-core machine (docs/PROOFS.md); the files not named are short and keep their order.
+# (Not xdist_group: pytest 9.2 keeps a node's id where xdist 3.8's loadgroup no longer changes it, so loadgroup
+# silently split every group: seen, one chain's stages on three workers.)
+FILE_SECONDS = {
+    "tests/integration/test_driver_install.py": 2000, "tests/integration/test_driver_security_suite.py": 1500,
+    "tests/integration/test_driver_trixie.py": 500,
     "tests/integration/test_fleet_ansible.py": 500, "tests/integration/test_kubelet.py": 450,
     "tests/integration/test_ubuntu_apt.py": 400, "tests/integration/test_el_cuda.py": 300,
     "tests/integration/test_bootstrap_e2e.py": 300, "tests/integration/test_driver_rollback.py": 280,
-    "debian12-bundle": 250, "tests/integration/test_el_dnf.py": 200, "tests/integration/test_el_cuda_releases.py": 180,
-    "tests/integration/test_el_elrepo_kernel.py": 150, "tests/integration/test_fleet_readme.py": 150,
-    "tests/integration/test_day_two.py": 150, "tests/integration/test_runtime_docker.py": 150,
-    "tests/integration/test_podman.py": 120, "tests/integration/test_driver_debian_detect.py": 100,
+    "tests/integration/test_bundle_e2e.py": 250, "tests/integration/test_el_dnf.py": 200,
+    "tests/integration/test_el_cuda_releases.py": 180, "tests/integration/test_el_elrepo_kernel.py": 150,
+    "tests/integration/test_fleet_readme.py": 150, "tests/integration/test_day_two.py": 150,
+    "tests/integration/test_runtime_docker.py": 150, "tests/integration/test_podman.py": 120,
+    "tests/integration/test_driver_debian_detect.py": 100,
 }
 TIERS = (  # (the first of these a test's path starts with, its tier in the summary)
     ("tests/unit/", "unit"), ("tests/faults/", "faults"), ("tests/cri/", "containerd (CRI)"),
@@ -259,28 +262,24 @@ TIERS = (  # (the first of these a test's path starts with, its tier in the summ
 )
 
 
-def xdist_group(item) -> str:
-    mark = item.get_closest_marker("xdist_group")
-    return str(mark.args[0]) if mark and mark.args else item.nodeid.split("::", 1)[0]
+def test_file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-    items.sort(key=lambda it: -GROUP_SECONDS.get(xdist_group(it), 0))  # stable: each group keeps its order
+    items.sort(key=lambda it: -FILE_SECONDS.get(test_file(it.nodeid), 0))  # stable: each file keeps its order
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a run without xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
-    """loadgroup, except that a worker gets its next group only when it is on the last test of the one it has (xdist
-    hands one out at two left: a group parked behind a 20-minute stage waits there while another worker idles)."""
-    if config.getvalue("dist") != "loadgroup":
+    """loadfile, except that a worker gets its next file only when it is on the last test of the one it has (xdist
+    hands one out at two left: a file parked behind a 20-minute stage waits there while another worker idles)."""
+    if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadFileScheduling
 
-    class LastTestScheduling(LoadGroupScheduling):
+    class LastTestScheduling(LoadFileScheduling):
         def _reschedule(self, node):
             if node.shutting_down:
                 return
@@ -295,12 +294,12 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Where the time went: the tests' seconds (setup, call, teardown) by tier, and by xdist group for the groups
-    over a minute; the DKMS builds the hosts made or reused (driver_hosts.dkms_build_cache)."""
+    """Where the time went: the tests' seconds (setup, call, teardown) by tier, and by file for the files over a
+    minute; the DKMS builds the hosts made or reused (driver_hosts.dkms_build_cache)."""
     if hasattr(config, "workerinput"):
         return
     tiers: dict[str, list] = {}
-    groups: dict[str, float] = {}
+    files: dict[str, float] = {}
     for reports in terminalreporter.stats.values():
         for r in reports:
             nodeid, secs = getattr(r, "nodeid", None), getattr(r, "duration", None)
@@ -310,8 +309,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             entry = tiers.setdefault(tier, [0.0, set()])
             entry[0] += secs
             entry[1].add(nodeid)
-            group = nodeid.split("@", 1)[1] if "@" in nodeid else nodeid.split("::", 1)[0]
-            groups[group] = groups.get(group, 0.0) + secs
+            files[test_file(nodeid)] = files.get(test_file(nodeid), 0.0) + secs
     if not tiers:
         return
     tw = terminalreporter
@@ -319,10 +317,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tw.write_sep("=", f"where the time went (tests' own seconds; the run took {wall:.0f} s of wall time)")
     for tier, (secs, ids) in sorted(tiers.items(), key=lambda kv: -kv[1][0]):
         tw.write_line(f"{secs:9.1f} s  {len(ids):5d} tests  {tier}")
-    tw.write_line("groups over 60 s (one worker each, in this order of cost):")
-    for group, secs in sorted(groups.items(), key=lambda kv: -kv[1]):
-        if secs >= 60:
-            tw.write_line(f"{secs:9.1f} s  {group}")
+    long = sorted(((secs, f) for f, secs in files.items() if secs >= 60), reverse=True)
+    if long:
+        tw.write_line("files over 60 s (each on one worker; conftest's FILE_SECONDS orders them):")
+    for secs, f in long:
+        tw.write_line(f"{secs:9.1f} s  {f}")
     try:
         from tests.integration.driver_hosts import dkms_uses
 

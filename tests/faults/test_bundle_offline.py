@@ -18,9 +18,7 @@ from tests.bundles import link_copy, make_signer, rewrite_sums, small_bundle, tr
 from tests.conftest import needs
 from tests.integration.hosts import Host
 
-# the Debian 12 bundle is a session fixture: the two files that use it share one worker (conftest.py)
-pytestmark = [pytest.mark.xdist_group("debian12-bundle"), pytest.mark.integration, pytest.mark.slow,
-              needs("debootstrap", "gpg", "gpgv", docker=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", "gpg", "gpgv", docker=True)]
 MARKER = "/tmp/gpuprov-trap-ran"
 
 

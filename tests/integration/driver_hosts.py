@@ -35,10 +35,13 @@ def _minbase(suite: str) -> str:
     return ensure_image() if suite == "bookworm" else debootstrap_image(f"gpuprov-test/driver-{suite}-minbase:1", suite)
 
 
+def kernel_image_name(suite: str) -> str:
+    return f"gpuprov-test/driver-{suite}-kernel:{hashlib.sha256(RECIPE.encode()).hexdigest()[:10]}"
+
+
 def kernel_image(suite: str) -> str:
     """gpuprov-test/driver-<suite>-kernel:<recipe hash>, built when missing (minutes; once per CI run)."""
-    tag = hashlib.sha256(RECIPE.encode()).hexdigest()[:10]
-    name = f"gpuprov-test/driver-{suite}-kernel:{tag}"
+    name = kernel_image_name(suite)
     if sh("docker", "image", "inspect", name, check=False).returncode == 0:
         return name  # (before _minbase: a cached kernel image needs no minbase image)
     return committed_image(name, _minbase(suite), "mkdir -p /etc/initramfs-tools/conf.d && printf "

@@ -14,9 +14,7 @@ from tests.bundles import link_copy, make_signer
 from tests.conftest import needs, run_cli
 from tests.integration.hosts import Host
 
-# the Debian 12 bundle is a session fixture: the two files that use it share one worker (conftest.py)
-pytestmark = [pytest.mark.xdist_group("debian12-bundle"), pytest.mark.integration, pytest.mark.slow,
-              needs("debootstrap", docker=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
 
 
 @pytest.fixture(scope="module")
