@@ -252,7 +252,8 @@ FILE_SECONDS = {
     "tests/integration/test_driver_debian_detect.py": 100,
 }
 TIERS = (  # (the first of these a test's path starts with, its tier in the summary)
-    ("tests/unit/", "unit"), ("tests/faults/", "faults"), ("tests/cri/", "containerd (CRI)"),
+    ("tests/unit/", "unit"), ("tests/faults/", "faults"), ("tests/installed/", "the installed wheel"),
+    ("tests/cri/", "containerd (CRI)"),
     ("tests/k8s", "kubernetes"), ("tests/gpu/", "gpu"),
     ("tests/integration/test_driver_", "integration: drivers on Debian"),
     ("tests/integration/test_el_", "integration: EL (dnf)"), ("tests/integration/test_ubuntu_", "integration: Ubuntu (apt)"),
@@ -278,6 +279,8 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # xdist's own order (most tests first) put the 3-test driver files last
 
     class LastTestScheduling(LoadFileScheduling):
         def _reschedule(self, node):

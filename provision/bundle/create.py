@@ -10,6 +10,7 @@ import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import tomlkit
@@ -104,10 +105,16 @@ def resolve_and_download(target: Target, packages: list[str], out: Path, enable_
 
 
 def py_deps() -> list[str]:
-    """gpuprov's own dependencies, read from its pyproject.toml: one list, so a dependency added there is in every
-    bundle (a hand-kept copy here once missed one, and the offline install failed on the air-gapped host)."""
-    doc = tomlkit.parse((SOURCE_ROOT / "pyproject.toml").read_text())
-    return [str(d) for d in doc["project"]["dependencies"]]
+    """gpuprov's own dependencies, as its installed metadata lists them (written from pyproject.toml: one list, so a
+    dependency added there is in every bundle; a hand-kept copy here once missed one, and the offline install failed
+    on the air-gapped host). Extras are left out. An installed gpuprov has no pyproject.toml to read: reading it
+    made `bundle create` fail for every installed user; only a checkout run without installing reads it."""
+    try:
+        reqs = metadata.requires("gpuprov")
+    except metadata.PackageNotFoundError:
+        doc = tomlkit.parse((SOURCE_ROOT / "pyproject.toml").read_text())
+        return [str(d) for d in doc["project"]["dependencies"]]
+    return [r for r in reqs or [] if "extra ==" not in r]
 
 
 def own_wheel() -> Path | None:
