@@ -95,6 +95,37 @@ def dpkg_installed(root: Path, wanted=None, *, partly: bool = False) -> dict[str
     return found
 
 
+# The states dpkg(1) leaves a package in when a run of it is killed (an ssh session dropped, the OOM killer, a power
+# cut): between "not-installed" and "installed". "half-installed" (the unpack was cut off) and dpkg's reinst-required
+# flag need the package unpacked again; the others, configuring (and their triggers run).
+UNFINISHED_STATES = ("half-installed", "unpacked", "half-configured", "triggers-awaited", "triggers-pending")
+
+
+class UnfinishedPackage(NamedTuple):
+    name: str
+    version: str
+    architecture: str
+    state: str  # one of UNFINISHED_STATES
+    reinstall: bool  # dpkg's reinst-required flag set, or the unpack cut off: dpkg cannot configure it as it is
+
+    @property
+    def spec(self) -> str:
+        """apt's name for exactly this version: PKG=VERSION."""
+        return f"{self.name}={self.version}"
+
+
+def dpkg_unfinished(root: Path) -> list[UnfinishedPackage]:
+    """The packages a killed dpkg run left part-way (UNFINISHED_STATES), in the status file's order."""
+    out = []
+    for f in _dpkg_stanzas(root):
+        status = f.get("Status", "").split()
+        if len(status) != 3 or status[2] not in UNFINISHED_STATES:
+            continue
+        out.append(UnfinishedPackage(f["Package"], f.get("Version", ""), f.get("Architecture", ""), status[2],
+                                     status[1] == "reinstreq" or status[2] == "half-installed"))
+    return out
+
+
 def dpkg_owns(root: Path, package: InstalledPackage, path: str) -> bool:
     """Whether dpkg's file list of `package` holds `path` (also through the /usr merge: /bin is /usr/bin). The list is
     info/NAME.list, or info/NAME:ARCH.list for a Multi-Arch: same package: both names are tried, not the directory
@@ -117,7 +148,11 @@ def list_texts(root: Path, component: str) -> Iterator[str]:
     compressed (`Acquire::GzipIndexes`, which Docker's Debian images set) as .gz or .xz. Unreadable lists are skipped,
     and so are .lz4 ones (no reader in Python's standard library; facts start no process); each is bounded by
     LIST_MAX."""
-    for p in sorted(under(root, APT_LISTS).glob(f"*_{component}_binary-*_Packages*")):
+    yield from _list_texts(root, f"*_{component}_binary-*_Packages*")
+
+
+def _list_texts(root: Path, pattern: str) -> Iterator[str]:
+    for p in sorted(under(root, APT_LISTS).glob(pattern)):
         suffix = p.name.rsplit("_Packages", 1)[1]
         try:
             if not suffix:
@@ -126,6 +161,17 @@ def list_texts(root: Path, component: str) -> Iterator[str]:
                 yield _decompressed(p, suffix)
         except (OSError, EOFError, ValueError):
             continue
+
+
+def apt_offers(root: Path, package: UnfinishedPackage) -> bool:
+    """Whether apt can fetch exactly this version of the package: a .deb in apt's cache, or an apt list (any source,
+    flat file: repositories included) naming it."""
+    epoch_quoted = package.version.replace(":", "%3a")  # how apt names a cached .deb of a version with an epoch
+    if any(under(root, "var/cache/apt/archives").glob(f"{package.name}_{epoch_quoted}_*.deb")):
+        return True
+    stanza = re.compile(rf"^Package: {re.escape(package.name)}\n(?:[^\n]+\n)*?Version: {re.escape(package.version)}$",
+                        re.M)
+    return any(stanza.search(text) for text in _list_texts(root, "*_Packages*"))
 
 
 def _decompressed(path: Path, suffix: str) -> str:

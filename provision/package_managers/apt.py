@@ -13,7 +13,7 @@ from typing import Callable
 from provision import effects
 from provision.decide.kernel import METAPACKAGE_RE, PIN_FILE, PIN_PRIORITY, branch_of, pinned_branches, pinned_series
 from provision.errors import StepFailed
-from provision.facts.packages import InstalledPackage, dpkg_installed
+from provision.facts.packages import InstalledPackage, UnfinishedPackage, apt_offers, dpkg_installed, dpkg_unfinished
 from provision.facts.rootfs import read_text, under
 from provision.package_managers.base import Argv, HoldWords, PackageManager
 
@@ -189,12 +189,29 @@ class Apt(PackageManager):
     def bundle_dirs(self, state: Path) -> Argv:
         return (f"{state}/lists/partial",)
 
-    def recover(self, allow_remove: bool) -> tuple[Argv, ...]:
-        """Replay dpkg's journal (it fails for a package whose dependency was cut off mid-unpack), then let apt
-        repair exactly those (removing nothing: a repair that needs a removal fails and names it)."""
-        return (self.configure_pending(),
-                ("apt-get", "install", "-f", "-y", "--no-install-recommends",
-                 *(() if allow_remove else ("--no-remove",))))
+    def interrupted(self, root: Path) -> bool:
+        """dpkg's journal (updates/) holds what a killed run had not yet written to its status file."""
+        return any(under(root, "var/lib/dpkg/updates").glob("*")) or bool(self.unfinished(root))
+
+    def unfinished(self, root: Path) -> list[UnfinishedPackage]:
+        return dpkg_unfinished(root)
+
+    def fetchable(self, root: Path, package: UnfinishedPackage) -> bool:
+        return apt_offers(root, package)
+
+    def refetch_hint(self, names: Argv) -> str:
+        return (f"put its .deb in /var/cache/apt/archives, or take the archive's version with `apt-get install "
+                f"--reinstall {' '.join(names)}`")
+
+    def recover(self, allow_remove: bool, reinstall: Argv = ()) -> tuple[Argv, ...]:
+        """Replay dpkg's journal (it fails for a package whose dependency was cut off mid-unpack, and for one whose
+        own unpack was: dpkg's reinst-required), unpack those again at their installed version (the fix dpkg names:
+        no apt run gets past them until then, unattended-upgrades included), then let apt repair the rest (removing
+        nothing: a repair that needs a removal fails and names it)."""
+        keep = () if allow_remove else ("--no-remove",)
+        again = (("apt-get", "install", "--reinstall", "-y", "--no-install-recommends", *keep, *reinstall),) \
+            if reinstall else ()
+        return (self.configure_pending(), *again, ("apt-get", "install", "-f", "-y", "--no-install-recommends", *keep))
 
     def download(self, packages: Argv, dest: str, release: int | None = None) -> tuple[Argv, ...]:
         """Download `packages` and what a fresh host lacks of their dependencies into `dest` (a bundle's build, in a

@@ -16,6 +16,7 @@ in a printed-and-run Command, so what the plan prints is what runs. It owns:
 The subclass sets or implements: `name`, `database`, `env`, `records_dependencies`, `refresh`, `simulate_install`,
 `install`, `removals`, `versions`, `installed`, `installed_packages`, `hold`, `held`, `unhold`, `simulate_purge`,
 `purge`, `purged_too`, `removal_hint`, `offered`, `bundle_options`, `bundle_files`, `download`, `recover`,
+`interrupted`, `unfinished`, `fetchable`, `refetch_hint`,
 `hold_words`."""
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable, ClassVar, NamedTuple
 
-from provision.facts.packages import InstalledPackage
+from provision.facts.packages import InstalledPackage, UnfinishedPackage
 
 Argv = tuple[str, ...]
 Env = tuple[tuple[str, str], ...]
@@ -171,6 +172,23 @@ class PackageManager(ABC):
         """The directories those options need made first."""
         return ()
 
-    def recover(self, allow_remove: bool) -> tuple[Argv, ...]:
-        """The commands that finish what a killed run left half-done (only where `recoverable`)."""
+    def interrupted(self, root: Path) -> bool:
+        """Whether a run of this manager under `root` was cut off and left something to finish (`recover`)."""
+        return bool(self.unfinished(root))
+
+    def unfinished(self, root: Path) -> list[UnfinishedPackage]:
+        """The packages a killed run left part-way, read from the database under `root` (only where `recoverable`)."""
+        return []
+
+    def fetchable(self, root: Path, package: UnfinishedPackage) -> bool:
+        """Whether this manager can still fetch exactly that version of the package (its cache or its lists)."""
+        return True
+
+    def refetch_hint(self, names: Argv) -> str:
+        """How an operator gets the packages NAMES unpacked again when `fetchable` says no, in words."""
+        return ""
+
+    def recover(self, allow_remove: bool, reinstall: Argv = ()) -> tuple[Argv, ...]:
+        """The commands that finish what a killed run left half-done (only where `recoverable`); `reinstall`: the
+        packages to unpack again first, as PKG=VERSION (the run was cut off while unpacking them)."""
         return ()

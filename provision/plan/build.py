@@ -22,13 +22,13 @@ from provision.plan.steps import (
     Already,
     Command,
     ConfigureEngine,
-    DirEmpty,
     EngineConfigured,
     FilesMatch,
     ImportImage,
     InGroup,
     InstallRuntime,
     Never,
+    PackagesFinished,
     RefreshCdi,
     RunContainer,
     RuntimeInstalled,
@@ -42,15 +42,29 @@ from provision.report import HostReport
 RUNTIME_PATH = base.RUNTIME_PATH
 
 
-def dpkg_recover_step(stage: Stage, allow_remove: bool = False, manager: str = "apt") -> Step:
-    """A run killed in the middle of dpkg leaves its journal and packages half-installed: the apt adapter's
-    `recover` replays the journal (allowed to fail: it does for a package whose dependency was cut off mid-unpack),
-    then has apt repair exactly those."""
+def dpkg_recover_step(stage: Stage, allow_remove: bool = False, manager: str = "apt", root: Path = Path("/")) -> Step:
+    """A run killed in the middle of dpkg leaves its journal and packages part-way (facts.packages.UNFINISHED_STATES):
+    the adapter's `recover` replays the journal (allowed to fail: it does for a package whose dependency, or whose
+    own unpack, was cut off), unpacks again at its version each package dpkg needs reinstalled, then has apt repair
+    the rest. A version apt can no longer fetch stops the run here, before any change, naming the package and the
+    way out. The step is done when the journal is empty and no package is part-way."""
     pm = package_managers.get(manager)
-    first, *rest = pm.recover(allow_remove)
-    return Step("packages.recover", stage, "Finish an interrupted dpkg run (packages left half-configured)",
+    unfinished = pm.unfinished(root)
+    again = [u for u in unfinished if u.reinstall]
+    gone = [u for u in again if not pm.fetchable(root, u)]
+    if gone:
+        names = ", ".join(f"{u.name} {u.version}" for u in gone)
+        raise Unsupported(f"a killed {pm.database} run left {names} half-installed, and {pm.name} can no longer fetch "
+                          f"that version: {pm.refetch_hint(tuple(u.name for u in gone))}; then run bootstrap again")
+    first, *rest = pm.recover(allow_remove, tuple(u.spec for u in again))
+    what = "; ".join(part for part in (
+        f"reinstall {', '.join(u.spec for u in again)}" if again else "",
+        f"configure {', '.join(f'{u.name} ({u.state})' for u in unfinished if not u.reinstall)}"
+        if len(again) < len(unfinished) else "") if part)
+    return Step("packages.recover", stage, "Finish an interrupted dpkg run" + (f": {what}" if what else
+                                                                                " (packages left part-way)"),
                 actions=(Command(first, pm.env, may_fail=True), *(Command(argv, pm.env) for argv in rest)),
-                check=DirEmpty("/var/lib/dpkg/updates"))
+                check=PackagesFinished(manager))
 
 
 def found_engine(report: HostReport, engine: str) -> EngineOrigin | None:
@@ -235,7 +249,8 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
     driver = driver_steps(report, target, opt) if Stage.DRIVER in on else []
     systemd = under(Path(report.root or "/"), "/run/systemd/system").is_dir()
     recover = package_managers.get(target.package_manager).recoverable and installs
-    return ([dpkg_recover_step(installs[0], opt.allow_remove, target.package_manager)] if recover else []) \
+    return ([dpkg_recover_step(installs[0], opt.allow_remove, target.package_manager, Path(report.root or "/"))]
+             if recover else []) \
         + driver + persistence_steps(driver, [d for _, d in report.gpus], target, opt, systemd) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \

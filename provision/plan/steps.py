@@ -464,14 +464,16 @@ def group_members(root: Path, group: str) -> list[str] | None:
 
 
 @dataclass(frozen=True)
-class DirEmpty:
-    path: str
+class PackagesFinished:
+    """No run of the package manager left anything part-way: its journal is empty and no package is half-installed,
+    unpacked, half-configured or waiting on triggers (the adapter's `unfinished`)."""
+    manager: str
 
     def satisfied(self, root: Path) -> bool:
-        return not any(under(root, self.path).glob("*"))
+        return not package_managers.get(self.manager).interrupted(root)
 
     def describe(self) -> str:
-        return f"skipped when {self.path} is empty"
+        return f"skipped when {package_managers.get(self.manager).database}'s last run finished: nothing is part-way"
 
 
 @dataclass(frozen=True)
@@ -543,7 +545,7 @@ class ServiceAnswers:
         return f"skipped when `{shlex.join(self.ready)}` answers"
 
 
-Check = Union[Never, Already, FilesMatch, PathExists, DirEmpty, PackagesInstalled, RuntimeInstalled,
+Check = Union[Never, Already, FilesMatch, PathExists, PackagesFinished, PackagesInstalled, RuntimeInstalled,
               EngineConfigured, ServiceAnswers, Undone]
 
 

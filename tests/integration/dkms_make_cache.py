@@ -3,9 +3,9 @@
 module from the same inputs, once per machine (issue 37: NVIDIA's real build is the suite's biggest cost, and
 several hosts build the same flavour, version and kernel).
 
-Mounted at /usr/local/bin/make in the hosts of tests/integration/driver_hosts.py, ahead of /usr/bin/make on PATH,
-with the cache at /var/cache/gpuprov-dkms (a directory of the machine's, tests/shared_builds.py's CACHE). Everything
-else passes straight to /usr/bin/make.
+Mounted as `make` in a directory of its own ahead of /usr/bin on the hosts' PATH and on apt's DPkg::Path, in the
+hosts of tests/integration/driver_hosts.py (dkms_build_cache), with the cache at /var/cache/gpuprov-dkms (a directory
+of the machine's, tests/shared_builds.py's CACHE). Everything else passes straight to /usr/bin/make.
 
 What it caches: the build DKMS runs in a module's build directory (/var/lib/dkms/MODULE/VERSION/build, a fresh copy
 of the module's source each time), not `make clean`, not a make inside a make. The key is everything the build's

@@ -29,6 +29,8 @@ INITRAMFS_CONF = "MODULES=list\n"
 RECIPE = "v3 " + " ".join(PREP_PACKAGES) + " " + INITRAMFS_CONF
 SYSTEMD_FLAGS = [*NESTED, "--tmpfs", "/run", "--tmpfs", "/run/lock"]
 MAKE_CACHE = Path(__file__).with_name("dkms_make_cache.py")
+WRAPPER_DIR = "/usr/lib/gpuprov-test/bin"  # in the hosts: the DKMS build cache's `make`, alone
+DPKG_PATH_CONF = Path(__file__).with_name("dkms_make_cache.apt.conf")
 
 
 def _minbase(suite: str) -> str:
@@ -55,10 +57,17 @@ def dkms_build_cache() -> tuple[str, ...]:
     """docker run's arguments that put tests/integration/dkms_make_cache.py in a host as its `make` and the machine's
     DKMS build cache at /var/cache/gpuprov-dkms: a module built from the same inputs (source, kernel headers,
     compiler) by any host of this machine is reused, so NVIDIA's real build of each flavour, version and kernel is
-    paid once per machine (issue 37). What a reuse replays and why that is the build: that file's docstring."""
+    paid once per machine (issue 37). What a reuse replays and why that is the build: that file's docstring.
+
+    The `make` goes first on every PATH a DKMS build can come from: the host's own (docker exec: gpuprov's
+    `dkms autoinstall`) and apt's for dpkg (DPkg::Path, which apt sets to /usr/sbin:/usr/bin:/sbin:/bin and so
+    skips /usr/local/bin: seen, every build bypassed a wrapper there), from a directory of its own so nothing else
+    on it changes."""
     cache = CACHE / "dkms-builds"
     cache.mkdir(parents=True, exist_ok=True)
-    return ("-v", f"{MAKE_CACHE}:/usr/local/bin/make:ro", "-v", f"{cache}:/var/cache/gpuprov-dkms")
+    return ("-v", f"{MAKE_CACHE}:{WRAPPER_DIR}/make:ro", "-v", f"{DPKG_PATH_CONF}:/etc/apt/apt.conf.d/00gpuprov-test-make:ro",
+            "-e", f"PATH={WRAPPER_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "-v", f"{cache}:/var/cache/gpuprov-dkms")
 
 
 def dkms_uses() -> list[dict]:
