@@ -114,10 +114,32 @@ class UnfinishedPackage(NamedTuple):
         return f"{self.name}={self.version}"
 
 
+def _journal_stanzas(root: Path) -> list[dict[str, str]]:
+    """The stanzas of dpkg's journal (updates/NNNN: what a run recorded and had not yet folded into the status file,
+    which a killed run leaves there), oldest first."""
+    out: list[dict[str, str]] = []
+    journal = under(root, "var/lib/dpkg/updates")
+    for path in sorted(journal.glob("[0-9]*")) if journal.is_dir() else []:
+        try:
+            text = read_bytes_bounded(path, DPKG_STATUS_MAX).decode(errors="replace")
+        except OSError:
+            continue
+        for name, value in FIELD_RE.findall("\n" + text):
+            if name == "Package":
+                out.append({})
+            if out:
+                out[-1][name] = value
+    return out
+
+
 def dpkg_unfinished(root: Path) -> list[UnfinishedPackage]:
-    """The packages a killed dpkg run left part-way (UNFINISHED_STATES), in the status file's order."""
+    """The packages a killed dpkg run left part-way (UNFINISHED_STATES), as dpkg itself reads its database: the status
+    file with its journal applied (a run killed mid-unpack has recorded the package's state only there)."""
+    latest: dict[tuple[str, str], dict[str, str]] = {}
+    for f in [*_dpkg_stanzas(root), *_journal_stanzas(root)]:
+        latest[(f["Package"], f.get("Architecture", ""))] = f
     out = []
-    for f in _dpkg_stanzas(root):
+    for f in latest.values():
         status = f.get("Status", "").split()
         if len(status) != 3 or status[2] not in UNFINISHED_STATES:
             continue

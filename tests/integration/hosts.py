@@ -17,6 +17,10 @@ from tests.shared_builds import once
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "gpuprov-test/bookworm-minbase:1"
 SYSTEMD_IMAGE = "gpuprov-test/bookworm-systemd:1"  # minbase + systemd systemd-sysv dbus (TESTING.md), no compiler
+# The pids of the live processes (zombies left out: a host whose PID 1 is `sleep` never reaps them) whose name is one of
+# NAMES (space-separated), as a shell line for a host (minbase has no pgrep).
+PIDS_OF = ('for p in /proc/[0-9]*; do case " {names} " in *" $(cat $p/comm 2>/dev/null) "*) '
+           'grep -q "^State:.Z" $p/status || echo ${{p#/proc/}};; esac; done')
 NESTED = ["--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
           "--security-opt", "apparmor=unconfined", "--device-cgroup-rule", "a *:* rwm", "--cgroupns", "host",
           "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/var/lib/docker:exec"]

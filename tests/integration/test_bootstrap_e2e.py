@@ -11,7 +11,7 @@ import pytest
 
 from provision.engines.validate import IMAGE
 from tests.conftest import needs
-from tests.integration.hosts import Host, sh
+from tests.integration.hosts import PIDS_OF, Host, sh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               needs("debootstrap", docker=True)]
@@ -21,8 +21,6 @@ USER_DAEMON = {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-f
 BOOT = "gpuprov bootstrap --yes --driver skip"
 # PIDs of live (not zombie) processes by name, from /proc (the minbase image has no procps; its PID 1, `sleep`,
 # reaps nothing, so killed processes stay as zombies)
-PIDS_OF = ('for p in /proc/[0-9]*; do case " {names} " in *" $(cat $p/comm 2>/dev/null) "*) '
-           'grep -q "^State:.Z" $p/status || echo ${{p#/proc/}};; esac; done')
 
 
 @pytest.fixture(scope="module")

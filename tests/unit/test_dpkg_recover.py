@@ -88,3 +88,15 @@ def test_a_finished_dpkg_needs_nothing(tmp_path):
     assert step.check.satisfied(root) and len(actions(step)) == 2
     (root / "var/lib/dpkg/updates/0001").write_text("")  # the journal dpkg had not yet folded in
     assert not step.check.satisfied(root)
+
+
+def test_the_journal_a_killed_run_left_is_read_as_dpkg_reads_it(tmp_path):
+    """A run killed mid-unpack recorded the package's state only in dpkg's journal (updates/NNNN), not yet folded into
+    the status file (seen: the status file still said installed at the old version)."""
+    root = status(tmp_path, OK, ("libdevmapper1.02.1", "2:1.02.185-1", "install ok installed"))
+    offered(root, LIB)
+    (root / "var/lib/dpkg/updates/0000").write_text(
+        f"Package: {LIB[0]}\nStatus: {LIB[2]}\nArchitecture: amd64\nVersion: {LIB[1]}\n\n")
+    (u,) = dpkg_unfinished(root)
+    assert (u.name, u.version, u.state, u.reinstall) == (LIB[0], LIB[1], "half-installed", True)
+    assert "libdevmapper1.02.1=2:1.02.185-2" in actions(dpkg_recover_step(Stage.DRIVER, root=root))[1]
