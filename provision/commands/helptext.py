@@ -75,4 +75,6 @@ DIFFERENT_DEFAULTS = {
              "configure leave it to the operator (--cdi)",
     "--gpus": "docker-args prints flags for a container (all GPUs); share enable shares the GPUs it is given",
     "--format": "k8s labels prints node labels (nfd), cdi generate a CDI spec (yaml): different documents",
+    "--dev-root": "runtime install keeps the dev root runtime.json names unless told (a re-install changes no "
+                  "setting it was not given); the read-only commands look at / unless told",
 }

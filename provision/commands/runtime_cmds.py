@@ -42,15 +42,20 @@ def runtime_install(
                                        help="Low-level runtime to hand over to (default: runc on PATH, else crun)."),
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"),
                                          help="Driver root (default: detected: /, /usr/local/nvidia…)."),
-    dev_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /dev lives (tests)."),
-    proc_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /proc lives (tests)."),
-    no_env_unprivileged: bool = typer.Option(False, "--no-env-unprivileged", help="Multi-tenant: ignore "
-                                             "NVIDIA_VISIBLE_DEVICES from unprivileged containers."),
+    dev_root: Optional[str] = typer.Option(None, callback=rule("abs_path"),
+                                           help="Where the host's /dev lives (tests; default: as set, else /)."),
+    proc_root: Optional[str] = typer.Option(None, callback=rule("abs_path"),
+                                            help="Where the host's /proc lives (tests; default: as set, else /)."),
+    env_unprivileged: Optional[bool] = typer.Option(
+        None, "--env-unprivileged/--no-env-unprivileged",
+        help="Whether unprivileged containers may pick GPUs with NVIDIA_VISIBLE_DEVICES (off: multi-tenant, as "
+             "`gpuprov k8s node` sets it). Default: as set, else on."),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Install gpuprov-runtime (the wheel's compiled front-end; else compiled here; else Python) and refresh discovery."""
+    """Install gpuprov-runtime (the wheel's compiled front-end; else compiled here; else Python) and refresh discovery.
+    Every runtime setting not given keeps its value in runtime.json."""
     doc, lines = runtime_host.install(prefix, driver_root=driver_root, runc=runc, dev_root=dev_root,
-                                      proc_root=proc_root, accept_env_unprivileged=not no_env_unprivileged)
+                                      proc_root=proc_root, accept_env_unprivileged=env_unprivileged)
     if json_out:
         emit_json(doc)
     else:

@@ -27,7 +27,7 @@ from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME
 from provision.inject.nodes import prepare_host
-from provision.inject.settings import Settings, settings_path
+from provision.inject.settings import Settings, kept_settings, settings_path
 from provision.inject.sources import PKG, source_files
 
 HERE = Path(__file__).resolve().parent
@@ -180,21 +180,29 @@ def python_fallback(python: str, root: Path = HERE.parent.parent, runc: str | No
             f"raise SystemExit(main({'' if runc is None else repr(runc)}))\n").encode()
 
 
-def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driver_root: str = "/",
-                    dev_root: str = "/", proc_root: str = "/", accept_env_unprivileged: bool = True,
-                    compile_shim: bool = True, front_ends: dict[str, str] | None = None) -> InstallResult:
+def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driver_root: str | None = None,
+                    dev_root: str | None = None, proc_root: str | None = None,
+                    accept_env_unprivileged: bool | None = None, compile_shim: bool = True,
+                    front_ends: dict[str, str] | None = None) -> InstallResult:
     """`front_ends`: an engine's own front-end beside gpuprov-runtime (file name -> the OCI runtime it wraps; Podman's:
-    engines.front_ends()), the same code with another low-level runtime in its slot."""
+    engines.front_ends()), the same code with another low-level runtime in its slot. A setting given as None keeps
+    what runtime.json holds (settings.kept_settings), else its default; a change to one is said in the notes."""
     changed: list[str] = []
     notes: list[str] = []
-    runc = runc or default_oci_runtime() or "/usr/sbin/runc"
+    before = kept_settings()
+    given = {"driver_root": driver_root, "dev_root": dev_root, "proc_root": proc_root,
+             "accept_env_unprivileged": accept_env_unprivileged}
+    kept_runc = before.get("runc") if before.get("runc") and os.access(before["runc"], os.X_OK) else None
+    runc = runc or kept_runc or default_oci_runtime() or "/usr/sbin/runc"
     python = sys.executable
     # checked as the runtime will read it back: a value it would refuse is never written
-    settings = Settings.from_dict({"runc": runc, "driver_root": driver_root, "dev_root": dev_root,
-                                   "proc_root": proc_root, "accept_env_unprivileged": accept_env_unprivileged},
+    settings = Settings.from_dict({**before, **{k: v for k, v in given.items() if v is not None}, "runc": runc},
                                   settings_path())
     _write_if_changed(Path(settings_path()), (json.dumps(settings.to_dict(), indent=2) + "\n").encode(), 0o644,
                       changed)
+    said = [f"{settings_path()}: {k} {json.dumps(before[k])} -> {json.dumps(v)}"  # a setting changed, as asked
+            for k, v in settings.to_dict().items() if k in before and before[k] != v]
+    driver_root, dev_root, proc_root = settings.driver_root, settings.dev_root, settings.proc_root
     bindir = Path(prefix) / "bin"
     editor = install_editor(prefix, changed)  # first: the front-end written next names this copy
     shim, origin, notes = front_end(runc, python, compile_shim, editor)
@@ -223,5 +231,5 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         write_file(STAMP, _stamp(prefix, driver_root, front_ends), mode=0o644, keep_mode=False, backup=False)  # dirs: 0755
     except OSError:
         pass
-    return InstallResult(str(target), shim is not None, origin, changed, notes)
+    return InstallResult(str(target), shim is not None, origin, changed, said + notes)
 

@@ -68,6 +68,27 @@ def load_settings(path: str | None = None, required: bool = False) -> Settings:
     return settings
 
 
+def kept_settings(path: str | None = None) -> dict:
+    """What runtime.json holds now, key by key: every known key whose value is valid on its own ({} without a file,
+    or with one that is not a JSON object). What a re-install keeps: a setting it was not told to change stays as
+    the operator or `gpuprov k8s node` set it (the multi-tenant policy first: a re-install once wrote
+    accept_env_unprivileged back to true, and an unprivileged pod asking NVIDIA_VISIBLE_DEVICES=all got every GPU).
+    An invalid key is not kept (the file refuses GPU containers until rewritten; the re-install rewrites it)."""
+    path = path or settings_path()
+    try:
+        with open(path, "rb") as fh:
+            raw = json.loads(fh.read())
+    except (OSError, ValueError):
+        return {}
+    kept = {}
+    for key, value in raw.items() if isinstance(raw, dict) else ():
+        try:
+            kept[key] = check_fields({key: value}, path)[key]
+        except (SettingsInvalid, KeyError):
+            continue
+    return kept
+
+
 def set_setting(key: str, value, path: str | None = None, dry_run: bool = False) -> bool:
     """Change one key of runtime.json (checked as the runtime reads it; the other keys as they are). Returns whether
     it changed; False, changing nothing, when there is no file yet (`gpuprov runtime install` writes it)."""

@@ -16,7 +16,7 @@ from provision.inject import devchar
 from provision.inject.cdi import refresh_specs, refresh_units
 from provision.inject.discover import discover
 from provision.inject.install import install_runtime
-from provision.inject.settings import load_settings, settings_path
+from provision.inject.settings import kept_settings, load_settings, settings_path
 from provision.output import kv
 
 if TYPE_CHECKING:
@@ -42,14 +42,17 @@ def discover_host(driver_root: str | None, arch: bool = False) -> Discovery:
 
 
 def install(prefix: str = "/usr/local", *, driver_root: str | None = None, runc: str | None = None,
-            dev_root: str = "/", proc_root: str = "/", accept_env_unprivileged: bool = True) -> tuple[dict, list[str]]:
+            dev_root: str | None = None, proc_root: str | None = None,
+            accept_env_unprivileged: bool | None = None) -> tuple[dict, list[str]]:
     """Install gpuprov-runtime (and the --gpus hook) under PREFIX/bin and refresh discovery: (its record, the lines
-    that say what was done, for people)."""
-    if driver_root is None:
+    that say what was done, for people). A setting left None keeps runtime.json's (install_runtime); the driver root,
+    without one there, is detected."""
+    if driver_root is None and "driver_root" not in kept_settings():
         driver_root = find_driver_root(Path("/"))[0] or "/"
     res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
                           accept_env_unprivileged=accept_env_unprivileged, front_ends=engines.front_ends())
-    links, link_lines = dev_char(dev_root, install_units=dev_root == "/")
+    dev = kept_settings().get("dev_root", "/")  # what the install wrote (given, or kept)
+    links, link_lines = dev_char(dev, install_units=dev == "/")
     front = "compiled" if res.compiled else "python"
     doc = {"runtime_path": res.runtime_path, "front_end": front, "front_end_origin": res.origin,
            "compiled": res.compiled, "changed": res.changed, "notes": res.notes, "dev_char": links}
