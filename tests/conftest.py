@@ -239,17 +239,18 @@ def debian12_bundle(tmp_path_factory):
 # seconds are a cold run's on a 2-core machine (docs/PROOFS.md); the files not named are short and keep their order.
 # (Not xdist_group: pytest 9.2 keeps a node's id where xdist 3.8's loadgroup no longer changes it, so loadgroup
 # silently split every group: seen, one chain's stages on three workers.)
-FILE_SECONDS = {
-    "tests/integration/test_driver_install.py": 2000, "tests/integration/test_driver_security_suite.py": 1500,
-    "tests/integration/test_driver_trixie.py": 500,
-    "tests/integration/test_fleet_ansible.py": 500, "tests/integration/test_kubelet.py": 450,
-    "tests/integration/test_ubuntu_apt.py": 400, "tests/integration/test_el_cuda.py": 300,
-    "tests/integration/test_bootstrap_e2e.py": 300, "tests/integration/test_driver_rollback.py": 280,
-    "tests/integration/test_bundle_e2e.py": 250, "tests/integration/test_el_dnf.py": 200,
-    "tests/integration/test_el_cuda_releases.py": 180, "tests/integration/test_el_elrepo_kernel.py": 150,
-    "tests/integration/test_fleet_readme.py": 150, "tests/integration/test_day_two.py": 150,
-    "tests/integration/test_runtime_docker.py": 150, "tests/integration/test_podman.py": 120,
-    "tests/integration/test_driver_debian_detect.py": 100,
+FILE_SECONDS = {  # session 12's cold fresh-clone run (2026-12-07), the tests' own seconds per file
+    "tests/integration/test_driver_security_suite.py": 2052, "tests/integration/test_driver_install.py": 1503,
+    "tests/integration/test_driver_trixie.py": 533, "tests/integration/test_fleet_ansible.py": 486,
+    "tests/integration/test_ubuntu_apt.py": 462, "tests/integration/test_kubelet.py": 390,
+    "tests/integration/test_el_cuda.py": 239, "tests/integration/test_fleet_readme.py": 171,
+    "tests/integration/test_bootstrap_e2e.py": 151, "tests/integration/test_el_cuda_releases.py": 135,
+    "tests/integration/test_bundle_e2e.py": 130, "tests/integration/test_podman.py": 129,
+    "tests/integration/test_driver_debian_detect.py": 118, "tests/integration/test_runtime_docker.py": 107,
+    "tests/integration/test_day_two.py": 97, "tests/integration/test_bootstrap_containerd.py": 96,
+    "tests/integration/test_driver_rollback.py": 93, "tests/integration/test_dpkg_killed.py": 90,
+    "tests/integration/test_el_dnf.py": 87, "tests/integration/test_el_elrepo_kernel.py": 78,
+    "tests/integration/test_adopt_engines.py": 71,
 }
 TIERS = (  # (the first of these a test's path starts with, its tier in the summary)
     ("tests/unit/", "unit"), ("tests/faults/", "faults"), ("tests/installed/", "the installed wheel"),
