@@ -186,14 +186,16 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
                     front_ends: dict[str, str] | None = None) -> InstallResult:
     """`front_ends`: an engine's own front-end beside gpuprov-runtime (file name -> the OCI runtime it wraps; Podman's:
     engines.front_ends()), the same code with another low-level runtime in its slot. A setting given as None keeps
-    what runtime.json holds (settings.kept_settings), else its default; a change to one is said in the notes."""
+    what runtime.json holds (settings.kept_settings), else its default; a change to one is said in the notes. The
+    low-level runtime and (plan/runtime.install) the driver root are found on the host again unless given."""
     changed: list[str] = []
     notes: list[str] = []
     before = kept_settings()
     given = {"driver_root": driver_root, "dev_root": dev_root, "proc_root": proc_root,
              "accept_env_unprivileged": accept_env_unprivileged}
-    kept_runc = before.get("runc") if before.get("runc") and os.access(before["runc"], os.X_OK) else None
-    runc = runc or kept_runc or default_oci_runtime() or "/usr/sbin/runc"
+    # the low-level runtime is what this host has now (runc, else crun), found again on every install as before: a
+    # value found once is no operator's choice (seen: crun kept after runc arrived beside it for dockerd)
+    runc = runc or default_oci_runtime() or "/usr/sbin/runc"
     python = sys.executable
     # checked as the runtime will read it back: a value it would refuse is never written
     settings = Settings.from_dict({**before, **{k: v for k, v in given.items() if v is not None}, "runc": runc},

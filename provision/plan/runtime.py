@@ -45,9 +45,9 @@ def install(prefix: str = "/usr/local", *, driver_root: str | None = None, runc:
             dev_root: str | None = None, proc_root: str | None = None,
             accept_env_unprivileged: bool | None = None) -> tuple[dict, list[str]]:
     """Install gpuprov-runtime (and the --gpus hook) under PREFIX/bin and refresh discovery: (its record, the lines
-    that say what was done, for people). A setting left None keeps runtime.json's (install_runtime); the driver root,
-    without one there, is detected."""
-    if driver_root is None and "driver_root" not in kept_settings():
+    that say what was done, for people). A setting left None keeps runtime.json's (install_runtime), but the driver
+    root and the low-level runtime, which are found on the host again (the driver's files move with the driver)."""
+    if driver_root is None:
         driver_root = find_driver_root(Path("/"))[0] or "/"
     res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
                           accept_env_unprivileged=accept_env_unprivileged, front_ends=engines.front_ends())

@@ -5,7 +5,8 @@ only NVIDIA_VISIBLE_DEVICES=all then got every GPU. The runtime's own refusals t
 command.
 
 Each writer of runtime.json is run as an operator runs it against its own settings file (GPUPROV_RUNTIME_CONFIG) and
-prefix, for the fake H200 host (real mknod device nodes): `runtime install` again, with other options and with none;
+prefix, for the fake H200 host (real mknod device nodes): `runtime install` again, with other options and with none
+(the driver root and the low-level runtime are found on the host again unless given, as before: the others stay);
 bootstrap's runtime step (InstallRuntime, as bootstrap applies it); then a container through the installed compiled
 front-end, the runc hand-over recorded. A policy change asked for is said in one note. (`gpuprov k8s node` writes its
 keys through settings.set_setting, which keeps the others: tests/unit/test_k8s.py.)"""
@@ -43,6 +44,10 @@ class Node:
     def settings(self) -> dict:
         return json.loads(self.config.read_text())
 
+    def kept(self) -> dict:
+        """The keys a re-install keeps: all but the two it finds on the host again (the driver root and runc)."""
+        return {k: v for k, v in self.settings().items() if k not in ("driver_root", "runc")}
+
     def start(self, name: str) -> Path:
         """An unprivileged container asking NVIDIA_VISIBLE_DEVICES=all, created through the installed front-end."""
         b = gpu_bundle(self.base, name)
@@ -57,6 +62,10 @@ class Node:
 def node(tmp_path, monkeypatch):
     n = Node(tmp_path)
     monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(n.config))
+    # bootstrap's step finds the low-level runtime on PATH: the recording stand-in, named runc, comes first there
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/runc").symlink_to(n.runc)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     yield n
     stop_editors(n.config)
 
@@ -67,17 +76,18 @@ def test_reinstalls_keep_the_multi_tenant_policy(node):
     assert edited(node.start("before"))
     # `gpuprov k8s node` turns env selection off, and an operator points the share state elsewhere
     assert set_setting("accept_env_unprivileged", False) and set_setting("share_state", str(node.base / "share.json"))
-    want = node.settings()
+    want = node.kept()
+    assert want["accept_env_unprivileged"] is False
 
     again = node.install()  # as the runtime's refusals say to: no options at all
-    assert node.settings() == want, node.settings()
+    assert node.kept() == want, node.settings()
     assert not [n for n in again["notes"] if "accept_env_unprivileged" in n], again["notes"]
     node.install(*node.roots)  # with the first install's options
-    assert node.settings() == want
+    assert node.settings() == {**want, "runc": str(node.runc), "driver_root": str(H200 / "usr/local/nvidia")}
 
     # bootstrap's runtime step, applied as bootstrap applies it (its driver root is the only setting it names)
     InstallRuntime(driver_root=str(H200 / "usr/local/nvidia"), prefix=str(node.base / "rt")).execute()
-    assert node.settings() == want
+    assert node.kept() == want
 
     b = node.start("after")  # the pod that sets only NVIDIA_VISIBLE_DEVICES=all: started, with no GPU
     cfg = json.loads((b / "config.json").read_text())

@@ -6,7 +6,13 @@ import json
 import re
 import time
 
+import pytest
+
+from tests.conftest import needs
 from tests.integration.driver_hosts import KernelHost, kernel_image
+
+# Every real driver-install test: slow, run in CI, on hosts from a debootstrap image under the machine's dockerd.
+MARKS = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
 
 GPU = "10de:2330"
 BOOT = f"gpuprov bootstrap --yes --for-gpu {GPU} --engine none --no-validate"

@@ -37,9 +37,9 @@ import re
 
 import pytest
 
-from tests.conftest import needs
 from tests.integration.driver_checks import (
     BOOT,
+    MARKS,
     SECURITY,
     complete,
     consistent,
@@ -53,8 +53,7 @@ from tests.integration.driver_checks import (
     verify,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
-
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")

@@ -31,10 +31,10 @@ import re
 
 import pytest
 
-from tests.conftest import needs
 from tests.integration.driver_checks import (
     BOOT,
     INSTALLER_SECURITY,
+    MARKS,
     T4,
     complete,
     consistent,
@@ -48,8 +48,7 @@ from tests.integration.driver_checks import (
     verify,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
-
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,9 @@ import re
 
 import pytest
 
-from tests.conftest import needs
-from tests.integration.driver_checks import BOOT, host, left_consistent, timed
+from tests.integration.driver_checks import BOOT, MARKS, host, left_consistent, timed
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")
