@@ -25,7 +25,8 @@ CASES = {
                  ["rel", "/a/../b", "/a\tb", '/a"b', "/a'b", "/a\\b", "/" + "é" * 2049, ""]),
     "abs_paths": (["/etc/cdi:/var/run/cdi", "/etc/cdi:", "/etc/cdi"], ["/etc/cdi:rel", "/etc/cdi:/a/../b", ""]),
     "namespace": (["nvidia-device-plugin", "kube-system", "a"], ["Kube", "a_b", "-a", "a-", "a" * 64, ""]),
-    "pci_id": (["10de:2330", "10DE:2330:10de:16c1"], ["10de:233", "10de:2330\n", "10de:2330:10de", "xyz", ""]),
+    "pci_id": (["10de:2330", "10DE:2330:10de:16c1"], ["10de:233", "10de:2330\n", "10de:2330:10de", "xyz", "",
+                                                      "8086:1234", "1002:73bf:10de:16c1"]),  # another vendor's
     "gpg_key": (["0xABCDEF", "ops <ops@example.com>"], ["--homedir=/tmp", "k\n", ""]),
     "listen": (["127.0.0.1:9400", "[::1]:9400", "localhost:1", "[fe80::1%eth0]:9400"],
                ["::1:9400", "host:0", "host:65536", "host", ":9400", "ho st:1", "[::1]"]),
