@@ -182,7 +182,7 @@ def namespace(value) -> str:
     return _matching(value, r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", NAMESPACE_TEXT)
 
 
-NVIDIA_VENDOR = "10de"
+NVIDIA_VENDOR = 0x10DE  # PCI vendor id: facts (sysfs), decisions and this rule read this one
 PCI_ID_TEXT = "a PCI id VENDOR:DEVICE[:SUBVENDOR:SUBDEVICE] in hex, the vendor NVIDIA's 10de (e.g. 10de:2330)"
 PCI_ID = r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})(?::([0-9a-fA-F]{4}):([0-9a-fA-F]{4}))?"  # decide/gputable.py parses it
 
@@ -190,7 +190,7 @@ PCI_ID = r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})(?::([0-9a-fA-F]{4}):([0-9a-fA-F]{4}
 def pci_id(value) -> str:
     """An NVIDIA device's id: another vendor's (8086:1234) was taken as "NVIDIA device 8086:1234", exit 0."""
     text = _matching(value, PCI_ID, PCI_ID_TEXT)
-    if text[:4].lower() != NVIDIA_VENDOR:
+    if int(text[:4], 16) != NVIDIA_VENDOR:
         raise BadValue(value, PCI_ID_TEXT)
     return text
 

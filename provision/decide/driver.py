@@ -12,8 +12,7 @@ from typing import NamedTuple
 from provision.decide import debian
 from provision.decide.gputable import PciId, load_table, newest_branch, table_entry
 from provision.decide.targets import Target
-
-NVIDIA = 0x10DE
+from provision.values import NVIDIA_VENDOR
 
 # ELRepo kmod per EL major and branch ("" = ELRepo no longer builds it there; from ELRepo nvidia-detect 595.91.07).
 ELREPO_KMODS: dict[int, dict[str, str]] = {
@@ -115,8 +114,8 @@ class Identity(NamedTuple):
 def identify(pci: PciId) -> Identity:
     """The id's name, branch and kernel modules from the table; subsystem entries win for the name. Ids the table
     lacks: Debian's lists (legacy series, or a current driver's list), else by range."""
-    entry = table_entry(pci.device) if pci.vendor == NVIDIA else None
-    if entry is None and pci.vendor == NVIDIA:
+    entry = table_entry(pci.device) if pci.vendor == NVIDIA_VENDOR else None
+    if entry is None and pci.vendor == NVIDIA_VENDOR:
         legacy = debian.legacy_branch(pci.device)
         if legacy:
             return Identity(f"NVIDIA device {pci}", legacy, "proprietary", True,
@@ -368,7 +367,7 @@ def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto
                 modules=modules, known=ident.known, address=address, pin=pin)
     if target is None:
         return GpuDecision(**base, warnings=warnings)
-    entry = table_entry(pci.device) if pci.vendor == NVIDIA else None
+    entry = table_entry(pci.device) if pci.vendor == NVIDIA_VENDOR else None
     src = source or default_source(target)
     problem = None
     if src == "nvidia":

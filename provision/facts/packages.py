@@ -67,15 +67,20 @@ def _dpkg_stanzas(root: Path) -> list[dict[str, str]]:
             text = read_bytes_bounded(path, DPKG_STATUS_MAX).decode(errors="replace")
         except OSError:
             return []
-        stanzas: list[dict[str, str]] = []
-        for name, value in FIELD_RE.findall("\n" + text):
-            if name == "Package":
-                stanzas.append({})
-            if stanzas:
-                stanzas[-1][name] = value
         _PARSED.clear()  # one host's file at a time: tests walk many roots
-        _PARSED[key] = stanzas
+        _PARSED[key] = _stanzas(text)
     return _PARSED[key]
+
+
+def _stanzas(text: str) -> list[dict[str, str]]:
+    """dpkg's database format (the status file, a journal entry) as one dict of FIELD_RE's fields per package."""
+    stanzas: list[dict[str, str]] = []
+    for name, value in FIELD_RE.findall("\n" + text):
+        if name == "Package":
+            stanzas.append({})
+        if stanzas:
+            stanzas[-1][name] = value
+    return stanzas
 
 
 def dpkg_installed(root: Path, wanted=None, *, partly: bool = False) -> dict[str, InstalledPackage]:
@@ -121,14 +126,9 @@ def _journal_stanzas(root: Path) -> list[dict[str, str]]:
     journal = under(root, "var/lib/dpkg/updates")
     for path in sorted(journal.glob("[0-9]*")) if journal.is_dir() else []:
         try:
-            text = read_bytes_bounded(path, DPKG_STATUS_MAX).decode(errors="replace")
+            out += _stanzas(read_bytes_bounded(path, DPKG_STATUS_MAX).decode(errors="replace"))
         except OSError:
             continue
-        for name, value in FIELD_RE.findall("\n" + text):
-            if name == "Package":
-                out.append({})
-            if out:
-                out[-1][name] = value
     return out
 
 

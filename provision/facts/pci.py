@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from provision.facts.rootfs import read_text_file, under
+from provision.values import NVIDIA_VENDOR
 
-NVIDIA_VENDOR = 0x10DE
 # PCI class (base, subclass): VGA 0x0300, 3D controller 0x0302, other display 0x0380.
 DISPLAY_CLASSES = (0x0300, 0x0302, 0x0380)
 

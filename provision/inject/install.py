@@ -101,6 +101,7 @@ class InstallResult:
     origin: str | None = None  # "wheel" (shipped binary), "built-here" (compiled at install), None (Python)
     changed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    dev_root: str = "/"  # the settings' dev root as written (given, or kept from runtime.json)
 
 
 def _write_if_changed(path: Path, data: bytes, mode: int, changed: list[str]) -> None:
@@ -233,5 +234,5 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         write_file(STAMP, _stamp(prefix, driver_root, front_ends), mode=0o644, keep_mode=False, backup=False)  # dirs: 0755
     except OSError:
         pass
-    return InstallResult(str(target), shim is not None, origin, changed, said + notes)
+    return InstallResult(str(target), shim is not None, origin, changed, said + notes, dev_root)
 

@@ -16,7 +16,7 @@ from provision.inject import devchar
 from provision.inject.cdi import refresh_specs, refresh_units
 from provision.inject.discover import discover
 from provision.inject.install import install_runtime
-from provision.inject.settings import kept_settings, load_settings, settings_path
+from provision.inject.settings import load_settings, settings_path
 from provision.output import kv
 
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ def install(prefix: str = "/usr/local", *, driver_root: str | None = None, runc:
         driver_root = find_driver_root(Path("/"))[0] or "/"
     res = install_runtime(prefix, runc=runc, driver_root=driver_root, dev_root=dev_root, proc_root=proc_root,
                           accept_env_unprivileged=accept_env_unprivileged, front_ends=engines.front_ends())
-    dev = kept_settings().get("dev_root", "/")  # what the install wrote (given, or kept)
-    links, link_lines = dev_char(dev, install_units=dev == "/")
+    links, link_lines = dev_char(res.dev_root, install_units=res.dev_root == "/")
     front = "compiled" if res.compiled else "python"
     doc = {"runtime_path": res.runtime_path, "front_end": front, "front_end_origin": res.origin,
            "compiled": res.compiled, "changed": res.changed, "notes": res.notes, "dev_char": links}
