@@ -32,9 +32,9 @@ def arch_report():
 # discovery cache, reboot state, unpacked bundles of every gpuprov these tests start go to private directories.
 # Each xdist worker gets its own (workers inherit the controller's environment: with one lock dir between them, one
 # worker's bootstrap waited for another's, and said so on stderr).
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
 for _var, _prefix in (("GPUPROV_LOCK_DIR", "gpuprov-test-lock-"), ("GPUPROV_STATE_DIR", "gpuprov-test-state-"),
                       ("GPUPROV_RUN_DIR", "gpuprov-test-run-")):
-    _worker = os.environ.get("PYTEST_XDIST_WORKER")
     if _worker and os.path.basename(os.environ.get(_var, "")).startswith(_prefix):
         os.environ[_var] = tempfile.mkdtemp(prefix=f"{_prefix}{_worker}-")
     else:
@@ -326,12 +326,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tw.write_line("files over 60 s (each on one worker; conftest's FILE_SECONDS orders them):")
     for secs, f in long:
         tw.write_line(f"{secs:9.1f} s  {f}")
-    try:
-        from tests.integration.driver_hosts import dkms_uses
+    from tests.integration.driver_hosts import dkms_uses  # [] where no host used the DKMS build cache
 
-        uses = [u for u in dkms_uses() if u["at"] >= time.time() - wall]
-    except Exception:  # no DKMS cache on this machine
-        uses = []
-    for u in uses:
+    for u in (u for u in dkms_uses() if u["at"] >= time.time() - wall):
         tw.write_line(f"DKMS {u['how']:6s} {u['module']}/{u['version']} for {u['kernel']}: exit {u['rc']}, "
                       f"{u['seconds']} s (waited {u['waited']} s) on {u['host']}")
