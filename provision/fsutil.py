@@ -174,6 +174,13 @@ def make_dirs(path: str | os.PathLike, mode: int = DIR_MODE) -> None:
     os.close(_open_dir(resolve(path), DIR_MODE, mode))
 
 
+def open_private_dir(path: str | os.PathLike, mode: int = 0o700) -> int:
+    """An fd (O_RDONLY) of directory `path`, made with `mode` when missing, reached without following a link that
+    anyone but root could have planted and with every directory on the way root's alone (UntrustedPath otherwise):
+    what is written in it and read back later (copies handed to runc) no other user can have replaced."""
+    return _open_dir(resolve(path, private_dirs=True), DIR_MODE, mode)
+
+
 def open_trusted(path: str | os.PathLike) -> io.BufferedReader:
     """A state or cache file gpuprov wrote, opened for reading only when nobody but root could have written it or
     anything above it: the file and every directory on its way are root's and not group- or other-writable (root's

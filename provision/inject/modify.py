@@ -4,8 +4,10 @@ env, MPS), each taking the container's `Start` and run in order, as NVIDIA's too
 
 Safety rules (REFERENCE.md §6), each with a test in tests/unit/test_inject_security.py:
 - mount *sources* come from discovery of the host's driver root only, must be regular files (not symlinks) and
-  never lie inside the container's rootfs (files the image controls are never mounted as driver libraries), except
-  the image's own cuda-compat libraries (compat.py: regular files found through scoped_resolve, mounted within it);
+  never lie inside the container's rootfs (files the image controls are never mounted as driver libraries); the
+  image's own cuda-compat libraries are read inside the rootfs (inroot.py) and runc gets gpuprov's copies of them
+  (compat.stage), never a path the image or a volume could redirect when runc resolves it;
+- no destination lies under a bind mount the engine added (a volume): runc would create it in the host's directory;
 - every path *inside the image* (mount destinations, the image's /etc/debian_version that picks its library
   directory) is resolved by one resolver, `scoped_resolve`, with symlinks interpreted relative to the rootfs (never
   the host): an image that turns /usr/lib/x86_64-linux-gnu into a link to a host path still gets its mounts inside
@@ -167,14 +169,17 @@ def _safe_source(src: str, rootfs_real: str) -> bool:
     return (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and not inside
 
 
-def load_discovery(settings: Settings) -> discover.Discovery:
+def load_discovery(settings: Settings, warn: Callable[[str], None] | None = None,
+                   known: discover.Discovery | None = None) -> discover.Discovery:
+    """The cached discovery, else a new one (`known`: this start's earlier one, whose driver answers still stand)."""
     disc = discover.load_cached(settings.cache, settings.proc_root)
     if disc is None or disc.driver_root != settings.driver_root:
         try:
-            disc = discover.refresh(settings.driver_root, settings.cache, settings.proc_root, settings.dev_root)
+            disc = discover.refresh(settings.driver_root, settings.cache, settings.proc_root, settings.dev_root,
+                                    warn=warn, known=known)
         except OSError:  # read-only cache location: discover without caching
             disc = discover.discover(settings.driver_root, proc_root=settings.proc_root, dev_root=settings.dev_root,
-                                     arch=True)
+                                     arch=True, warn=warn, known=known)
     return disc
 
 
@@ -229,7 +234,7 @@ class Start:
     (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
     its build at import on every cold GPU start (see edits.py's records)."""
     __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed",
-                 "libdir", "compat_sources")
+                 "libdir")
 
     def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
         self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
@@ -240,7 +245,6 @@ class Start:
         self.disc: discover.Discovery | None = None
         self.edits: edits.Edits | None = None  # what the container gets (plan_edits)
         self.libdir = edits.DEBIAN_LIBDIR  # where the image's loader looks (plan_edits: image_libdir)
-        self.compat_sources: frozenset[str] = frozenset()  # the image's own cuda-compat files it mounts (plan_edits)
         self.changed = False
 
 
@@ -289,32 +293,53 @@ def select_devices(s: Start) -> bool:
 def plan_edits(s: Start) -> bool:
     """What the container gets, from the driver's discovery and its request (edits.compute_edits, pure). A compute
     container on a host where nvidia-uvm is not loaded yet loads it first (bounded), as nvidia-modprobe would."""
-    s.disc = load_discovery(s.settings)
+    s.disc = load_discovery(s.settings, s.warn)
     if s.disc.version and s.disc.nodes.uvm is None and "compute" in edits.capabilities(s.env):
         why = nodes.load_module(nodes.UVM, s.settings.proc_root, nodes.START_MODPROBE_TIMEOUT_S)
         if why:
             raise Refused(f"this container asks for compute but the {nodes.UVM} kernel module is not loaded ({why}): "
                           f"run `modprobe {nodes.UVM}` (or `gpuprov cdi refresh`), then start it again")
         nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
-        s.disc = load_discovery(s.settings)  # the host key moved (a module, a major): rediscovered
+        s.disc = load_discovery(s.settings, s.warn, s.disc)  # the host key moved (a module, a major): rediscovered
     if s.disc.version and s.disc.nodes.modeset is None and "display" in edits.capabilities(s.env):
         why = nodes.load_module(nodes.MODESET, s.settings.proc_root, nodes.START_MODPROBE_TIMEOUT_S)
         if why:  # display without modesetting still has its other files: said, not refused
             s.warn(f"{nodes.MODESET} not loaded ({why}): this display container gets no /dev/nvidia-modeset")
         else:
             nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
-            s.disc = load_discovery(s.settings)
+            s.disc = load_discovery(s.settings, s.warn, s.disc)
     s.libdir = image_libdir(s.rootfs)
     compat_libs = None
     if s.selectors and in_image(s.rootfs, CUDA_COMPAT_DIR):  # an image with forward-compatibility libraries
         from provision.inject import compat  # lazy: 0.2 ms (-X importtime -I -S); such images only
 
-        compat_libs = compat.find(s.rootfs, image_path)
-        s.compat_sources = frozenset(compat_libs.files.values()) if compat_libs else frozenset()
+        compat_libs = compat.find(s.rootfs)
     s.edits = edits.compute_edits(s.disc, s.env, libdir=s.libdir, selectors=s.selectors,
                                   privileged=is_privileged(s.config), compat=compat_libs)
+    if compat_libs is not None:
+        _stage_compat(s, compat_libs)
     s.changed = True
     return True
+
+
+def _stage_compat(s: Start, compat_libs) -> None:
+    """The compat files the edits use, swapped for gpuprov's copies (compat.stage). Where no safe copy can be had,
+    the container gets the host's libraries and a one-line warning: an image can never make its start fail here."""
+    from provision.inject import compat  # lazy: 0.2 ms (-X importtime -I -S); plan_edits loaded it for such images
+
+    used = {m.source for m in s.edits.mounts} & set(compat_libs.files.values())
+    if not used:
+        return
+    try:
+        copies = compat.stage(s.rootfs, compat_libs, used, compat.store_dir(s.settings.cache))
+    except compat.Unusable as exc:
+        s.warn(f"the image's CUDA compat libraries are not used ({exc}); this container gets the host driver's")
+        s.edits = edits.compute_edits(s.disc, s.env, libdir=s.libdir, selectors=s.selectors,
+                                      privileged=is_privileged(s.config))
+        return
+    e = s.edits
+    s.edits = edits.Edits(e.devices, e.rules, tuple(edits.Mount(copies.get(m.source, m.source), m.destination,
+                                                                m.options) for m in e.mounts), e.env, e.masked)
 
 
 def add_devices(s: Start) -> bool:
@@ -336,21 +361,40 @@ def add_mounts(s: Start) -> bool:
     return True
 
 
-def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount]) -> None:
+def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount], anywhere: bool = False) -> None:
     rootfs = s.rootfs
     rootfs_real = os.path.realpath(rootfs)
     mounts = s.config.setdefault("mounts", [])
     taken = {m.get("destination") for m in mounts}
+    volumes = _volumes(s, anywhere)
     for m in wanted:
-        if not _safe_source(m.source, rootfs_real) and m.source not in s.compat_sources:
-            continue  # the image's own files only as its cuda-compat libraries (compat.find: regular, in-rootfs)
+        if not _safe_source(m.source, rootfs_real):
+            continue
         dest = scoped_resolve(rootfs, m.destination)
         if dest in taken:
+            continue
+        under = next((v for v in volumes if dest.startswith(v + "/")), None)
+        if under is not None:
+            s.warn(f"{dest} is not mounted: it lies under {under or 'a volume inside another'}, a volume, where runc "
+                   "would create it in the volume's host directory")
             continue
         taken.add(dest)
         oci = m.oci()
         oci["destination"] = dest
         mounts.append(oci)
+
+
+def _volumes(s: Start, anywhere: bool) -> list[str]:
+    """Where the engine's bind mounts land in the container, resolved as runc resolves a destination (inside the
+    rootfs). A bind mount under another one lands wherever the outer one's content sends it (a link there), which
+    only the volume's owner decides: with `anywhere` (the image's own ld.so.cache targets, which may be any path),
+    it counts as covering the whole container; the driver's fixed destinations keep the plain rule."""
+    dests = [scoped_resolve(s.rootfs, m.get("destination") or "/") for m in s.config.get("mounts", [])
+             if (m.get("type") == "bind" or any(o in ("bind", "rbind") for o in m.get("options") or ()))
+             and os.path.isdir(m.get("source") or "/")]  # a file (/etc/hosts) is nobody's parent: ~1 us, not ~13
+    if anywhere and any(d.startswith(v + "/") for d in dests for v in dests if v != "/"):
+        return [""]  # every destination starts with "/": all are skipped
+    return [d.rstrip("/") for d in dests]
 
 
 def mask_paths(s: Start) -> bool:
@@ -374,7 +418,7 @@ def override_image_cache(s: Start) -> bool:
     ours = {m.destination[len(libdir) + 1:]: m for m in s.edits.mounts if m.destination.startswith(libdir + "/")}
     extra = [edits.Mount(ours[soname].source, path, edits.LIB_RO) for soname, path in found
              if soname in ours and posixpath.dirname(path) != libdir and _image_file(s.rootfs, path)]
-    _mount_all(s, extra)
+    _mount_all(s, extra, anywhere=True)
     return True
 
 

@@ -15,7 +15,6 @@ import pytest
 
 from provision.errors import Refused
 from provision.inject import compat, discover, edits
-from provision.inject.modify import image_path
 from tests.conftest import H200, needs
 
 ROOT = str(H200 / "usr/local/nvidia")  # driver 580.159.04, one "NVIDIA H200"
@@ -67,10 +66,10 @@ def libcuda_source(e: edits.Edits) -> str:
 ])
 def test_compat_used_exactly_when_the_rules_say(tmp_path, disc, version, note, used):
     rootfs = image(tmp_path, version, note, extra=("libnvidia-ptxjitcompiler",))
-    found = compat.find(rootfs, image_path)
+    found = compat.find(rootfs)
     assert found.version == version and found.drivers == (tuple(note["Driver"]) if note else None)
     e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all"}, compat=found)
-    want = f"{rootfs}/usr/local/cuda/compat/libcuda.so.{version}" if used else f"{ROOT}/lib64/libcuda.so.580.159.04"
+    want = f"/usr/local/cuda/compat/libcuda.so.{version}" if used else f"{ROOT}/lib64/libcuda.so.580.159.04"
     assert libcuda_source(e) == want
     ptx = next(m.source for m in e.mounts if m.destination.endswith("/libnvidia-ptxjitcompiler.so.1"))
     assert ptx.endswith(f"compat/libnvidia-ptxjitcompiler.so.{version}") == used
@@ -83,7 +82,7 @@ def test_require_cuda_judged_against_the_cuda_the_container_gets(tmp_path, disc)
     env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": "cuda>=13.1"}
     with pytest.raises(Refused, match="cuda 13.0"):
         edits.compute_edits(disc, env)  # the host's 580 driver: CUDA 13.0
-    found = compat.find(image(tmp_path, "590.44.01"), image_path)
+    found = compat.find(image(tmp_path, "590.44.01"))
     assert edits.compute_edits(disc, env, compat=found) is not None  # 590's CUDA 13.1, from the branch table
     env["NVIDIA_REQUIRE_CUDA"] = "cuda>=13.2"
     with pytest.raises(Refused, match="cuda 13.1"):
@@ -92,7 +91,7 @@ def test_require_cuda_judged_against_the_cuda_the_container_gets(tmp_path, disc)
 
 @needs("gcc", "objcopy")
 def test_note_cuda_version_is_the_one_judged(tmp_path, disc):
-    found = compat.find(image(tmp_path, "590.44.01", {"CUDA Version": "13.2", "Driver": [580]}), image_path)
+    found = compat.find(image(tmp_path, "590.44.01", {"CUDA Version": "13.2", "Driver": [580]}))
     assert found.cuda == "13.2"
     assert edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": "cuda>=13.2"},
                                compat=found) is not None
@@ -104,7 +103,7 @@ def test_note_cuda_version_is_the_one_judged(tmp_path, disc):
                                         ("NVIDIA GeForce RTX 4090", False), ("NVIDIA TITAN RTX", False),
                                         ("Quadro RTX 6000", False), ("NVIDIA RTX A6000", False), (None, False)])
 def test_only_data_centre_gpus(tmp_path, disc, model, used):
-    found = compat.find(image(tmp_path, "590.44.01"), image_path)
+    found = compat.find(image(tmp_path, "590.44.01"))
     d = replace(disc, gpus=tuple(replace(g, model=model) for g in disc.gpus))
     assert libcuda_source(edits.compute_edits(d, {"NVIDIA_VISIBLE_DEVICES": "all"}, compat=found)).startswith(
         ROOT) != used
@@ -112,7 +111,7 @@ def test_only_data_centre_gpus(tmp_path, disc, model, used):
 
 @needs("gcc")
 def test_no_gpu_or_no_compute_gets_the_hosts(tmp_path, disc):
-    found = compat.find(image(tmp_path, "590.44.01"), image_path)
+    found = compat.find(image(tmp_path, "590.44.01"))
     assert libcuda_source(edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "none"}, compat=found)).startswith(ROOT)
     e = edits.compute_edits(disc, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
                             compat=found)
@@ -125,21 +124,21 @@ def test_what_the_image_could_plant_is_not_taken(tmp_path):
     d = rootfs / "usr/local/cuda/compat"
     d.mkdir(parents=True)
     os.symlink("/usr/lib/x86_64-linux-gnu/libc.so.6", d / "libcuda.so.590.44.01")  # a link out: not a file of its own
-    assert compat.find(str(rootfs), image_path) is None
+    assert compat.find(str(rootfs)) is None
     (d / "libcuda.so.590.44.01").unlink()
     build_lib(d / "libcuda.so.590.44.01")
     build_lib(d / "libcuda.so.595.10.01")  # two: NVIDIA's hook uses none, so does this
-    assert compat.find(str(rootfs), image_path) is None
+    assert compat.find(str(rootfs)) is None
     (d / "libcuda.so.595.10.01").unlink()
     os.symlink("/etc/passwd", d / "libnvidia-nvvm.so.590.44.01")
-    assert set(compat.find(str(rootfs), image_path).files) == {"libcuda"}
+    assert set(compat.find(str(rootfs)).files) == {"libcuda"}
     # the compat directory a link to an absolute path: resolved inside the image, never on the host
     other = tmp_path / "rootfs2"
     (other / "opt/c").mkdir(parents=True)
     build_lib(other / "opt/c/libcuda.so.590.44.01")
     (other / "usr/local/cuda").mkdir(parents=True)
     os.symlink("/opt/c", other / "usr/local/cuda/compat")
-    assert compat.find(str(other), image_path).files["libcuda"] == f"{other}/opt/c/libcuda.so.590.44.01"
+    assert compat.find(str(other)).files["libcuda"] == "/usr/local/cuda/compat/libcuda.so.590.44.01"
     assert compat.fwd_note(str(other / "opt/c/libcuda.so.590.44.01")) is None  # no note
     (other / "junk.so").write_bytes(b"\x7fELF\x02\x01" + b"\xff" * 58)
     assert compat.fwd_note(str(other / "junk.so")) is None
