@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What the front-end's safety costs on the hot path, here (no GPU needed): the compiled front-end of an older
-revision (default: before the timeouts, socket checks and editor lock) against this checkout's, same run,
-interleaved, on the fake H200 driver root. runc is /bin/true, so only the front-end (and the warm editor) is timed:
+revision (default: before the timeouts, socket checks and editor lock) against this checkout's, same run, in a
+shuffled order each round (seeded, printed), on the fake H200 driver root. runc is /bin/true, so only the front-end
+(and the warm editor) is timed:
 
 - nogpu: `create` of a bundle that asks for no GPU (read config.json, exec runc);
 - gpu_warm: `create` of a bundle with NVIDIA_VISIBLE_DEVICES=all, answered by the warm editor (socket checks, peer
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -55,8 +57,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", default="24708ce", help="git revision whose shim.c is the reference")
     ap.add_argument("-n", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="gpuprov-frontend-bench-"))
     settings = write_settings(work, runc="/bin/true")
     env = {"PATH": "/usr/bin:/bin", "GPUPROV_RUNTIME_CONFIG": str(settings)}
@@ -70,32 +75,32 @@ def main() -> int:
     times: dict[str, list[float]] = {f"{k}_{c}": [] for k in exes for c in ("nogpu", "gpu_warm")}
     try:
         for i in range(args.n + 5):  # 5 warm-ups (the first GPU create leaves the warm editor behind)
-            order = list(exes.items())
-            order = order[i % 3:] + order[:i % 3]  # rotate: no variant always runs first
-            for name, exe in order:
-                for case, bundle in (("nogpu", nogpu), ("gpu_warm", gpu)):
-                    if case == "gpu_warm":
-                        (gpu / "config.json").write_text(gpu_config)  # a fresh, unedited config each time
-                    t = time.perf_counter()
-                    r = subprocess.run([str(exe), "--root", "/run/x", "--log", str(work / "log.json"),
-                                        "--log-format", "json", "create", "--bundle", str(bundle), "id"], env=env)
-                    dt = time.perf_counter() - t
-                    if r.returncode != 0:
-                        print(f"{name} {case}: exit {r.returncode}", file=sys.stderr)
-                        return 2
-                    if i >= 5:
-                        times[f"{name}_{case}"].append(dt)
+            order = [(name, exe, case, bundle) for name, exe in exes.items()
+                     for case, bundle in (("nogpu", nogpu), ("gpu_warm", gpu))]
+            rng.shuffle(order)  # a fresh order each round: a rotation keeps each case's neighbour (issue 41)
+            for name, exe, case, bundle in order:
+                if case == "gpu_warm":
+                    (gpu / "config.json").write_text(gpu_config)  # a fresh, unedited config each time
+                t = time.perf_counter()
+                r = subprocess.run([str(exe), "--root", "/run/x", "--log", str(work / "log.json"),
+                                    "--log-format", "json", "create", "--bundle", str(bundle), "id"], env=env)
+                dt = time.perf_counter() - t
+                if r.returncode != 0:
+                    print(f"{name} {case}: exit {r.returncode}", file=sys.stderr)
+                    return 2
+                if i >= 5:
+                    times[f"{name}_{case}"].append(dt)
     finally:
         stop_editors(settings)
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
-    res = {"n": args.n, "before": args.before, "median_ms": {k: round(v, 3) for k, v in med.items()},
+    res = {"seed": seed, "n": args.n, "before": args.before, "median_ms": {k: round(v, 3) for k, v in med.items()},
            "p25_p75_ms": {k: [round(q * 1000, 3) for q in statistics.quantiles(v, n=4)[::2]] for k, v in times.items()},
            "after_minus_before_ms": {f"{k}_{c}": round(med[f"{k}_{c}"] - med[f"before_{c}"], 3)
-                                     for k in ("after", "after_dynamic") for c in ("nogpu", "gpu_warm")}}
+                                 for k in ("after", "after_dynamic") for c in ("nogpu", "gpu_warm")}}
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"medians of {args.n}, interleaved; ms")
+        print(f"medians of {args.n}, shuffled each round (seed {seed}); ms")
         for c in ("nogpu", "gpu_warm"):
             print(f"{c:9} before {med[f'before_{c}']:7.3f}   after (static) {med[f'after_{c}']:7.3f} "
                   f"({res['after_minus_before_ms'][f'after_{c}']:+.3f})   after (dynamic, as before) "

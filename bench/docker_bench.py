@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""docker-level start cost (issue 41 item 3): `docker run --gpus all` against `docker run --runtime runc`, same
+dockerd, same image, same run. n runs per case, every round in a freshly shuffled order (seeded, printed); the
+ratio of medians with a bootstrap 95% confidence interval (resampling each case's runs), and p10/p90 per case.
+
+Cases: runc (`--runtime runc`), gpu (`--gpus all`, through the default runtime gpuprov-runtime), nogpu (the default
+runtime, no GPU asked). Target: gpu/runc <= 1.03 (the interval says whether the data can decide it).
+Usage: python3 bench/docker_bench.py --image IMAGE [-n 100] [--seed S] [--json]   (DOCKER_HOST as docker reads it)"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+CASES = {"runc": ["--runtime", "runc"], "gpu": ["--gpus", "all"], "nogpu": []}
+
+
+def quantile(v: list[float], q: float) -> float:
+    s = sorted(v)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def ratio_ci(a: list[float], b: list[float], rng: random.Random, reps: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of median(a) / median(b)."""
+    rs = sorted(statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+                for _ in range(reps))
+    return rs[int(reps * 0.025)], rs[int(reps * 0.975) - 1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--image", required=True)
+    ap.add_argument("-n", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    rng = random.Random(seed)
+    times: dict[str, list[float]] = {k: [] for k in CASES}
+    for i in range(args.n + args.warmup):
+        order = list(CASES)
+        rng.shuffle(order)
+        for case in order:
+            argv = ["docker", "run", "--rm", "--network", "none", *CASES[case], args.image, "/bin/true"]
+            t = time.perf_counter()
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            dt = time.perf_counter() - t
+            if r.returncode != 0:
+                print(f"{case}: {' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}", file=sys.stderr)
+                return 2
+            if i >= args.warmup:
+                times[case].append(dt)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    lo, hi = ratio_ci(times["gpu"], times["runc"], rng)
+    res = {"seed": seed, "n": args.n, "cases": {k: {"median_ms": round(med[k] * 1e3, 1),
+                                                    "p10_ms": round(quantile(v, 0.1) * 1e3, 1),
+                                                    "p90_ms": round(quantile(v, 0.9) * 1e3, 1)}
+                                                for k, v in times.items()},
+           "gpu_over_runc": round(med["gpu"] / med["runc"], 4), "ci95": [round(lo, 4), round(hi, 4)],
+           "nogpu_over_runc": round(med["nogpu"] / med["runc"], 4)}
+    res["ok"] = res["gpu_over_runc"] <= 1.03
+    res["decided"] = hi <= 1.03 or lo > 1.03
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"seed {seed}, n={args.n} per case, shuffled each round; ms median (p10-p90)")
+        for k, v in res["cases"].items():
+            print(f"  {k:6} {v['median_ms']:7.1f} ({v['p10_ms']:.1f}-{v['p90_ms']:.1f})")
+        print(f"  --gpus all / --runtime runc = {res['gpu_over_runc']:.4f} (95% CI {lo:.4f}-{hi:.4f}; target <= 1.03)")
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

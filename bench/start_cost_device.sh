@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 41 on a lent GPU host, one batched call: the container-start benchmark against the limit
+# (bench/runtime_bench.py: shuffled rounds, configs compared first, phases, by predecessor, a burst of 32), then the
+# docker-level ratio (bench/docker_bench.py: a dockerd of our own whose default runtime is gpuprov-runtime, n=100 per
+# case, shuffled, bootstrap interval). Carry .gpu-kit (gpu-host-kit.sh, with its docker/ from gpu-docker-kit.sh).
+# Results under $OUT: host.txt, install.json, bench-runtime.json, bench-docker.json, dockerd.log.
+set -uo pipefail
+out=${OUT:-/tmp/gpuprov-out}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 GPUPROV_RUNTIME_CONFIG=/tmp/rt/runtime.json
+source .gpu-kit/env.sh
+{ nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; uname -r; nproc; python3 --version
+  runc --version | head -1; } > "$out/host.txt" 2>&1
+droot=/; [ -x /usr/local/nvidia/bin/nvidia-smi ] && droot=/usr/local/nvidia
+python3 -I -S - "$droot" > "$out/install.json" 2>&1 <<'PY'
+import json, sys
+sys.path.insert(0, ".")
+from provision.inject.install import install_runtime
+r = install_runtime("/tmp/rt", driver_root=sys.argv[1])
+print(json.dumps({"runtime": r.runtime_path, "compiled": r.compiled, "origin": r.origin, "notes": r.notes}))
+PY
+cat "$out/install.json"
+timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime -n "${BENCH_N:-40}" \
+  --by-predecessor --burst 32 --json > "$out/bench-runtime.json" 2> "$out/bench-runtime.err"
+echo "runtime bench rc=$?"; head -c 3000 "$out/bench-runtime.json"; tail -5 "$out/bench-runtime.err"
+# docker: the kit's binaries, gpuprov-runtime as the default runtime, its --gpus hook first on dockerd's PATH
+tar -xJf .gpu-kit/docker/docker-min.tar.xz -C / && cp .gpu-kit/bin/runc /usr/sbin/runc
+cp -P .gpu-kit/lib/* /usr/local/lib/ 2>/dev/null; ldconfig
+export DOCKER_HOST=unix:///tmp/sc-docker.sock
+cat > /tmp/sc-daemon.json <<JSON
+{"iptables": false, "ip6tables": false, "bridge": "none", "ip-masq": false, "userland-proxy": false,
+ "runtimes": {"gpuprov": {"path": "/tmp/rt/bin/gpuprov-runtime"}}, "default-runtime": "gpuprov"}
+JSON
+(PATH=/tmp/rt/bin:$PATH setsid dockerd --config-file /tmp/sc-daemon.json -H $DOCKER_HOST --data-root /var/lib/sc-docker \
+   --exec-root /tmp/sc-exec --pidfile /tmp/sc-docker.pid > "$out/dockerd.log" 2>&1 &)
+for _ in $(seq 60); do docker info > /dev/null 2>&1 && break; sleep 0.5; done
+tar -C "$GPU_KIT_ROOTFS" -c . | docker import - sc-tiny > /dev/null
+docker run --rm --network none --gpus all sc-tiny nvidia-smi -L > "$out/docker-smi.txt" 2>&1; cat "$out/docker-smi.txt"
+timeout 500 python3 bench/docker_bench.py --image sc-tiny -n "${DOCKER_N:-100}" --json > "$out/bench-docker.json" \
+  2> "$out/bench-docker.err"
+echo "docker bench rc=$?"; cat "$out/bench-docker.json"; tail -3 "$out/bench-docker.err"
+kill "$(cat /tmp/sc-docker.pid)" 2>/dev/null
