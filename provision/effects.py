@@ -185,6 +185,53 @@ def run_parallel(argvs: dict[str, list[str]], timeout: float) -> dict[str, Comma
     return out
 
 
+class Started:
+    """Commands started together (start_all), read under the one deadline they were started with."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen | None], deadline: float):
+        self.procs, self.deadline = procs, deadline
+        self.late: list[str] = []  # those still running at the deadline (results())
+
+    def results(self) -> dict[str, CommandResult | None]:
+        """name -> result, or None for one that could not start or was still running at the deadline (then also in
+        `late`). A late one is killed, its whole session, and never waited for (as run_bounded: a query stuck in the
+        kernel, D state, cannot be reaped and must not hold up the caller past the deadline)."""
+        out: dict[str, CommandResult | None] = {}
+        for name, p in self.procs.items():
+            if p is None:
+                out[name] = None
+                continue
+            try:  # past the deadline, one that has finished still gets read (0.1 s)
+                text, err = p.communicate(timeout=max(0.1, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                for stream in (p.stdout, p.stderr):
+                    stream.close()
+                out[name] = None
+                self.late.append(name)
+                continue
+            out[name] = CommandResult(list(p.args), p.returncode, text + err, text, err)
+        return out
+
+
+def start_all(argvs: dict[str, list[str]], timeout: float, env: dict | None = None) -> Started:
+    """Start several commands now, each in its own session, without waiting: their answers come from .results(),
+    all under one deadline `timeout` s from now, so that N questions to a wedged driver cost one deadline, not N."""
+    procs: dict[str, subprocess.Popen | None] = {}
+    deadline = time.monotonic() + timeout
+    for name, argv in argvs.items():
+        try:
+            procs[name] = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, env=env, text=True, errors="replace",
+                                           start_new_session=True, close_fds=True)
+        except OSError:
+            procs[name] = None
+    return Started(procs, deadline)
+
+
 def pipe(first: list[str], second: list[str], *, timeout: float = DEFAULT_TIMEOUT) -> CommandResult:
     """`first | second`, the bytes streamed between them (e.g. `tar -c` of a whole root into `docker import -`).
     Either one failing, not starting or outlasting `timeout` s is a StepFailed; the result is `second`'s."""

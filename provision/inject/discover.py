@@ -1,13 +1,16 @@
 """Discovery: what a driver root offers, as typed records (`Discovery`, one JSON form), precomputed and cached so
-that a container start only reads one small file. Refreshed when the host it was built on changes (host_key: the
-loaded driver's version line, its loaded modules, their device majors, the boot)."""
+that a container start only reads one small file. Refreshed when anything it was built from changes (host_key: the
+loaded driver's version line, its loaded modules, their device majors, the boot, the MIG layout; and `watched`: the
+driver root's library directories and the /dev entries discovery looks for), the key read before discovery and the
+result stored only if the key did not move meanwhile (refresh)."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import stat
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -30,8 +33,8 @@ CACHE_FILE = paths.DISCOVERY_CACHE
 # Manifests whose library_path had to be rewritten are written here (root-owned, 0755; persistent, so that a CDI
 # spec in /etc/cdi that names them stays valid across reboots). One sub-directory per driver version.
 GENERATED_DIR = paths.GENERATED_MANIFESTS
-SCHEMA = 4  # the cache file's form; a cache of another schema is a miss (rebuilt). 3: each GPU's arch; 4: brand,
-# userspace (the driver root's version when it does not match the loaded module)
+SCHEMA = 5  # the cache file's form; a cache of another schema is a miss (rebuilt). 3: each GPU's arch; 4: brand,
+# userspace (the driver root's version when it does not match the loaded module); 5: watch (the paths in the key)
 
 
 # --- the typed result: one JSON form (to_dict/from_dict), read by modify, edits, cdi, k8s and the CLI ---
@@ -128,6 +131,7 @@ class Discovery:
     userspace: str | None = None  # the driver root's userspace version when none of its libraries is the loaded
     # module's version (an upgrade before the reboot): GPU containers are then refused (edits.mismatch)
     mig: mig.MigLayout | None = None  # MIG instances (provision/inject/mig.py); None: none on this host
+    watch: tuple[str, ...] = ()  # the files and directories whose stamps are in `key` (watched()); () outside the cache
 
     def to_dict(self) -> dict:
         """The JSON form: the cache file's and `gpuprov runtime discover --json`'s (schema SCHEMA)."""
@@ -166,6 +170,8 @@ class Discovery:
             doc["userspace"] = self.userspace
         if self.mig is not None:
             doc["mig"] = self.mig.to_dict()
+        if self.watch:
+            doc["watch"] = list(self.watch)
         return doc
 
     def to_json(self) -> str:
@@ -195,6 +201,7 @@ class Discovery:
                 key=_typed(doc.get("key"), str, None),
                 userspace=_typed(doc.get("userspace"), str, None),
                 mig=_mig_layout(doc["mig"]) if doc.get("mig") is not None else None,
+                watch=tuple(_typed(p, str) for p in _typed(doc.get("watch", []), list)),
             )
         except (KeyError, TypeError, AttributeError) as exc:  # a missing key, an unknown one, a wrong container
             raise ValueError(f"not a discovery document: {type(exc).__name__}: {exc}") from None
@@ -208,7 +215,7 @@ class Discovery:
 # The keys each JSON object may have (to_dict's): anything else is another writer's form, so a miss.
 _FIELDS = {
     "doc": {"schema", "driver_root", "version", "libraries", "libraries32", "manifests", "firmware_needed", "binaries",
-            "nodes", "gpus", "ipc", "firmware", "key", "userspace", "mig"},
+            "nodes", "gpus", "ipc", "firmware", "key", "userspace", "mig", "watch"},
     "nodes": {k for k, _ in _NODE_KEYS}, "node": {"path", "major", "minor"}, "library": {"name", "path", "soname"},
     "manifest": {"cap", "path", "container_path", "library", "rewrite", "generated"}, "ipc": {"persistenced"},
     "gpu": {"bus_id", "uuid", "minor", "model", "index", "node", "drm", "arch", "brand"},
@@ -503,9 +510,12 @@ def driver_version(proc_root: str, driver_root: str) -> str | None:
     return parse_nvrm(_read(_join(proc_root, "proc/driver/nvidia/version")))[0] or userspace_version(Path(driver_root))
 
 
-def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/", arch: bool = False) -> Discovery:
+def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/", arch: bool = False,
+             warn: Callable[[str], None] | None = None, known: Discovery | None = None) -> Discovery:
     """Everything the runtime, CDI and docker-args need from this driver root. arch: also ask the driver for each
-    GPU's compute capability (gpu_arches; the runtime's discovery, for NVIDIA_REQUIRE_ARCH)."""
+    GPU's compute capability and brand (the runtime's discovery, for NVIDIA_REQUIRE_ARCH/BRAND); `warn` hears when
+    it did not answer in time. `known`: a discovery made earlier in this start, whose answers from the driver stand
+    for the same GPUs under the same version (not asked twice)."""
     from provision.facts.driver_facts import DRIVER_LIB_DIRS  # lazy: 7 ms, loaded by driver_version() just before
 
     version = driver_version(proc_root, driver_root)
@@ -554,23 +564,27 @@ def discover(driver_root: str = "/", *, proc_root: str = "/", dev_root: str = "/
         firmware=firmware,
         userspace=userspace,
     )
-    # MIG instances: NVML names them (UUID, index) only where instances exist, whoever asks (CDI names need it too)
+    # The driver's answers: nvidia-smi's queries start now and run while NVML is asked for MIG names (only where
+    # instances exist, whoever asks: CDI names need them too), so that a wedged driver costs one deadline, not three.
+    asked = _ask_driver(disc, known) if arch else None
     disc = replace(disc, mig=mig.identify(mig.scan(proc_root, majors.get("nvidia-caps"), disc.gpus), disc.gpus))
-    return with_arches(disc) if arch else disc
+    if arch:
+        disc = _answered(disc, asked, known, warn)
+    return disc
 
 
-# --- each GPU's CUDA compute capability ("arch" in NVIDIA_REQUIRE_*) ---
-# procfs and sysfs do not carry it: only the driver's NVML does (nvmlDeviceGetCudaComputeCapability, what
-# libnvidia-container reads). The runtime's editor runs as `python -I -S`, without site-packages (no pynvml), and a
-# wedged GPU can make NVML block: so the driver root's own nvidia-smi asks NVML, in a child with a deadline, once per
-# loaded driver (the discovery cache keeps the answer). Its `compute_cap` field is there since driver 510.
+# --- each GPU's CUDA compute capability ("arch" in NVIDIA_REQUIRE_*) and brand ---
+# procfs and sysfs do not carry them: only the driver's NVML does (nvmlDeviceGetCudaComputeCapability and
+# nvmlDeviceGetBrand, what libnvidia-container reads). The runtime's editor runs as `python -I -S`, without
+# site-packages (no pynvml), and a wedged GPU can make NVML block: so the driver root's own nvidia-smi asks NVML, in
+# children started together under one deadline (a wedged driver costs one deadline, not one per question), once per
+# loaded driver (the discovery cache keeps the answers). Its `compute_cap` field is there since driver 510.
 ARCH_QUERY = ("--query-gpu=pci.bus_id,compute_cap", "--format=csv,noheader")
-# The brand NVML reports (nvmlDeviceGetBrand, what libnvidia-container compares NVIDIA_REQUIRE_BRAND with): its own
-# query, so that a driver whose nvidia-smi lacks the field loses the brand only, never the arch.
-# The brand as NVML gives it: drivers since 580 refuse `--query-gpu=brand` ("not a valid field", seen on an H100),
-# while every driver's XML report has <product_brand> under each <gpu id="PCI bus id">.
+# The brand: drivers since 580 refuse `--query-gpu=brand` ("not a valid field", seen on an H100), while every
+# driver's XML report has <product_brand> under each <gpu id="PCI bus id"> (and no compute capability): a second
+# process, so that a driver whose nvidia-smi lacks one answer loses that one only.
 BRAND_QUERY = ("-q", "-x")
-ARCH_TIMEOUT_S = 5.0
+ARCH_TIMEOUT_S = 5.0  # the one deadline for every question discovery asks nvidia-smi
 # nvidia-smi's brand text -> libnvidia-container's name for it; any other is lowercased without spaces ("Quadro RTX"
 # -> quadrortx, "NVIDIA RTX" -> nvidiartx, "NVIDIA" -> nvidia, "Tesla" -> tesla).
 BRAND_NAMES = {"nvidia virtual applications": "nvidiavapps", "nvidia virtual pc": "nvidiavpc",
@@ -620,34 +634,41 @@ def parse_brands(xml: str) -> dict[str, str]:
     return out
 
 
-def gpu_arches(disc: Discovery) -> dict[str, str]:
-    """Each GPU's compute capability as the loaded driver reports it ({} when it cannot say within the deadline)."""
-    return parse_arches(_smi_query(disc, ARCH_QUERY))
+def _same_gpus(a: Discovery, b: Discovery) -> bool:
+    return a.version == b.version and [(g.bus_id, g.uuid) for g in a.gpus] == [(g.bus_id, g.uuid) for g in b.gpus]
 
 
-def gpu_brands(disc: Discovery) -> dict[str, str]:
-    """Each GPU's brand as the loaded driver reports it ({} when it cannot say within the deadline)."""
-    return parse_brands(_smi_query(disc, BRAND_QUERY))
-
-
-def _smi_query(disc: Discovery, query: tuple[str, ...]) -> str:
-    """The driver root's own nvidia-smi's answer to `query` ("" when there is none within the deadline)."""
+def _ask_driver(disc: Discovery, known: Discovery | None):
+    """Start the driver root's own nvidia-smi on both questions (effects.Started), or None when there is nobody to ask:
+    no GPU, no trusted nvidia-smi, or `known` already has the answers for these GPUs."""
+    if known is not None and _same_gpus(disc, known):
+        return None
     smi = next((b for b in disc.binaries.get("utility", ()) if b.endswith("/nvidia-smi")), None)
     if not disc.gpus or smi is None or not _trusted_exe(smi):
-        return ""
+        return None
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
     nvml = next((lib.path for lib in disc.libraries.get("utility", ()) if lib.name == "libnvidia-ml"), None)
     if nvml:  # a driver root outside the host's ld.so.cache (/run/nvidia/driver): its nvidia-smi finds its NVML
         env["LD_LIBRARY_PATH"] = os.path.dirname(nvml)
     from provision import effects  # lazy: 13.4 ms (-X importtime -I -S, min of 15); only a refresh runs a process
 
-    r = effects.try_run([smi, *query], timeout=ARCH_TIMEOUT_S, env=env)
-    return r.stdout if r is not None and r.returncode == 0 else ""
+    return effects.start_all({"arch": [smi, *ARCH_QUERY], "brand": [smi, *BRAND_QUERY]}, ARCH_TIMEOUT_S, env)
 
 
-def with_arches(disc: Discovery) -> Discovery:
-    """Each GPU's arch and brand, from the driver (nvidia-smi asks NVML)."""
-    arches, brands = gpu_arches(disc), gpu_brands(disc)
+def _answered(disc: Discovery, asked, known: Discovery | None, warn: Callable[[str], None] | None) -> Discovery:
+    """`disc` with each GPU's arch and brand: `known`'s for the same GPUs, else the driver's answers (`asked`)."""
+    if known is not None and _same_gpus(disc, known):
+        return replace(disc, gpus=tuple(replace(g, arch=k.arch, brand=k.brand) for g, k in zip(disc.gpus, known.gpus)))
+    if asked is None:
+        return disc
+    res = asked.results()
+    late = [what for name, what in (("arch", "compute capability"), ("brand", "brand")) if name in asked.late]
+    if late and warn is not None:
+        warn(f"the driver did not answer within {ARCH_TIMEOUT_S:g} s (nvidia-smi, a wedged GPU?): each GPU's "
+             f"{' and '.join(late)} stay unknown, and containers that require them (NVIDIA_REQUIRE_*) are refused, "
+             "until `gpuprov runtime install` rediscovers")
+    text = {name: r.stdout if r is not None and r.returncode == 0 else "" for name, r in res.items()}
+    arches, brands = parse_arches(text["arch"]), parse_brands(text["brand"])
     if not arches and not brands:
         return disc
     return replace(disc, gpus=tuple(replace(g, arch=arches.get(_pci_key(g.bus_id)), brand=brands.get(_pci_key(g.bus_id)))
@@ -691,12 +712,13 @@ def write_manifests(disc: Discovery, gen_dir: str = GENERATED_DIR) -> Discovery:
     return replace(disc, manifests=tuple(manifests))
 
 
-def host_key(proc_root: str = "/") -> str:
+def host_key(proc_root: str = "/", watch: tuple[str, ...] = ()) -> str:
     """What a discovery depends on, read on every GPU start: the loaded module's version line, the NVIDIA modules
     loaded (/proc/modules: nvidia-uvm loaded after the cache was built), their character majors (/proc/devices: a
     major can move across a reboot), the boot id and the MIG layout (mig.layout_key: "" without instances; creating
-    or destroying an instance changes it). Any change is a miss. Raw reads, bytes only: ~4 small procfs reads and
-    no decoding, plus the MIG listdirs (bench/editor_bench.py measures it with the rest of a start)."""
+    or destroying an instance changes it); then a stamp of each watched path (watched(): the driver's library
+    directories, the /dev entries discovery looks for). Any change is a miss. Raw reads, bytes only: ~4 small procfs
+    reads and no decoding, the MIG listdirs, one stat per watched path (bench/cache_hit_bench.py)."""
     version = _raw(_join(proc_root, "proc/driver/nvidia/version")).split(b"\n", 1)[0]
     modules = sorted(line.split(b" ", 1)[0] for line in _raw(_join(proc_root, "proc/modules")).split(b"\n")
                      if line.startswith(b"nvidia"))
@@ -704,8 +726,44 @@ def host_key(proc_root: str = "/") -> str:
     char = devices[:devices.find(b"Block devices")] if b"Block devices" in devices else devices
     majors = sorted(line.strip() for line in char.split(b"\n") if b" nvidia" in line)
     boot = _raw(_join(proc_root, "proc/sys/kernel/random/boot_id")).strip()
-    return b"|".join((version, b",".join(modules), b",".join(majors), boot)).decode(errors="replace") + \
+    key = b"|".join((version, b",".join(modules), b",".join(majors), boot)).decode(errors="replace") + \
         mig.layout_key(proc_root)
+    return key + "|" + ",".join(map(_stamp, watch)) if watch else key
+
+
+def _stamp(path: str) -> str:
+    """A path's identity and change time ("-": absent). A directory's ctime moves with every name added, removed or
+    renamed in it (a package upgrade replacing libcuda.so.<old> by libcuda.so.<new>), and nobody can set it back."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "-"
+    return f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}"
+
+
+# What discovery's answer depends on besides /proc, under dev_root: the nodes and sockets it checks for (the runtime
+# makes /dev/nvidia-modeset after a boot that did not; nvidia-persistenced starts after the cache was built; udev makes
+# /dev/dri/card* after nvidia-drm loaded).
+DEV_WATCH = ("dev/nvidia-modeset", "dev/dri", "var/run/nvidia-persistenced/socket")
+
+
+def watched(driver_root: str, dev_root: str = "/") -> tuple[str, ...]:
+    """The paths whose stamps join the host key: each library directory the driver root has (64- and 32-bit, once
+    each: `lib -> lib64` is the same directory), so that an upgrade of the userspace under the loaded module is a
+    miss, and DEV_WATCH. Known before discovery runs, so that refresh can read the key first."""
+    from provision.facts.driver_facts import DRIVER_LIB_DIRS  # lazy: 7 ms, a refresh only
+
+    out, seen = [], set()
+    for d in (*DRIVER_LIB_DIRS, *DRIVER_LIB32_DIRS):
+        full = _join(driver_root, d)
+        try:
+            st = os.stat(full)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            out.append(full)
+    return (*out, *(_join(dev_root, p) for p in DEV_WATCH))
 
 
 def _raw(path: str, limit: int = 1 << 20) -> bytes:
@@ -734,8 +792,8 @@ _parsed: tuple[tuple, Discovery] | None = None
 
 
 def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery | None:
-    """The cached discovery when it is current (same schema, same host_key); None is a miss: a missing,
-    older, truncated or garbled cache is rebuilt by the caller (refresh)."""
+    """The cached discovery when it is current (same schema, same host_key over the paths it watches); None is a
+    miss: a missing, older, truncated or garbled cache is rebuilt by the caller (refresh)."""
     global _parsed
     try:  # only a cache nobody but root could have written (a user's rewrite would choose what gets mounted)
         with open_trusted(cache_file) as fh:
@@ -748,12 +806,44 @@ def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery
                 _parsed = (ident, disc)
     except (OSError, ValueError):  # absent, unreadable or untrusted; or not JSON, or not this schema's form
         return None
-    return disc if disc.key == host_key(proc_root) else None
+    return disc if disc.key == host_key(proc_root, disc.watch) else None
 
 
-def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/", dev_root: str = "/") -> Discovery:
-    disc = discover(driver_root, proc_root=proc_root, dev_root=dev_root, arch=True)
-    disc = replace(write_manifests(disc, os.path.join(os.path.dirname(cache_file), "manifests")),
-                   key=host_key(proc_root))
-    write_file(cache_file, disc.to_json(), mode=0o644, keep_mode=False, backup=False)
+# A directory's ctime comes from the kernel's coarse clock (one tick: 1-10 ms): a change within the tick its stamp
+# was read in would leave the stamp as it was. refresh waits this long past the newest stamp before reading the key.
+STAMP_TICK_NS = 20_000_000
+REFRESH_TRIES = 2  # discoveries a refresh makes while the host keeps changing under it, before it gives up caching
+
+
+def _settled_key(proc_root: str, watch: tuple[str, ...]) -> str:
+    """host_key, read once no watched path changed within the last clock tick (so that any later change shows)."""
+    newest = 0
+    for p in watch:
+        try:
+            newest = max(newest, os.stat(p).st_ctime_ns)
+        except OSError:
+            pass
+    wait = newest + STAMP_TICK_NS - time.time_ns()
+    if wait > 0:
+        time.sleep(min(wait, STAMP_TICK_NS) / 1e9)
+    return host_key(proc_root, watch)
+
+
+def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/", dev_root: str = "/", *,
+            warn: Callable[[str], None] | None = None, known: Discovery | None = None) -> Discovery:
+    """Discover, and cache the result under the host key read *before* discovery ran, only if the key is still the
+    same after it: a module loaded, a node made or the driver's files changed while discovery read them would
+    otherwise be stored as never having happened, under a key that says it did. A host that keeps changing is
+    rediscovered (REFRESH_TRIES), then answered uncached. The file is replaced whole (temp file + rename): a killed
+    or concurrent writer leaves the old cache or another's whole one, each checked against the key when read."""
+    watch = watched(driver_root, dev_root)
+    for _ in range(REFRESH_TRIES):
+        key = _settled_key(proc_root, watch)
+        disc = discover(driver_root, proc_root=proc_root, dev_root=dev_root, arch=True, warn=warn, known=known)
+        disc = write_manifests(disc, os.path.join(os.path.dirname(cache_file), "manifests"))
+        if host_key(proc_root, watch) == key:
+            disc = replace(disc, key=key, watch=watch)
+            write_file(cache_file, disc.to_json(), mode=0o644, keep_mode=False, backup=False)
+            return disc
+        known = disc if known is None else known  # the host changed, its GPUs did not: the driver is not asked again
     return disc

@@ -202,8 +202,9 @@ def mismatch(kernel: str | None, userspace: str | None) -> str:
     """The one line for a loaded module whose userspace libraries are another version: the runtime's refusal and
     verify's finding (provision/verify/checks.py) say the same."""
     return (f"NVIDIA driver mismatch: the loaded kernel module is {kernel} but the driver's libraries are "
-            f"{userspace} (\"Driver/library version mismatch\" in every CUDA program): reboot, or reload the module "
-            "when no process holds it (`modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia && modprobe nvidia`)")
+            f"{userspace} (\"Driver/library version mismatch\" in every CUDA program): reboot into {userspace}, or "
+            f"reinstall the {kernel} userspace, or reload the module when no process holds it "
+            "(`modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia && modprobe nvidia`)")
 
 
 def driver_refusal(disc: Discovery, caps: list[str]) -> str | None:

@@ -227,7 +227,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
         _write_if_changed(bindir / HOOK_NAME, (HERE / "hook.sh").read_bytes(), 0o755, changed)
     notes += prepare_host(proc_root, dev_root)  # nvidia-uvm and the nodes, as nvidia-modprobe would make them
     try:
-        discover.refresh(driver_root, settings.cache, proc_root, dev_root)
+        discover.refresh(driver_root, settings.cache, proc_root, dev_root, warn=notes.append)
     except OSError as exc:
         notes.append(f"discovery cache not written: {exc}")
     try:

@@ -213,7 +213,7 @@ def two_gpus(tmp_path, monkeypatch):
     g0 = disc.gpus[0]
     g1 = replace(g0, index=1, minor=1, uuid=GPU1, bus_id="00000000:00:07.0", node=Node("/dev/nvidia1", 195, 1))
     os.mknod(Path(s.dev_root) / "dev/nvidia1", 0o666 | 0o020000, os.makedev(195, 1))
-    monkeypatch.setattr(modify, "load_discovery", lambda settings: replace(disc, gpus=(g0, g1)))
+    monkeypatch.setattr(modify, "load_discovery", lambda settings, *_: replace(disc, gpus=(g0, g1)))
     return s
 
 

@@ -68,7 +68,7 @@ def test_sources_never_from_the_image(tmp_path):
     evil = (discover.Library("libcuda", str(inside), "libcuda-evil.so.1"), discover.Library("x", str(link), "libx.so.1"))
     libs = {**disc.libraries, "compute": disc.libraries["compute"] + evil}
     with open(s.cache, "w") as fh:  # the cache the runtime reads
-        fh.write(replace(disc, libraries=libs, key=discover.host_key(str(tmp_path / "noproc"))).to_json())
+        fh.write(replace(disc, libraries=libs, key=discover.host_key(str(tmp_path / "noproc"), disc.watch)).to_json())
     cfg = run_modify(tmp_path, config(["NVIDIA_VISIBLE_DEVICES=all"]), proc_root=str(tmp_path / "noproc"))
     srcs = [m["source"] for m in cfg["mounts"]]
     assert str(inside) not in srcs and str(link) not in srcs

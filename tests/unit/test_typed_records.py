@@ -153,12 +153,12 @@ def disc() -> Discovery:
 
 
 def test_discovery_json_is_pinned_field_by_field(disc):
-    """The cache's and `runtime discover --json`'s schema (3 since each GPU carries its arch, 4 since its brand):
-    every key spelled out."""
+    """The cache's and `runtime discover --json`'s schema (3 since each GPU carries its arch, 4 since its brand, 5
+    since the cache names the paths its key watches): every key spelled out."""
     doc = json.loads(disc.to_json())
     assert list(doc) == ["schema", "driver_root", "version", "libraries", "libraries32", "manifests",
                          "firmware_needed", "binaries", "nodes", "gpus", "ipc", "firmware"]
-    assert doc["schema"] == 4 and doc["driver_root"] == ROOT and doc["version"] == "580.159.04"
+    assert doc["schema"] == 5 and doc["driver_root"] == ROOT and doc["version"] == "580.159.04"
     assert doc["libraries"]["compute"][0] == {"name": "libcuda", "path": f"{ROOT}/lib64/libcuda.so.580.159.04",
                                               "soname": "libcuda.so.1"}
     assert doc["libraries32"] == {} and doc["firmware_needed"] is False and doc["ipc"] == {}
@@ -189,7 +189,8 @@ def test_discovery_round_trips_with_every_optional_part():
         gpus=(Gpu("0000:3b:00.0", UUID, 1, "NVIDIA H200", 0, Node("/dev/nvidia1", 195, 1),
                   (Node("/dev/dri/card1", 226, 1), Node("/dev/dri/renderD128", 226, 128)), "9.0"),),
         persistenced="/run/nvidia-persistenced/socket",
-        firmware=(Firmware("/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin", "/lib/firmware/x.bin"),), key="NVRM v")
+        firmware=(Firmware("/lib/firmware/nvidia/580.159.04/gsp_ga10x.bin", "/lib/firmware/x.bin"),), key="NVRM v",
+        watch=("/usr/lib/x86_64-linux-gnu", "/dev/nvidia-modeset"))
     again = Discovery.from_json(full.to_json())
     assert again == full and again.to_json() == full.to_json()
     doc = full.to_dict()
