@@ -11,7 +11,7 @@ machine moves both sides alike:
 Each bundle's image carries this machine's /etc/ld.so.cache (a real one, as every glibc image has; the editor reads
 it since the image-cache override): --no-image-cache leaves it out.
 
-Usage: python3 bench/editor_bench.py [--before REV] [-n 200] [--rounds 8] [--cold 60] [--no-image-cache] [--json]"""
+Usage: python3 bench/editor_bench.py [--before REV] [-n 200] [--rounds 8] [--cold 60] [--no-image-cache] [--caps all] [--json]"""
 from __future__ import annotations
 
 import argparse
@@ -64,12 +64,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--cold", type=int, default=60, help="cold editor runs per side")
     ap.add_argument("--no-image-cache", action="store_true", help="images without /etc/ld.so.cache")
+    ap.add_argument("--caps", default=None, help="NVIDIA_DRIVER_CAPABILITIES of the request (default: the image's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     cache = None if args.no_image_cache else Path("/etc/ld.so.cache")
 
     def bundle(name: str) -> Path:
-        b = gpu_bundle(work, name)
+        b = gpu_bundle(work, name, env=[f"NVIDIA_DRIVER_CAPABILITIES={args.caps}"] if args.caps else None)
         if cache is not None and cache.is_file():
             (b / "rootfs/etc/ld.so.cache").write_bytes(cache.read_bytes())
         return b

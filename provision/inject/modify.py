@@ -157,16 +157,23 @@ def _check_node(settings: Settings, node: edits.DeviceNode) -> None:
                       f"{node.major}:{node.minor}; refusing to pass it")
 
 
-def _safe_source(src: str, rootfs_real: str) -> bool:
+def _safe_source(src: str, rootfs_real: str, real_dirs: dict[str, str]) -> bool:
     """A host file we may bind: a regular file, or a daemon's socket (nvidia-persistenced's, which discovery found
-    on the host), never a symlink (lstat) and never anything inside the container's own rootfs."""
+    on the host), never a symlink (lstat) and never anything inside the container's own rootfs. `real_dirs`: the
+    directories' real paths met so far in this start: a driver's files share a few directories, and realpath per
+    file was 40% of the editor's work with every capability (262 lstat calls per start)."""
     try:
         st = os.lstat(src)
     except OSError:
         return False
-    real = os.path.realpath(src)
-    inside = real == rootfs_real or real.startswith(rootfs_real + os.sep)
-    return (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and not inside
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        return False
+    parent, _, name = src.rpartition("/")
+    real_dir = real_dirs.get(parent)
+    if real_dir is None:
+        real_dir = real_dirs[parent] = os.path.realpath(parent or "/")
+    real = f"{real_dir.rstrip('/')}/{name}"  # the name itself is no link (lstat above)
+    return not (real == rootfs_real or real.startswith(rootfs_real + os.sep))
 
 
 def load_discovery(settings: Settings, warn: Callable[[str], None] | None = None,
@@ -367,8 +374,9 @@ def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount], an
     mounts = s.config.setdefault("mounts", [])
     taken = {m.get("destination") for m in mounts}
     volumes = _volumes(s, anywhere)
+    real_dirs: dict[str, str] = {}
     for m in wanted:
-        if not _safe_source(m.source, rootfs_real):
+        if not _safe_source(m.source, rootfs_real, real_dirs):
             continue
         dest = scoped_resolve(rootfs, m.destination)
         if dest in taken:
