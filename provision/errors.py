@@ -19,7 +19,9 @@ Exit codes (documented in README.md):
  13  disk full or read-only: a write could not complete; the file is untouched
  14  conflicts with the operator's own setting (a runtime of that name pointing elsewhere, another
      default-runtime; --replace-runtime overrides), a package install that would remove installed packages
-     (named; --allow-remove overrides), or a file that kept changing while gpuprov edited it
+     (named; --allow-remove overrides), a file that kept changing while gpuprov edited it, or an engine purge
+     that would delete the operator's containers, images or volumes (named; --keep-engine-data or
+     --delete-engine-data says which)
  15  driver installed, but no NVIDIA device to verify it on (image baking, a VM without its GPU)
  16  the driver's kernel module failed to build (DKMS), named with the compiler's first error: on apt the module
      package rolled back (dpkg consistent), on dnf/yum the packages kept (nothing half-installed)
@@ -138,6 +140,14 @@ class RemovalRefused(GpuprovError):
 class RestartRefused(GpuprovError):
     """A change needs the engine restarted, and that would stop its running containers (dockerd without
     live-restore): refused before anything changed, unless --restart-engine."""
+
+    exit_code = CONFLICT
+
+
+class EngineDataAtStake(GpuprovError):
+    """`uninstall --purge-engine`: a package's purge would delete an engine's data root holding containers, images
+    or volumes of the operator's (Debian's docker.io: /var/lib/docker), and neither --keep-engine-data nor
+    --delete-engine-data was given: refused before anything changed, naming them."""
 
     exit_code = CONFLICT
 

@@ -252,6 +252,7 @@ FILE_SECONDS = {  # session 12's cold fresh-clone run (2026-12-07), the tests' o
     "tests/integration/test_el_dnf.py": 87, "tests/integration/test_el_elrepo_kernel.py": 78,
     "tests/integration/test_adopt_engines.py": 71,
     "tests/faults/test_discovery_follows_driver.py": 15,  # session 13: two real 5 s deadlines end to end
+    "tests/integration/test_purge_keeps_engine_data.py": 162,  # session 13: two hosts, docker.io three times
 }
 TIERS = (  # (the first of these a test's path starts with, its tier in the summary)
     ("tests/unit/", "unit"), ("tests/faults/", "faults"), ("tests/installed/", "the installed wheel"),

@@ -73,6 +73,10 @@ options:
     gpuprov installed (`uninstall --purge-driver`)."}
   uninstall_engine: {type: bool, default: false, description: "With state absent: also purge the engine packages
     gpuprov installed, never one it found (`uninstall --purge-engine`)."}
+  uninstall_engine_data: {type: str, choices: [keep, delete], description: "With uninstall_engine: keep (remove, not
+    purge, a package whose purge deletes the engine's data root: Debian's docker.io and /var/lib/docker) or delete
+    (purge it, deleting the containers, images and volumes there). Unset: such a purge stops (exit 14) while the
+    data root holds any of the operator's (`uninstall --keep-engine-data`/`--delete-engine-data`)."}
 author: gpuprov developers
 """
 RETURN = r"""
@@ -112,6 +116,7 @@ ARGUMENT_SPEC = dict(
     state=dict(type="str", default="present", choices=["present", "absent"]),
     uninstall_driver=dict(type="bool", default=False),
     uninstall_engine=dict(type="bool", default=False),
+    uninstall_engine_data=dict(type="str", choices=["keep", "delete"]),
 )
 
 # What to change in the play for each way gpuprov fails (gpuprov's own `Error:` line says what happened). Keyed by
@@ -142,7 +147,8 @@ FIXES = {
     codes.CONFLICT: "the node has its own runtime of that name or another default-runtime: set "
                     "gpuprov_replace_runtime: true to replace it, or choose another gpuprov_runtime_name or "
                     "gpuprov_default_runtime: false; or a package install would remove installed packages (named): "
-                    "keep them, or set gpuprov_allow_remove: true",
+                    "keep them, or set gpuprov_allow_remove: true; or an engine purge would delete containers, "
+                    "images or volumes of yours (named): set gpuprov_uninstall_engine_data: keep or delete",
     codes.NO_DEVICE: "the driver is installed but the node has no NVIDIA GPU to verify it on: boot it with its GPU "
                      "and run the play again, or set gpuprov_driver: skip for nodes without a GPU",
     codes.DKMS_FAILED: "the NVIDIA kernel module did not build for the node's kernel (rolled back; the log is "
@@ -183,6 +189,8 @@ def uninstall_argv(p: dict, check_mode: bool) -> list[str]:
     argv = [p["gpuprov"], "--no-wait", "uninstall", "--json"]
     argv += ["--purge-driver"] if p["uninstall_driver"] else []
     argv += ["--purge-engine"] if p["uninstall_engine"] else []
+    argv += [f"--{p['uninstall_engine_data']}-engine-data"] if p["uninstall_engine"] and p.get("uninstall_engine_data") \
+        else []
     return argv + (["--dry-run"] if check_mode else ["--yes"])
 
 

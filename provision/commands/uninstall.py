@@ -20,20 +20,33 @@ from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan.uninstall import (
     ALLOW_REMOVE,
+    ENGINE_DATA,
     FORCE,
     PURGE_OPTIONS,
     RESTART_ENGINE,
     UninstallOptions,
+    engine_data_doc,
+    refusal,
     uninstall_steps,
 )
 
 
 def _print(steps, root: Path, json_out: bool) -> None:
-    doc = {"schema": "gpuprov.uninstall-plan/v1", "root": str(root), "steps": [s.to_dict(root) for s in steps]}
+    doc = {"schema": "gpuprov.uninstall-plan/v1", "root": str(root), "steps": [s.to_dict(root) for s in steps],
+           "engine_data": engine_data_doc(steps)}
     if json_out:
         emit_json(doc)
         return
     print_steps("Uninstall plan", doc["steps"])
+
+
+def _engine_data(keep: bool, delete: bool, purge: bool) -> str:
+    if keep and delete:
+        raise UsageError(f"{ENGINE_DATA['keep']} and {ENGINE_DATA['delete']} say opposite things: give one")
+    if (keep or delete) and not purge:
+        raise UsageError(f"{ENGINE_DATA['keep' if keep else 'delete']} says what {PURGE_OPTIONS['engine']} does "
+                         f"with the engines' data: give it with {PURGE_OPTIONS['engine']}")
+    return "keep" if keep else "delete" if delete else ""
 
 
 def uninstall_cmd(
@@ -49,6 +62,13 @@ def uninstall_cmd(
                                       "installed (never an engine it found on the host)."),
     old_driver: bool = typer.Option(False, "--driver", hidden=True, help="Deprecated: --purge-driver."),
     old_engine: bool = typer.Option(False, "--engine", hidden=True, help="Deprecated: --purge-engine."),
+    keep_engine_data: bool = typer.Option(False, ENGINE_DATA["keep"], help="With --purge-engine: remove, not purge, "
+                                          "an engine package whose purge deletes its data root (Debian's docker.io: "
+                                          "/var/lib/docker), keeping your containers, images and volumes there."),
+    delete_engine_data: bool = typer.Option(False, ENGINE_DATA["delete"], help="With --purge-engine: purge it, "
+                                            "deleting that data root and your containers, images and volumes in "
+                                            "it (the plan names them). Without either option, a purge that would "
+                                            "delete any of yours stops before any change (exit 14, naming them)."),
     allow_remove: bool = typer.Option(False, ALLOW_REMOVE, help="Let a purge remove packages gpuprov did not "
                                       "install (apt's simulation runs first and names them; without this option "
                                       "they stop the purge, exit 14)."),
@@ -63,19 +83,28 @@ def uninstall_cmd(
                               help="With --dry-run: plan for the host tree under ROOT."),
 ) -> None:
     """Take gpuprov off this host: its keys out of every engine config it edited (your changes since kept), its
-    runtime, hook, CDI specs, units, MPS daemon, caches and state. Packages stay unless --purge-driver/--purge-engine.
-    Engines are reloaded live, never restarted unasked."""
-    opt = UninstallOptions(purge_driver=purge_driver or old_driver, purge_engine=purge_engine or old_engine,
-                           allow_remove=allow_remove,
-                           restart_engine=restart_engine, force=force)
+    runtime, hook, CDI specs, units, MPS daemon, caches and state. Packages stay unless --purge-driver/--purge-engine;
+    an engine's containers, images and volumes stay unless --delete-engine-data. Engines are reloaded live, never
+    restarted unasked."""
+    purge_engine = purge_engine or old_engine
+    opt = UninstallOptions(purge_driver=purge_driver or old_driver, purge_engine=purge_engine,
+                           allow_remove=allow_remove, restart_engine=restart_engine, force=force,
+                           engine_data=_engine_data(keep_engine_data, delete_engine_data, purge_engine))
     read_host_root(root)  # exit 3 for a --root that is no host tree, as plan and detect say
     if dry_run:
-        _print(uninstall_steps(root, opt), root, json_out)
+        steps = uninstall_steps(root, opt)
+        _print(steps, root, json_out)
+        stop = refusal(steps)  # the dry run exits as the run would: the plan shown, then why it stops
+        if stop:
+            raise stop
         return
     if not is_live(root):
         raise UsageError(f"--root {root}: uninstall applies to this host only; use it with --dry-run")
     with host_lock("uninstall"):  # held from planning to the end, so the plan shown is the one applied
         steps = uninstall_steps(Path("/"), opt)
+        stop = refusal(steps)
+        if stop:  # before the prompt and before any step: nothing changes
+            raise stop
         if not yes:
             if not sys.stdin.isatty():
                 raise errors.UsageError("refusing to change the host without --yes when not on a terminal")

@@ -27,7 +27,9 @@ Adding an engine (podman, …) = one module here with a subclass of Engine, and 
 - bootstrap's validation container: `validation` (image import, commands, containers through the runtime);
 - `gpuprov verify` on a node: `node_probe`, `node_runtime`, `check_container_argv`, `check_log`, `check_route`,
   `prepare_check_image`, and for a CRI engine `serves_cri` + `cri_handler`;
-- k8s and metrics: `has_cdi`, `cgroup_prefixes`, `cgroup_parents`, `container_store` + `stored_container`.
+- k8s and metrics: `has_cdi`, `cgroup_prefixes`, `cgroup_parents`, `container_store` + `stored_container`;
+- its store, for `uninstall --purge-engine` (what a purge of its packages would delete): `data_root`,
+  `data_packages`, `purge_deletes_data`, `stored`.
 The identity, `plan`, `unplan`, `daemon_config` and `apply` are required; everything else has a default that means
 "this engine does not do that". The plan's steps use all of it generically (plan/steps: ConfigureEngine, StartService,
 ImportImage, ReloadEngine), so nothing outside this package changes for a new engine.
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, NamedTuple
 from provision import effects
 from provision.engines import validate
 from provision.errors import ConfigInvalid, Unsupported, UsageError
+from provision.facts.engine_data import StoredData
 from provision.facts.engines import find_processes, flag_value  # noqa: F401  (the adapters' helpers, one copy)
 from provision.facts.rootfs import MAX_READ, NotRegular, read_bytes_bounded, under
 
@@ -288,6 +291,20 @@ class Engine(ABC):
 
     def stored_container(self, cid: str) -> tuple[dict, str] | None:
         """(labels, name) of container `cid` from the engine's own store, where it keeps one gpuprov can read."""
+        return None
+
+    # --- its store: what `uninstall --purge-engine` says a purge would delete, before it deletes anything ------------
+
+    data_root: ClassVar[str | None] = None  # where it keeps its containers, images and volumes
+    data_packages: ClassVar[tuple[str, ...]] = ()  # the packages it comes in, from any source
+    # Those of data_packages whose purge deletes data_root (their own maintainer scripts do): gpuprov then removes
+    # them without purging unless the operator lets it delete (uninstall --delete-engine-data).
+    purge_deletes_data: ClassVar[tuple[str, ...]] = ()
+
+    def stored(self, root: Path) -> StoredData | None:
+        """Its containers, images and volumes under data_root that are not gpuprov's (the validation image and what
+        ran from it), from the live engine where it answers on the live host, else from its files under `root`;
+        None where there is no data root."""
         return None
 
     # --- its config ------------------------------------------------------------------------------------------------

@@ -55,8 +55,9 @@ from provision.engines.base import (
 )
 from provision.engines.dropin import undo_dropin
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
+from provision.facts.engine_data import StoredData, containerd_store
 from provision.facts.engines import CRI_PLUGIN, spec
-from provision.facts.rootfs import under
+from provision.facts.rootfs import is_live, under
 
 try:
     import tomllib  # Python >= 3.11
@@ -549,6 +550,29 @@ class ContainerdEngine(Engine):
     serves_cri = True
     check_log = True  # ctr's own stdout can drop a short-lived container's output (plan/steps.RunContainer)
     cgroup_prefixes = (("cri-containerd-", "containerd"),)
+
+    # Debian's containerd (and Docker CE's containerd.io): their purge deletes nothing under /var/lib/containerd
+    # (bookworm's 1.6.20 and trixie's 1.7.24 postrm: the unit's state only), so a purge keeps it.
+    data_root = "/var/lib/containerd"
+    data_packages = tuple(o.package for o in spec("containerd").packages)
+
+    def stored(self, root: Path) -> StoredData | None:
+        """The live containerd's containers and images in every namespace but gpuprov's own and dockerd's (`moby`:
+        Docker's containers, counted as Docker's), as NAMESPACE/NAME; without its daemon, what its files hold."""
+        if not under(root, self.data_root).is_dir():
+            return None
+        r = effects.try_run(["ctr", "namespaces", "ls", "-q"], timeout=20, probe=True) \
+            if is_live(root) and validate.ctr_reachable() else None
+        if r is None or r.returncode != 0:
+            return containerd_store(root, self.data_root)
+        containers, images = [], []
+        for ns in (n for n in r.stdout.split() if n not in (validate.CTR_NAMESPACE, "moby")):
+            for kind, out in (("containers", containers), ("images", images)):
+                got = effects.try_run(["ctr", "-n", ns, kind, "ls", "-q"], timeout=30, probe=True)
+                if got is None or got.returncode != 0:
+                    return containerd_store(root, self.data_root)
+                out += [f"{ns}/{x}" for x in got.stdout.split()]
+        return StoredData(self.data_root, "the running containerd", tuple(sorted(containers)), tuple(sorted(images)))
 
     def tasks_under(self, binary: str) -> list[str]:
         """The running tasks, in every namespace (`ctr`, CRI's k8s.io included), whose container's runtime options

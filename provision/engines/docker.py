@@ -32,8 +32,9 @@ from provision.engines.base import (
     undo_text,
 )
 from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
+from provision.facts.engine_data import StoredData, docker_store, repository, short
 from provision.facts.engines import spec
-from provision.facts.rootfs import read_text_file, under
+from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import write_file
 
 SPEC = spec("docker")  # binary, default config, its flag, packages, units: facts/engines.py's one table
@@ -41,7 +42,14 @@ DAEMON_JSON = SPEC.config
 UNIT_FILES = ("/lib/systemd/system/docker.service", "/usr/lib/systemd/system/docker.service",
               "/etc/systemd/system/docker.service")
 DROPIN_DIR = "/etc/systemd/system/docker.service.d"
-CONTAINERS = "/var/lib/docker/containers"  # dockerd's own store: <id>/config.v2.json (name, labels)
+DATA_ROOT = "/var/lib/docker"  # dockerd's default data root, and the one Debian's docker.io purge deletes
+CONTAINERS = f"{DATA_ROOT}/containers"  # dockerd's own store: <id>/config.v2.json (name, labels)
+# What the live dockerd keeps, for uninstall's purge (stored): its data root, then every container (name, image as
+# asked), every image (id, repository:tag; `-a`: the untagged too) and every volume.
+ROOT_DIR = ("docker", "info", "--format", "{{.DockerRootDir}}")
+ALL_CONTAINERS = ("docker", "ps", "-a", "--no-trunc", "--format", "{{.Names}}\t{{.Image}}")
+ALL_IMAGES = ("docker", "image", "ls", "-a", "--no-trunc", "--format", "{{.ID}}\t{{.Repository}}:{{.Tag}}")
+ALL_VOLUMES = ("docker", "volume", "ls", "-q")
 RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")  # the runtimes the live dockerd lists
 # What the live dockerd runs new containers with: its runtimes (name -> path), a space, its default (a JSON string:
 # runtime names hold no spaces).
@@ -384,6 +392,38 @@ class DockerEngine(Engine):
         if effects.run(list(image.present or ()), check=False).returncode == 0:
             return
         effects.run(list(image.load), input_text=image.stdin(validate.BINARIES))
+
+    # Debian's docker.io (bookworm's 20.10.24 and trixie's 26.1.5 alike): its prerm copies nuke-graph-directory.sh
+    # into /var/lib/docker on `remove`, and its postrm runs it on `purge` ("Nuking /var/lib/docker": every
+    # container, image and volume). Docker CE's, Moby's and Fedora's packages delete nothing there.
+    data_root = DATA_ROOT
+    data_packages = tuple(o.package for o in SPEC.packages)
+    purge_deletes_data = ("docker.io",)
+
+    def stored(self, root: Path) -> StoredData | None:
+        """The live dockerd's containers, images and volumes where it answers and keeps them in DATA_ROOT; else
+        its files there (a stopped dockerd, a --root tree)."""
+        return (self._stored_live() if is_live(root) else None) or \
+            docker_store(root, DATA_ROOT, repository(validate.IMAGE))
+
+    def _stored_live(self) -> StoredData | None:
+        r = effects.try_run(list(ROOT_DIR), timeout=20, probe=True)
+        if r is None or r.returncode != 0 or r.stdout.strip() != DATA_ROOT:
+            return None  # no dockerd, or one whose data lie elsewhere: the files under DATA_ROOT are what a purge hits
+        got = [effects.try_run(list(a), timeout=60, probe=True) for a in (ALL_CONTAINERS, ALL_IMAGES, ALL_VOLUMES)]
+        if any(g is None or g.returncode != 0 for g in got):
+            return None
+        ours = repository(validate.IMAGE)
+        rows = [[ln.split("\t") for ln in g.stdout.splitlines() if ln.strip()] for g in got]  # type: ignore[union-attr]
+        tags: dict[str, list[str]] = {}
+        for image_id, ref, *_ in (r + [""] for r in rows[1]):
+            tags.setdefault(image_id, []).extend([] if ref.startswith("<none>") else [ref])
+        own = {i for i, t in tags.items() if t and all(repository(x) == ours for x in t)}
+        images = sorted(", ".join(sorted(t)) if t else short(i) for i, t in tags.items() if i not in own)
+        containers = sorted(name for name, image, *_ in (r + [""] for r in rows[0])
+                            if repository(image) != ours and image not in own)
+        return StoredData(DATA_ROOT, "the running dockerd", tuple(containers), tuple(images),
+                          tuple(sorted(v[0] for v in rows[2])))
 
     def stored_container(self, cid: str) -> tuple[dict, str] | None:
         try:

@@ -25,6 +25,8 @@ from provision import effects
 from provision.engines import base, dropin, validate
 from provision.engines.base import Change, Daemon, EnginePlan, FileEdit, RuntimeRequest, same_file
 from provision.errors import RuntimeConflict, UsageError
+from provision.facts.engine_data import StoredData, containers_storage, repository
+from provision.facts.rootfs import read_text
 
 VENDOR = "/usr/share/containers/containers.conf"  # the package's defaults
 MAIN = "/etc/containers/containers.conf"
@@ -140,6 +142,26 @@ def asked_podman(run, req: RuntimeRequest) -> str | None:
     return None
 
 
+STORAGE = "/var/lib/containers/storage"  # containers/storage's default graphroot for root
+STORAGE_CONFS = ("/etc/containers/storage.conf", "/usr/share/containers/storage.conf")  # the first found is read
+
+
+def _graphroot(root: Path) -> str:
+    """Root's graphroot as containers/storage reads it: [storage] graphroot of the first storage.conf there, else
+    its default (a file that does not parse: the default, as the count is only what the plan says)."""
+    for conf in STORAGE_CONFS:
+        text = read_text(root, conf)
+        if text is None:
+            continue
+        try:
+            storage = tomlkit.parse(text).unwrap().get("storage")
+        except ValueError:  # tomlkit's ParseError is one
+            return STORAGE
+        graph = storage.get("graphroot") if isinstance(storage, dict) else None
+        return graph if isinstance(graph, str) and graph.startswith("/") else STORAGE
+    return STORAGE
+
+
 class PodmanEngine(dropin.DropinEngine):
     """Podman: installed from the distribution (or kept), no daemon to start; GPUs through CDI."""
     name = "podman"
@@ -184,6 +206,16 @@ class PodmanEngine(dropin.DropinEngine):
         r = effects.try_run(["podman", "inspect", "--format", "{{.Name}} {{.OCIRuntime}}", *ids], timeout=30)
         rows = [ln.split() for ln in (r.stdout if r is not None and r.returncode == 0 else "").splitlines()]
         return [row[0] for row in rows if len(row) == 2 and row[1] in names] + rootless
+
+    # --- its store: Debian's podman purge deletes nothing there (bookworm's 4.3.1 and trixie's 5.4.2 postrm: units
+    # only), so a purge keeps it. No daemon to ask: `podman ps -a` and `podman images` read these same files.
+
+    data_root = STORAGE
+    data_packages = ("podman",)
+
+    def stored(self, root: Path) -> StoredData | None:
+        """Root's store (storage.conf's graphroot): its containers, images and volumes, from its files."""
+        return containers_storage(root, _graphroot(root), repository(validate.IMAGE))
 
     # --- installing it: the distribution's packages; no unit, no daemon (engine_steps' service step is skipped)
 

@@ -168,6 +168,13 @@ class Apt(PackageManager):
     def purge(self, packages: Argv) -> Argv:
         return ("apt-get", "purge", "-y", *packages)
 
+    def simulate_remove(self, packages: Argv) -> Argv:
+        return ("apt-get", "-s", "remove", *packages)
+
+    def remove(self, packages: Argv) -> Argv:
+        """dpkg's remove: the prerm and postrm run with `remove`, never `purge` (the conffiles stay too)."""
+        return ("apt-get", "remove", "-y", *packages)
+
     def removal_hint(self, root: Path, packages: Argv) -> tuple[Argv, ...]:
         return (("apt-get", "purge", *packages),)
 

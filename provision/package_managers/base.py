@@ -8,8 +8,8 @@ in a printed-and-run Command, so what the plan prints is what runs. It owns:
   with `removals` reading what a dry run says it would remove; the lists' refresh (`refresh`);
 - what is installed and at which version (`versions`, `installed`, `installed_packages`);
 - holds (`hold`, `held`, `unhold`): apt's branch pin, dnf's versionlock;
-- the purge of what gpuprov installed (`simulate_purge`, `purge`, `purged_too`), and the way out it names for what
-  it did not install (`removal_hint`);
+- the purge of what gpuprov installed (`simulate_purge`, `purge`, `purged_too`), its removal that keeps what a purge
+  deletes (`simulate_remove`, `remove`), and the way out it names for what it did not install (`removal_hint`);
 - an offline bundle's repository as the only source (`bundle_options`, `bundle_files`);
 - the install record: whether a transaction's dependencies are recorded with it (`records_dependencies`).
 
@@ -140,6 +140,15 @@ class PackageManager(ABC):
 
     @abstractmethod
     def purge(self, packages: Argv) -> Argv: ...
+
+    def simulate_remove(self, packages: Argv) -> Argv:
+        """The dry run of `remove`."""
+        return self.simulate_purge(packages)
+
+    def remove(self, packages: Argv) -> Argv:
+        """The packages removed without their purge scripts (the data their purge deletes kept: Debian's docker.io
+        deletes /var/lib/docker on purge alone); where the manager has no purge, its purge."""
+        return self.purge(packages)
 
     @abstractmethod
     def purged_too(self, output: str, packages: Argv) -> list[str]:

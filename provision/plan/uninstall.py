@@ -8,9 +8,12 @@ or where the live engine still names what the file no longer says: a re-run afte
 engine names the runtime once it is gone; then the validation images, the MPS daemon, the refresh units, the CDI
 specs, the NFD labels, the runtime (its warm editor stopped first; its binary only once no running dockerd names it,
 and kept as a pass-through to runc while containers still run under it), the packages when asked (only those
-gpuprov installed, and only when apt's simulation removes nothing else), and last gpuprov's state, caches and logs
-(the record of packages gpuprov installed stays while they do; the host lock file never goes: another run may hold
-it). Packages stay unless asked. Every step is idempotent: a run killed or stopped half-way is finished by the next.
+gpuprov installed, and only when apt's simulation removes nothing else; an engine's package whose purge would delete
+its data root is removed rather than purged unless --delete-engine-data, and the uninstall stops before any change
+while that data root holds the operator's things and they said neither way: plan/engine_data.py), and last
+gpuprov's state, caches and logs (the record of packages gpuprov installed stays while they do; the host lock file
+never goes: another run may hold it). Packages stay unless asked. Every step is idempotent: a run killed or stopped
+half-way is finished by the next.
 
 dockerd is never restarted unasked: gpuprov's runtimes and default come out live (SIGHUP, DockerEngine.reload_live);
 only `features.cdi`, which dockerd reads at start, waits for its next restart unless --restart-engine.
@@ -30,7 +33,7 @@ from provision.engines import validate
 from provision.engines.base import RUNTIME_PATH, RuntimeRequest
 from provision.engines.containerd import ContainerdEngine
 from provision.engines.docker import LIVE, DockerEngine
-from provision.errors import GpuprovError, RemovalRefused, StepFailed, UntrustedPath
+from provision.errors import EngineDataAtStake, GpuprovError, RemovalRefused, StepFailed, UntrustedPath
 from provision.facts.distro_facts import read_distro
 from provision.facts.rootfs import is_live, under
 from provision.fsutil import read_trusted, resolve
@@ -42,7 +45,7 @@ from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
 from provision.package_managers.base import PackageManager
-from provision.plan import persistence
+from provision.plan import engine_data, persistence
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import gpuprov_files
 from provision.plan.packages import StreamsReset
@@ -68,6 +71,7 @@ LABELS_HEADER = "# GPU node labels"  # k8s/labels.py: nfd_file's first line
 
 PASS_MARKER = "# gpuprov pass-through (uninstall)"
 PURGE_OPTIONS = {"driver": "--purge-driver", "engine": "--purge-engine"}
+ENGINE_DATA = engine_data.OPTIONS  # keep | delete -> --keep-engine-data | --delete-engine-data
 ALLOW_REMOVE = "--allow-remove"
 RESTART_ENGINE = "--restart-engine"
 FORCE = "--force"
@@ -80,6 +84,9 @@ class UninstallOptions:
     allow_remove: bool = False  # --allow-remove: a purge may take other packages with it (apt's simulation names them)
     restart_engine: bool = False  # --restart-engine: restart dockerd where a change needs it (features.cdi)
     force: bool = False  # --force: go on while containers only gpuprov's runtime can stop still run (Podman's)
+    # with purge_engine: "" (a purge that would delete the operator's data stops, exit 14), "keep" (removed, not
+    # purged: the data root stays) or "delete" (purged: the data root goes with the operator's things in it)
+    engine_data: str = ""
 
 
 def _trusted(root: Path, path: str) -> str:
@@ -417,34 +424,49 @@ class Purge(Action):
     """The purge of the packages gpuprov installed (its record), after the package manager's own dry run of that very
     purge: anything it would remove beyond them (a package the operator installed since that depends on one of
     them) stops the step with exit 14 naming it, unless --allow-remove. gpuprov's holds on them go next (the dry run
-    has changed nothing yet), then the purge. Each command is the package manager's adapter's."""
+    has changed nothing yet), then the purge. Each command is the package manager's adapter's.
+    `remove`: the packages are removed, not purged (a purge would delete an engine's data root: plan/engine_data.py);
+    `stop`: the operator's data is at stake and they said nothing: it runs nothing and raises (exit 14), and the
+    uninstall command refuses before any step (`refusal`); `stores`: what the engines keep, as the plan counted it."""
     manager: str
     packages: tuple[str, ...]
     unhold: tuple[str, ...]  # names whose holds are gpuprov's (apt-mark's, or dnf's versionlock entries)
     allow_remove: bool
+    remove: bool = False
+    stop: str = ""
+    stores: tuple[engine_data.Store, ...] = ()
 
     @property
     def pm(self) -> PackageManager:
         return package_managers.get(self.manager)
 
     def simulate(self) -> Command:
-        return Command(self.pm.simulate_purge(self.packages), self.pm.env)
+        return Command((self.pm.simulate_remove if self.remove else self.pm.simulate_purge)(self.packages),
+                       self.pm.env)
 
     def unhold_command(self) -> Command:
         return Command(self.pm.unhold(self.unhold))
 
     def purge(self) -> Command:
-        return Command(self.pm.purge(self.packages), self.pm.env)
+        return Command((self.pm.remove if self.remove else self.pm.purge)(self.packages), self.pm.env)
 
     def commands(self) -> list[Command]:
+        if self.stop:
+            return []
         return [self.simulate(), *([self.unhold_command()] if self.unhold else []), self.purge()]
 
     def lines(self) -> list[str]:
+        if self.stop:
+            return [f"  (stop, nothing changed, exit 14: {self.stop})"]
         sim, *rest = self.commands()
         return [f"$ {sim.shell()}",
                 "  (stop, nothing removed, where it would remove anything else"
                 + (f"; {ALLOW_REMOVE} given: go on)" if self.allow_remove else f", unless {ALLOW_REMOVE})"),
                 *(f"$ {c.shell()}" for c in rest)]
+
+    def data(self) -> list[dict]:
+        """The stores as --json shows them, each with whether this step deletes it."""
+        return [s.to_dict(deleted=bool(s.deleting) and not self.remove and not self.stop) for s in self.stores]
 
     def check(self) -> None:
         """The dry run; a failure of it that is not its answer is the package manager's own (a package it cannot
@@ -460,6 +482,8 @@ class Purge(Action):
                                  f"them, or pass {ALLOW_REMOVE})")
 
     def execute(self) -> str:
+        if self.stop:
+            raise EngineDataAtStake(self.stop)
         self.check()
         if self.unhold:
             self.unhold_command().execute()
@@ -467,10 +491,12 @@ class Purge(Action):
 
 
 def purge_actions(root: Path, manager: str, packages: tuple[str, ...], holds: tuple[str, ...],
-                  allow_remove: bool) -> tuple[list[Action], str]:
+                  allow_remove: bool, data: engine_data.Decision | None = None,
+                  stores: tuple[engine_data.Store, ...] = ()) -> tuple[list[Action], str]:
     """The purge of `packages` (installed, recorded) and the removal of gpuprov's holds on them and on `holds`; and a
     note for the step's title. A package the hold itself needs (dnf's versionlock plugin) stays where the hold keeps
-    entries that are not gpuprov's (the operator's own locks would stop holding without it)."""
+    entries that are not gpuprov's (the operator's own locks would stop holding without it). `data`: what it does
+    with the engines' data roots (the engine packages' step: remove rather than purge, or stop)."""
     pm = package_managers.get(manager)
     ours = set(packages) | set(holds)
     unhold = pm.holds_among(root, holds, packages)
@@ -479,7 +505,8 @@ def purge_actions(root: Path, manager: str, packages: tuple[str, ...], holds: tu
     if needed and pm.holds_others(root, ours):
         packages = tuple(p for p in packages if p not in needed)
         note = f" ({' '.join(needed)} kept: the versionlock list holds locks that are not gpuprov's)"
-    return ([Purge(manager, packages, unhold, allow_remove)] if packages else []), note
+    how = dict(remove=data.remove, stop=data.stop, stores=stores) if data else {}
+    return ([Purge(manager, packages, unhold, allow_remove, **how)] if packages else []), note
 
 
 def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list[Step]:
@@ -497,15 +524,31 @@ def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list
             if stage == Stage.DRIVER and adapter.module_streams else ()
         if not asked or not (pkgs or extra or resets):
             continue
-        acts, note = purge_actions(root, pm, pkgs, holds, opt.allow_remove)
+        # the engines' data roots a purge of these would delete (plan/engine_data.py), counted before any change
+        stores = engine_data.stores(root, pkgs) if stage == Stage.ENGINE and pkgs else ()
+        data = engine_data.decide(stores, pkgs, opt.engine_data, pm) if stage == Stage.ENGINE and pkgs else None
+        acts, note = purge_actions(root, pm, pkgs, holds, opt.allow_remove, data, stores)
         acts += [_rm(*extra)] if extra else []
         acts += [Command(adapter.reset_streams(resets))] if resets else []
         check = Undone(gone=extra) if not pkgs else Never()
-        steps.append(Step(f"uninstall.{stage.value}.packages", stage,
-                          f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}{note}"
+        title = data.title if data else f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}"
+        steps.append(Step(f"uninstall.{stage.value}.packages", stage, f"{title}{note}"
                           + (f"; reset the module stream gpuprov enabled: {' '.join(resets)}" if resets else ""),
-                          actions=tuple(acts), check=StreamsReset(check, resets, pm) if resets else check))
+                          actions=tuple(acts), check=StreamsReset(check, resets, pm) if resets else check,
+                          notes=data.notes if data else ()))
     return steps
+
+
+def refusal(steps: list[Step]) -> EngineDataAtStake | None:
+    """The refusal a plan carries (an engine purge that would delete the operator's data, said neither way), raised
+    by the command before any step runs, so that nothing changes (exit 14)."""
+    stop = next((a.stop for s in steps for a in s.actions if isinstance(a, Purge) and a.stop), "")
+    return EngineDataAtStake(stop) if stop else None
+
+
+def engine_data_doc(steps: list[Step]) -> list[dict]:
+    """The engines' stores the plan counted (--json's `engine_data`), each with whether the plan deletes it."""
+    return [d for s in steps for a in s.actions if isinstance(a, Purge) for d in a.data()]
 
 
 def _package_manager(root: Path) -> str:

@@ -21,6 +21,7 @@ from provision import paths, record
 from provision.engines import containerd as ctd
 from provision.engines import crio, podman, validate
 from provision.engines.configure import configure
+from provision.engines.docker import DockerEngine
 from provision.errors import HostBusy
 from provision.hostlock import host_lock
 from provision.plan import apply as ap
@@ -135,6 +136,7 @@ def test_purge_that_would_remove_the_operators_package_stops(apt_host):
 def test_purge_step_prints_the_simulation_and_the_option(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "INSTALL_RECORD", str(tmp_path / "installed.json"))
     monkeypatch.setattr(un, "packages_installed", lambda pm, pkgs, root=LIVE: True)
+    monkeypatch.setattr(DockerEngine, "stored", lambda self, root: None)  # no data root: this machine's is not ours
     record.note_packages("engine", ["docker.io"])
     (step,) = un.package_steps(LIVE, record.read(), un.UninstallOptions(purge_engine=True))
     lines = "\n".join(step.lines())
@@ -378,7 +380,8 @@ def test_a_failed_step_does_not_stop_the_others_and_the_next_run_finishes(tmp_pa
     busy = [(("sh", "-c", "echo 'image is being used by stopped container 1f2e'; exit 1"), False)]
     monkeypatch.setattr(validate, "leftover_image_argvs", lambda: busy)
     kw = dict(yes=True, dry_run=False, json_out=True, purge_driver=False, purge_engine=False, old_driver=False,
-              old_engine=False, allow_remove=False, restart_engine=False, root=LIVE)
+              old_engine=False, allow_remove=False, restart_engine=False, root=LIVE, keep_engine_data=False,
+              delete_engine_data=False)
     with pytest.raises(StepFailed) as exc:
         uninstall_cmd(**kw)
     assert "uninstall.images" in str(exc.value) and "stopped container" in str(exc.value)

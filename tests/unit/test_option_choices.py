@@ -23,8 +23,8 @@ app = load_commands(["plan"])  # gpuprov imports only the invoked command's modu
 ROLE = REPO / "roles/gpuprov"
 # Module parameters that are not bootstrap options: `kubernetes` runs `gpuprov k8s node` after bootstrap, `gpuprov`
 # is the command's path on the node.
-NOT_BOOTSTRAP = {"kubernetes", "gpuprov", "state", "uninstall_driver", "uninstall_engine"}  # (the last three:
-# `gpuprov uninstall`'s, test_absent_runs_uninstall_with_its_options)
+NOT_BOOTSTRAP = {"kubernetes", "gpuprov", "state", "uninstall_driver", "uninstall_engine",
+                 "uninstall_engine_data"}  # (the last four: `gpuprov uninstall`'s, test_absent_runs_uninstall_with_its_options)
 # A value other than the default for each parameter (a parameter missing here fails the round trip below).
 SAMPLES = dict(driver="535", kernel_modules="open", driver_source="nvidia", engine="containerd",
                engine_source="docker-ce", runtime_name="gpu", default_runtime=False, cdi=True, validate=False,
@@ -130,13 +130,17 @@ def test_absent_runs_uninstall_with_its_options(check_mode):
     """`state: absent` is `gpuprov uninstall`, its two flags the module's two parameters, as the CLI parses them."""
     mod = _module()
     uninstall = typer.main.get_command(load_commands(["uninstall"])).commands["uninstall"]
-    for driver, engine in ((False, False), (True, False), (False, True)):
+    for driver, engine, data in ((False, False, None), (True, False, None), (False, True, None), (False, True, "keep"),
+                                 (False, True, "delete"), (False, False, "keep")):
         argv = mod.uninstall_argv({**_module_defaults(mod), "state": "absent", "uninstall_driver": driver,
-                                   "uninstall_engine": engine}, check_mode)
+                                   "uninstall_engine": engine, "uninstall_engine_data": data}, check_mode)
         assert argv[1:3] == ["--no-wait", "uninstall"]
         params = uninstall.make_context("uninstall", argv[3:]).params
         assert (params["purge_driver"], params["purge_engine"], params["json_out"]) == (driver, engine, True)
         assert (params["dry_run"], params["yes"]) == (check_mode, not check_mode)
+        # the engine's data, said only with the purge it is about (alone the CLI refuses it, exit 2)
+        assert (params["keep_engine_data"], params["delete_engine_data"]) == (
+            engine and data == "keep", engine and data == "delete")
 
 
 def test_mirror_names_are_the_repository_table():

@@ -273,6 +273,7 @@ def test_uninstall_applied_leaves_the_files_as_they_were_and_a_second_plan_is_em
 
 def test_packages_only_from_the_record_and_only_when_asked(host, monkeypatch):
     monkeypatch.setattr(un, "packages_installed", lambda pm, pkgs, root=LIVE: True)
+    monkeypatch.setattr(DockerEngine, "stored", lambda self, root: None)  # no data root (tests/unit/test_engine_data.py)
     record.note_packages("driver", ["nvidia-driver", "firmware-misc-nonfree"], held=["nvidia-driver"])
     record.note_packages("engine", ["docker.io"])
     ids = lambda opt: {s.id: s for s in un.uninstall_steps(LIVE, opt)}  # noqa: E731
