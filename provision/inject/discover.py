@@ -809,23 +809,26 @@ def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery
     return disc if disc.key == host_key(proc_root, disc.watch) else None
 
 
-# A directory's ctime comes from the kernel's coarse clock (one tick: 1-10 ms): a change within the tick its stamp
-# was read in would leave the stamp as it was. refresh waits this long past the newest stamp before reading the key.
+# A directory's ctime comes from the kernel's coarse clock (one tick: 1-10 ms; whole seconds on a filesystem without
+# sub-second times, such as ext4 with 128-byte inodes): a change within the tick its stamp was read in would leave
+# the stamp as it was. refresh waits past the newest stamp's tick before reading the key.
 STAMP_TICK_NS = 20_000_000
-REFRESH_TRIES = 2  # discoveries a refresh makes while the host keeps changing under it, before it gives up caching
+REFRESH_TRIES = 3  # discoveries a refresh makes while the host keeps changing under it (the driver asked once)
 
 
 def _settled_key(proc_root: str, watch: tuple[str, ...]) -> str:
-    """host_key, read once no watched path changed within the last clock tick (so that any later change shows)."""
+    """host_key, read once no watched path changed within its clock's last tick (so that any later change shows).
+    Waits only right after a change (a driver being installed, a node just made): at most one tick."""
     newest = 0
     for p in watch:
         try:
             newest = max(newest, os.stat(p).st_ctime_ns)
         except OSError:
             pass
-    wait = newest + STAMP_TICK_NS - time.time_ns()
+    tick = 1_000_000_000 if newest % 1_000_000_000 == 0 else STAMP_TICK_NS
+    wait = newest + tick - time.time_ns()
     if wait > 0:
-        time.sleep(min(wait, STAMP_TICK_NS) / 1e9)
+        time.sleep(min(wait, tick) / 1e9)
     return host_key(proc_root, watch)
 
 
