@@ -848,5 +848,5 @@ def refresh(driver_root: str, cache_file: str = CACHE_FILE, proc_root: str = "/"
             disc = replace(disc, key=key, watch=watch)
             write_file(cache_file, disc.to_json(), mode=0o644, keep_mode=False, backup=False)
             return disc
-        known = disc if known is None else known  # the host changed, its GPUs did not: the driver is not asked again
+        known = disc  # its answers stand for the same GPUs: a host moving under discovery costs no second question
     return disc
