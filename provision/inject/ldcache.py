@@ -8,6 +8,12 @@ host's library over each file the cache names for a driver SONAME.
 The format is glibc's "new" one (elf/cache.c, sysdeps/generic/dl-cache.h), written alone since glibc 2.32 and after
 the old one before: a 48-byte header (magic "glibc-ld.so.cache" "1.1", nlibs, len_strings, …) and nlibs 24-byte
 entries (flags, key, value, osversion, hwcap), key and value being offsets of NUL-ended strings from the header.
+
+The image writes this file, so every step is linear in its size and the size is capped (issue 38 item 3: the scan
+was quadratic, 0.4 MB took 3.5 s and held the warm editor, so every other tenant's GPU start, meanwhile): one pass
+per marker, one sorted sweep for the strings the entries name, a SONAME longer than NAME_MAX or a path longer than
+PATH_MAX is no name. A cache over MAX_CACHE, or naming more driver files than MAX_DRIVER_ENTRIES, refuses the start
+in one line.
 Import-light (os, stat, struct lazily): the start path loads it; a cache that names no driver library costs one
 bounded read and a few substring scans."""
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import os
 import stat
 
+from provision.errors import Refused
 from provision.inject.capabilities import LIBRARIES
 
 CACHE = "/etc/ld.so.cache"
@@ -23,12 +30,19 @@ HEADER, ENTRY = 48, 24
 FLAG_X8664 = 0x0303  # FLAG_ELF_LIBC6 | FLAG_X8664_LIB64: a 64-bit x86 library (the only ones gpuprov mounts)
 MARKERS = (b"libcuda", b"libnv", b"_nvidia")  # every driver library's name has one (tests/faults/test_field_runtime.py)
 DRIVER_LIBRARIES = frozenset(lib for libs in LIBRARIES.values() for lib in libs)
-MAX_CACHE = 16 << 20  # a cache larger than this is not one a loader would map either: ignored
+NAME_MAX, PATH_MAX = 255, 4096  # a SONAME is a file name, a cached path a path: longer strings are neither
+# Real caches measured (docs/PROOFS.md, issue 38 item 3): 4-9 kB in Debian, Ubuntu and EL images, 35 kB with a CUDA 13
+# toolkit, 34 kB on an H100 host with the driver in two directories (~60 bytes a library): 1 MiB is ~16 000
+# libraries, and the worst cache of that size costs a few ms to scan.
+MAX_CACHE = 1 << 20
+# The same H100 host's cache names 96 driver files (each SONAME, its .so link and versioned name, in two
+# directories); each one named costs the start a lookup inside the image and a mount.
+MAX_DRIVER_ENTRIES = 512
 
 
 def read_cache(path: str) -> bytes:
     """The cache file's bytes (b"" when there is none, or it is not a regular file: a FIFO an image planted there
-    is never read; O_NONBLOCK so that opening one does not wait for a writer)."""
+    is never read; O_NONBLOCK so that opening one does not wait for a writer). Raises Refused past MAX_CACHE."""
     return _open_cache(path, None)[1]
 
 
@@ -41,8 +55,12 @@ def _open_cache(path: str, seen: dict | None) -> tuple[tuple | None, bytes]:
         return None, b""
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CACHE:
+        if not stat.S_ISREG(st.st_mode):
             return None, b""
+        if st.st_size > MAX_CACHE:
+            # Refused, not ignored: skipping it would let the image's own driver copies win unseen
+            raise Refused(f"the image's {CACHE} is {st.st_size} bytes, more than the {MAX_CACHE} gpuprov reads "
+                          f"(real caches are tens of kB): rebuild it with ldconfig in the image, or remove it")
         ident = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if seen is not None and ident in seen:
             return ident, b""
@@ -60,36 +78,48 @@ def _open_cache(path: str, seen: dict | None) -> tuple[tuple | None, bytes]:
         os.close(fd)
 
 
-def entries(data: bytes) -> list[tuple[str, str]]:
-    """(SONAME, path) for each 64-bit x86 library in the cache, in the cache's (the loader's) order; [] for
-    anything that is not a well-formed cache (offsets out of bounds are skipped, never trusted)."""
+def _offsets(data: bytes) -> list[tuple[int, int]]:
+    """(key, value) offsets in `data` of each 64-bit x86 entry, in the cache's (the loader's) order; [] for anything
+    that is not a well-formed cache (entries past the end)."""
     import struct  # lazy: 0.3 ms (-X importtime -I -S), only for an image whose cache names a driver library
 
     base = data.find(MAGIC)
     if base < 0 or len(data) < base + HEADER:
         return []
     nlibs, = struct.unpack_from("<I", data, base + 20)
-    if base + HEADER + nlibs * ENTRY > len(data):
+    table = base + HEADER
+    if table + nlibs * ENTRY > len(data):
         return []
-    out = []
-    for i in range(nlibs):
-        flags, key, value = struct.unpack_from("<iII", data, base + HEADER + i * ENTRY)
-        if flags != FLAG_X8664:
-            continue
-        k, v = _string(data, base + key), _string(data, base + value)
-        if k and v:
-            out.append((k, v))
+    return [(base + key, base + value) for flags, key, value, _, _ in
+            struct.iter_unpack("<iIIIQ", memoryview(data)[table:table + nlibs * ENTRY]) if flags == FLAG_X8664]
+
+
+def _strings(data: bytes, offsets, limit: int) -> dict[int, str]:
+    """The NUL-ended string at each offset, when it is at most `limit` bytes and UTF-8. One sweep in offset order:
+    every entry may name the same long string, or a different place in it, and each byte is searched once."""
+    out = {}
+    nul = -1  # the first NUL at or after the previous offset: no NUL lies between that offset and it
+    for at in sorted(offsets):
+        if nul < at:
+            nul = data.find(b"\0", at)
+            if nul < 0:
+                break  # no NUL after here: no string ends, at this offset or any later one
+        if nul - at <= limit:
+            try:
+                out[at] = data[at:nul].decode()
+            except UnicodeDecodeError:
+                pass
     return out
 
 
-def _string(data: bytes, at: int) -> str | None:
-    end = data.find(b"\0", at)
-    if at >= len(data) or end < 0:
-        return None
-    try:
-        return data[at:end].decode()
-    except UnicodeDecodeError:
-        return None
+def entries(data: bytes) -> list[tuple[str, str]]:
+    """(SONAME, path) for each 64-bit x86 library in the cache, in the cache's (the loader's) order; [] for
+    anything that is not a well-formed cache (offsets out of bounds, overlong or undecodable strings are skipped,
+    never trusted)."""
+    pairs = _offsets(data)
+    keys = _strings(data, {k for k, _ in pairs}, NAME_MAX)
+    values = _strings(data, {v for _, v in pairs}, PATH_MAX)
+    return [(keys[k], values[v]) for k, v in pairs if keys.get(k) and values.get(v)]
 
 
 # The warm editor's answers per cache file identity (_open_cache): containers of one image share the file of its
@@ -100,36 +130,41 @@ SEEN_MAX = 256
 
 
 def driver_entries(path: str) -> list[tuple[str, str]]:
-    """The (SONAME, absolute path) entries of the cache at `path` for what may be a driver library (a marker in its
-    SONAME); the caller keeps those it mounts. Do not change the list: it is the one remembered for the file."""
+    """The (SONAME, absolute path) entries of the cache at `path` for a driver library, each pair once; the caller
+    keeps those it mounts. Do not change the list: it is the one remembered for the file. Raises Refused for a
+    cache past MAX_CACHE or one naming more than MAX_DRIVER_ENTRIES driver files."""
     ident, data = _open_cache(path, _seen)
     if ident is None:
         return []
-    if ident not in _seen:
+    found = _seen.get(ident)
+    if found is None:
+        found = _driver_entries(data)
         if len(_seen) >= SEEN_MAX:
             _seen.clear()
-        _seen[ident] = _driver_entries(data)
-    return _seen[ident]
+        _seen[ident] = found
+    return found
 
 
 def _driver_entries(data: bytes) -> list[tuple[str, str]]:
-    """Every entry whose SONAME has a marker. Only the strings around the markers are looked at first (glibc's
-    ldconfig stores a key as the tail of its path): a cache that names no driver library (nearly every image) costs
-    three substring scans, and the entries are parsed only when a driver SONAME is really there."""
-    named = set()
-    for m in MARKERS:
-        at = data.find(m)
-        while at >= 0:
-            start, end = data.rfind(b"\0", 0, at) + 1, data.find(b"\0", at)
-            named.add(data[start:end if end >= 0 else len(data)].rpartition(b"/")[2])  # a key may be a path's tail
-            at = data.find(m, max(at + 1, end))
-    if not named:
+    """Every entry whose SONAME is a driver library's. A cache with no marker at all (nearly every image) costs
+    three substring scans; otherwise only the driver entries' paths are read."""
+    if not any(m in data for m in MARKERS):
         return []
-    return [(k, v) for k, v in entries(data) if k.encode() in named and v.startswith("/") and _driver_name(k)]
+    pairs = _offsets(data)
+    drivers = {at: name for at, name in _strings(data, {k for k, _ in pairs}, NAME_MAX).items() if _driver_name(name)}
+    ours = dict.fromkeys((k, v) for k, v in pairs if k in drivers)  # dicts: each once, in the cache's order
+    values = _strings(data, {v for _, v in ours}, PATH_MAX)
+    found = dict.fromkeys((drivers[k], values[v]) for k, v in ours if values.get(v, "").startswith("/"))
+    if len(found) > MAX_DRIVER_ENTRIES:
+        raise Refused(f"the image's {CACHE} names {len(found)} files for driver libraries, more than the "
+                      f"{MAX_DRIVER_ENTRIES} gpuprov overrides (a real one names tens): rebuild it with ldconfig in "
+                      f"the image, or remove it")
+    return list(found)
 
 
 def _driver_name(soname: str) -> bool:
     """A library of the driver (capabilities.LIBRARIES, or an EGL platform library discovery adds), not one of the
-    CUDA toolkit's that a CUDA image registers (libcudart, libnvvm, libnvrtc…)."""
+    CUDA toolkit's that a CUDA image registers (libcudart, libnvvm, libnvrtc…). Never a name with a slash: the loader
+    takes that as a path, it never looks it up in the cache."""
     base = soname.partition(".so")[0]
-    return base in DRIVER_LIBRARIES or base.startswith("libnvidia-egl-")
+    return (base in DRIVER_LIBRARIES or base.startswith("libnvidia-egl-")) and "/" not in soname

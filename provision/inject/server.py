@@ -9,12 +9,16 @@ directly, which then leaves this server behind (detached, minimal environment) f
   server goes on serving. A client that sends nothing is dropped after CLIENT_TIMEOUT_S.
 - Serves only from a directory that is root's alone (the front-end checks the same before it trusts the socket).
 - Exits after IDLE_SECONDS without requests, or as soon as gpuprov's runtime code on disk changes (an upgrade).
+- One container's start never holds another's (issue 38 item 3): a request still being edited after HAND_OFF_CPU_S
+  of CPU or HAND_OFF_WALL_S of waiting (an image built to make its own start slow) is handed off: the editor forks,
+  this process finishes that request and exits, the child serves on with the same warm state (_Server.hand_off).
 - Run from an editor copy (inject/install.py: install_editor) that is no longer `current`, it answers no request
   (the front-end then edits directly, with its own copy) and exits within POLL_S, idle or not."""
 from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import socket
 import stat
 import sys
@@ -28,6 +32,17 @@ CLIENT_TIMEOUT_S = 1.0  # the front-end sends its request at once; a silent clie
 MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
 BACKLOG = 1024  # many concurrent starts queue here instead of falling back to a Python start-up each
 DEFAULT_SOCKET = "/run/gpuprov/runtime-editor.sock"
+# A GPU edit costs ~1.3 ms of CPU here, the heaviest honest one (the first container of an image with a 100 MB CUDA
+# compat libcuda: read, sha256, copy) ~120 ms, ~350 ms without SHA instructions: past 0.5 s of CPU a request is an
+# image's doing (CPU time: a busy host does not hand off an ordinary request, whose warm state would go with it). The
+# wall-time bound catches a request that waits instead, inside the front-end's REPLY_TIMEOUT_S (3 s), after which
+# every start queued behind it would edit directly.
+HAND_OFF_CPU_S = 0.5
+HAND_OFF_WALL_S = 2.0
+# Each hand-off runs the next server inside the signal handler, over the frames of the request it left (they must
+# not unwind: their cleanups would undo files the finishing process still writes); past this depth the editor
+# retires instead, and the next cold start leaves a fresh one.
+MAX_HAND_OFFS = 8
 
 
 def socket_path() -> str:
@@ -115,7 +130,7 @@ def handle(data: bytes) -> str:
     return f"{rc}\t{msg}\n"
 
 
-def _serve_one(conn: socket.socket) -> None:
+def _serve_one(conn: socket.socket, answer=handle) -> None:
     conn.settimeout(CLIENT_TIMEOUT_S)
     data = b""
     try:
@@ -131,7 +146,7 @@ def _serve_one(conn: socket.socket) -> None:
                     if not conn.recv(65536):
                         break
                 return
-        conn.sendall(handle(data).encode())
+        conn.sendall(answer(data).encode())
     except OSError:
         return  # timed out, or hung up before reading the answer: the next client is served as usual
 
@@ -154,37 +169,117 @@ def serve(path: str, lock_fd: int | None = None) -> int:
             os.unlink(tmp)
         srv.bind(tmp)
         os.chmod(tmp, 0o600)  # connecting needs write permission only; nobody else gets any
+        st = os.stat(tmp)  # the socket file's own inode (fstat of the socket gives the socket's, never equal)
     finally:
         os.umask(old)
     srv.listen(BACKLOG)
     os.replace(tmp, path)  # atomic: clients never see a half-made socket; a stale or foreign one is replaced
     srv.settimeout(POLL_S)
-    idle = 0.0
-    while True:
-        try:
-            conn, _ = srv.accept()
-        except socket.timeout:
-            idle += POLL_S
-            if idle >= IDLE_SECONDS or _copy_replaced():
-                break
-            continue
-        except OSError:
-            continue
-        idle = 0.0
-        with conn:
-            if _copy_replaced():
-                break  # unanswered: the front-end edits directly, with the new copy
-            _serve_one(conn)
-        if _code_stamp() != stamp:
-            break  # upgraded on disk: let the next container start a fresh server
+    server = _Server(srv, path, (st.st_dev, st.st_ino), lock_fd, stamp)
     try:
-        if os.stat(path).st_ino == os.fstat(srv.fileno()).st_ino:
-            os.unlink(path)
-    except OSError:
-        pass
-    srv.close()
-    os.close(lock_fd)  # last: a newcomer may take over only once our socket is gone
+        signal.signal(signal.SIGPROF, server.hand_off)
+        signal.signal(signal.SIGALRM, server.hand_off)
+    except ValueError:  # not the main thread (only a test does that): requests are served in turn, never handed off
+        server.timers = False
+    server.run()
     return 0
+
+
+def _arm(cpu_s: float, wall_s: float) -> None:
+    signal.setitimer(signal.ITIMER_PROF, cpu_s)  # the process's CPU time, user and system
+    signal.setitimer(signal.ITIMER_REAL, wall_s)
+
+
+class _Server:
+    """The accept loop, and the hand-off of a slow request. The request is never unwound: its cleanups (a temporary
+    file removed, a write undone) would race the process that still completes it. The signal handler forks; the parent
+    returns into the request, answers it and exits; the child never returns: it drops its copy of that connection and
+    serves on from the handler's frame, with every cache the parent had."""
+
+    def __init__(self, srv: socket.socket, path: str, ident: tuple[int, int], lock_fd: int, stamp: float):
+        self.srv, self.path, self.ident, self.lock_fd, self.stamp = srv, path, ident, lock_fd, stamp
+        self.conn: socket.socket | None = None  # the connection whose request is being edited
+        self.handed_off = False  # this process only finishes its request now
+        self.depth = 0  # hand-offs this process is nested in
+        self.timers = True
+
+    def run(self) -> None:
+        idle = 0.0
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except socket.timeout:
+                idle += POLL_S
+                if idle >= IDLE_SECONDS or _copy_replaced():
+                    break
+                continue
+            except OSError:
+                continue
+            idle = 0.0
+            with conn:
+                if _copy_replaced():
+                    break  # unanswered: the front-end edits directly, with the new copy
+                _serve_one(conn, lambda data, conn=conn: self.edit(conn, data))
+            if self.handed_off:
+                return  # let go of in hand_off: another process serves the socket, or nobody (retired)
+            if _code_stamp() != self.stamp:
+                break  # upgraded on disk: let the next container start a fresh server
+        self._unlink()
+        self.srv.close()
+        os.close(self.lock_fd)  # last: a newcomer may take over only once our socket is gone
+
+    def edit(self, conn: socket.socket, data: bytes) -> str:
+        """handle(), with the hand-off timers armed for exactly as long as it runs."""
+        if not self.timers:
+            return handle(data)
+        self.conn = conn
+        _arm(HAND_OFF_CPU_S, HAND_OFF_WALL_S)
+        try:
+            return handle(data)
+        finally:
+            _arm(0, 0)
+            self.conn = None
+
+    def hand_off(self, signum: int, frame: object) -> None:
+        if self.conn is None or self.handed_off:
+            return  # a timer that fired as the request ended, or the other one after a hand-off
+        _arm(0, 0)
+        self.handed_off = True
+        pid = -1
+        if self.depth < MAX_HAND_OFFS:
+            try:
+                # Forked, not through provision.effects: the child is this process, warm caches and the lock with it;
+                # a fresh editor would cost a Python start-up (~45 ms) while the queued starts wait. Timers disarmed.
+                pid = os.fork()
+            except OSError:
+                pid = -1
+        if pid == 0:
+            self._serve_on()
+        if pid < 0:
+            # Retired (too deep, or no fork): nobody serves on. The queued front-ends are reset and new ones find no
+            # socket: they edit directly, and the first of them leaves a fresh editor behind.
+            self._unlink()
+        self.srv.close()
+        os.close(self.lock_fd)  # the child's copy holds the lock on (flock: one lock per open file, shared by both)
+
+    def _serve_on(self) -> None:
+        """In the child: never returns (returning would go on with the request the parent answers)."""
+        try:
+            self.conn.close()
+            self.conn, self.handed_off, self.depth = None, False, self.depth + 1
+            _write_pid(self.lock_fd)  # whoever stops the editor (uninstall, tests) finds this process
+            self.run()
+        finally:
+            os._exit(0)
+
+    def _unlink(self) -> None:
+        """Our socket file, not one a newer editor put there (it cannot: it takes the lock first, we still hold it)."""
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self.ident:
+                os.unlink(self.path)
+        except OSError:
+            pass
 
 
 def spawn_detached() -> None:
