@@ -11,8 +11,25 @@ prefix=${GPUPROV_PREFIX:-/opt/gpuprov}
 pip_index=() what=("$here")  # where pip takes gpuprov (and its dependencies) from
 [ -z "${GPUPROV_WHEELHOUSE:-}" ] || { pip_index=(--no-index --find-links "$GPUPROV_WHEELHOUSE"); what=(gpuprov); }
 # --install-only: install gpuprov and link it, and run nothing (the test hosts' set-up, an image bake).
-install_only=""
-for arg in "$@"; do [ "$arg" != --install-only ] || install_only=1; done
+install_only="" dry_run=""
+for arg in "$@"; do [ "$arg" != --install-only ] || install_only=1; [ "$arg" != --dry-run ] || dry_run=1; done
+# pip builds gpuprov's wheel in the temporary directory (TMPDIR, else /tmp), a compiler fetched for the runtime's
+# front-end runs from there, and --dry-run runs gpuprov from a virtualenv there. On a /tmp mounted noexec each of
+# them failed with a bare "Permission denied": find out first, and say the cause and the way out.
+tmp=${TMPDIR:-/tmp}
+if [ -n "$dry_run" ] || [ -z "${GPUPROV_WHEELHOUSE:-}" ]; then  # (a wheelhouse install only unpacks wheels there)
+  probe=$(mktemp -d "$tmp/gpuprov-exec-check.XXXXXX")
+  printf '#!/bin/sh\nexit 0\n' > "$probe/run" && chmod 700 "$probe/run"
+  runs=1; "$probe/run" 2>/dev/null || runs=""
+  rm -rf "$probe"
+  if [ -z "$runs" ]; then
+    how=$(findmnt -no OPTIONS --target "$tmp" 2>/dev/null | tr ',' '\n' | grep -x 'noexec' || true)
+    echo "install.sh: programs cannot run from $tmp${how:+ (it is mounted noexec)}, where pip builds gpuprov" \
+         "and the dry run's virtualenv lives; nothing was installed. Point TMPDIR at a directory on a filesystem" \
+         "mounted without noexec, e.g.: TMPDIR=/var/tmp $0${*:+ $*}" >&2
+    exit 4
+  fi
+fi
 # --dry-run changes nothing on the host: no package, no $prefix, no link; gpuprov runs its plan from a throwaway
 # virtualenv (its Python front-end: no compiler is fetched), removed afterwards.
 for arg in "$@"; do
@@ -23,7 +40,7 @@ for arg in "$@"; do
     echo "install.sh --dry-run: would install python3-venv first (missing); without it no plan can be shown" >&2
     exit 0
   fi
-  scratch=$(mktemp -d "${TMPDIR:-/tmp}/gpuprov-dry-run.XXXXXX")
+  scratch=$(mktemp -d "$tmp/gpuprov-dry-run.XXXXXX")
   trap 'rm -rf "$scratch"' EXIT
   python3 -m venv "$scratch/venv" && "$scratch/venv/bin/pip" install -q "${pip_index[@]}" "${what[@]}"
   "$scratch/venv/bin/gpuprov" bootstrap "$@"
@@ -44,7 +61,7 @@ trap '[ -z "$toolchain" ] || rm -rf "$toolchain"' EXIT
 if [ -z "${GPUPROV_WHEELHOUSE:-}" ] && ! command -v cc >/dev/null && ! command -v gcc >/dev/null \
    && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
   echo "no C compiler here: fetching one into a temporary directory to build the runtime's front-end" >&2
-  toolchain=$(mktemp -d /tmp/gpuprov-toolchain.XXXXXX)
+  toolchain=$(mktemp -d "$tmp/gpuprov-toolchain.XXXXXX")
   mkdir -p "$toolchain/debs/partial" "$toolchain/root" "$toolchain/bin"
   fetch() { apt-get install -qq -y --no-install-recommends --download-only \
               -o Dir::Cache::archives="$toolchain/debs" gcc libc6-dev >/dev/null 2>&1; }

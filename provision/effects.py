@@ -57,6 +57,8 @@ class Watcher(Protocol):
 
     def line(self, text: str) -> None: ...  # called from reader threads: must be thread-safe
 
+    def partial(self, text: str) -> None: ...  # the line being written, before its newline (as `line`)
+
     def ended(self, shown: str, returncode: int | None, seconds: float) -> None: ...
 
 
@@ -111,10 +113,22 @@ def _run_watched(watcher: Watcher, argv: list[str], check: bool, env: dict | Non
     chunks: dict[str, list[bytes]] = {"out": [], "err": []}
 
     def read(stream, key: str, show: bool) -> None:
-        for raw in iter(stream.readline, b""):
+        # read1, not readline: what the pipe holds now, so that a line still being written is seen at once (apt's
+        # "Reading package lists...", DKMS's dots while it builds: seconds to minutes before their newline)
+        pending, partial = b"", getattr(watcher, "partial", None)
+        for raw in iter(lambda: stream.read1(1 << 16), b""):
             chunks[key].append(raw)
-            if show:
-                watcher.line(raw.decode(errors="replace").rstrip("\r\n"))
+            if not show:
+                continue
+            *whole, pending = (pending + raw).split(b"\n")
+            if len(pending) > 1 << 16:  # (a progress bar that never ends its line: shown as lines, bounded)
+                whole, pending = [*whole, pending], b""
+            for w in whole:
+                watcher.line(w.decode(errors="replace").rstrip("\r"))
+            if pending and partial:
+                partial(pending.decode(errors="replace"))
+        if show and pending:
+            watcher.line(pending.decode(errors="replace").rstrip("\r"))
         stream.close()
 
     readers = [threading.Thread(target=read, args=(p.stdout, "out", not private_stdout), daemon=True),

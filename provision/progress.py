@@ -6,10 +6,13 @@ effects.run starts streams its output here, line by line:
   all of its output, and each step's result; the newest KEEP logs of a command are kept (rotation), and the summary
   names the file;
 - on a terminal, the step being applied shows a live tail of its command's output (its last TAIL lines, replaced in
-  place) and the seconds it has taken (rich's Live, loaded only here and only then: detect and the container-start
-  path never load rich, tests/unit/test_imports.py and test_editor_start.py);
-- piped (not a terminal) each step prints one line when it ends; with --json nothing; with -v/--verbose every
-  command and every line of its output as it comes.
+  place, the line still being written included: apt's "Reading package lists...", DKMS's dots) and the seconds it
+  has taken (rich's Live, loaded only here and only then: detect and the container-start path never load rich,
+  tests/unit/test_imports.py and test_editor_start.py);
+- piped (not a terminal) each step prints one line when it ends, and a heartbeat line while it runs (the step, its
+  seconds so far, the last line of its output) whenever HEARTBEAT seconds passed with nothing printed: under ssh
+  pipes or CI a 45 s apt step is never silent; with --json nothing; with -v/--verbose every command and every line
+  of its output as it comes (and the heartbeat through a silence).
 Each step ends in one line: `[3/7] Install the engine: installed docker.io 20.10.24+dfsg1-1+b3 and 9 dependencies;
 nothing removed (31.2s)`, wrapped to WIDTH columns.
 
@@ -34,6 +37,7 @@ KEEP = 20  # run logs kept per command
 TAIL = 6  # lines of a command's output shown live
 WIDTH = 100  # what the lines a person reads fit in (plans and step results wrap there)
 REFRESH = 4  # live redraws a second
+HEARTBEAT = 10.0  # seconds without a line printed, piped, before a heartbeat says the step is still at work
 
 
 def wrap(text: str, indent: str = "      ", width: int = WIDTH) -> list[str]:
@@ -162,9 +166,13 @@ class Run:
         self._mode = mode
         self.log = RunLog(None, command)
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL)
+        self._partial = ""  # the line being written, before its newline (effects' reader sees it at once)
         self._step: tuple[str, float] | None = None  # the header shown live, and when its step began
         self._live = None
         self._previous = None
+        self._said = time.monotonic()  # when a line was last printed (the heartbeat counts from there)
+        self._beat: threading.Event | None = None  # set to stop the running step's heartbeat
+        self._say_lock = threading.Lock()  # the heartbeat's thread and the run's print whole lines
 
     # ------------------------------------------------------------ set-up
 
@@ -200,16 +208,23 @@ class Run:
     def started(self, shown: str) -> None:
         self.log.write(f"$ {shown}")
         self._tail.clear()
+        self._partial = ""
         self._tail.append(f"$ {shown}")
         if self.mode == "verbose":
             self._say(f"  $ {shown}")
 
     def line(self, text: str) -> None:
         self.log.write(f"  {text}")
+        self._partial = ""
         if text.strip():
             self._tail.append(text)
         if self.mode == "verbose":
             self._say(f"    {text}")
+
+    def partial(self, text: str) -> None:
+        """The line a command is still writing: shown live and by the heartbeat, logged once whole (`line`). A
+        progress meter's carriage returns: its last state."""
+        self._partial = text.rsplit("\r", 1)[-1]
 
     def ended(self, shown: str, returncode: int | None, seconds: float) -> None:
         how = "timed out" if returncode is None else f"exit {returncode}"
@@ -220,14 +235,18 @@ class Run:
     def step_started(self, header: str) -> None:
         self.log.write(f"{_now()} {header}")
         self._tail.clear()
+        self._partial = ""
         self._step = (header, time.monotonic())
         if self.mode == "verbose":
             self._say(header)
         elif self.mode == "live":
             self._start_live()
+        if self.mode in ("plain", "verbose"):
+            self._start_heartbeat()
 
     def step_ended(self, line: str, logged: str | None = None) -> None:
         """The step's one line: in the log (`logged`, when it says more) and, but with --json, on the screen."""
+        self._stop_heartbeat()
         self._stop_live()
         self._step = None
         self.log.write(f"{_now()} {logged or line}")
@@ -238,11 +257,48 @@ class Run:
         """A line for the log only."""
         self.log.write(line)
 
-    def _say(self, text: str) -> None:
-        try:
-            print(text, file=self.out, flush=True)
-        except OSError:  # (a stream that is not a SafeStream, and whose reader is gone)
-            pass
+    def _say(self, text: str, unless: threading.Event | None = None) -> None:
+        """Print a line (`unless`: not once that event is set, decided under the lock: a heartbeat never follows
+        its step's last line)."""
+        with self._say_lock:
+            if unless is not None and unless.is_set():
+                return
+            self._said = time.monotonic()
+            try:
+                print(text, file=self.out, flush=True)
+            except OSError:  # (a stream that is not a SafeStream, and whose reader is gone)
+                pass
+
+    def last_line(self) -> str:
+        """The running command's last line of output: the one it is still writing, else its last whole one (its
+        `$ command` line before it printed any)."""
+        return self._partial.strip() or (self._tail[-1].strip() if self._tail else "")
+
+    # ------------------------------------------------------------ the heartbeat (no terminal)
+
+    def _start_heartbeat(self) -> None:
+        self._beat = threading.Event()
+        threading.Thread(target=self._heartbeat, args=(self._beat, self._step), daemon=True,
+                         name="gpuprov-heartbeat").start()
+
+    def _stop_heartbeat(self) -> None:
+        beat, self._beat = self._beat, None
+        if beat is not None:
+            beat.set()
+
+    def _heartbeat(self, stop: threading.Event, step: tuple[str, float] | None) -> None:
+        """While the step runs: a line whenever HEARTBEAT seconds passed with nothing printed (the step, its seconds
+        so far, the last line of its output, cut to one screen line; the log has all of it)."""
+        header, t0 = step or ("", time.monotonic())
+        while not stop.wait(max(0.05, self._said + HEARTBEAT - time.monotonic())):
+            if time.monotonic() - self._said < HEARTBEAT:
+                continue  # (verbose: a line came meanwhile)
+            text = f"{header}: running, {time.monotonic() - t0:.0f}s"
+            last = self.last_line()
+            if last:
+                room = WIDTH - len(text) - len("; last: ")
+                text += f"; last: {last if len(last) <= room else last[:max(room - 1, 20)] + '…'}"
+            self._say(text, unless=stop)
 
     # ------------------------------------------------------------ the live tail (a terminal)
 
@@ -271,14 +327,15 @@ class Run:
 
         header, t0 = self._step or ("", time.monotonic())
         text = Text(f"{header}  {time.monotonic() - t0:.0f}s", style="bold", no_wrap=True, overflow="ellipsis")
-        for ln in list(self._tail):
+        for ln in self.tail():
             text.append("\n")
             text.append(Text(f"    {ln}", style="dim", no_wrap=True, overflow="ellipsis"))
         return text
 
     def tail(self) -> list[str]:
-        """The lines shown live now (tests)."""
-        return list(self._tail)
+        """The lines shown live now: the last TAIL, the one still being written last."""
+        partial = self._partial.strip()
+        return (list(self._tail) + [partial])[-TAIL:] if partial else list(self._tail)
 
 
 def _now() -> str:

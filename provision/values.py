@@ -238,9 +238,12 @@ def boolean(value) -> bool:
 # daemon.json keys that gpuprov's own options set (--runtime-name, --default-runtime/--no-default-runtime, --cdi):
 # never through --engine-option, so that its merge keeps deciding them (conflicts, uninstall's undo).
 GPUPROV_DAEMON_KEYS = ("runtimes", "default-runtime", "features")
+# The example is quoted for a shell: pasted, `log-driver="local"` reached gpuprov as log-driver=local (the shell
+# strips the JSON string's quotes) and failed again (issue 39)
 ENGINE_OPTION_TEXT = ("KEY=JSON: a daemon.json key (lower-case letters, digits and '-', at most 64; not "
                       f"{', '.join(GPUPROV_DAEMON_KEYS)}: gpuprov's own options set those) and its value as JSON "
-                      "(e.g. log-driver=\"local\", live-restore=true), at most 4096 characters")
+                      "(e.g. --engine-option 'log-driver=\"local\"', --engine-option live-restore=true), at most "
+                      "4096 characters")
 
 
 def engine_option(value) -> str:
@@ -253,6 +256,10 @@ def engine_option(value) -> str:
     try:
         json.loads(doc)
     except ValueError:
+        if re.fullmatch(r"[\w.:/@+-]+", doc):  # a bare word: a JSON string whose quotes the shell took
+            raise BadValue(value, f"KEY=JSON: {doc} is not JSON: a string keeps its double quotes, and the option "
+                                  "goes in single quotes so that the shell leaves them: --engine-option "
+                                  f"'{key}={json.dumps(doc)}'") from None  # (no quote in a word that matched)
         raise BadValue(value, ENGINE_OPTION_TEXT) from None
     return text
 

@@ -58,7 +58,7 @@ def k8s_node(c: Containerd, runtime_path: str, env: dict | None = None, cdi: boo
     cfg.write_text(base_config(c))
     r = gpuprov("k8s", "node", "--engine", "containerd", "--config", str(cfg), "--runtime-path", runtime_path,
                 "--cdi" if cdi else "--no-cdi", *(["--default"] if default else []),
-                *(["--accept-env-unprivileged"] if accept_env else []), "--json", env=env)
+                *(["--accept-env-unprivileged"] if accept_env else []), "--yes", "--json", env=env)
     if r.returncode != 0:
         raise RuntimeError(f"gpuprov k8s node failed ({r.returncode}): {r.stderr}")
     return json.loads(r.stdout)

@@ -253,7 +253,7 @@ def _kubernetes(m: AnsibleModule, p: dict) -> list:
     argv = [p["gpuprov"], "--no-wait", "k8s", "node", "--json", "--engine", p["engine"],
             "--cdi" if p["cdi"] else "--no-cdi"]
     argv += ["--default"] if p["default_runtime"] else []
-    argv += ["--dry-run"] if m.check_mode else []
+    argv += ["--dry-run"] if m.check_mode else ["--yes"]  # (k8s node asks first, as bootstrap, without it)
     rc, out, err = m.run_command(argv)
     if rc != codes.OK:
         m.fail_json(msg=failure(rc, err, "gpuprov k8s node"), rc=rc, busy=rc == codes.HOST_BUSY, stderr=err,

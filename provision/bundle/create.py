@@ -3,6 +3,7 @@ that release, so nothing the building machine already has is left out), download
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -133,6 +134,12 @@ def prerequisites(opt: CreateOptions) -> list[str]:
         need.append("debootstrap")
     how = package_managers.get("apt").how_to_get  # this machine builds bundles with debootstrap: Debian's family
     missing = [f"{t} ({how(dict(HOW_TO_GET)[t])})" for t in need if not effects.which(t)]
+    unfit = [] if image else unfit_mount(tempfile.gettempdir())
+    if unfit:  # (seen: debootstrap's bare `Permission denied` after its downloads, /tmp mounted noexec,nodev)
+        missing.append(f"a temporary directory debootstrap can build the root in: {tempfile.gettempdir()} is "
+                       f"mounted {','.join(unfit)} (debootstrap runs the new root's programs and makes its device "
+                       "nodes there); point TMPDIR at a directory on a filesystem mounted without "
+                       f"{' and '.join(unfit)}, e.g. TMPDIR=/var/tmp gpuprov bundle create …")
     if "runtime" in opt.components:
         if not (SOURCE_ROOT / "pyproject.toml").exists() and own_wheel() is None:
             missing.append(f"gpuprov's own wheel (none in {KEPT_WHEELS}: reinstall with install.sh, which keeps it, "
@@ -140,6 +147,16 @@ def prerequisites(opt: CreateOptions) -> list[str]:
         if effects.try_run([sys.executable, "-m", "pip", "--version"], timeout=60, probe=True) is None:
             missing.append(f"pip for {sys.executable} (python3 -m ensurepip)")
     return missing
+
+
+def unfit_mount(path: str) -> list[str]:
+    """The mount options of the filesystem holding `path` that stop a root being built there: noexec (its programs
+    cannot run) and nodev (its device nodes cannot be opened). [] when it cannot tell."""
+    try:
+        flags = os.statvfs(path).f_flag
+    except OSError:
+        return []
+    return [name for name, bit in (("noexec", os.ST_NOEXEC), ("nodev", os.ST_NODEV)) if flags & bit]
 
 
 def build_wheels(target: Target, wheels: Path) -> None:

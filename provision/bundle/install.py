@@ -51,6 +51,11 @@ def open_verified(path: Path, keyring: str | None = None, base: Path | None = No
     too is copied there first, and the copy verified, so that no other user can change what is installed after it
     was verified. Raises BundleInvalid (exit 8) when anything fails, after removing what was unpacked or copied."""
     base = extract_base() if base is None else base
+    lacks = [m for m in manifest.META[:2] if not (os.path.isfile(path / m) and not os.path.islink(path / m))] \
+        if path.is_dir() else []
+    if lacks:  # (seen: `bundle install /root` named a link it met copying /root, not that /root is no bundle)
+        raise BundleInvalid(f"{path}: not a gpuprov bundle (it has no {' and no '.join(lacks)}): give the "
+                            "directory or .tar.gz that `gpuprov bundle create` made")
     if path.is_dir() and private:
         bundle, unpacked = copy_dir(path, base), True
     elif path.is_dir():

@@ -25,11 +25,11 @@ from provision.report import detect_host
 
 KEYRING_HELP = ("The signer's key (`gpg --export KEY > FILE`): the bundle must then be signed by it, a missing "
                 "SHA256SUMS.sig is refused (exit 8).")
-bundle_app = typer.Typer(help="Offline bundles: create (connected machine), verify, install (network off).",
+bundle_app = typer.Typer(help="Offline bundles: create (connected machine), verify, install (network off), plan (EL).",
                          no_args_is_help=True)
 
 
-@bundle_app.command("create")
+@bundle_app.command("create", short_help=summary("bundle create"))
 def create_cmd(
     target: str = typer.Option(..., "--target", metavar="RELEASE", help="Release to build for, e.g. debian-12."),
     components: str = typer.Option("engine,runtime", "--components", metavar="COMPONENT,COMPONENT",
@@ -75,7 +75,7 @@ def create_cmd(
                   ("signed", res["signed"])]))
 
 
-@bundle_app.command("verify")
+@bundle_app.command("verify", short_help=summary("bundle verify"))
 def verify_cmd(path: Path = typer.Argument(..., callback=rule("path")),
                keyring: Optional[str] = typer.Option(None, "--keyring", callback=rule("path"), help=KEYRING_HELP),
                json_out: bool = typer.Option(False, "--json")) -> None:
@@ -96,7 +96,7 @@ def verify_cmd(path: Path = typer.Argument(..., callback=rule("path")),
               + (", signature good" if res.signed else ", unsigned"))
 
 
-@bundle_app.command("install")
+@bundle_app.command("install", short_help=summary("bundle install"))
 @changes_host("bundle install")
 def install_cmd(
     path: Path = typer.Argument(..., callback=rule("path"), help="Bundle directory or .tar.gz."),
@@ -116,11 +116,11 @@ def install_cmd(
     if json_out:
         emit_json(doc)
     else:
-        print(f"bundle install: {res.changed} change(s), {len(res.outcomes)} steps, from {bundle} only; "
+        print(f"bundle install: {res.counts()}, from {bundle} only; "
               f"{ap.log_named(res)}")
 
 
-@bundle_app.command("plan")
+@bundle_app.command("plan", short_help=summary("bundle plan"))
 def plan_cmd(target: str = typer.Option(..., "--target", metavar="RELEASE", help="The release the bundle is for, "
                                          "e.g. debian-12, rocky-9."),
              packages: Optional[str] = typer.Option(None, "--packages", metavar="PKG,PKG", callback=rule("packages"),

@@ -25,7 +25,7 @@ def default_runtime_path() -> str:
     return shutil.which("gpuprov-runtime") or "/usr/local/bin/gpuprov-runtime"
 
 
-@engine_app.command("configure")
+@engine_app.command("configure", short_help=summary("engine configure"))
 def configure_cmd(
     engine: str = typer.Argument(..., help="docker | containerd | crio | podman"),
     config: Optional[str] = typer.Option(None, "--config", callback=rule("path"),

@@ -11,7 +11,7 @@ import typer
 from provision.commands import summary
 from provision.commands.engine import default_runtime_path
 from provision.commands.runtime_cmds import _discover
-from provision.errors import GpuprovError, UsageError
+from provision.errors import Declined, GpuprovError, UsageError
 from provision.fsutil import SHARED_DIR_HELP, SHARED_DIR_OPTION, write_file
 from provision.hostlock import host_lock
 from provision.inject.settings import load_settings, set_setting, settings_path
@@ -55,7 +55,7 @@ def _labels(sharing: str, replicas: Optional[int], mig_strategy: str = "none") -
     return gfd_labels(nvml.snapshot(), sharing_d, mig_strategy, profiles)
 
 
-@k8s_app.command("labels")
+@k8s_app.command("labels", short_help=summary("k8s labels"))
 def labels_cmd(
     fmt: str = typer.Option("nfd", "--format", metavar="|".join(LABEL_FORMATS),
                             help="nfd (NFD local-source lines) | kubelet (--node-labels) | json"),
@@ -92,7 +92,7 @@ def _check_output_dir(out: Path) -> None:
             return
 
 
-@k8s_app.command("manifests")
+@k8s_app.command("manifests", short_help=summary("k8s manifests"))
 def manifests_cmd(
     output: Optional[str] = typer.Option(None, "--output", metavar="DIR", callback=rule("path"), help="Write the files into DIR "
                                          "(default: print them)."),
@@ -123,7 +123,7 @@ def manifests_cmd(
     print(kv([("wrote", " ".join(files)), ("into", output)]))
 
 
-@k8s_app.command("node")
+@k8s_app.command("node", short_help=summary("k8s node"))
 def node_cmd(
     engine: str = typer.Option("auto", "--engine", metavar="containerd|crio|auto", help="containerd | crio | auto"),
     config: Optional[str] = typer.Option(None, "--config", callback=rule("path"),
@@ -139,20 +139,29 @@ def node_cmd(
     manifests: Optional[str] = typer.Option(None, "--manifests", metavar="DIR", callback=rule("path"),
                                             help="Also write the manifests here."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; change nothing."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     json_out: bool = typer.Option(False, "--json"),
     env_unprivileged: bool = typer.Option(False, "--accept-env-unprivileged", help="Keep letting unprivileged "
                                           "pods pick GPUs with NVIDIA_VISIBLE_DEVICES (single-tenant nodes only)."),
 ) -> None:
     """Prepare this containerd/CRI-O node for GPU pods: handler `nvidia` (drop-in), CDI spec and its refresh at boot,
     GPU labels for NFD; the runtime's accept_env_unprivileged off (a pod gets only the GPUs the device plugin gave
-    it) unless --accept-env-unprivileged. Idempotent: a second run changes nothing."""
-    with host_lock("k8s node"):
-        _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out,
-              env_unprivileged)
+    it) unless --accept-env-unprivileged. Idempotent: a second run changes nothing. As bootstrap: what would change
+    is shown and asked about first, unless --yes; not on a terminal, --yes is needed."""
+    if not (dry_run or yes or sys.stdin.isatty()):  # (it changed the host unasked: issue 39)
+        raise UsageError("refusing to change the host without --yes when not on a terminal (--dry-run shows what "
+                         "would change)")
+    args = (engine, config, default, cdi, sharing, replicas, runtime_path, manifests)
+    with host_lock("k8s node"):  # held from the question to the end, so what was shown is what is done
+        if not (dry_run or yes) and _node(*args, dry_run=True, json_out=False, env_unprivileged=env_unprivileged):
+            if not typer.confirm("Apply these changes?"):
+                raise Declined("declined at the prompt; nothing was changed")
+        _node(*args, dry_run=dry_run, json_out=json_out, env_unprivileged=env_unprivileged)
 
 
 def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifests, dry_run, json_out,
-          env_unprivileged=False) -> None:
+          env_unprivileged=False) -> list[str]:
+    """Set the node up (or, with dry_run, say what would change), print the result; what changed."""
     name = node.pick_engine(engine)
     # Multi-tenant: any pod can set NVIDIA_VISIBLE_DEVICES=all in its image or spec and, with the setting on, get
     # every GPU of the node, the other tenants' included; off, only the device plugin's /dev/null mounts count.
@@ -180,10 +189,11 @@ def _node(engine, config, default, cdi, sharing, replicas, runtime_path, manifes
                       namespace="nvidia-device-plugin", allow_shared_dir=False, mig_strategy="none")
     if json_out:
         emit_json(res.to_dict())
-        return
+        return res.changed
     print(kv([("engine", name), ("changes", "; ".join(res.changed) or "none"), ("CDI spec", res.cdi_spec),
               ("labels", res.labels_file), ("kubelet", "pods use `runtimeClassName: nvidia`" if not default
                else "nvidia is the default handler")]))
+    return res.changed
 
 
 def register(app: typer.Typer) -> None:

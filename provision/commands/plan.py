@@ -36,9 +36,10 @@ def _plan(root: Path, target: Optional[str], opt):
     return report, build_plan(report, opt)
 
 
-def _print_plan(report, steps, json_out: bool, resume: Resume | None = None) -> None:
-    """The plan as it will run: each step's commands (shell-quoted, paste-able), its file diffs against the host
-    under the plan's root, and the check that skips it."""
+def _print_plan(report, steps, json_out: bool, resume: Resume | None = None, verbose: bool = False) -> None:
+    """The plan as it will run: each step, the check that skips it and what it does in one line; with `verbose`
+    its commands (shell-quoted, paste-able) and its file diffs against the host under the plan's root too (--json
+    always has them)."""
     root = Path(report.root or "/")
     doc = {"schema": "gpuprov.plan/v1", "root": str(root), "target": report.target.name if report.target else None,
            "steps": [s.to_dict(root) for s in steps]}
@@ -49,7 +50,7 @@ def _print_plan(report, steps, json_out: bool, resume: Resume | None = None) -> 
         return
     if resume:
         print(f"Before the plan: {resume.bootstrap}")
-    print_steps(f"Plan for {report.target.name}", doc["steps"])
+    print_steps(f"Plan for {report.target.name}", doc["steps"], verbose=verbose)
 
 
 OPTS = dict(
@@ -99,6 +100,8 @@ def plan_cmd(
     root: Path = typer.Option(Path("/"), "--root", callback=rule("path"), help="Plan for the host tree under ROOT (fixtures)."),
     target: Optional[str] = typer.Option(None, "--target"),
     json_out: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every command and file diff of every step "
+                                 "(without it: a few lines a step; --json has them all)."),
     driver: str = OPTS["driver"], kernel_modules: str = OPTS["kernel_modules"],
     driver_source: str = OPTS["driver_source"], engine: str = OPTS["engine"],
     engine_source: str = OPTS["engine_source"], runtime_name: str = OPTS["runtime_name"],
@@ -109,14 +112,14 @@ def plan_cmd(
     engine_option: list[str] = OPTS["engine_option"], engine_user: list[str] = OPTS["engine_user"],
     for_gpus: Optional[list[str]] = OPTS["for_gpus"], kernels: Optional[list[str]] = OPTS["kernels"],
 ) -> None:
-    """Print every command and file diff bootstrap would run; change nothing."""
+    """Print the steps bootstrap would take, a few lines each (-v: every command and file diff); change nothing."""
     opt = Options.parse(driver=driver, kernel_modules=kernel_modules, driver_source=driver_source, engine=engine,
                         engine_source=engine_source, runtime_name=runtime_name, no_default=no_default, cdi=cdi,
                         replace_runtime=replace_runtime, allow_remove=allow_remove, only=only, mirror=mirror,
                         for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
                         no_persistence=no_persistence, engine_option=engine_option, engine_user=engine_user)
     report, steps = _plan(root, target, opt)
-    _print_plan(report, steps, json_out)
+    _print_plan(report, steps, json_out, verbose=verbose)
 
 
 def bootstrap_cmd(
@@ -127,7 +130,8 @@ def bootstrap_cmd(
     reboot: bool = typer.Option(False, "--reboot", help="Reboot by itself when the driver needs it."),
     json_out: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every command and all of its output as it "
-                                 "runs (without it: a live tail on a terminal; the full output is in the run's log)."),
+                                 "runs (without it: a live tail on a terminal; the full output is in the run's "
+                                 "log); with --dry-run, every command and file diff of the plan."),
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip the validation container."),
     bundle: Optional[Path] = typer.Option(None, "--bundle", callback=param_rule("bundle"),
                                           help="Install packages from this offline bundle only "
@@ -155,7 +159,8 @@ def bootstrap_cmd(
                         only=only, mirror=mirror, for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
                         no_persistence=no_persistence, engine_option=engine_option, engine_user=engine_user)
     if dry_run or check:  # they only report: no lock, no resume, no write
-        _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring)
+        _report(opt, root, check=check, json_out=json_out, bundle=bundle, bundle_keyring=bundle_keyring,
+                verbose=verbose)
         return
     if not is_live(root):
         raise UsageError(f"--root {root}: bootstrap applies to this host only; use it with --dry-run or --check "
@@ -167,7 +172,7 @@ def bootstrap_cmd(
 
 
 def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Path],
-            bundle_keyring: Optional[str]) -> None:
+            bundle_keyring: Optional[str], verbose: bool = False) -> None:
     """--dry-run (the plan) and --check (each step evaluated): what bootstrap would do under `root`, changing
     nothing. The resume after a reboot is said, not done; a bundle is verified as a real run verifies it, a .tar.gz
     in a private temporary directory removed afterwards (see _bundle_repo)."""
@@ -179,7 +184,7 @@ def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Pa
         if check:
             _print_check(ap.check_plan(steps, root), json_out, resume)
         else:
-            _print_plan(report, steps, json_out, resume)
+            _print_plan(report, steps, json_out, resume, verbose=verbose)
 
 
 @contextmanager
@@ -234,7 +239,7 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
     if json_out:
         emit_json(res.to_dict())
     else:
-        print(f"bootstrap: {res.changed} change(s), {len(res.outcomes)} steps"
+        print(f"bootstrap: {res.counts()}"
               + ("; REBOOT REQUIRED" if res.reboot_required else "") + f"; {ap.log_named(res)}")
     if res.reboot_required:
         if reboot:

@@ -33,7 +33,7 @@ def _discover(driver_root: Optional[str], arch: bool = False) -> Discovery:
     return runtime_host.discover_host(driver_root, arch)
 
 
-@runtime_app.command("install")
+@runtime_app.command("install", short_help=summary("runtime install"))
 @changes_host("runtime install")
 def runtime_install(
     prefix: str = typer.Option("/usr/local", callback=rule("abs_path"),
@@ -62,7 +62,7 @@ def runtime_install(
         print("\n".join(lines))
 
 
-@runtime_app.command("dev-char-links")
+@runtime_app.command("dev-char-links", short_help=summary("runtime dev-char-links"))
 def runtime_dev_char_links(
     dev_root: str = typer.Option("/", callback=rule("abs_path"), help="Where the host's /dev lives (tests)."),
     check: bool = typer.Option(False, "--check", help="Change nothing: list the NVIDIA nodes without a link "
@@ -89,7 +89,7 @@ def runtime_dev_char_links(
                            exit_code=REQUIREMENT_FAILED)
 
 
-@runtime_app.command("discover")
+@runtime_app.command("discover", short_help=summary("runtime discover"))
 def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: bool = typer.Option(False, "--json")):
     """What the runtime would inject: driver version, libraries per capability, binaries, nodes, GPUs (with the
     compute capability the driver reports, which NVIDIA_REQUIRE_ARCH is checked against)."""
@@ -105,7 +105,7 @@ def runtime_discover(driver_root: Optional[str] = typer.Option(None), json_out: 
               *((f"libs {c}", " ".join(x.soname for x in v)) for c, v in disc.libraries.items())]))
 
 
-@cdi_app.command("generate")
+@cdi_app.command("generate", short_help=summary("cdi generate"))
 def cdi_generate(
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
     output: Optional[Path] = typer.Option(None, callback=rule("path"),
@@ -130,7 +130,7 @@ def cdi_generate(
         print(f"wrote {output} ({len(spec['devices'])} devices)", file=sys.stderr)
 
 
-@cdi_app.command("refresh")
+@cdi_app.command("refresh", short_help=summary("cdi refresh"))
 def cdi_refresh(
     driver_root: Optional[str] = typer.Option(None, callback=rule("abs_path"), help="Driver root (default: detected)."),
     spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", callback=rule("abs_paths"),
@@ -145,7 +145,7 @@ def cdi_refresh(
     print("\n".join(done), file=sys.stderr)
 
 
-@cdi_app.command("list")
+@cdi_app.command("list", short_help=summary("cdi list"))
 def cdi_list(spec_dirs: str = typer.Option("/etc/cdi:/var/run/cdi", callback=rule("abs_paths"),
                                            help="Colon-separated CDI spec directories.")):
     """List the qualified CDI device names found in the spec directories."""

@@ -20,7 +20,7 @@ def _state_path() -> str:
     return load_settings().share_state
 
 
-@share_app.command("enable")
+@share_app.command("enable", short_help=summary("share enable"))
 @changes_host("share enable")
 def enable_cmd(
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices to share, e.g. 0,1 (default: all)."),
@@ -63,7 +63,7 @@ def _modes(previous: tuple[tuple[str, str], ...]) -> str:
         ", ".join(sorted({m for _, m in previous})) + ")"
 
 
-@share_app.command("disable")
+@share_app.command("disable", short_help=summary("share disable"))
 @changes_host("share disable")
 def disable_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     """Stop the MPS daemon cleanly (running clients finish first)."""
@@ -74,7 +74,7 @@ def disable_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
         print("GPU sharing off" + (f"; still running: {res['left_running']}" if res.get("left_running") else ""))
 
 
-@share_app.command("follow", hidden=True)
+@share_app.command("follow", short_help=summary("share follow"), hidden=True)
 def follow_cmd(state: str = typer.Option(..., "--state", help="The share state file the unit names."),
                json_out: bool = typer.Option(False, "--json")) -> None:
     """gpuprov-mps.service's ExecStartPost: a restarted daemon gets the state's limits, and the state names it."""
@@ -85,7 +85,7 @@ def follow_cmd(state: str = typer.Option(..., "--state", help="The share state f
         print(f"MPS daemon pid {res['daemon_pid']} now serves {state}" if res["followed"] else res["note"])
 
 
-@share_app.command("status")
+@share_app.command("status", short_help=summary("share status"))
 def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
     """The daemon, its clients and, per container, GPU memory in use and the limit (like cgpu-smi)."""
     st = mps.status(_state_path())

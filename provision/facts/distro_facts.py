@@ -62,16 +62,21 @@ def _package_manager(family: str, os_id: str, major: str) -> str:
     return {"suse": "zypper", "arch": "pacman", "alpine": "apk"}.get(family, "unknown")
 
 
-def _release_files(root: Path) -> dict[str, bytes]:
+# What a command that decides for a release can take instead of a host tree (`detect`, `plan`); uninstall, which has
+# no --target, is told only of --root (read_host_root; seen: `uninstall --root /tmp` suggested --target).
+TARGET_HINT = ", or use --target to name the release"
+
+
+def _release_files(root: Path, target_hint: bool = True) -> dict[str, bytes]:
     """The release files present under `root`, each read once through the bounded, non-blocking reader: `distro`
     then parses copies of these alone, so it never opens anything else in the tree (a FIFO named
-    etc/x-release would otherwise hang it)."""
+    etc/x-release would otherwise hang it). `target_hint`: the error may point at --target."""
     candidates = ["etc/os-release", "usr/lib/os-release", *LEGACY_FILES]
     present = [c for c in candidates if under(root, c).exists()]
     if not present:
         raise HostUnreadable(
             f"no os-release under {root} (looked for /etc/os-release, /usr/lib/os-release and legacy release "
-            "files): pass --root pointing at a host's root, or use --target to name the release"
+            f"files): pass --root pointing at a host's root{TARGET_HINT if target_hint else ''}"
         )
     out, odd = {}, []
     for c in present:
@@ -89,7 +94,8 @@ def _release_files(root: Path) -> dict[str, bytes]:
             out[c] = data
     if not out:
         raise HostUnreadable(f"cannot read {under(root, odd[0])}: not a regular file of at most {RELEASE_MAX} "
-                             "bytes; restore it from the distro package, or pass --target to name the release")
+                             "bytes; restore it from the distro package"
+                             + (", or pass --target to name the release" if target_hint else ""))
     return out
 
 
@@ -114,11 +120,11 @@ def read_host_root(root: Path) -> DistroFacts:
     line, the same for every command that takes one (detect, plan, uninstall)."""
     if not root.is_dir():
         raise HostUnreadable(f"--root {root} is not a directory: pass the root of a host tree")
-    return read_distro(root)
+    return read_distro(root, target_hint=False)  # (uninstall has no --target)
 
 
-def read_distro(root: Path) -> DistroFacts:
-    files = _release_files(root)
+def read_distro(root: Path, target_hint: bool = True) -> DistroFacts:
+    files = _release_files(root, target_hint)
     os_rel = next((c for c in ("etc/os-release", "usr/lib/os-release") if c in files), None)
     fields = os_release_fields(files[os_rel]) if os_rel else {}
     if fields.get("id") and fields.get("version_id") and fields.get("pretty_name") and fields["id"] != "centos":

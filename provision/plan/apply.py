@@ -55,6 +55,11 @@ class ApplyResult:
     def changed(self) -> int:
         return sum(o.status is Status.CHANGED for o in self.outcomes)
 
+    def counts(self) -> str:
+        """The summary's counts in words: `1 change, 5 steps`."""
+        return (f"{self.changed} change{'' if self.changed == 1 else 's'}, "
+                f"{len(self.outcomes)} step{'' if len(self.outcomes) == 1 else 's'}")
+
     def changed_ids(self) -> set[str]:
         return {o.id for o in self.outcomes if o.status is Status.CHANGED}
 
@@ -176,20 +181,25 @@ def step_line(i: int, n: int, title: str, status: Status, detail: str | None, se
 
 
 def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True, keep_going: bool = False,
-               run: progress.Run | None = None, watch: InstallWatch | None = None) -> ApplyResult:
+               run: progress.Run | None = None, watch: InstallWatch | None = None, first: int = 1,
+               total: int | None = None) -> ApplyResult:
     """Walk the steps on the live host: a satisfied step is skipped, any other runs its actions, in order.
     `logged=False`: no lines in bootstrap's log (uninstall removes the log's directory). `keep_going` (uninstall,
     whose steps are each idempotent): a failed step is recorded and the next one runs; the caller reports them.
     `run`: the run's log and screen (provision/progress.py); without one, a run of its own (no log file unless
-    `logged`). `watch`: notes what each step's dnf/yum transactions installed (for the install record)."""
+    `logged`). `watch`: notes what each step's dnf/yum transactions installed (for the install record).
+    `first`, `total`: the steps' numbers, `[first/total]` on, where a plan is applied in parts (uninstall applies its
+    state step after the others): the numbers then run as the dry run counted them, [1/5] to [5/5], not [1/4] to
+    [4/4] then [1/1]."""
     if run is None:
         with progress.Run("bootstrap", log_dir=RUN_LOGS if logged else None,
                           mode="quiet" if quiet else None) as own:
-            return apply_plan(steps, logged=logged, keep_going=keep_going, run=own)
+            return apply_plan(steps, logged=logged, keep_going=keep_going, run=own, watch=watch, first=first,
+                              total=total)
     res = ApplyResult(log=str(run.log.path) if run.log.path else None)
-    n = len(steps)
+    n = total or len(steps)
     note = log if logged else (lambda line: None)
-    for i, step in enumerate(steps, 1):
+    for i, step in enumerate(steps, first):
         t = time.monotonic()
         run.step_started(f"[{i}/{n}] {step.title}")
         try:

@@ -19,7 +19,9 @@ answer, the package database of a running system) say "cannot tell" (False: woul
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Union
@@ -28,7 +30,7 @@ from provision import effects, engines, package_managers
 from provision.engines.base import Change, EnginePlan, FileEdit, ImageImport, RuntimeRequest
 from provision.engines.configure import configure, refuse_stopping_restart
 from provision.errors import GpuprovError, StepFailed
-from provision.facts.rootfs import MAX_READ, is_live, read_text_file, under
+from provision.facts.rootfs import MAX_READ, is_live, read_bytes_bounded, read_text_file, under
 from provision.fsutil import write_file
 from provision.inject import install
 from provision.inject.settings import load_settings
@@ -59,6 +61,11 @@ class Action:
     def diffs(self, root: Path) -> dict[str, str]:
         """{host path: unified diff} of the files it writes, against those under `root`."""
         return {}
+
+    def brief(self) -> str | None:
+        """What it does in a few words, where neither its commands nor its files say it (an action gpuprov runs
+        in-process): a plan's one-line effect (Step.effect) shows it."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,15 @@ class WriteFile(Action):
                 + (" and gets a backup)" if self.backup else ")")]
 
     def diff(self, root: Path) -> str:
-        return effects.unified_diff(read_or_empty(under(root, self.path)), self.content, self.path)
+        current = under(root, self.path)
+        try:
+            old = read_bytes_bounded(current)
+        except OSError:  # missing, or not a regular file: as read_or_empty says it
+            old = b""
+        new = self.content.encode(errors="surrogateescape")
+        if is_binary(old) or is_binary(new):  # (uninstall's pass-through replaces the runtime's ELF: 8,352 lines)
+            return binary_diff(self.path, current if old else None, new)
+        return effects.unified_diff(old.decode(errors="replace"), self.content, self.path)
 
     def diffs(self, root: Path) -> dict[str, str]:
         return {self.path: self.diff(root)}
@@ -143,6 +158,9 @@ class ReloadEngine(Action):
                        "more with runtimes and default-runtime set to what remains, SIGHUP again, and write it "
                        "back as shown")
         return out
+
+    def brief(self) -> str:
+        return f"{_how(self.engine, self.restart)} where it runs"
 
     def execute(self) -> str:
         eng = engines.get(self.engine)
@@ -228,6 +246,9 @@ class InstallRuntime(Action):
                 "the udev rule that make them at every boot (GPU containers keep their devices across "
                 "systemctl daemon-reload)"]
 
+    def brief(self) -> str:
+        return f"installs gpuprov-runtime and the --gpus hook in {self.prefix}/bin"
+
     def execute(self) -> str:
         doc, _ = runtime_host.install(self.prefix, driver_root=self.driver_root)
         kind = f"compiled front-end, {doc['front_end_origin']}" if doc["compiled"] else "Python front-end"
@@ -248,6 +269,9 @@ class RefreshCdi(Action):
                 "(rewritten only when the driver changed)",
                 f"install and enable gpuprov-cdi-refresh.path and .service in {runtime_host.UNIT_DIR} (systemd), "
                 "as gpuprov cdi refresh --install-units does"]
+
+    def brief(self) -> str:
+        return "writes the CDI spec and installs the units that refresh it"
 
     def execute(self) -> str:
         return "\n".join(runtime_host.refresh_cdi(self.driver_root, install_units=True))
@@ -333,6 +357,9 @@ class ConfigureEngine(Action):
                 f"then {eng.apply_how(bool(self.start_only))}: the running {eng.daemon} that reads {path}, if any, and "
                 f"check that it has runtime {self.runtime_name!r}"]  # (docker reads `features` and most keys at start)
 
+    def brief(self) -> str:
+        return f"then {_how(self.engine, bool(self.start_only))} where it runs"
+
     def execute(self) -> str:
         res = configure(self.engine, config=self.config, runtime_name=self.runtime_name,
                         runtime_path=self.runtime_path, default=self.default, cdi=self.cdi, replace=self.replace,
@@ -349,6 +376,9 @@ class StopSharing(Action):
     def lines(self) -> list[str]:
         return ["stop the MPS control daemon (running clients finish first) and remove its state, as gpuprov share "
                 "disable does"]
+
+    def brief(self) -> str:
+        return "stops the MPS control daemon"
 
     def execute(self) -> str:
         res = mps.disable(load_settings().share_state)
@@ -389,6 +419,12 @@ class RunContainer(Action):
             raise StepFailed(f"`{shlex.join(self.argv)}` exited 0 but its output lacks {self.expect!r}: "
                              f"{out.strip()[-200:]!r}")
         return out
+
+
+def _how(engine: str, restart: bool) -> str:
+    """How the engine's live daemon is made to read its config, in a few words: the adapter's apply_how without
+    its reasons (`SIGHUP to dockerd`, `systemctl restart containerd`)."""
+    return engines.get(engine).apply_how(restart).split(" (")[0]
 
 
 # ---------------------------------------------------------------- checks
@@ -486,7 +522,8 @@ class Undone:
         return FilesMatch(self.files).satisfied(root) and not any(os.path.lexists(under(root, p)) for p in self.gone)
 
     def describe(self) -> str:
-        parts = ([f"{', '.join(p for p, _ in self.files)} hold this content"] if self.files else []) \
+        parts = ([f"{', '.join(p for p, _ in self.files)} {'hold' if len(self.files) > 1 else 'holds'} this "
+                  "content"] if self.files else []) \
             + ([f"{', '.join(self.gone)} {'are' if len(self.gone) > 1 else 'is'} gone"] if self.gone else [])
         return "skipped when " + " and ".join(parts)
 
@@ -614,6 +651,37 @@ class Step:
         detail = "; ".join(outs + self.shown_notes())
         return detail or None
 
+    def effect(self, diffs: dict[str, str] | None = None) -> str:
+        """What the step does, in one line: the programs it runs, the files it changes (by lines; a binary one by
+        name), what it does in-process, the exit codes it may stop with. `diffs`: its diffs (to_dict's), for the
+        lines; without them the files are only named. The commands and diffs themselves are -v's and --json's."""
+        parts = []
+        if self.commands:
+            programs = dict.fromkeys(os.path.basename(c.argv[0]) for c in self.commands if c.argv)
+            parts.append(f"runs {_counted(len(self.commands), 'command')} ({', '.join(programs)})")
+        for path, diff in (diffs if diffs is not None else dict.fromkeys(self.files, None)).items():
+            if diff is None:
+                parts.append(f"writes {path}")
+            elif diff.startswith("Binary file "):
+                parts.append(f"replaces {path} (binary)")
+            elif diff:
+                lines = diff.splitlines()
+                added = sum(ln.startswith("+") and not ln.startswith("+++") for ln in lines)
+                removed = sum(ln.startswith("-") and not ln.startswith("---") for ln in lines)
+                parts.append(f"creates {path} ({_counted(added, 'line')})" if "\n@@ -0,0 " in diff else
+                             f"changes {path} (+{added} -{removed} lines)")
+        parts += [b for a in self.actions if (b := a.brief())]
+        if self.on_failure:
+            parts.append(f"{len(self.on_failure)} more {'command' if len(self.on_failure) == 1 else 'commands'} "
+                         "only to roll back a failure")
+        codes = sorted({int(c) for ln in self.lines() if not ln.lstrip().startswith("$ ")
+                        for c in re.findall(r"\bexit (\d+)", ln)})
+        if codes:
+            said = [str(c) for c in codes]
+            parts.append("may stop with exit " + (f"{', '.join(said[:-1])} or {said[-1]}" if len(said) > 1 else
+                                                  said[0]))
+        return "; ".join(parts) or "done by gpuprov itself (-v: how)"
+
     def to_dict(self, root: Path = LIVE, diffs: bool = True) -> dict:
         d = {"id": self.id, "title": self.title, "commands": [c.shell() for c in self.commands],
              "on_failure": [c.shell() for c in self.on_failure], "actions": [ln for ln in self.lines()],
@@ -621,12 +689,55 @@ class Step:
              "reboot": self.reboot, "verify_only": self.verify_only, "notes": self.shown_notes()}
         if diffs:
             d["diffs"] = self.diffs(root)
+        d["effect"] = self.effect(d.get("diffs"))
         return d
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def executed_argvs(step: Step) -> list[tuple[str, ...]]:
     """Every argv the step may run, in order: what a test compares with what apply really ran."""
     return [c.argv for c in step.commands]
+
+
+def is_binary(data: bytes) -> bool:
+    """Not text a person can read line by line: a NUL in its first 8 KiB (diff's and git's rule), or not UTF-8."""
+    if b"\0" in data[:8192]:
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def binary_diff(path: str, current: Path | None, new: bytes) -> str:
+    """A binary file's change as the plan shows it: named with its size and SHA-256 before and after, never diffed
+    (a diff of an executable is thousands of lines nobody can read). `current`: the file under the plan's root,
+    hashed whole (in 1 MiB reads); None where there is none."""
+    import hashlib  # lazy: 1.5 ms (-X importtime); only a plan that replaces a binary file needs it
+
+    def said(size: int, digest: str) -> str:
+        return f"{size} bytes, sha256 {digest}"
+
+    before = "none"
+    if current is not None:
+        h, size = hashlib.sha256(), 0
+        try:  # opened as facts are (non-blocking, regular files only): a FIFO swapped in never hangs a plan
+            fd = os.open(current, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise OSError("not a regular file")
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+                    size += len(chunk)
+            before = said(size, h.hexdigest())
+        except OSError as exc:
+            before = f"unreadable ({exc.strerror or exc})"
+    return (f"Binary file {path}: not diffed\n  current: {before}\n"
+            f"  gpuprov: {said(len(new), hashlib.sha256(new).hexdigest())}\n")
 
 
 def read_or_empty(path: Path | str, limit: int = MAX_READ) -> str:

@@ -20,3 +20,11 @@ def test_ansible_lint(profile):
     r = subprocess.run(["ansible-lint", *profile, "--nocolor", "site.yml", "roles/", "inventories/", "galaxy.yml", "meta/"],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs("ansible-lint")
+def test_ansible_lint_at_the_repository_root():
+    """`ansible-lint` with no arguments, at the root, as an operator first runs it: on main 123 YAML errors, all in
+    tests/fixtures/ (captured CDI specs, data kept as nvidia-ctk wrote them), which .ansible-lint now leaves out."""
+    r = subprocess.run(["ansible-lint", "--nocolor"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and "tests/fixtures" not in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]

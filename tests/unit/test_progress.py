@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -156,23 +157,24 @@ def test_a_step_line_wraps_at_100_columns():
     assert " ".join(w.strip() for w in wrapped) == line
 
 
-def _plan_text(tmp_path, name: str = "debian-12") -> tuple[str, Path]:
+def _plan_text(tmp_path, name: str = "debian-12", verbose: bool = False) -> tuple[str, Path]:
     root = make_host(tmp_path, name, "datacenter", kernel="6.1.0-27-amd64")
     (root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
     steps = build_plan(detect_host(root, engines=False), Options())
     buf = io.StringIO()
     stdout, sys.stdout = sys.stdout, buf
     try:
-        print_steps(f"Plan for {name}", [s.to_dict(root) for s in steps])
+        print_steps(f"Plan for {name}", [s.to_dict(root) for s in steps], verbose=verbose)
     finally:
         sys.stdout = stdout
     return buf.getvalue(), root
 
 
+@pytest.mark.parametrize("verbose", [False, True])
 @pytest.mark.parametrize("name", ["debian-12", "ubuntu-22.04", "rocky-9"])
-def test_plan_lines_fit_100_columns(tmp_path, name):
+def test_plan_lines_fit_100_columns(tmp_path, name, verbose):
     """Every line of a printed plan fits (a diff's lines are the file's own, a single word is never cut)."""
-    text, _ = _plan_text(tmp_path, name)
+    text, _ = _plan_text(tmp_path, name, verbose)
     in_diff = False
     for line in text.splitlines():
         if re.match(r" ?\d+\. ", line):
@@ -256,3 +258,69 @@ def test_bootstrap_json_names_the_log(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert r.stderr == "" and Path(doc["log"]).is_file() and doc["changed"] == 5
+
+
+# Issue 39 item 6: a run without a terminal is never silent (under ssh pipes or CI a 45 s apt step printed nothing),
+# and a terminal shows the line a command is still writing (the first 38 s of one were silent there). The
+# heartbeat's interval is set short here (progress.HEARTBEAT; 10 s in a real run).
+SLOW = textwrap.dedent("""
+    import sys
+    from provision import cli, progress
+    from provision.commands import plan as cmd
+    from provision.plan import apply as ap, resume as rs
+    from provision.plan.steps import Command, Step
+    progress.HEARTBEAT = 0.25
+    steps = [Step("s.1", "engine", "Install the engine", actions=(Command(("sh", "-c",
+             "echo Get:1 docker.io; printf 'Unpacking docker.io ...'; sleep 1.5; echo ' done'")),))]
+    cmd._plan = lambda root, target, opt: (None, steps)
+    rs.resume = lambda *a: None
+    ap.missing_packages = lambda steps: {}
+    ap.record_installed = lambda *a: None
+    sys.exit(cli.main(["bootstrap", "--yes", *sys.argv[1:]]))
+""")
+
+
+@pytest.mark.parametrize("args", [[], ["-v"]])
+def test_a_piped_run_prints_a_heartbeat_while_a_step_is_silent(tmp_path, args):
+    """Piped (no terminal), a step whose command prints nothing new for longer than HEARTBEAT gets a line every
+    HEARTBEAT: the step, its seconds so far and the last line of its output, the one still being written included
+    (it has no newline yet). On main: nothing between the start and the step's one line."""
+    env = {**os.environ, "GPUPROV_LOG": str(tmp_path / "log/bootstrap.log"), "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-c", SLOW, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env=env)
+    lines = [ln.decode().rstrip("\n") for ln in p.stdout]
+    assert p.wait(timeout=120) == 0, lines
+    beats = [ln for ln in lines if ln.startswith("[1/1] Install the engine: running, ")]
+    assert len(beats) >= 3, lines  # 1.5 s of silence, a beat every 0.25 s
+    # (a beat before the command has started, on a loaded machine, has no output to name yet)
+    assert all(re.fullmatch(r"\[1/1\] Install the engine: running, \d+s(; last: .+)?", b) for b in beats), beats
+    assert sum(b.endswith("; last: Unpacking docker.io ...") for b in beats) >= 2, beats
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("[1/1] Install the engine: ran "))
+    assert lines.index(beats[-1]) < end and all(len(b) <= progress.WIDTH for b in beats)
+    log = next((tmp_path / "log/runs").glob("bootstrap-*.log")).read_text()
+    assert "  Unpacking docker.io ... done" in log and "running, " not in log  # whole lines in the log only
+
+
+def test_a_terminal_shows_the_line_a_command_is_still_writing(tmp_path):
+    """On a terminal the live tail shows, from its first second, the line a command has begun and not ended
+    (apt's `Reading package lists...`, DKMS's dots). On main the tail held only `$ sh -c …` until the newline."""
+    frames: list[str] = []
+    step = Step("s.1", "engine", "Install the driver", actions=(Command(("sh", "-c",
+                "printf 'Building module: ....'; sleep 1.5; echo ' done'")),))
+    done = threading.Event()
+
+    with progress.Run("bootstrap", log_dir=tmp_path, stream=Tty()) as run:
+        assert run.mode == "live"
+
+        def sample() -> None:  # what the screen shows, every 50 ms, while the step runs
+            while not done.wait(0.05):
+                frames.append(run._render().plain)
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            ap.apply_plan([step], logged=False, run=run)
+        finally:
+            done.set()
+            sampler.join()
+    shown = [f.splitlines() for f in frames if f.startswith("[1/1] Install the driver  ")]
+    assert any(f[-1] == "    Building module: ...." for f in shown), frames  # before its newline came
