@@ -22,6 +22,7 @@ import os
 import stat
 
 from provision.errors import Refused
+from provision.inject import inroot
 from provision.inject.capabilities import LIBRARIES
 
 CACHE = "/etc/ld.so.cache"
@@ -40,17 +41,18 @@ MAX_CACHE = 1 << 20
 MAX_DRIVER_ENTRIES = 512
 
 
-def read_cache(path: str) -> bytes:
-    """The cache file's bytes (b"" when there is none, or it is not a regular file: a FIFO an image planted there
-    is never read; O_NONBLOCK so that opening one does not wait for a writer). Raises Refused past MAX_CACHE."""
-    return _open_cache(path, None)[1]
+def read_cache(rootfs: str) -> bytes:
+    """The bytes of the image's cache (b"" when there is none, or it is not a regular file: a FIFO or device node an
+    image planted there is never opened). Raises Refused past MAX_CACHE."""
+    return _open_cache(rootfs, None)[1]
 
 
-def _open_cache(path: str, seen: dict | None) -> tuple[tuple | None, bytes]:
-    """(identity, bytes) of the cache at `path`; the bytes are not read (b"") when `seen` already knows the identity
-    (inode, size, mtime, ctime: the same image layer's file in every container of that image)."""
+def _open_cache(rootfs: str, seen: dict | None) -> tuple[tuple | None, bytes]:
+    """(identity, bytes) of the image's cache, opened inside its rootfs (inroot: no link leads out, only a regular
+    file is opened); the bytes are not read (b"") when `seen` already knows the identity (inode, size, mtime,
+    ctime: the same image layer's file in every container of that image)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = inroot.open_in_root(rootfs, CACHE)
     except OSError:
         return None, b""
     try:
@@ -129,11 +131,12 @@ _seen: dict[tuple, list[tuple[str, str]]] = {}
 SEEN_MAX = 256
 
 
-def driver_entries(path: str) -> list[tuple[str, str]]:
-    """The (SONAME, absolute path) entries of the cache at `path` for a driver library, each pair once; the caller
+def driver_entries(rootfs: str) -> list[tuple[str, str]]:
+    """The (SONAME, absolute path) entries of the image's cache (the image at `rootfs`) for a driver library, each
+    pair once; the caller
     keeps those it mounts. Do not change the list: it is the one remembered for the file. Raises Refused for a
     cache past MAX_CACHE or one naming more than MAX_DRIVER_ENTRIES driver files."""
-    ident, data = _open_cache(path, _seen)
+    ident, data = _open_cache(rootfs, _seen)
     if ident is None:
         return []
     found = _seen.get(ident)

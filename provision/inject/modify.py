@@ -44,6 +44,12 @@ HOOK_MARKER = b"gpuprov-hook"
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 
 
+# Path components one lookup may walk. 40 links may each name a 4 kB path, and an image's ld.so.cache may name 512
+# files: without a bound, one start walked millions of lstat calls (236 s, issue 38 item 3's review). A real path
+# with its links takes a few dozen.
+MAX_STEPS = 256
+
+
 def scoped_resolve(rootfs: str, path: str, _depth: int = 0) -> str:
     """`path` inside the container, with every symlink component resolved *within* rootfs (absolute link targets
     are taken relative to rootfs, `..` never climbs above it). Returns the container path. The one resolver for
@@ -53,8 +59,12 @@ def scoped_resolve(rootfs: str, path: str, _depth: int = 0) -> str:
     top = rootfs.rstrip("/") or ("/" if rootfs else ".")
     todo = [p for p in reversed(path.split("/")) if p not in ("", ".")]  # next component last
     resolved = "/"
-    links = 0
+    links = steps = 0
     while todo:
+        steps += 1
+        if steps > MAX_STEPS:
+            raise Refused(f"{path} in the container image takes more than {MAX_STEPS} steps to resolve (links of "
+                          "links): refusing to look further")
         part = todo.pop()
         if part == "..":
             resolved = posixpath.dirname(resolved) or "/"
@@ -419,7 +429,7 @@ def override_image_cache(s: Start) -> bool:
     file for a driver library's SONAME (its own libcuda.so.1 in /opt/…, which the loader would take before
     searching any directory), the host's library is mounted over that file too (resolved inside the rootfs, as
     every destination is). No hook, nothing run in the container (NVIDIA's CDI mode runs ldconfig there instead)."""
-    found = ldcache.driver_entries(image_path(s.rootfs, ldcache.CACHE))  # nearly always [] (one fstat when seen)
+    found = ldcache.driver_entries(s.rootfs)  # nearly always [] (a walk of 2 names and an fstat when seen)
     if not found:
         return True
     libdir = s.libdir

@@ -14,6 +14,7 @@ a control), and the first test shows an honest compat library is still used. The
 H200 root built from the real capture (580.159.04, one data-centre GPU); runc keeps its state under tmp."""
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import os
@@ -177,4 +178,39 @@ def test_ldcache_target_under_a_volume_is_not_created_in_it(rig):
     assert os.listdir(vol) == [], os.listdir(vol)
     assert not any(m["destination"] == "/data/libcuda.so.1" for m in cfg["mounts"])
     assert any("/data/libcuda.so.1 is not mounted" in w for w in warnings), warnings
+    assert "fake libcuda.so.580.159.04" in out, out
+
+
+def opens_of(path) -> int:
+    """An inotify watch for opens of `path` (a device node's inode too); read it with opened()."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0 and libc.inotify_add_watch(fd, str(path).encode(), 0x20) >= 0  # IN_OPEN
+    return fd
+
+
+def opened(fd: int) -> bool:
+    try:
+        return bool(os.read(fd, 4096))
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_device_nodes_the_image_plants_are_never_opened(rig):
+    """Opening some devices acts (a watchdog arms on open). An image's character device at /etc/ld.so.cache or at
+    its compat libcuda's name is never opened: only a regular file is (inroot checks the kind on an O_PATH fd
+    first). On main, the ld.so.cache reader opened it (O_NONBLOCK, then fstat). /dev/null's numbers stand in."""
+    base, s, rootfs, _, _ = rig
+    cache, lib = rootfs / "etc/ld.so.cache", rootfs / f"usr/local/cuda/compat/libcuda.so.{VERSION}"
+    lib.parent.mkdir(parents=True)
+    for node in (cache, lib):
+        if node.exists():
+            node.unlink()
+        os.mknod(node, 0o644 | 0o020000, os.makedev(1, 3))
+    watches = [opens_of(cache), opens_of(lib)]
+    seen = []
+    out, _, _ = run(rig, "device-nodes", between=lambda: seen.extend(opened(w) for w in watches))  # before the
+    assert seen == [False, False]  # container runs: its own loader opens /etc/ld.so.cache
     assert "fake libcuda.so.580.159.04" in out, out

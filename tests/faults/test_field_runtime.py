@@ -279,10 +279,11 @@ def test_hostile_image_caches_are_skipped_not_trusted(tmp_path):
     assert ldcache.entries(head) == [] and ldcache.entries(b"garbage") == []
     entry = (0x0303).to_bytes(4, "little") + (1 << 30).to_bytes(4, "little") * 2 + bytes(12)  # offsets past the end
     assert ldcache.entries(ldcache.MAGIC + (1).to_bytes(4, "little") + bytes(24) + entry) == []
-    fifo = tmp_path / "ld.so.cache"
-    os.mkfifo(fifo)  # opened without waiting for a writer, never read
+    fifo = tmp_path / "img/etc/ld.so.cache"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)  # never opened (inroot opens regular files only), never read
     t0 = time.monotonic()
-    assert ldcache.driver_entries(str(fifo)) == [] and time.monotonic() - t0 < 2
+    assert ldcache.driver_entries(str(tmp_path / "img")) == [] and time.monotonic() - t0 < 2
     b = gpu_bundle(tmp_path, "fifo-cache")
     os.mkfifo(b / "rootfs/etc/ld.so.cache")
     assert modify.modify_bundle(str(b), settings(tmp_path))

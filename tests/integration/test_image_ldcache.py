@@ -82,7 +82,7 @@ def _run(tmp_path: Path, rootfs: Path, driver_root: Path, gpuprov: bool) -> tupl
 
 def test_image_cache_names_its_own_libcuda(image):
     """The control: the image's loader would take /opt/vendor/lib/libcuda.so.1 (its cache says so)."""
-    got = ldcache.driver_entries(str(image / "etc/ld.so.cache"))
+    got = ldcache.driver_entries(str(image))
     assert got == [("libcuda.so.1", "/opt/vendor/lib/libcuda.so.1")]
 
 
