@@ -108,15 +108,19 @@ UNFINISHED_STATES = ("half-installed", "unpacked", "half-configured", "triggers-
 
 class UnfinishedPackage(NamedTuple):
     name: str
-    version: str
+    version: str  # dpkg's version; rpm's EPOCH:VERSION-RELEASE
     architecture: str
-    state: str  # one of UNFINISHED_STATES
-    reinstall: bool  # dpkg's reinst-required flag set, or the unpack cut off: dpkg cannot configure it as it is
+    state: str  # one of UNFINISHED_STATES; rpm's: facts/rpm_unfinished.py's
+    # installed again at this version: dpkg's reinst-required flag set or the unpack cut off (dpkg cannot configure it
+    # as it is); rpm: its %post or %posttrans may not have run
+    reinstall: bool
+    database: str = "dpkg"  # dpkg | rpm
 
     @property
     def spec(self) -> str:
-        """apt's name for exactly this version: PKG=VERSION."""
-        return f"{self.name}={self.version}"
+        """The package manager's name for exactly this version: apt's PKG=VERSION, dnf's NAME-EPOCH:VERSION-RELEASE.ARCH."""
+        return f"{self.name}-{self.version}.{self.architecture}" if self.database == "rpm" else \
+            f"{self.name}={self.version}"
 
 
 def _journal_stanzas(root: Path) -> list[dict[str, str]]:

@@ -203,22 +203,33 @@ class Apt(PackageManager):
     def unfinished(self, root: Path) -> list[UnfinishedPackage]:
         return dpkg_unfinished(root)
 
-    def fetchable(self, root: Path, package: UnfinishedPackage) -> bool:
-        return apt_offers(root, package)
+    def unfetchable(self, root: Path, packages: list[UnfinishedPackage]) -> list[UnfinishedPackage]:
+        return [u for u in packages if not apt_offers(root, u)]
 
     def refetch_hint(self, names: Argv) -> str:
         return (f"put its .deb in /var/cache/apt/archives, or take the archive's version with `apt-get install "
                 f"--reinstall {' '.join(names)}`")
 
-    def recover(self, allow_remove: bool, reinstall: Argv = ()) -> tuple[Argv, ...]:
+    def recover(self, allow_remove: bool, unfinished: list[UnfinishedPackage]) -> tuple[Argv, ...]:
         """Replay dpkg's journal (it fails for a package whose dependency was cut off mid-unpack, and for one whose
         own unpack was: dpkg's reinst-required), unpack those again at their installed version (the fix dpkg names:
         no apt run gets past them until then, unattended-upgrades included), then let apt repair the rest (removing
         nothing: a repair that needs a removal fails and names it)."""
         keep = () if allow_remove else ("--no-remove",)
+        reinstall = tuple(u.spec for u in unfinished if u.reinstall)
         again = (("apt-get", "install", "--reinstall", "-y", "--no-install-recommends", *keep, *reinstall),) \
             if reinstall else ()
         return (self.configure_pending(), *again, ("apt-get", "install", "-f", "-y", "--no-install-recommends", *keep))
+
+    def recover_may_fail(self, argv: Argv) -> bool:
+        return argv == self.configure_pending()  # the reinstall and apt's repair after it finish what it cannot
+
+    def recover_what(self, unfinished: list[UnfinishedPackage]) -> str:
+        again = [u for u in unfinished if u.reinstall]
+        rest = [u for u in unfinished if not u.reinstall]
+        return "; ".join(part for part in (
+            f"reinstall {', '.join(u.spec for u in again)}" if again else "",
+            f"configure {', '.join(f'{u.name} ({u.state})' for u in rest)}" if rest else "") if part)
 
     def download(self, packages: Argv, dest: str, release: int | None = None) -> tuple[Argv, ...]:
         """Download `packages` and what a fresh host lacks of their dependencies into `dest` (a bundle's build, in a

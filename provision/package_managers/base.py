@@ -16,8 +16,8 @@ in a printed-and-run Command, so what the plan prints is what runs. It owns:
 The subclass sets or implements: `name`, `database`, `env`, `records_dependencies`, `refresh`, `simulate_install`,
 `install`, `removals`, `versions`, `installed`, `installed_packages`, `hold`, `held`, `unhold`, `simulate_purge`,
 `purge`, `purged_too`, `removal_hint`, `offered`, `bundle_options`, `bundle_files`, `download`, `recover`,
-`interrupted`, `unfinished`, `fetchable`, `refetch_hint`,
-`hold_words`."""
+`interrupted`, `unfinished`, `unfetchable`, `refetch_hint`, `recover_may_fail`, `recover_dry_run`, `recover_removes`,
+`recover_what`, `hold_words`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -189,15 +189,34 @@ class PackageManager(ABC):
         """The packages a killed run left part-way, read from the database under `root` (only where `recoverable`)."""
         return []
 
-    def fetchable(self, root: Path, package: UnfinishedPackage) -> bool:
-        """Whether this manager can still fetch exactly that version of the package (its cache or its lists)."""
-        return True
+    def unfetchable(self, root: Path, packages: list[UnfinishedPackage]) -> list[UnfinishedPackage]:
+        """Those of `packages` (to be installed again at their version) that this manager can no longer fetch at that
+        version (neither its cache nor its lists or repositories have it)."""
+        return []
 
     def refetch_hint(self, names: Argv) -> str:
-        """How an operator gets the packages NAMES unpacked again when `fetchable` says no, in words."""
+        """How an operator gets the packages NAMES installed again when `unfetchable` names them, in words."""
         return ""
 
-    def recover(self, allow_remove: bool, reinstall: Argv = ()) -> tuple[Argv, ...]:
-        """The commands that finish what a killed run left half-done (only where `recoverable`); `reinstall`: the
-        packages to unpack again first, as PKG=VERSION (the run was cut off while unpacking them)."""
+    def recover(self, allow_remove: bool, unfinished: list[UnfinishedPackage]) -> tuple[Argv, ...]:
+        """The commands that finish what a killed run left half-done (only where `recoverable`), given what
+        `unfinished` found."""
         return ()
+
+    def recover_may_fail(self, argv: Argv) -> bool:
+        """Whether that command of `recover`'s may fail without failing the recovery (the next one repairs it)."""
+        return False
+
+    def recover_dry_run(self, unfinished: list[UnfinishedPackage]) -> Argv | None:
+        """The dry run of the one `recover` command that removes packages, where there is one (None: the commands
+        remove nothing, or refuse to themselves): the recovery goes ahead only when that dry run removes nothing but
+        `recover_removes`."""
+        return None
+
+    def recover_removes(self, unfinished: list[UnfinishedPackage]) -> Argv:
+        """The names whose packages the recovery removes on purpose (rpm's older duplicates)."""
+        return ()
+
+    def recover_what(self, unfinished: list[UnfinishedPackage]) -> str:
+        """What the recovery does, in words, for the step's title ("" when nothing is part-way)."""
+        return ""

@@ -20,8 +20,20 @@ from typing import Callable
 
 from provision import effects
 from provision.errors import StepFailed
-from provision.facts.packages import InstalledPackage
-from provision.facts.rootfs import read_text, under
+from provision.facts.packages import InstalledPackage, UnfinishedPackage
+from provision.facts.rootfs import is_live, read_text, under
+from provision.facts.rpm_unfinished import (
+    CUT,
+    NEWEST,
+    OLDER,
+    ROW_FORMAT,
+    cut_transaction,
+    dnf_running,
+    duplicated_names,
+    installonly_extra,
+    rpm_duplicates,
+    rpm_rows,
+)
 from provision.package_managers.base import Argv, HoldWords, PackageManager
 from provision.record import entry_names
 
@@ -45,6 +57,7 @@ LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u);
                "awk -v v=\"$v\" '$1 ~ /nvidia/ && $2 == v {print $1}'; } | sort -u); "
                "\"$pm\" versionlock delete $n >/dev/null; exec \"$pm\" versionlock add $n")
 MODULES_D = "/etc/dnf/modules.d"
+LOCK_HOLDERS = ("dnf", "yum")  # what holds dnf's rpmdb lock: dnf, dnf-automatic, and EL 8+'s yum (which is dnf)
 RPM_DBPATHS = ("var/lib/rpm", "usr/lib/sysimage/rpm")  # rpm's database: EL 8/9's place, and Fedora's/EL 10's
 RPM_ROW = "%{NAME} %{EPOCHNUM}:%{VERSION}-%{RELEASE}\n"  # installed_packages' query: one package a line
 # NVIDIA's `nvidia-driver` module: a stream's kernel-module flavour is in its name (570-open and open-dkms: open;
@@ -73,6 +86,7 @@ class Dnf(PackageManager):
     database = "rpm"
     records_dependencies = True
     module_streams = True
+    recoverable = True
     hold_needs: Argv = ("python3-dnf-plugin-versionlock",)
     lock_list = "/etc/dnf/plugins/versionlock.list"
 
@@ -139,10 +153,13 @@ class Dnf(PackageManager):
         side-by-side versions apart."""
         return _pairs(["rpm", "-qa", "--qf", "%{NAME}-%{VERSION}-%{RELEASE}.%{ARCH} %{NAME}\n"])
 
-    def installonly(self) -> set[str]:
-        """The installed packages' names that dnf installs side by side (INSTALLONLY, as rpm answers for them)."""
-        res = effects.try_run(["rpm", "-q", "--qf", "%{NAME}\n", "--whatprovides", *INSTALLONLY], timeout=60,
-                              probe=True)
+    def installonly(self, root: Path | None = None) -> set[str]:
+        """The installed packages' names that dnf installs side by side (INSTALLONLY, as rpm answers for them; under
+        `root`, with what its dnf.conf adds)."""
+        where = ("--root", str(root)) if root is not None else ()
+        extra = installonly_extra(root) if root is not None else ()
+        res = effects.try_run(["rpm", *where, "-q", "--qf", "%{NAME}\n", "--whatprovides", *INSTALLONLY, *extra],
+                              timeout=60, probe=True)
         return {ln.strip() for ln in (res.output if res else "").splitlines()
                 if ln.strip() and " " not in ln.strip()}  # "no package provides …" lines have spaces
 
@@ -306,6 +323,85 @@ class Dnf(PackageManager):
     def holds_others(self, root: Path, names: set[str]) -> bool:
         return any(n not in names for n in self.locked_names(root))
 
+    # ------------------------------------------------------------ a killed run (issue 44; facts/rpm_unfinished.py)
+
+    def unfinished(self, root: Path) -> list[UnfinishedPackage]:
+        """What a killed dnf run left under `root`: each name-arch rpm lists twice (the older header beside the newer,
+        whose %post may have been cut off), and the packages the last transaction in dnf's history brought in, where
+        it never ended (their %post or %posttrans may not have run). Nothing while a dnf holds its lock (a
+        transaction under way is not a killed one), nor where rpm's database is not there (no command then)."""
+        if not any(under(root, d).is_dir() for d in RPM_DBPATHS) or dnf_running(root, LOCK_HOLDERS):
+            return []
+        res = effects.try_run(["rpm", "--root", str(root), "-qa", "--qf", ROW_FORMAT], timeout=60, probe=True)
+        rows = rpm_rows(res.output if res and res.returncode == 0 else "")
+        out = rpm_duplicates(rows, self.installonly(root) if duplicated_names(rows) else set())
+        taken, have = {(u.name, u.architecture) for u in out}, set(rows)
+        return out + [UnfinishedPackage(r.name, r.evr, r.arch, CUT, True, "rpm") for r in cut_transaction(root)
+                      if r in have and (r.name, r.arch) not in taken]
+
+    def unfetchable(self, root: Path, packages: list[UnfinishedPackage]) -> list[UnfinishedPackage]:
+        """Asks dnf itself (`repoquery --available` of the exact versions, the versionlock plugin off as in the
+        recovery): from its cached metadata first (a plan fetches nothing when that has them all), then, for a
+        version it lacks there or where there is none, from metadata dnf fetches anew (a cache from before the
+        repository got that version back must not stop the run). Where dnf cannot answer at all (no repository
+        reachable, no cache), none is said unfetchable: the recovery's own dnf run then fails with dnf's reason."""
+        if not packages:
+            return []
+        where = () if is_live(root) else ("--installroot", str(root))
+        query = ("repoquery", "--available", "--qf", "%{name}-%{epoch}:%{version}-%{release}.%{arch}",
+                 *(u.spec for u in packages))
+        missing: list[UnfinishedPackage] = []
+        for cache in ("--cacheonly", "--refresh"):
+            res = effects.try_run([self.name, "-q", cache, *where, *self.unlocked(), *query], timeout=300, probe=True)
+            if res and res.returncode == 0:
+                found = {ln.strip() for ln in res.output.splitlines()}
+                missing = [u for u in packages if u.spec not in found]
+                if not missing:
+                    break
+        return missing
+
+    def refetch_hint(self, names: Argv) -> str:
+        return ("make that version available to dnf again (a repository that has it, or its .rpm: `dnf reinstall "
+                "./FILE.rpm`, after `dnf remove --duplicates` where rpm lists it twice), or take the repositories' "
+                f"version with `dnf remove --duplicates` and `dnf distro-sync {' '.join(names)}`")
+
+    def recover(self, allow_remove: bool, unfinished: list[UnfinishedPackage]) -> tuple[Argv, ...]:
+        """dnf's own ways out: `remove --duplicates` removes the older header of each duplicated name-arch and
+        reinstalls the newest (its %pre, files, %post and %posttrans run whole); `reinstall` of the exact versions a
+        cut-off transaction brought in runs their scriptlets again. The versionlock plugin is off: these are the very
+        versions installed, which a lock (gpuprov's hold, or the operator's) must not hide. No dependency is taken
+        along with an older duplicate (clean_requirements_on_remove off); one that needs the older version stops the
+        recovery (`recover_dry_run`)."""
+        out: list[Argv] = []
+        if any(u.state == OLDER for u in unfinished):
+            out.append((self.name, *self.unlocked(), NO_AUTOREMOVE, "remove", "--duplicates", "-y"))
+        again = tuple(u.spec for u in unfinished if u.state == CUT)
+        if again:
+            out.append((self.name, *self.unlocked(), "reinstall", "-y", *again))
+        return tuple(out)
+
+    def recover_dry_run(self, unfinished: list[UnfinishedPackage]) -> Argv | None:
+        """`remove --duplicates` removes what depends on an older duplicate where dnf finds nothing else to do with
+        it: its dry run first, which must remove nothing but the older duplicates (dnf shows each as `replacing`)."""
+        return (self.name, *self.unlocked(), NO_AUTOREMOVE, "remove", "--duplicates", "--assumeno") \
+            if any(u.state == OLDER for u in unfinished) else None
+
+    def recover_removes(self, unfinished: list[UnfinishedPackage]) -> Argv:
+        return tuple(dict.fromkeys(u.name for u in unfinished if u.state == OLDER))
+
+    def recover_what(self, unfinished: list[UnfinishedPackage]) -> str:
+        parts = []
+        for new in (u for u in unfinished if u.state == NEWEST):
+            older = [u.spec for u in unfinished if u.state == OLDER and (u.name, u.architecture) ==
+                     (new.name, new.architecture)]
+            parts.append(f"remove the second header of {new.spec} (a killed reinstall) and reinstall it"
+                         if set(older) == {new.spec} else
+                         f"remove the older duplicate {', '.join(older)} and reinstall {new.spec}")
+        cut = [u.spec for u in unfinished if u.state == CUT]
+        if cut:
+            parts.append(f"reinstall {', '.join(cut)} (its transaction was cut off)")
+        return "; ".join(parts)
+
     # ------------------------------------------------------------ repositories and bundles
 
     def config_manager(self) -> Argv:
@@ -337,6 +433,9 @@ class Yum(Dnf):
     """EL 7's yum: dnf's commands under yum's name, its own versionlock plugin and config manager, no streams."""
     name = "yum"
     module_streams = False
+    # yum keeps its history in another database and has no `remove --duplicates` (yum-utils' package-cleanup
+    # --cleandupes, yum-complete-transaction): not read here, so no recover step on EL 7
+    recoverable = False
     hold_needs: Argv = ("yum-plugin-versionlock",)
     lock_list = "/etc/yum/pluginconf.d/versionlock.list"
 

@@ -13,7 +13,7 @@ from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import is_live
 from provision.fsutil import make_dirs
 from provision.plan import persistence
-from provision.plan.packages import InstallWatch, PackageInstall
+from provision.plan.packages import InstallWatch, PackageInstall, RemovalGuard
 from provision.plan.steps import ConfigureEngine, PackagesInstalled, Step, packages_installed
 
 LOG_FILE = Path(os.environ.get("GPUPROV_LOG", "/var/log/gpuprov/bootstrap.log"))
@@ -115,7 +115,7 @@ def check_plan(steps: list[Step], root: Path = Path("/")) -> dict:
                 item["diff"] = "".join(d for d in step.diffs(root).values() if d)
                 if is_live(root):  # the package manager's dry run and the live daemon: this host only
                     for a in step.actions:
-                        if isinstance(a, PackageInstall):
+                        if isinstance(a, (PackageInstall, RemovalGuard)):
                             a.check_removals()
                         elif isinstance(a, ConfigureEngine):
                             a.check_restart()

@@ -16,7 +16,7 @@ from provision.options import Stage
 from provision.plan import repos
 from provision.plan.driver import check_driver_pin, check_kernels, driver_steps
 from provision.plan.options import Options
-from provision.plan.packages import package_step
+from provision.plan.packages import RemovalGuard, package_step
 from provision.plan.persistence import persistence_steps
 from provision.plan.steps import (
     Already,
@@ -42,28 +42,35 @@ from provision.report import HostReport
 RUNTIME_PATH = base.RUNTIME_PATH
 
 
-def dpkg_recover_step(stage: Stage, allow_remove: bool = False, manager: str = "apt", root: Path = Path("/")) -> Step:
-    """A run killed in the middle of dpkg leaves its journal and packages part-way (facts.packages.UNFINISHED_STATES):
-    the adapter's `recover` replays the journal (allowed to fail: it does for a package whose dependency, or whose
-    own unpack, was cut off), unpacks again at its version each package dpkg needs reinstalled, then has apt repair
-    the rest. A version apt can no longer fetch stops the run here, before any change, naming the package and the
-    way out. The step is done when the journal is empty and no package is part-way."""
+def recover_step(stage: Stage, allow_remove: bool = False, manager: str = "apt",
+                 root: Path = Path("/")) -> Step | None:
+    """What a run of the package manager killed part-way left (an ssh session dropped, the OOM killer, a power cut),
+    finished before the first change with the packages named in the title, in the adapter's words (`recover_what`).
+    dpkg: its journal and packages part-way (facts.packages.UNFINISHED_STATES): the adapter's `recover` replays the
+    journal (allowed to fail: it does for a package whose dependency, or whose own unpack, was cut off), unpacks
+    again at its version each package dpkg needs reinstalled, then has apt repair the rest. rpm: a name-arch listed
+    twice (the older header beside the newer) and the packages a transaction that never ended brought in
+    (facts/rpm_unfinished.py): dnf removes the older duplicates (its dry run first: nothing else may go) and installs
+    those again at their version, their scriptlets whole. A version the package manager can no longer fetch stops
+    the run here, before any change, naming the package and the way out. The step is done when nothing is part-way;
+    None where the adapter has no command to run now (dnf's are those of what is part-way: none, nothing to plan)."""
     pm = package_managers.get(manager)
     unfinished = pm.unfinished(root)
-    again = [u for u in unfinished if u.reinstall]
-    gone = [u for u in again if not pm.fetchable(root, u)]
+    gone = pm.unfetchable(root, [u for u in unfinished if u.reinstall])
     if gone:
         names = ", ".join(f"{u.name} {u.version}" for u in gone)
         raise Unsupported(f"a killed {pm.database} run left {names} half-installed, and {pm.name} can no longer fetch "
-                          f"that version: {pm.refetch_hint(tuple(u.name for u in gone))}; then run bootstrap again")
-    first, *rest = pm.recover(allow_remove, tuple(u.spec for u in again))
-    what = "; ".join(part for part in (
-        f"reinstall {', '.join(u.spec for u in again)}" if again else "",
-        f"configure {', '.join(f'{u.name} ({u.state})' for u in unfinished if not u.reinstall)}"
-        if len(again) < len(unfinished) else "") if part)
-    return Step("packages.recover", stage, "Finish an interrupted dpkg run" + (f": {what}" if what else
-                                                                                " (packages left part-way)"),
-                actions=(Command(first, pm.env, may_fail=True), *(Command(argv, pm.env) for argv in rest)),
+                          f"that version: {pm.refetch_hint(tuple(dict.fromkeys(u.name for u in gone)))}; then run "
+                          "bootstrap again")
+    what = pm.recover_what(unfinished)
+    dry_run = None if allow_remove else pm.recover_dry_run(unfinished)
+    guard = (RemovalGuard(manager, dry_run, pm.recover_removes(unfinished)),) if dry_run else ()
+    commands = pm.recover(allow_remove, unfinished)
+    if not commands:
+        return None
+    return Step("packages.recover", stage, f"Finish an interrupted {pm.database} run"
+                + (f": {what}" if what else " (packages left part-way)"),
+                actions=(*guard, *(Command(argv, pm.env, may_fail=pm.recover_may_fail(argv)) for argv in commands)),
                 check=PackagesFinished(manager))
 
 
@@ -248,9 +255,9 @@ def build_plan(report: HostReport, opt: Options) -> list[Step]:
     installs = [s for s in (Stage.DRIVER, Stage.ENGINE) if s in on]  # the stages that install packages
     driver = driver_steps(report, target, opt) if Stage.DRIVER in on else []
     systemd = under(Path(report.root or "/"), "/run/systemd/system").is_dir()
-    recover = package_managers.get(target.package_manager).recoverable and installs
-    return ([dpkg_recover_step(installs[0], opt.allow_remove, target.package_manager, Path(report.root or "/"))]
-             if recover else []) \
+    recover = recover_step(installs[0], opt.allow_remove, target.package_manager, Path(report.root or "/")) \
+        if package_managers.get(target.package_manager).recoverable and installs else None
+    return ([recover] if recover else []) \
         + driver + persistence_steps(driver, [d for _, d in report.gpus], target, opt, systemd) \
         + (engine_steps(report, target, opt) if Stage.ENGINE in on else []) \
         + (runtime_steps(report, target, opt) if Stage.RUNTIME in on else []) \

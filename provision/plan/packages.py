@@ -89,6 +89,42 @@ class PackageInstall(Action):
         return package_changes(before, self.pm.versions(), self.packages)
 
 
+@dataclass(frozen=True)
+class RemovalGuard(Action):
+    """The dry run of a recovery command that removes packages on purpose (the recover step's `dnf remove
+    --duplicates`: rpm's older duplicates), run before it: RemovalRefused (14), naming them, when it would remove any
+    other package (one that needs an older duplicate, which dnf could otherwise take along). A dry run that fails says
+    nothing about removals: the command then fails with the package manager's own message."""
+    manager: str
+    dry_run: tuple[str, ...]
+    removes: tuple[str, ...]  # the names it removes on purpose
+
+    def _command(self) -> Command:
+        return Command(self.dry_run, package_managers.get(self.manager).env)
+
+    def commands(self) -> list[Command]:
+        return [self._command()]
+
+    def lines(self) -> list[str]:
+        return [f"$ {self._command().shell()}",
+                f"  (stops here with exit 14 when it would remove any package but {', '.join(self.removes)})"]
+
+    def check_removals(self) -> None:
+        sim = self._command()
+        res = sim.run()
+        gone = [p for p in package_managers.get(self.manager).removals(res.output) if p not in self.removes]
+        if gone:
+            raise RemovalRefused(
+                f"finishing what a killed {self.manager} run left would remove installed packages: {', '.join(gone)} "
+                f"(`{sim.shell()}` says so: they need a version the killed run replaced); gpuprov removes nothing but "
+                f"the older duplicates. Finish that run by hand (`{self.manager} check` names what is left), or pass "
+                f"{ALLOW_REMOVE} to let {self.manager} remove them; nothing was changed by this step")
+
+    def execute(self) -> None:
+        self.check_removals()
+        return None
+
+
 def package_changes(before: dict[str, str], after: dict[str, str], asked: tuple[str, ...] = ()) -> str:
     """An install's result in words, from the package database before and after it: `installed docker.io
     20.10.24+dfsg1-1+b3 and 9 dependencies (containerd, runc, …); nothing removed`."""

@@ -13,7 +13,7 @@ import pytest
 from provision.errors import Unsupported
 from provision.facts.packages import UNFINISHED_STATES, dpkg_unfinished
 from provision.options import Stage
-from provision.plan.build import dpkg_recover_step
+from provision.plan.build import recover_step
 
 LIB = ("libdevmapper1.02.1", "2:1.02.185-2", "install reinstreq half-installed")
 DMSETUP = ("dmsetup", "2:1.02.185-2", "install ok unpacked")
@@ -43,7 +43,7 @@ def actions(step) -> list[str]:
 def test_reinstall_required_is_unpacked_again_at_its_version_before_apt_repairs(tmp_path):
     root = status(tmp_path, OK, LIB, DMSETUP)
     offered(root, LIB, DMSETUP)
-    step = dpkg_recover_step(Stage.DRIVER, root=root)
+    step = recover_step(Stage.DRIVER, root=root)
     cmds = actions(step)
     assert cmds[0].endswith("dpkg --configure -a || true")  # allowed to fail: it does for a reinstall-required one
     assert cmds[1].endswith("apt-get install --reinstall -y --no-install-recommends --no-remove "
@@ -57,7 +57,7 @@ def test_a_version_apt_cannot_fetch_stops_before_any_change(tmp_path):
     root = status(tmp_path, OK, LIB)
     offered(root, ("libdevmapper1.02.1", "2:1.02.185-3", ""))  # the archive moved on
     with pytest.raises(Unsupported) as err:
-        dpkg_recover_step(Stage.DRIVER, root=root)
+        recover_step(Stage.DRIVER, root=root)
     msg = str(err.value)
     assert err.value.exit_code == 4 and "\n" not in msg
     assert "libdevmapper1.02.1 2:1.02.185-2 half-installed" in msg and "/var/cache/apt/archives" in msg
@@ -69,7 +69,7 @@ def test_a_cached_deb_is_enough(tmp_path):
     cache = root / "var/cache/apt/archives"
     cache.mkdir(parents=True)
     (cache / "libdevmapper1.02.1_2%3a1.02.185-2_amd64.deb").write_bytes(b"!<arch>\n")  # apt's name: epoch as %3a
-    assert "libdevmapper1.02.1=2:1.02.185-2" in actions(dpkg_recover_step(Stage.DRIVER, root=root))[1]
+    assert "libdevmapper1.02.1=2:1.02.185-2" in actions(recover_step(Stage.DRIVER, root=root))[1]
 
 
 @pytest.mark.parametrize("state", UNFINISHED_STATES)
@@ -78,13 +78,13 @@ def test_every_unfinished_state_is_seen(tmp_path, state):
     offered(root, ("nvidia-kernel-dkms", "535.261.03-1", ""))
     (u,) = dpkg_unfinished(root)
     assert u.state == state and u.reinstall == (state == "half-installed")
-    assert not dpkg_recover_step(Stage.DRIVER, root=root).check.satisfied(root)
+    assert not recover_step(Stage.DRIVER, root=root).check.satisfied(root)
 
 
 def test_a_finished_dpkg_needs_nothing(tmp_path):
     root = status(tmp_path, OK, ("dmsetup", "2:1.02.185-2", "install ok installed"),
                   ("old-pkg", "1.0", "deinstall ok config-files"))
-    step = dpkg_recover_step(Stage.DRIVER, root=root)
+    step = recover_step(Stage.DRIVER, root=root)
     assert step.check.satisfied(root) and len(actions(step)) == 2
     (root / "var/lib/dpkg/updates/0001").write_text("")  # the journal dpkg had not yet folded in
     assert not step.check.satisfied(root)
@@ -99,4 +99,4 @@ def test_the_journal_a_killed_run_left_is_read_as_dpkg_reads_it(tmp_path):
         f"Package: {LIB[0]}\nStatus: {LIB[2]}\nArchitecture: amd64\nVersion: {LIB[1]}\n\n")
     (u,) = dpkg_unfinished(root)
     assert (u.name, u.version, u.state, u.reinstall) == (LIB[0], LIB[1], "half-installed", True)
-    assert "libdevmapper1.02.1=2:1.02.185-2" in actions(dpkg_recover_step(Stage.DRIVER, root=root))[1]
+    assert "libdevmapper1.02.1=2:1.02.185-2" in actions(recover_step(Stage.DRIVER, root=root))[1]
