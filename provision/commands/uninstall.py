@@ -31,13 +31,13 @@ from provision.plan.uninstall import (
 )
 
 
-def _print(steps, root: Path, json_out: bool) -> None:
+def _print(steps, root: Path, json_out: bool, verbose: bool = False) -> None:
     doc = {"schema": "gpuprov.uninstall-plan/v1", "root": str(root), "steps": [s.to_dict(root) for s in steps],
            "engine_data": engine_data_doc(steps)}
     if json_out:
         emit_json(doc)
         return
-    print_steps("Uninstall plan", doc["steps"])
+    print_steps("Uninstall plan", doc["steps"], verbose=verbose)
 
 
 def _engine_data(keep: bool, delete: bool, purge: bool) -> str:
@@ -93,7 +93,7 @@ def uninstall_cmd(
     read_host_root(root)  # exit 3 for a --root that is no host tree, as plan and detect say
     if dry_run:
         steps = uninstall_steps(root, opt)
-        _print(steps, root, json_out)
+        _print(steps, root, json_out, verbose)
         stop = refusal(steps)  # the dry run exits as the run would: the plan shown, then why it stops
         if stop:
             raise stop
@@ -108,22 +108,24 @@ def uninstall_cmd(
         if not yes:
             if not sys.stdin.isatty():
                 raise errors.UsageError("refusing to change the host without --yes when not on a terminal")
-            _print(steps, Path("/"), False)
+            _print(steps, Path("/"), False, verbose)
             if not typer.confirm("Apply this plan?"):
                 raise errors.Declined("declined at the prompt; nothing was changed")
         work = [s for s in steps if s.id != "uninstall.state"]
         # Its run's log lies outside the log directory it removes (ap.UNINSTALL_LOGS); the one-line-a-step log
         # is not written (logged=False): it is in that directory.
         with ap.open_run("uninstall", json_out=json_out, verbose=verbose, log_dir=ap.UNINSTALL_LOGS) as run:
-            res = ap.apply_plan(work, logged=False, keep_going=True, run=run)
+            # numbered as one plan ([1/5]..[5/5]), as the dry run listed it, though applied in two parts
+            res = ap.apply_plan(work, logged=False, keep_going=True, run=run, total=len(steps))
             state = [s for s in steps if s.id == "uninstall.state"]
             if state and not res.failed:  # the record stays for the next run while anything is left to undo
-                res.outcomes += ap.apply_plan(state, logged=False, keep_going=True, run=run).outcomes
+                res.outcomes += ap.apply_plan(state, logged=False, keep_going=True, run=run, first=len(work) + 1,
+                                              total=len(steps)).outcomes
     left = [f"{o.id}: {o.detail}" for o in res.failed]
     if json_out:
         emit_json({"schema": "gpuprov.uninstall/v1", **res.to_dict(), "left": left})
     else:
-        print(f"uninstall: {res.changed} change(s), {len(res.outcomes)} steps; {ap.log_named(res)}"
+        print(f"uninstall: {res.counts()}; {ap.log_named(res)}"
               + (f"; left, run `gpuprov uninstall` again once fixed: {'; '.join(left)}" if left else ""))
     if res.failed:
         first = res.failed[0]

@@ -112,7 +112,7 @@ def refuse_stopping_restart(eng, daemon, why: str) -> None:
     check mode's stop: plan/steps.ConfigureEngine.check_restart)."""
     stops = eng.restart_stops(daemon)
     if stops:
-        raise RestartRefused(f"{eng.name} needs a restart for {why}, and restarting it stops its {stops} running "
+        raise RestartRefused(f"{eng.name} needs a restart ({why}), and restarting it stops its {stops} running "
                              f"container(s) (live-restore is off); nothing was changed: run again with "
                              f"{RESTART_OPTION} to restart it anyway, or turn live-restore on")
 

@@ -489,12 +489,12 @@ class DockerEngine(Engine):
         if not daemon.in_our_mount_namespace():
             return None
         if not hook:
-            return "restart dockerd so that it finds the --gpus hook this run installs" if installing else None
+            return "dockerd looks for the --gpus hook this run installs only when it starts" if installing else None
         try:
             later = os.stat(hook).st_mtime > os.stat(f"/proc/{daemon.pid}").st_mtime
         except OSError:
             return None
-        return "restart dockerd so that it finds the --gpus hook" if later else None
+        return "dockerd started before its --gpus hook was installed and looks for it only when it starts" if later else None
 
     def apply(self, daemon: Daemon, plan: EnginePlan, *, restart: bool) -> str:
         """runtimes/default-runtime are live-reloadable (SIGHUP, running containers untouched); the rest needs a

@@ -319,7 +319,7 @@ class ConfigureEngine(Action):
             path = eng.config_path(self.config, self.request())
             try:
                 if eng.plan(path, self.request()).needs_restart:
-                    why.append(f"restart {eng.daemon_names[0]} for {', '.join(self.start_only)} (read at start only)")
+                    why.append(f"{eng.daemon_names[0]} reads {', '.join(self.start_only)} only when it starts")
             except GpuprovError:  # a conflict or a bad file: the step itself stops on it, with its own line
                 pass
         return why

@@ -113,6 +113,8 @@ def test_3_keep_removes_docker_io_and_a_reinstall_finds_everything(docker_host):
     assert step["commands"][-1].endswith("apt-get remove -y docker.io")
     r = h.exec(f"{UNINSTALL} --keep-engine-data --yes")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out, n = r.stdout + r.stderr, len(doc["steps"])  # issue 39 item 7: numbered as the dry run listed the steps
+    assert f"[{n}/{n}]" in out and "[1/1]" not in out and "change(s)" not in out, out[-3000:]
     assert status(h, "docker.io") == "deinstall ok config-files"  # removed, not purged
     assert h.exec("cat /var/lib/docker/volumes/opdata/_data/f").stdout == "kept\n"
     r = h.exec(BOOT)  # docker.io back, by gpuprov (recorded again: the next test purges it)

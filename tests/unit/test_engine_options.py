@@ -128,11 +128,11 @@ def test_the_plan_names_the_containers_a_restart_stops(live_dockerd, monkeypatch
     reloads (SIGHUP) or a host with no running container gets no such note."""
     cfg, _ = live_dockerd
     (hook,) = _notes(cfg)
-    assert "finds the --gpus hook this run installs" in hook and "3 running container(s)" in hook, hook
+    assert "looks for the --gpus hook this run installs only when it starts" in hook and "3 running container(s)" in hook, hook
     assert "without --restart-engine the step stops before writing anything, exit 14" in hook
     monkeypatch.setattr(DockerEngine, "pending_restart", lambda self, d, installing=False: None)  # hook there, older
     (key,) = _notes(cfg, options=(("log-driver", '"local"'),))
-    assert "restart dockerd for log-driver (read at start only)" in key and "3 running container(s)" in key, key
+    assert "dockerd reads log-driver only when it starts" in key and "3 running container(s)" in key, key
     assert _notes(cfg, options=(("max-concurrent-downloads", "4"),)) == ()
     assert _notes(cfg) == ()
     monkeypatch.setattr(DockerEngine, "restart_stops", lambda self, d: 0)
