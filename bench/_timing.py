@@ -15,6 +15,12 @@ def wall(argv: list[str], n: int = 20, **kw) -> list[float]:
     return times
 
 
+def quantile(v: list[float], q: float) -> float:
+    """The sample at fraction q of the sorted values (nearest rank): p10, p90, p99 of a bench's runs."""
+    s = sorted(v)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
 def median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1000
 

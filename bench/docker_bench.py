@@ -16,12 +16,9 @@ import subprocess
 import sys
 import time
 
+from _timing import quantile
+
 CASES = {"runc": ["--runtime", "runc"], "gpu": ["--gpus", "all"], "nogpu": []}
-
-
-def quantile(v: list[float], q: float) -> float:
-    s = sorted(v)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def ratio_ci(a: list[float], b: list[float], rng: random.Random, reps: int = 2000) -> tuple[float, float]:

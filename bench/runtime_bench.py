@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _timing import quantile  # noqa: E402
+
 from tests.oci import lifecycle, make_config, write_bundle  # noqa: E402
 
 ALL = "NVIDIA_DRIVER_CAPABILITIES=all"
@@ -49,11 +51,6 @@ def pick(cfg: dict, path: tuple[str, ...]):
     for k in path:
         cfg = cfg.get(k, {}) if isinstance(cfg, dict) else {}
     return cfg
-
-
-def quantile(v: list[float], q: float) -> float:
-    s = sorted(v)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def summary(v: list[float]) -> dict:
