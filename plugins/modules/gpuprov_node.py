@@ -73,7 +73,7 @@ options:
     gpuprov installed (`uninstall --purge-driver`)."}
   uninstall_engine: {type: bool, default: false, description: "With state absent: also purge the engine packages
     gpuprov installed, never one it found (`uninstall --purge-engine`)."}
-  uninstall_engine_data: {type: str, choices: [keep, delete], description: "With uninstall_engine: keep (remove, not
+  uninstall_engine_data: {type: str, choices: ["", keep, delete], default: "", description: "With uninstall_engine: keep (remove, not
     purge, a package whose purge deletes the engine's data root: Debian's docker.io and /var/lib/docker) or delete
     (purge it, deleting the containers, images and volumes there). Unset: such a purge stops (exit 14) while the
     data root holds any of the operator's (`uninstall --keep-engine-data`/`--delete-engine-data`)."}
@@ -116,7 +116,7 @@ ARGUMENT_SPEC = dict(
     state=dict(type="str", default="present", choices=["present", "absent"]),
     uninstall_driver=dict(type="bool", default=False),
     uninstall_engine=dict(type="bool", default=False),
-    uninstall_engine_data=dict(type="str", choices=["keep", "delete"]),
+    uninstall_engine_data=dict(type="str", choices=["", "keep", "delete"], default=""),
 )
 
 # What to change in the play for each way gpuprov fails (gpuprov's own `Error:` line says what happened). Keyed by
