@@ -13,6 +13,8 @@ NOT_FILE_CONTENT = {
     "provision/bundle/install.py": (1, "a verified, unpacked bundle directory moved to its content-named place"),
     "provision/inject/install.py": (2, "the editor's copy: a whole directory moved to its content-named place, and "
                                        "the `current` symlink"),
+    "provision/inject/compat.py": (1, "a new file named by its own sha256 (an image's compat library copied for runc),"
+                                      " renamed into place once whole: nothing existing is replaced"),
 }
 RENAME = re.compile(r"\bos\.(replace|rename)\(|\.rename\(|\bmkstemp\(|NamedTemporaryFile\(")
 
