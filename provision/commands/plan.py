@@ -22,6 +22,7 @@ from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan import resume as rs
 from provision.plan.build import build_plan
+from provision.plan.driver_on_host import held_driver
 from provision.plan.options import Options
 from provision.plan.packages import InstallWatch
 from provision.plan.resume import Resume
@@ -31,8 +32,20 @@ from provision.report import detect_host
 def _plan(root: Path, target: Optional[str], opt):
     src = None if opt.driver_source == "distro" else opt.driver_source
     pin = opt.driver if opt.driver.isdigit() else None
-    report = detect_host(root, target=parse_target(target) if target else None, kernel_modules=opt.kernel_modules,
-                         source=src, pin=pin, for_gpus=opt.for_gpus)  # engines: one found is kept
+    tgt = parse_target(target) if target else None
+    report = detect_host(root, target=tgt, kernel_modules=opt.kernel_modules, source=src, pin=pin,
+                         for_gpus=opt.for_gpus)  # engines: one found is kept
+    # Without --driver the branch never changes: where gpuprov's series is installed and pinned, `auto` decides for
+    # its branch (and, on Ubuntu, its module flavour unless --kernel-modules asks), so a kernel update's plan follows
+    # that series instead of the newest branch (which apt could only install by removing the series: exit 14). A
+    # branch that no longer drives the GPU found falls back to the usual decision.
+    held = held_driver(root) if opt.driver == "auto" else None
+    if held and held.branch.isdigit():
+        modules = held.modules if opt.kernel_modules == "auto" and held.modules else opt.kernel_modules
+        followed = detect_host(root, target=tgt, kernel_modules=modules, source=src, pin=held.branch,
+                               for_gpus=opt.for_gpus)
+        if followed.gpus and all(d.packages for _, d in followed.gpus):
+            report = followed
     return report, build_plan(report, opt)
 
 

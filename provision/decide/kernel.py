@@ -94,6 +94,61 @@ def ubuntu_precompiled(driver_packages: Iterable[str], kernel_metas: Iterable[st
                        without_dkms(driver_packages), tuple(f"linux-modules-nvidia-{series}-{k}" for k in kernels))
 
 
+@dataclass(frozen=True)
+class ModuleMove:
+    """Ubuntu, day two: the installed headless series stays, its kernel modules change packaging. `to` "dkms": a
+    kernel Canonical has not published precompiled modules for yet (it happens for days after most kernel uploads)
+    gets the DKMS flavour of the same series beside them; the kernels that have Canonical's keep theirs. `to`
+    "precompiled": Canonical's modules are in the archive for every installed kernel now, so DKMS goes again."""
+    to: str  # "dkms" | "precompiled"
+    install: tuple[str, ...]  # what the transaction asks apt for
+    remove: tuple[str, ...]  # … and removes in the same transaction
+    kernels: tuple[str, ...]  # "dkms": the kernels DKMS builds for; "precompiled": every installed kernel
+    why: str
+    abi: tuple[str, ...] = ()  # "precompiled": each kernel's own modules package (marked automatic afterwards)
+
+
+def ubuntu_module_move(installed: Mapping, driver_packages: Iterable[str], kernel_metas: Iterable[str],
+                       kernels: Iterable[str], every_kernel: Iterable[str], offered: frozenset[str]
+                       ) -> ModuleMove | None:
+    """Which packaging the kernel module of an installed Ubuntu headless series moves to, if any. `installed`: dpkg's
+    packages (name -> facts.packages.InstalledPackage); `driver_packages`: the decision's (nvidia-headless-B-server
+    [-open] …); `kernels`: those the plan is for; `every_kernel`: every installed one; `offered`: the precompiled
+    module packages the lists offer. None: a first install (ubuntu_precompiled decides), or nothing to move.
+
+    The DKMS flavour is added rather than swapped in: Canonical's signed modules stay where they are (DKMS leaves a
+    kernel alone that already has the same version), so a DKMS build that fails takes nothing from the kernels that
+    worked. Back to precompiled only when every installed kernel has its package: removing the DKMS package removes
+    its modules from every kernel."""
+    pkgs = tuple(driver_packages)
+    series = ubuntu_series(pkgs)
+    dkms_meta = f"nvidia-headless-{series}"
+    if series is None or dkms_meta not in pkgs:  # nvidia-driver-B has no no-DKMS twin: DKMS is always there
+        return None
+    twin, dkms_pkg, lrm = f"nvidia-headless-no-dkms-{series}", f"nvidia-dkms-{series}", f"linux-modules-nvidia-{series}-"
+    kernels, every = tuple(kernels), tuple(every_kernel)
+    if dkms_meta in installed:
+        back = ubuntu_precompiled(pkgs, kernel_metas, every, offered)
+        if not back.package:
+            return None
+        gone = tuple(p for p in (dkms_meta, dkms_pkg) if p in installed)
+        return ModuleMove("precompiled", (back.package, *back.abi, *back.driver), gone, every,
+                          f"{back.why} for every installed kernel ({', '.join(every)}) now: DKMS's build ({dkms_pkg}) "
+                          "goes in the same transaction", back.abi)
+    if twin not in installed:
+        return None
+    served = tuple(k for k in every if f"{lrm}{k}" in installed)
+    lacking = tuple(k for k in kernels if f"{lrm}{k}" not in installed)
+    pre = ubuntu_precompiled(pkgs, kernel_metas, kernels, offered)
+    if not lacking or pre.package:
+        return None  # every kernel served, or the archive has them all: the usual install adds the new ones
+    return ModuleMove("dkms", (dkms_meta,), (), lacking,
+                      f"{pre.why.removesuffix(': DKMS builds the module')}: DKMS builds the same series for "
+                      f"{', '.join(lacking)}"
+                      + (f"; Canonical's precompiled modules stay for {', '.join(served)}" if served else "")
+                      + ". Once the archive has them for every installed kernel, bootstrap moves back to them")
+
+
 # ---------------------------------------------------------------- a change of driver branch
 
 
@@ -123,6 +178,8 @@ def branch_replacement(installed: dict, new_packages: Iterable[str], needed: fro
     sources = {p.source for p in held}
     old = [p for p in ours if p.source in sources]
     meta = next((p for p in held if METAPACKAGE_RE.match(p.name)), held[0])
+    if ubuntu_series([meta.name]) is not None and ubuntu_series([meta.name]) == ubuntu_series(wanted):
+        return None  # Ubuntu's same series, only its modules' packaging differs: ubuntu_module_move's, not a change
     # Ubuntu: the old branch's precompiled modules (linux-modules-nvidia-570-server-open-generic and its per-ABI
     # packages) need the old series' nvidia-kernel-common: they go with it, or apt removes them on its own (exit 14)
     series = ubuntu_series([meta.name])

@@ -12,6 +12,10 @@ installed with the driver, so a kernel apt brings in later comes with its header
 before the reboot; on Ubuntu, the precompiled signed modules that follow the kernel flavour where the archive has
 them. A change of branch (--driver B on a host whose other series gpuprov installed and held) unholds the old
 series and swaps it for the new one in one apt transaction, then builds for every installed kernel and holds again.
+On Ubuntu, day two: a kernel Canonical has no precompiled modules for yet gets the installed series' DKMS flavour
+beside them, and the series moves back once the archive has them for every kernel (decide/kernel.py's
+ubuntu_module_move). What is already on the host (a loaded driver left alone, a kept one, gpuprov's held series):
+plan/driver_on_host.py.
 
 A DKMS build that fails is met here, in `DriverInstall`: the compiler's first error line is named, the log kept
 under /var/log/gpuprov, the half-configured module package purged so `dpkg --audit` is empty, and the ways out
@@ -25,36 +29,44 @@ import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from provision import effects, package_managers, paths, record
+from provision import effects, package_managers, paths
 from provision.decide.driver import default_source, packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
     PIN_FILE,
+    ModuleMove,
+    Precompiled,
     Replacement,
     branch_replacement,
     headers_metapackages,
     kernel_metapackages,
-    pinned_series,
     series_update,
     ubuntu_precompiled,
 )
 from provision.decide.packages import debian_components
 from provision.decide.targets import Target
-from provision.errors import GpuprovError, StepFailed, Unsupported
-from provision.facts.boot import installed_kernels, next_boot_kernel, nvidia_module
-from provision.facts.driver_facts import DRIVER_PACKAGE_RE, InstalledDriver, installed_driver
+from provision.errors import StepFailed, Unsupported
+from provision.facts.boot import installed_kernels
 from provision.facts.packages import (
     archive_depends,
     archive_versions,
     closure,
-    dpkg_installed,
     offered_module_packages,
 )
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.options import Stage
-from provision.package_managers.apt import read_pins, restore_sources
-from provision.package_managers.base import PackageManager
+from provision.package_managers.apt import restore_sources
 from provision.plan import repos
 from provision.plan.dkms import DkmsBuild, DriverInstall
+from provision.plan.driver_on_host import (
+    boot_kernel,
+    held_series,
+    installed_driver_of,
+    keep_installed,
+    module_built,
+    present_step,
+    series_installed,
+    ubuntu_move,
+)
 from provision.plan.kmods import KmodOffered, KmodServes, elrepo_build, minor_release
 from provision.plan.packages import (
     PackageInstall,
@@ -97,16 +109,6 @@ DEBIAN_FLAVOURS = {"open": ("nvidia-current-open", "/usr/lib/nvidia/current-open
 class Kernels:
     releases: tuple[str, ...]
     why: str
-
-
-def boot_kernel(root: Path) -> str | None:
-    """The kernel the next boot starts (facts/boot.py: GRUB's default, /vmlinuz), when the package manager installed
-    it (its modules directory is there); else the newest installed."""
-    rel, _ = next_boot_kernel(root)
-    if rel and under(root, f"/lib/modules/{rel}").is_dir():
-        return rel
-    kernels = installed_kernels(root)
-    return kernels[-1] if kernels else None
 
 
 def check_kernels(root: Path, asked: tuple[str, ...]) -> None:
@@ -224,10 +226,6 @@ class DriverBuilt:
                 + (f" and an nvidia module is installed for {', '.join(self.kernels)}" if self.dkms else ""))
 
 
-def module_built(root: Path, kernel: str) -> bool:
-    return nvidia_module(root, kernel) is not None
-
-
 @dataclass(frozen=True)
 class ModprobeLoads:
     """`modprobe nvidia` loads this module: Debian's `install nvidia modprobe -i <name>` line, which the `nvidia`
@@ -299,11 +297,6 @@ class Held:
         return package_managers.get(self.manager).hold_words(self.packages).check
 
 
-def series_installed(root: Path) -> dict:
-    """dpkg's packages, those of the sources gpuprov pinned counted as held (decide/kernel.py: pinned_series)."""
-    return pinned_series(dpkg_installed(root), read_pins(root))
-
-
 @dataclass(frozen=True)
 class MokStaged:
     """The DKMS signing key is enrolled or its enrolment is staged for the next boot (asks mokutil; live only)."""
@@ -363,15 +356,15 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         return []
     gpus = [d for _, d in report.gpus]
     baking = bool(getattr(opt, "for_gpus", ()))
-    early = _nothing_to_install(report, gpus, baking, target)
+    early = present_step(report, gpus, baking, target, opt)
     if early:
         return [early]
     drv = report.driver
     packages = _driver_packages(gpus, target)
     root = Path(report.root or "/")
     pm = package_managers.get(target.package_manager)
-    kept = _keep_installed(_installed_driver(drv, root, pm), packages, opt, baking, pm, root,
-                           _held_series(root, target, packages))
+    kept = keep_installed(installed_driver_of(drv, root, pm), packages, opt, baking, pm, root,
+                          held_series(root, target, packages), drv)
     if kept:
         return [kept]
     modules = gpus[0].modules
@@ -405,7 +398,18 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
         steps += _el_repo_steps(target, opt)
     pre = ubuntu_precompiled(packages, apt.kernel_metas, kernels.releases, apt.offered) \
         if target.os_id == "ubuntu" and dkms and not opt.bundle else None
-    if pre and pre.package:  # Canonical's signed modules: no DKMS, no headers
+    # day two on Ubuntu: the installed series' modules follow the kernels between Canonical's packages and DKMS
+    move = ubuntu_move(root, target, packages, kernels.releases) \
+        if pre is not None and apt.replacement is None and not asked else None
+    if move and move.to == "precompiled":
+        kernels = Kernels(move.kernels, "every installed kernel (DKMS's modules go from all of them)")
+        pre = Precompiled(move.install[0], move.why, abi=move.abi)
+        packages, dkms = list(move.install), False
+    elif move:  # DKMS added for the kernels without Canonical's modules; the rest of the series is installed already
+        kernels = Kernels(move.kernels, "Canonical has no precompiled modules for it yet")
+        pre = Precompiled(None, move.why)
+        packages = list(move.install)
+    elif pre and pre.package:  # Canonical's signed modules: no DKMS, no headers
         packages, dkms = [pre.package, *pre.abi, *pre.driver], False
     headers = headers_packages(target, kernels.releases) if dkms else []
     follow = headers_metapackages(apt.kernel_metas) if dkms and pm.checked_driver_install else ()
@@ -416,7 +420,7 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     dkms_pkg = next((p for p in packages if p.endswith("kernel-dkms")), None) or \
         (ubuntu_dkms_package(packages) if target.os_id == "ubuntu" else None)
     kernel_plan = KernelPlan(kernels, tuple(headers), follow, pre.why if pre else "", apt.replacement,
-                             pre.abi if pre and pre.package else (), boot, moved)
+                             pre.abi if pre and pre.package else (), boot, moved, move)
     # dnf's module streams (NVIDIA's repository): another stream of the module enabled is a branch change, which
     # `dnf module switch-to` makes; a switch between kernel-module flavours also replaces the old flavour's kmod
     # (`swap`), whose hold goes too. Read once, for the packages step and the hold step.
@@ -445,91 +449,10 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     return steps
 
 
-def _nothing_to_install(report: HostReport, gpus: list, baking: bool, target: Target) -> Step | None:
-    """The verify-only step when there is no GPU, or a loaded driver with its userspace (unless baking an image for
-    GPUs this machine does not have, or the kernel that boots next lacks the module of the driver gpuprov holds);
-    None when the driver is to be installed."""
-    drv = report.driver
-    if not gpus:
-        return Step("driver.none", Stage.DRIVER, "No NVIDIA GPU on the PCI bus: no driver to install",
-                    check=Already("no GPU"), verify_only=True)
-    ours = tuple(dict.fromkeys(p for d in gpus for p in d.packages))
-    if drv and drv.loaded and (drv.driver_root or drv.userspace_version) and not baking and \
-            not _boot_kernel_unserved(Path(report.root or "/"), drv.kernel_release, target, ours):
-        return Step("driver.present", Stage.DRIVER,
-                    f"NVIDIA driver {drv.version} ({drv.kernel_module}) already loaded with "
-                    f"userspace in {drv.driver_root}: left alone", check=Already("driver loaded"),
-                    verify_only=True)
-    return None
-
-
-def _held_series(root: Path, target: Target, packages: list[str]) -> bool:
-    """The driver this plan installs is installed and held (its package manager's driver_held): the series gpuprov
-    installed (its hold step), which it keeps following (another module flavour, an update within the branch for a
-    new kernel)."""
-    return package_managers.get(target.package_manager).driver_held(root, tuple(packages))
-
-
 def _kmod_follows(root: Path, pm, packages: list[str], boot: str) -> bool:
     """ELRepo's kmod follows the kernel that boots next: gpuprov locked it (driver_held) and that kernel has no nvidia
     module (weak-modules links a kmod only into the kernels of its minor release)."""
     return not module_built(root, boot) and pm.driver_held(root, tuple(packages))
-
-
-def _boot_kernel_unserved(root: Path, running: str | None, target: Target, packages: tuple[str, ...]) -> bool:
-    """A driver loaded from gpuprov's held series while the kernel that boots next (a kernel update) has no nvidia
-    module: the driver stage runs for that kernel instead of leaving the driver alone."""
-    boot = boot_kernel(root)
-    if not boot or boot == running or module_built(root, boot):
-        return False
-    return _held_series(root, target, list(packages))
-
-
-def _installed_driver(drv, root: Path, pm: PackageManager) -> InstalledDriver | None:
-    """The driver on disk the facts found (dpkg's packages, the .run installer), else the driver packages the
-    package manager's database lists (rpm's: the facts layer reads files, rpm's database is asked through the
-    adapter; apt's answer is the dpkg database the facts read already). None: no driver on disk."""
-    if drv is None or drv.installed is not None:
-        return drv.installed if drv else None
-    return installed_driver(root, pm.installed_packages(root, DRIVER_PACKAGE_RE.match))
-
-
-def _recorded(root: Path, packages: tuple[str, ...]) -> bool:
-    """`packages` are in gpuprov's install record (its driver stage): a driver gpuprov installed, before its reboot.
-    dnf's record keeps side-by-side packages by NAME-VERSION-RELEASE.ARCH, so a name matches those too."""
-    try:
-        rec = record.read(str(under(root, paths.INSTALL_RECORD)))
-    except GpuprovError:
-        return False  # an untrusted or broken record names nothing of gpuprov's here (uninstall refuses it itself)
-    ours = rec.packages.get("driver", [])
-    return bool(packages) and all(any(record.entry_names(o, p) for o in ours) for p in packages)
-
-
-def _keep_installed(inst: InstalledDriver | None, packages: list[str], opt, baking: bool, pm: PackageManager,
-                    root: Path, ours: bool = False) -> Step | None:
-    """A driver on disk but not loaded (the loaded one is driver.present) that gpuprov did not install is kept, with
-    no driver step: NVIDIA's CUDA-repository packages and the .run installer always (installing the distro's over
-    them breaks both), the distribution's (or, on EL, ELRepo's) driver of another branch unless --driver names one.
-    None: plan the install (nothing there, the packages this plan installs: their own checks say done, or `ours`:
-    the series gpuprov installed and held, or the packages its install record names)."""
-    if inst is None or baking or _recorded(root, inst.packages):
-        return None
-    if inst.source in ("distro", "elrepo"):
-        mine = {p for p in packages if DRIVER_PACKAGE_RE.match(p)}
-        if mine <= set(inst.packages) or opt.driver != "auto" or ours:
-            return None
-    hint = " && ".join(" ".join(a) for a in pm.removal_hint(root, inst.packages)) if inst.packages else ""
-    replace = {"cuda-repo": f"to have gpuprov install its own instead, remove NVIDIA's packages first ({hint})",
-               "run-installer": "to have gpuprov install the distribution's driver instead, remove it first "
-                                "(nvidia-installer --uninstall)",
-               "distro": "`--driver <branch>` replaces it", "elrepo": "`--driver <branch>` replaces it"}[inst.source]
-    boot = [f"reboot to load it: the module is on disk for {', '.join(inst.modules)}" if inst.modules else
-            "no nvidia module on disk for any kernel: its package's build may have failed"]
-    if inst.reboot_pending:
-        boot.append("a reboot is pending (/run/reboot-required)")
-    return Step("driver.installed", Stage.DRIVER, f"{inst.describe()}: installed, not loaded: kept (no driver step)",
-                check=Already("a driver gpuprov did not install"), verify_only=True,
-                notes=(*boot, f"gpuprov never replaces a driver it did not install: {replace}"))
 
 
 def _driver_packages(gpus: list, target: Target) -> list[str]:
@@ -596,7 +519,9 @@ def _apt_facts(root: Path, target: Target, opt, packages: list[str]) -> AptFacts
     if not package_managers.get(target.package_manager).checked_driver_install or opt.bundle:
         return AptFacts()
     installed = series_installed(root)
-    pinned = str(getattr(opt, "driver", "auto")).isdigit()  # only a branch asked for replaces what is there
+    # only a branch or a module flavour asked for replaces what is there
+    pinned = str(getattr(opt, "driver", "auto")).isdigit() or \
+        str(getattr(opt, "kernel_modules", "auto")) in ("open", "proprietary")
     return AptFacts(kernel_metapackages(installed),
                     offered_module_packages(root) if target.os_id == "ubuntu" else frozenset(),
                     branch_replacement(installed, packages, closure(packages, archive_depends(root))) if pinned
@@ -615,6 +540,7 @@ class KernelPlan:
     auto: tuple[str, ...] = ()  # Ubuntu: each kernel's precompiled modules, marked automatic after the install
     elrepo_boot: str | None = None  # ELRepo: the kernel that boots next, whose minor release's build is installed
     kmod_moves: bool = False  # ELRepo: the kmod gpuprov locked moves to that build (the kernel boots without one)
+    module_move: ModuleMove | None = None  # Ubuntu: the installed series' modules move to DKMS or back to Canonical's
 
 
 def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan, dkms: bool,
@@ -626,7 +552,12 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     kernels, rep = kp.kernels, kp.replacement
     all_pkgs = kp.headers + kp.follow + tuple(packages)
     pm = package_managers.get(target.package_manager)
-    title = ((f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
+    mv = kp.module_move
+    title = ((f"Add DKMS to the driver's series for kernel {', '.join(mv.kernels)}, which Canonical has no "
+              f"precompiled module for yet: {' '.join(packages)}" if mv and mv.to == "dkms" else
+              f"Move the driver's kernel module back to Canonical's precompiled modules: {' '.join(packages)} "
+              f"({' '.join(mv.remove)} removed in the same transaction)" if mv else
+              f"Update the driver {rep.old} within its branch: {' '.join(packages)}" if rep and rep.why else
               f"Replace the driver {rep.old} with {' '.join(packages)}" if rep else
               f"Switch the driver's module stream to {' '.join(switch)} (another "
               + (f"kernel-module flavour is enabled: {' '.join(swap)} replaced in the same transaction)" if swap else
@@ -656,7 +587,8 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
         install = DriverInstall(all_pkgs, kernels.releases, dkms_pkg if dkms else None,
                                 tuple(h for h in kp.headers if h.startswith("linux-headers-")), ways,
                                 allow_remove=opt.allow_remove, unhold=rep.unhold if rep else (),
-                                remove=rep.remove if rep else (), unpin=bool(rep and not rep.why),
+                                remove=(rep.remove if rep else ()) + (mv.remove if mv else ()),
+                                unpin=bool(rep and not rep.why),
                                 previous=rep.previous if rep and rep.why else (),
                                 restore=restore_sources(root, rep.previous) if rep and rep.why else (),
                                 manager=pm.name)

@@ -47,12 +47,14 @@ def test_the_operators_cuda_repository_driver_is_kept(host):
     plan = host.exec(f"{BOOT} --dry-run")
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
     assert KEPT in " ".join(plan.stdout.split()) and "elrepo" not in plan.stdout.lower(), plan.stdout
-    # the plan's notes: where it came from and the way out, in dnf's words; a branch asked does not replace it either
-    for extra in ("", " --driver 595"):
-        doc = json.loads(host.exec(f"{BOOT} --dry-run --json{extra}", check=True).stdout)
-        [step] = [s for s in doc["steps"] if s["id"].startswith("driver.")]
-        assert step["title"] == KEPT and step["verify_only"], step
-        assert any(f"remove NVIDIA's packages first ({WAY_OUT})" in n for n in step["notes"]), step["notes"]
+    # the plan's notes: where it came from and the way out, in dnf's words
+    doc = json.loads(host.exec(f"{BOOT} --dry-run --json", check=True).stdout)
+    [step] = [s for s in doc["steps"] if s["id"].startswith("driver.")]
+    assert step["title"] == KEPT and step["verify_only"], step
+    assert any(f"remove NVIDIA's packages first ({WAY_OUT})" in n for n in step["notes"]), step["notes"]
+    # a branch asked does not replace it either: refused with the same way out (exit 14), never skipped (issue 43)
+    refused = host.exec(f"{BOOT} --dry-run --driver 595")
+    assert refused.returncode == 14 and WAY_OUT in refused.stderr, refused.stdout[-2000:] + refused.stderr[-2000:]
     r = host.exec(f"{BOOT} --yes --json")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     steps = {s["id"]: s for s in json.loads(r.stdout)["steps"]}

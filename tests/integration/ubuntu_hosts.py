@@ -38,12 +38,15 @@ PORT = 8090  # the loopback HTTP server inside the host (its own network namespa
 # (iptables, adduser, libdevmapper, tini, libseccomp). Debian's docker.io, containerd and runc are downloaded, not
 # installed: the archive BUILD repackages them under Ubuntu's names, versions and Depends (packages.json), so the
 # engine an Ubuntu host installs from the stand-in archive is a real one.
+# unattended-upgrades: an Ubuntu server has it installed (issue 43 runs it to bring a kernel); its periodic run stays
+# off (no 20auto-upgrades), so it runs only when a test runs it.
 APT = ("python3 python3-venv kmod initramfs-tools dkms openssl apt-utils gnupg "
-       "systemd systemd-sysv dbus iptables adduser libdevmapper1.02.1 tini libseccomp2 curl")
+       "systemd systemd-sysv dbus iptables adduser libdevmapper1.02.1 tini libseccomp2 curl unattended-upgrades")
 ENGINE_DEBS = "/opt/debian-engine"
 PREP = r"""set -e
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends %(apt)s >/dev/null
+rm -f /etc/apt/apt.conf.d/20auto-upgrades
 mkdir -p %(engine)s && cd %(engine)s && apt-get download -qq docker.io containerd runc
 apt-get clean
 rm -rf /var/lib/apt/lists/* /etc/apt/sources.list /etc/apt/sources.list.d/*
@@ -226,10 +229,21 @@ def series(suite, comp, d, pool=None):
             depends=f"nvidia-headless-{S} (= {V}), nvidia-utils-{s} (= {V}), libnvidia-compute-{s} (= {V})")
 
 
+def stages(entry):
+    """The later stages an entry is published in (`later`: true is the "updates" stage; a list names several);
+    [] for the release suite itself."""
+    later = entry.get("later")
+    return ["updates"] if later is True else list(later or [])
+
+def pool_suite(rel, stage):
+    """Each stage's own pool (its Packages index is built from that directory alone): the "updates" stage keeps
+    <rel>-updates, the stand-in's first and only one before issue 43."""
+    return rel + "-updates" if stage == "updates" else f"{rel}-updates-{stage}"
+
 for rel, r in table["releases"].items():
     upd = rel + "-updates"
-    for k in r["kernels"]:
-        suite = upd if k.get("later") else rel
+    for k, stage in [(k, s) for k in r["kernels"] for s in (stages(k) or [None])]:
+        suite = pool_suite(rel, stage) if stage else rel
         kf = k.get("kflavour", k["flavour"]); K = f"{k['abi']}-{kf}"; f = k["flavour"]
         signed = "linux-signed" + k["source"][len("linux"):]
         deb(suite, "main", f"linux-image-{K}", k["version"], source=signed, maint=KERNEL_TEAM, section="kernel",
@@ -269,7 +283,9 @@ for rel, r in table["releases"].items():
             depends=f"linux-headers-{K}")
         deb(suite, "main", k["meta"], mv, source=k["meta_source"], maint=KERNEL_TEAM, section="kernel",
             depends=f"linux-image-{f} (= {mv}), linux-headers-{f} (= {mv})")
-        if f in r["precompiled_flavours"] and k.get("lrm", True):  # lrm false: not built for this ABI yet
+        # lrm false: not built for this ABI yet; lrm_in: the later stages in which Canonical has published them (the
+        # kernel's own stages without them: the days between a kernel upload and its precompiled modules)
+        if f in r["precompiled_flavours"] and k.get("lrm", True) and (stage is None or stage in k.get("lrm_in", [stage])):
             for d in r["drivers"]:
                 if d.get("transitional_to"):
                     continue
@@ -328,13 +344,14 @@ subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "gpupro
                 "rsa2048", "sign", "never"], check=True, env=env, capture_output=True)
 (out / "key.gpg").write_bytes(subprocess.run(["gpg", "--export"], check=True, env=env, capture_output=True).stdout)
 
-def index(top, suite, with_packages):
+def index(top, suite, with_packages, pool=None):
     dist = top / "dists" / suite
+    pool = pool or suite
     for comp in COMPS:
         b = dist / comp / "binary-amd64"; b.mkdir(parents=True, exist_ok=True)
         text = ""
-        if with_packages and built.get((suite, comp)):
-            text = subprocess.run(["apt-ftparchive", "packages", f"pool/{suite}/{comp}"], cwd=out / "www",
+        if with_packages and built.get((pool, comp)):
+            text = subprocess.run(["apt-ftparchive", "packages", f"pool/{pool}/{comp}"], cwd=out / "www",
                                   check=True, capture_output=True, text=True).stdout
         (b / "Packages").write_text(text)
         subprocess.run(["gzip", "-kf9", str(b / "Packages")], check=True)
@@ -361,11 +378,17 @@ for tree in table["nvidia_repo"]:  # flat: Packages and a signed Release beside 
 for rel in table["releases"]:
     index(out / "www", rel, True)
     index(out / "www", rel + "-updates", False)
-time.sleep(1.1)  # the update's Release dated after the empty one's: apt keeps the newer of the two it has seen
-for rel in table["releases"]:
-    index(out / "later-root", rel + "-updates", True)
-    (out / "later").mkdir(exist_ok=True)
-    shutil.move(str(out / "later-root" / "dists" / (rel + "-updates")), str(out / "later" / (rel + "-updates")))
+# each later stage's -updates suite (later/<pool suite>), in the order tests publish them: each Release dated after
+# the one before (apt keeps the newer of two it has seen)
+for stage in sorted({s for r in table["releases"].values() for e in r["kernels"] + r["drivers"] for s in stages(e)},
+                    key=lambda s: (s != "updates", s)):
+    time.sleep(1.1)
+    for rel, r in table["releases"].items():
+        if not any(stage in stages(e) for e in r["kernels"] + r["drivers"]):
+            continue
+        index(out / "later-root", rel + "-updates", True, pool_suite(rel, stage))
+        (out / "later").mkdir(exist_ok=True)
+        shutil.move(str(out / "later-root" / "dists" / (rel + "-updates")), str(out / "later" / pool_suite(rel, stage)))
 shutil.rmtree(out / "later-root")
 '''
 
@@ -374,6 +397,8 @@ class UbuntuHost(StandInHost):
     """An Ubuntu host container, `--network none`, the stand-in archive served on 127.0.0.1:PORT inside it and named
     in its sources as Ubuntu names its archive (main restricted universe; multiverse off, as a minimal install can
     leave it), the release's kernel metapackage installed from it."""
+
+    loaded: str | None = None  # the NVIDIA driver the host shows as loaded (load_driver)
 
     def __init__(self, release: str, kernel_meta: str = "linux-generic", running: str | None = None,
                  systemd: bool = False):
@@ -436,6 +461,26 @@ class UbuntuHost(StandInHost):
         self.exec(f"set -e; test -d /lib/modules/{self.running}/kernel; echo {self.running} > /srv/osrelease; "
                   "mount --bind /srv/osrelease /proc/sys/kernel/osrelease; "
                   "mount --bind /srv/pci/devices /sys/bus/pci/devices", check=True)
+        if self.loaded:
+            self.exec("mount --bind /srv/proc-driver /proc/driver", check=True)
+
+    def load_driver(self, version: str, flavour: str = "open") -> None:
+        """The host shows an NVIDIA driver loaded, as a running GPU node does: /proc/driver/nvidia/version with the
+        kernel module's NVRM line (what gpuprov reads; no module is loaded here), bound over /proc/driver again after
+        each reboot. Needs `running` (its CAP_SYS_ADMIN). Its userspace is whatever the packages installed."""
+        assert self.running, "a loaded driver needs a running kernel (UbuntuHost(running=…))"
+        module = "NVIDIA UNIX Open Kernel Module for x86_64" if flavour == "open" else "NVIDIA UNIX x86_64 Kernel Module"
+        if self.loaded:
+            self.exec("umount /proc/driver", check=True)
+        self.exec(f"set -e; mkdir -p /srv/proc-driver/nvidia; printf 'NVRM version: {module}  {version}  Release "
+                  "Build  (stand-in)\\nGCC version:  gcc version 12.3.0\\n' > /srv/proc-driver/nvidia/version",
+                  check=True)
+        # nvidia-smi -L answers as with a driver loaded (bootstrap's resume asks it); the packages' stand-in exits 9
+        self.write("/usr/local/bin/nvidia-smi", "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA H200 (UUID: "
+                   "GPU-00000000-0000-0000-0000-000000000000)' && exit 0\nexec /usr/bin/nvidia-smi \"$@\"\n")
+        self.exec("chmod 755 /usr/local/bin/nvidia-smi", check=True)
+        self.loaded = f"{version} {flavour}"
+        self.exec("mount --bind /srv/proc-driver /proc/driver", check=True)
 
     def serve(self) -> None:
         self.spawn(f"cd /srv/pub && exec python3 -m http.server --bind 127.0.0.1 {PORT} >/var/log/archive.log 2>&1")
@@ -443,11 +488,14 @@ class UbuntuHost(StandInHost):
                   f"u.urlopen('http://127.0.0.1:{PORT}/ubuntu/dists/{self.codename}/InRelease')\" 2>/dev/null "
                   "&& exit 0; sleep 0.1; done; exit 1", check=True)
 
-    def publish_updates(self) -> None:
-        """The archive's -updates suite gets the kept-aside update (a kernel ABI bump and its precompiled modules;
-        on 22.04 also the 570-server branch retired into 580's transitional packages)."""
+    def publish_updates(self, stage: str = "updates") -> None:
+        """The archive's -updates suite becomes a kept-aside stage. "updates": a kernel ABI bump and its precompiled
+        modules (on 22.04 also the 570-server branch retired into 580's transitional packages); "abi": another ABI
+        bump whose precompiled modules Canonical has not published yet; "abi-lrm": the same, days later, with them
+        (packages.json's `later` and `lrm_in`)."""
+        later = f"{self.codename}-updates" + ("" if stage == "updates" else f"-{stage}")
         self.exec(f"set -e; rm -rf /srv/www/dists/{self.codename}-updates; "
-                  f"cp -r /srv/archive/later/{self.codename}-updates /srv/www/dists/", check=True)
+                  f"cp -r /srv/archive/later/{later} /srv/www/dists/{self.codename}-updates", check=True)
         # new mtimes (cp -r): the server answers If-Modified-Since by mtime, and an older one is apt's "Hit"
 
     def reboot(self) -> None:

@@ -284,7 +284,12 @@ def test_cuda_repository_driver_is_kept(tmp_path):
                        "installed, not loaded: kept (no driver step)")
     assert any(KERNEL in n for n in s.notes) and any("reboot is pending" in n for n in s.notes)
     assert any("apt-get purge cuda-drivers nvidia-driver" in n for n in s.notes)
-    assert list(driver_plan(root, "535")) == ["driver.installed"]  # a pinned branch does not replace it either
+    # a branch asked does not replace it either, and is refused rather than skipped (issue 43 item 2): exit 14
+    # with the way out
+    with pytest.raises(GpuprovError) as refused:
+        driver_plan(root, "535")
+    assert refused.value.exit_code == CONFLICT and "--driver 535" in str(refused.value), refused.value
+    assert "apt-get purge cuda-drivers nvidia-driver" in str(refused.value)
 
 
 def test_run_installer_driver_is_kept(tmp_path):

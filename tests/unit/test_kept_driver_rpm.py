@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from provision import effects, package_managers, paths
+from provision.errors import CONFLICT, GpuprovError
 from provision.facts.driver_facts import DRIVER_PACKAGE_RE, nvidia_modules
 from provision.facts.rootfs import under
 from provision.plan.build import build_plan
@@ -63,7 +64,10 @@ def test_cuda_repository_driver_is_kept_with_dnfs_way_out(tmp_path, rpm_answers)
                for n in s.notes), s.notes
     assert not any("apt-get" in n for n in s.notes)
     assert asked and all(a[1:3] == ("--root", str(root)) for a in asked)  # the plan's root, not this machine's
-    assert list(driver_plan(root, "595")) == ["driver.installed"]  # a branch asked does not replace it either
+    # a branch asked does not replace it either: refused (exit 14), not skipped (issue 43 item 2)
+    with pytest.raises(GpuprovError) as refused:
+        driver_plan(root, "595")
+    assert refused.value.exit_code == CONFLICT and "dnf remove kmod-nvidia-open-dkms" in str(refused.value)
 
 
 def test_elrepo_driver_of_another_flavour_is_kept_unless_a_branch_is_asked(tmp_path, rpm_answers):
