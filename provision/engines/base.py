@@ -376,9 +376,31 @@ class Engine(ABC):
         `entry`: what provision/record.py kept of gpuprov's writes to this config (None: no record; gpuprov's keys
         are then found by what they are, e.g. a runtime whose path is gpuprov's runtime). Reads only."""
 
-    def apply_how(self, restart: bool) -> str:
-        """How `apply` makes the live daemon read its config, for people (the uninstall plan prints it)."""
+    def apply_how(self, restart: bool, keeps: int = 0) -> str:
+        """How `apply` makes the live daemon read its config, for people (the uninstall plan prints it); `keeps`:
+        the running containers a restart keeps by holding them (restart_keeping)."""
         return f"restart {self.daemon_names[0]}"
+
+    def hold_blocker(self, daemon: Daemon) -> str | None:
+        """Why the containers a restart of `daemon` would stop cannot be kept through it (None: restart_keeping
+        keeps them). Only dockerd's containers need it (restart_stops)."""
+        return f"{self.daemon_names[0]} cannot keep its containers across a restart"
+
+    def restart_keeping(self, daemon: Daemon, path: Path) -> str:
+        """A restart that keeps the running containers (hold_blocker said it can)."""
+        raise NotImplementedError
+
+    def running(self) -> dict[str, tuple[str, str]] | None:
+        """The running containers, id -> (name, start time); None: not known."""
+        return None
+
+    def held(self, path: Path) -> dict | None:
+        """What a run killed during restart_keeping left to put back for `path`; None: nothing."""
+        return None
+
+    def finish_hold(self, daemon: Daemon | None, path: Path) -> str | None:
+        """Put back what a killed restart_keeping left (held); what was done, or None."""
+        return None
 
 
 # --- helpers shared by the adapters ------------------------------------------------------------------------------

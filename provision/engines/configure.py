@@ -62,7 +62,10 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
     req = RuntimeRequest(runtime_name, runtime_path, default=default, cdi=cdi, replace=replace, options=options)
     path = eng.config_path(config, req)
     daemon = eng.live_daemon(path)
+    # a run killed while it held live-restore on for a restart: the operator's setting back first
+    finished = eng.finish_hold(daemon, path) if restart and not dry_run else None
     pending = eng.pending_restart(daemon) if daemon else None
+    keeps = 0
     # The adapter's plan is the merge function: when the operator saves a file between its read and our rename
     # (fsutil compares before renaming), the files are read and merged again; after EDIT_TRIES, exit 14.
     for _ in range(EDIT_TRIES):
@@ -71,14 +74,17 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
                               warnings=list(plan.warnings))
         if pending:
             res.changes.append(pending)
+        if finished:
+            res.changes.append(finished)
         if dry_run or (not plan.changed and not (pending and restart)):
             if not dry_run and restart and daemon:
                 res.verified = eng.verify(daemon, req, wait=False)
-            res.changed = plan.changed or bool(pending)
+            res.changed = plan.changed or bool(pending) or bool(finished)
             return res
         res.changed = True
-        if restart and daemon and not restart_engine and (pending or plan.needs_restart):
-            refuse_stopping_restart(eng, daemon, pending or ", ".join(str(c) for c in plan.changes if not c.reload))
+        if restart and daemon and (pending or plan.needs_restart):
+            keeps = restart_keeps(eng, daemon, pending or ", ".join(str(c) for c in plan.changes if not c.reload),
+                                  restart_engine)
         try:
             if plan.changed:  # the engine's own check reads files only: it runs with --no-restart too
                 made = _write(eng, plan, path, req, res)
@@ -95,7 +101,7 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
     if daemon is None:
         res.restart = _not_signalled(eng, path)
         return res
-    res.restart = eng.apply(daemon, plan, restart=bool(pending))
+    res.restart = eng.restart_keeping(daemon, path) if keeps else eng.apply(daemon, plan, restart=bool(pending))
     verified = eng.verify(daemon, req)
     if verified is False:
         raise StepFailed(f"{engine} does not list runtime {runtime_name!r} after `{res.restart}`; check {path}")
@@ -107,14 +113,30 @@ def configure(engine: str, *, config: str | None = None, runtime_name: str = "nv
 RESTART_OPTION = "--restart-engine"
 
 
-def refuse_stopping_restart(eng, daemon, why: str) -> None:
-    """A restart the change needs that would stop running containers: exit 14 naming them and the option (also
-    check mode's stop: plan/steps.ConfigureEngine.check_restart)."""
+def restart_keeps(eng, daemon, why: str, consent: bool = False) -> int:
+    """A restart the change needs, of a daemon whose running containers it would stop (dockerd with live-restore
+    off): how many the restart keeps by holding live-restore on for it (eng.restart_keeping). Where they cannot be
+    kept (swarm mode, a --live-restore unit flag), exit 14 naming them and the option, before anything is written,
+    unless `consent` (--restart-engine): then 0, a plain restart. Also check mode's stop and the plan's words
+    (plan/steps.ConfigureEngine.check_restart, plan/build.restart_notes)."""
     stops = eng.restart_stops(daemon)
-    if stops:
-        raise RestartRefused(f"{eng.name} needs a restart ({why}), and restarting it stops its {stops} running "
-                             f"container(s) (live-restore is off); nothing was changed: run again with "
-                             f"{RESTART_OPTION} to restart it anyway, or turn live-restore on")
+    if not stops:
+        return 0
+    blocker = eng.hold_blocker(daemon)
+    if blocker is None:
+        return stops
+    if consent:
+        return 0
+    names = sorted(n for n, _ in (eng.running() or {}).values())
+    raise RestartRefused(f"{eng.name} needs a restart ({why}), and restarting it stops its {stops} running "
+                         f"container(s){' (' + ', '.join(names) + ')' if names else ''} (live-restore is off, and "
+                         f"cannot be turned on for the restart: {blocker}); nothing was changed: run again with "
+                         f"{RESTART_OPTION} to restart it anyway")
+
+
+def refuse_stopping_restart(eng, daemon, why: str) -> None:
+    """restart_keeps without consent: exit 14 where the restart would stop containers it cannot keep."""
+    restart_keeps(eng, daemon, why)
 
 
 def _write(eng, plan: EnginePlan, path: Path, req: RuntimeRequest, res: ConfigureResult) -> list[Path]:

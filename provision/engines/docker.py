@@ -11,7 +11,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import effects
+from provision import effects, paths
 from provision.engines import validate
 from provision.engines.base import (
     RUNTIME_PATH,
@@ -31,11 +31,11 @@ from provision.engines.base import (
     read_config,
     undo_text,
 )
-from provision.errors import ConfigInvalid, RuntimeConflict, StepFailed
+from provision.errors import ConfigInvalid, RestartRefused, RuntimeConflict, StepFailed
 from provision.facts.engine_data import StoredData, docker_store, repository, short
 from provision.facts.engines import spec
 from provision.facts.rootfs import is_live, read_text_file, under
-from provision.fsutil import write_file
+from provision.fsutil import read_trusted, write_file
 
 SPEC = spec("docker")  # binary, default config, its flag, packages, units: facts/engines.py's one table
 DAEMON_JSON = SPEC.config
@@ -57,6 +57,12 @@ LIVE = ("docker", "info", "--format", "{{json .Runtimes}} {{json .DefaultRuntime
 # The containers that still run under a runtime (uninstall: the runtime's binary must outlive them).
 RUNNING = ("docker", "ps", "-q", "--no-trunc")
 INSPECT_RUNTIME = ("docker", "inspect", "--format", "{{.Name}} {{.HostConfig.Runtime}}")
+# a container as the restart with live-restore must find it again: the same id, still running, started when it was
+INSPECT_STATE = ("docker", "inspect", "--format", "{{.Id}} {{.State.Running}} {{.State.StartedAt}} {{.Name}}")
+HOLD_INFO = ("docker", "info", "--format", "{{.LiveRestoreEnabled}} {{.Swarm.LocalNodeState}}")
+# The operator's daemon.json while a run holds live-restore on for a restart (DockerEngine.restart_keeping): a run
+# killed in between leaves it, and the next run puts the operator's live-restore back from it (finish_hold).
+HOLD_STATE = f"{paths.STATE_DIR}/docker-live-restore.json"
 # dockerd flags that have a daemon.json twin; both at once stops dockerd ("directives are specified both as a
 # flag and in the configuration file").
 FLAG_KEYS = {
@@ -322,6 +328,12 @@ def cdi_warning() -> list[str]:
             "features.cdi): `--device nvidia.com/gpu=…` works after an engine upgrade; --gpus works now"]
 
 
+def keep_how(keeps: int) -> str:
+    """The plan's words for DockerEngine.restart_keeping."""
+    return (f"restart dockerd with live-restore on for the restart (your {keeps} running container(s) keep running), "
+            "then live-restore back off by a reload")
+
+
 class DockerEngine(Engine):
     restart_stops_containers = True  # unless live-restore (restart_stops counts them)
     name = "docker"
@@ -477,7 +489,9 @@ class DockerEngine(Engine):
             text = dump_json(doc, path)
         return EnginePlan([FileEdit(path, current, text)], changes)
 
-    def apply_how(self, restart: bool) -> str:
+    def apply_how(self, restart: bool, keeps: int = 0) -> str:
+        if keeps:
+            return keep_how(keeps)
         return "restart dockerd (a key taken out of daemon.json, or features: read at start only)" if restart else \
             "SIGHUP to dockerd (runtimes and default-runtime it sets reload live; containers keep running)"
 
@@ -486,6 +500,9 @@ class DockerEngine(Engine):
         one that is not there yet when `installing` (the plan: runtime.install puts it in before engine.config)."""
         hook = shutil.which("nvidia-container-runtime-hook",
                             path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
+        if daemon is None:  # the plan on a host whose dockerd this run installs: it starts before runtime.install
+            return "dockerd looks for the --gpus hook this run installs only when it starts" \
+                if installing and not hook else None
         if not daemon.in_our_mount_namespace():
             return None
         if not hook:
@@ -514,6 +531,124 @@ class DockerEngine(Engine):
                             timeout=20)
         words = r.stdout.split() if r and r.returncode == 0 else []
         return int(words[1]) if len(words) == 2 and words[0] == "false" and words[1].isdigit() else 0
+
+    def hold_blocker(self, daemon: Daemon) -> str | None:
+        """Why live-restore cannot be turned on by a reload for a restart (None: it can). dockerd reloads
+        `live-restore` on SIGHUP, but refuses it in swarm mode, and a --live-restore flag on its unit would clash with
+        the key in daemon.json."""
+        if not daemon.in_our_mount_namespace():
+            return "its dockerd runs in another mount namespace"
+        r = effects.try_run(list(HOLD_INFO), timeout=20)
+        words = r.stdout.split() if r and r.returncode == 0 else []
+        if len(words) != 2:
+            return "`docker info` did not answer"
+        if words[1] not in ("inactive", ""):
+            return f"dockerd is in swarm mode ({words[1]}), where live-restore is refused"
+        if "live-restore" in unit_flags():
+            return "its unit sets --live-restore"
+        return None
+
+    def running(self) -> dict[str, tuple[str, str]] | None:
+        """The running containers: id -> (name, started at); None: no answer."""
+        r = effects.try_run(list(RUNNING), timeout=20)
+        if r is None or r.returncode != 0:
+            return None
+        ids = r.stdout.split()
+        if not ids:
+            return {}
+        r = effects.try_run([*INSPECT_STATE, *ids], timeout=30)
+        if r is None or r.returncode != 0:
+            return None
+        out = {}
+        for ln in r.stdout.splitlines():
+            w = ln.split()
+            if len(w) == 4 and w[1] == "true":
+                out[w[0]] = (w[3].lstrip("/"), w[2])
+        return out
+
+    def live_restore(self) -> bool | None:
+        r = effects.try_run(list(HOLD_INFO), timeout=20)
+        words = r.stdout.split() if r and r.returncode == 0 else []
+        return {"true": True, "false": False}.get(words[0]) if words else None
+
+    def held(self, path: Path) -> dict | None:
+        """The hold a killed run left for `path` (HOLD_STATE): {"config", "final", "temp"}; None: none."""
+        try:
+            data = read_trusted(HOLD_STATE)
+            doc = json.loads(data) if data else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("config") != str(path) or not isinstance(doc.get("temp"), str) \
+                or not isinstance(doc.get("final"), str):
+            return None
+        return doc
+
+    def finish_hold(self, daemon: Daemon | None, path: Path) -> str | None:
+        """A run killed while it held live-restore on (restart_keeping): the operator's daemon.json as that run
+        meant to leave it (gpuprov's keys, the operator's live-restore), and a reload. A file the operator saved
+        since is theirs: only the state goes."""
+        hold = self.held(path)
+        if hold is None:
+            return None
+        final = hold["final"]
+        if read_config(path) not in (hold["temp"], self._unheld(parse(final, str(path)), path)):
+            Path(HOLD_STATE).unlink(missing_ok=True)  # saved since by the operator (or never held): theirs
+            return None
+        self._put_back(daemon.pid if daemon else None, path, final)
+        return f"live-restore put back as {path} had it (a run stopped while it held it on), by a reload"
+
+    def restart_keeping(self, daemon: Daemon, path: Path) -> str:
+        """The restart the --gpus hook needs, without stopping a container: live-restore turned on by a reload
+        (daemon.json with the key set true, SIGHUP, `docker info` shows it), dockerd restarted, every container
+        that ran found running again (same id, same start time), then the file as it was (the operator's bytes and
+        mode: gpuprov's keys, their live-restore or none) and a reload. The held file is in HOLD_STATE until then,
+        so that a killed run's successor puts it back (finish_hold)."""
+        before = self.running() or {}
+        final = read_config(path) or "{}\n"
+        doc = parse(final, str(path))
+        temp = dump_json({**doc, "live-restore": True}, path)
+        write_file(HOLD_STATE, json.dumps({"config": str(path), "final": final, "temp": temp}), mode=0o600,
+                   keep_mode=False, backup=False)
+        write_file(path, temp, backup=False)
+        os.kill(daemon.pid, signal.SIGHUP)
+        if not effects.wait_for(lambda: self.live_restore() is True, 20):
+            self._put_back(daemon.pid, path, final)
+            names = ", ".join(sorted(n for n, _ in before.values()))
+            raise RestartRefused(f"dockerd did not turn live-restore on after a reload, and restarting it stops its "
+                                 f"{len(before)} running container(s) ({names}); {path} has gpuprov's runtime but "
+                                 f"dockerd was not restarted: run again with --restart-engine to restart it anyway")
+        how = self.restart(daemon)
+        new = self.live_daemon(path)
+        after = self.running() or {}
+        lost = sorted(n for cid, (n, started) in before.items() if after.get(cid) != (n, started))
+        self._put_back(new.pid if new else None, path, final)
+        if lost:
+            raise StepFailed(f"after `{how}` with live-restore on, these containers no longer run as before: "
+                             f"{', '.join(lost)}")
+        back = "on" if doc.get("live-restore") is True else "off"
+        return (f"{how} with live-restore on for the restart ({len(before)} running container(s) kept: "
+                f"{', '.join(sorted(n for n, _ in before.values()))}), then live-restore back {back} by a reload")
+
+    def _put_back(self, pid: int | None, path: Path, final: str) -> None:
+        """`final` written back and dockerd's live-restore made what it says. dockerd's reload applies
+        `live-restore` only where the file sets it (as `runtimes`: reload_live), so where `final` has no such key the
+        file says false for one reload first, then is written back as it was."""
+        doc = parse(final, str(path))
+        want = doc.get("live-restore") is True
+        if pid is not None:
+            write_file(path, final if "live-restore" in doc else self._unheld(doc, path), backup=False)
+            os.kill(pid, signal.SIGHUP)
+            ok = effects.wait_for(lambda: self.live_restore() is want, 20)
+        write_file(path, final, backup=False)
+        Path(HOLD_STATE).unlink(missing_ok=True)
+        if pid is not None and not ok:
+            raise StepFailed(f"dockerd (pid {pid}) still has live-restore {'off' if want else 'on'} after a reload "
+                             f"of {path}; reload it (systemctl reload docker) to put your setting back")
+
+    @staticmethod
+    def _unheld(doc: dict, path: Path) -> str:
+        """The file of the reload that turns a held live-restore off where the operator's file has no such key."""
+        return dump_json({**doc, "live-restore": False}, path)
 
     def live(self) -> tuple[dict[str, str], str] | None:
         """(runtime name -> path, default runtime) as the live dockerd reports them (`docker info`); None: no

@@ -198,6 +198,16 @@ def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True, k
                               total=total)
     res = ApplyResult(log=str(run.log.path) if run.log.path else None)
     n = total or len(steps)
+    # an engine restart that would stop containers it cannot keep (exit 14 until --restart-engine) stops the run
+    # before its first step changes anything, as check mode says, not after runtime.install (issue 39 item 2)
+    for step in steps:
+        engine_steps = [a for a in step.actions if isinstance(a, ConfigureEngine)]
+        if engine_steps and not step.verify_only and not step.satisfied():
+            try:
+                for a in engine_steps:
+                    a.check_restart()
+            except GpuprovError as exc:
+                raise step_failure(step, exc) from None
     note = log if logged else (lambda line: None)
     for i, step in enumerate(steps, first):
         t = time.monotonic()

@@ -2,6 +2,7 @@
 alone; the checks and actions each step carries do the I/O at apply time."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from provision import engines, package_managers
@@ -176,20 +177,37 @@ def group_steps(report: HostReport, opt: Options) -> list[Step]:
                  check=InGroup(DOCKER_GROUP, opt.engine_users))]
 
 
-def restart_notes(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, ...]:
-    """Where the engine's config step will restart a daemon that runs containers (live-restore off; the reasons:
-    ConfigureEngine.restart_reasons): how many containers that stops now, and that it needs --restart-engine. On the
-    live host only."""
-    if not (eng.restart_stops_containers and is_live(Path(report.root or "/"))):
-        return ()
+def restart_plan(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, tuple[str, ...]]:
+    """On the live host, what the engine's config step will do to its daemon, as the run will do it (configure:
+    the same restart_reasons, restart_stops and hold_blocker): (the words for ConfigureEngine.how, "" where the
+    file's keys say it all; the notes). A restart of a daemon that runs containers with live-restore off keeps them
+    by holding live-restore on for it; where it cannot, the note says how many stop and that it needs
+    --restart-engine (exit 14 without)."""
+    if not is_live(Path(report.root or "/")):
+        return "", ()
     daemon = eng.live_daemon(eng.config_path(action.config, action.request()))
-    why = action.restart_reasons(daemon) if daemon else []
-    stops = eng.restart_stops(daemon) if why else 0
+    # no dockerd yet (this run installs it): it starts before runtime.install puts the --gpus hook in
+    why = action.restart_reasons(daemon)
+    if not why:
+        return "", ()
+    how = f"restart {eng.daemon_names[0]} ({'; '.join(why)})"
+    stops = eng.restart_stops(daemon) if daemon and eng.restart_stops_containers else 0
     if not stops:
-        return ()
-    return (f"{'; '.join(why)}: that stops its {stops} running container(s) (live-restore off): "
-            + ("--restart-engine given" if action.restart_engine else
-               "without --restart-engine the step stops before writing anything, exit 14"),)
+        return how, ()
+    blocker = eng.hold_blocker(daemon)
+    if blocker is None:
+        return eng.apply_how(True, keeps=stops), (
+            f"{'; '.join(why)}: live-restore is off, so it is turned on by a reload for the restart (its {stops} "
+            "running container(s) keep running), and back off by a reload after it",)
+    return how, (f"{'; '.join(why)}: that stops its {stops} running container(s) (live-restore off, and it cannot "
+                 f"be turned on for the restart: {blocker}): "
+                 + ("--restart-engine given" if action.restart_engine else
+                    "without --restart-engine the step stops before writing anything, exit 14"),)
+
+
+def restart_notes(report: HostReport, eng, action: ConfigureEngine) -> tuple[str, ...]:
+    """restart_plan's notes."""
+    return restart_plan(report, eng, action)[1]
 
 
 def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step]:
@@ -208,12 +226,14 @@ def runtime_steps(report: HostReport, target: Target, opt: Options) -> list[Step
         default = opt.default_runtime and not eng.gpus_through_cdi  # its own OCI runtime stays its default
         action = ConfigureEngine(opt.engine, opt.runtime_name, eng.front_end(RUNTIME_PATH), default, opt.cdi,
                                  opt.replace_runtime, config, opt.restart_engine, opt.engine_options)
+        how, notes = restart_plan(report, eng, action)
+        action = replace(action, how=how)
         steps.append(Step("engine.config", Stage.RUNTIME,
                           f"Register runtime {opt.runtime_name!r} in {opt.engine}'s config (merge)"
                           + (f", and set {', '.join(k for k, _ in opt.engine_options)}" if opt.engine_options else "")
                           + (f": {config}, the file the running {opt.engine} reads" if config else ""),
                           actions=(action,), check=EngineConfigured(action),
-                          notes=restart_notes(report, eng, action)))
+                          notes=notes))
     if cdi and report.driver and report.driver.loaded:  # (caps) a spec needs the loaded driver; its units
         steps.append(Step("cdi.spec", Stage.RUNTIME, "Write the CDI spec (/etc/cdi, /var/run/cdi) and its refresh units",
                           actions=(RefreshCdi(droot),), check=SpecCurrent(droot)))

@@ -293,6 +293,13 @@ class ConfigureEngine(Action):
     config: str | None = None  # the config the engine really reads, where it is not the engine's default
     restart_engine: bool = False  # --restart-engine: a restart that stops running containers is consented to
     options: tuple[tuple[str, str], ...] = ()  # --engine-option: the operator's daemon.json keys, merged too
+    # how the run will make the live daemon read the file, as the plan decided it on this host (plan/build.py:
+    # restart_how): "" where nothing says more than the file's keys do (a --root tree, no restart pending)
+    how: str = ""
+
+    def apply_words(self) -> str:
+        eng = engines.get(self.engine)
+        return self.how or eng.apply_how(bool(self.start_only))
 
     def request(self) -> RuntimeRequest:
         return RuntimeRequest(self.runtime_name, self.runtime_path, default=self.default, cdi=self.cdi,
@@ -354,11 +361,13 @@ class ConfigureEngine(Action):
                 + (" as the default runtime" if self.default else "") + (", CDI on" if self.cdi else "")
                 + (f", and set {', '.join(k for k, _ in self.options)}" if self.options else "")
                 + " (the diff below; atomic write with a backup, the engine's own check, rolled back if it fails)",
-                f"then {eng.apply_how(bool(self.start_only))}: the running {eng.daemon} that reads {path}, if any, and "
-                f"check that it has runtime {self.runtime_name!r}"]  # (docker reads `features` and most keys at start)
+                f"then {self.apply_words()}: the running {eng.daemon} that reads {path}, if any, and "
+                f"check that it has runtime {self.runtime_name!r}"] + (  # (docker reads `features`, most keys at start)
+            [f"first, put live-restore back as {path} had it (a run was stopped while it held it on for a restart)"]
+            if eng.held(path) else [])
 
     def brief(self) -> str:
-        return f"then {_how(self.engine, bool(self.start_only))} where it runs"
+        return f"then {self.apply_words().split(' (')[0]} where it runs"
 
     def execute(self) -> str:
         res = configure(self.engine, config=self.config, runtime_name=self.runtime_name,
@@ -563,6 +572,8 @@ class EngineConfigured:
         if not is_live(root) or self.action.edits(root):
             return False
         eng = engines.get(self.action.engine)
+        if eng.held(eng.config_path(self.action.config, self.action.request())):
+            return False  # a killed run's live-restore still to put back
         return not eng.lists_runtimes or self.action.runtime_name in (eng.listed_runtimes() or [])
 
     def describe(self) -> str:

@@ -352,6 +352,8 @@ def test_restart_that_stops_containers_needs_restart_engine(tmp_path, rec, monke
     daemon = Daemon(os.getpid(), ("dockerd", "--config-file", str(cfg)), str(cfg))
     monkeypatch.setattr(DockerEngine, "live_daemon", lambda self, path: daemon)
     monkeypatch.setattr(DockerEngine, "restart_stops", lambda self, d: 3)
+    # where live-restore can be held on, the restart keeps them instead (tests/unit/test_engine_options.py)
+    monkeypatch.setattr(DockerEngine, "hold_blocker", lambda self, d: "dockerd is in swarm mode (active)")
     restarted = []
     monkeypatch.setattr(DockerEngine, "apply", lambda self, d, plan, restart: restarted.append(restart) or "x")
     monkeypatch.setattr(DockerEngine, "verify", lambda self, d, req, wait=True: None)

@@ -99,6 +99,11 @@ def live_dockerd(tmp_path, monkeypatch):
     daemon = Daemon(os.getpid(), ("dockerd", "--config-file", str(cfg)), str(cfg))
     monkeypatch.setattr(DockerEngine, "live_daemon", lambda self, path: daemon)
     monkeypatch.setattr(DockerEngine, "restart_stops", lambda self, d: 3)
+    # swarm mode: live-restore cannot be held on for the restart (test_a_restart_keeps_… lifts it)
+    monkeypatch.setattr(DockerEngine, "hold_blocker",
+                        lambda self, d: "dockerd is in swarm mode (active), where live-restore is refused")
+    monkeypatch.setattr(DockerEngine, "running", lambda self: {"a" * 64: ("web", "t1"), "b" * 64: ("db", "t2"),
+                                                               "c" * 64: ("cache", "t3")})
     monkeypatch.setattr(shutil, "which", lambda name, path=None: None)  # no --gpus hook yet
     done = []
     monkeypatch.setattr(DockerEngine, "apply", lambda self, d, plan, restart: done.append(plan.needs_restart) or "x")
@@ -173,3 +178,182 @@ def test_a_start_only_option_is_exit_14_without_restart_engine(live_dockerd):
     assert done == [False]  # reloadable: SIGHUP, no restart, no consent needed
     configure("docker", config=str(cfg), runtime_path=RT, options=(("log-driver", '"local"'),), restart_engine=True)
     assert done == [False, True] and json.loads(cfg.read_text())["log-driver"] == "local"
+
+
+# ---------------------------------------------------------------- restarts that keep containers (issue 39 item 2)
+
+
+def test_a_restart_keeps_the_containers_by_holding_live_restore_on(live_dockerd, monkeypatch):
+    """Where live-restore can be turned on by a reload, the restart the --gpus hook needs keeps the running
+    containers: the plan says so in the words of what runs (restart with live-restore on, back off by a reload), its
+    note names no exit 14, check mode does not stop, and the run calls restart_keeping, not a plain restart."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from provision.engines.configure import configure
+    from provision.plan import apply as ap
+    from provision.plan.build import restart_plan
+    from provision.plan.steps import EngineConfigured, Step
+
+    cfg, done = live_dockerd
+    monkeypatch.setattr(DockerEngine, "hold_blocker", lambda self, d: None)
+    how, (note,) = restart_plan(SimpleNamespace(root="/"), DockerEngine(), _action(cfg))
+    assert how == ("restart dockerd with live-restore on for the restart (your 3 running container(s) keep "
+                   "running), then live-restore back off by a reload"), how
+    assert "--gpus hook" in note and "turned on by a reload" in note and "exit 14" not in note, note
+    action = _action(cfg).__class__(**{**_action(cfg).__dict__, "how": how})
+    assert action.lines()[1].startswith(f"then {how}: the running dockerd")
+    assert action.brief() == "then restart dockerd with live-restore on for the restart where it runs"
+    doc = ap.check_plan([Step("engine.config", "runtime", "Register", actions=(action,),
+                              check=EngineConfigured(action))], Path("/"))
+    assert doc["stop"] is None and doc["would_change"] == 1, doc
+    monkeypatch.setattr(DockerEngine, "pending_restart",  # the run: runtime.install has put the hook in by now
+                        lambda self, d, installing=False: "dockerd started before its --gpus hook was installed")
+    kept = []
+    monkeypatch.setattr(DockerEngine, "restart_keeping", lambda self, d, path: kept.append(path) or "kept")
+    res = configure("docker", config=str(cfg), runtime_path=RT)
+    assert kept == [cfg] and not done and res.restart == "kept"
+
+
+def test_the_plan_says_restart_where_this_run_installs_the_hook(monkeypatch, tmp_path):
+    """A fresh host (no dockerd yet: this run installs it, and it starts before runtime.install puts the --gpus hook
+    in): the plan says restart, as the run does, not SIGHUP; with the hook already there, a reload."""
+    import shutil
+    from types import SimpleNamespace
+
+    from provision.plan.build import restart_plan
+
+    cfg = tmp_path / "daemon.json"
+    monkeypatch.setattr(DockerEngine, "live_daemon", lambda self, path: None)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None)
+    how, notes = restart_plan(SimpleNamespace(root="/"), DockerEngine(), _action(cfg))
+    assert how == "restart dockerd (dockerd looks for the --gpus hook this run installs only when it starts)"
+    assert notes == ()
+    action = _action(cfg).__class__(**{**_action(cfg).__dict__, "how": how})
+    assert action.brief() == "then restart dockerd where it runs" and "SIGHUP" not in " ".join(action.lines())
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: "/usr/local/bin/nvidia-container-runtime-hook")
+    assert restart_plan(SimpleNamespace(root="/"), DockerEngine(), _action(cfg)) == ("", ())
+    assert _action(cfg).brief() == "then SIGHUP to dockerd where it runs"
+
+
+def test_a_swarm_host_is_exit_14_naming_its_containers(live_dockerd, monkeypatch):
+    """live-restore cannot be held on (swarm mode): the run stops before writing anything, exit 14 naming the
+    containers and why; --restart-engine goes on with a plain restart."""
+    from provision.engines.configure import configure
+
+    cfg, done = live_dockerd
+    monkeypatch.setattr(DockerEngine, "pending_restart",  # the run: runtime.install has put the hook in by now
+                        lambda self, d, installing=False: "dockerd started before its --gpus hook was installed")
+    with pytest.raises(Exception) as exc:
+        configure("docker", config=str(cfg), runtime_path=RT)
+    msg = str(exc.value)
+    assert getattr(exc.value, "exit_code", None) == 14 and "3 running container(s) (cache, db, web)" in msg, msg
+    assert "swarm mode" in msg and "--restart-engine" in msg and cfg.read_text() == '{"debug": true}\n'
+    configure("docker", config=str(cfg), runtime_path=RT, restart_engine=True)
+    assert done == [False]  # DockerEngine.apply with restart=True (the hook), no hold
+
+
+def _held_host(tmp_path, monkeypatch, text):
+    """A dockerd (this process's pid, signals recorded) whose `docker info` live-restore follows the file at each
+    SIGHUP, with running containers that a restart keeps; restart_keeping's outside world."""
+    import os
+
+    from provision.engines.base import Daemon
+
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text(text)
+    os.chmod(cfg, 0o640)
+    state = {"live": False, "signals": 0, "at_restart": None}
+
+    def hup(pid, sig):  # as dockerd's reload: live-restore changes only where the file sets it
+        state["signals"] += 1
+        state["live"] = json.loads(cfg.read_text()).get("live-restore", state["live"]) is True
+
+    monkeypatch.setattr(docker.os, "kill", hup)
+    monkeypatch.setattr(docker, "HOLD_STATE", str(tmp_path / "hold.json"))
+    monkeypatch.setattr(DockerEngine, "live_restore", lambda self: state["live"])
+    monkeypatch.setattr(DockerEngine, "running", lambda self: {"a" * 64: ("web", "t1")})
+    monkeypatch.setattr(DockerEngine, "live_daemon", lambda self, path: Daemon(os.getpid(), ("dockerd",), str(cfg)))
+
+    def restart(self, d):
+        state["at_restart"] = (state["live"], cfg.read_text(), json.loads((tmp_path / "hold.json").read_text()))
+        return "systemctl restart docker.service"
+
+    monkeypatch.setattr(DockerEngine, "restart", restart)
+    return cfg, state, Daemon(os.getpid(), ("dockerd",), str(cfg))
+
+
+def test_restart_keeping_holds_live_restore_and_gives_the_operators_file_back(tmp_path, monkeypatch):
+    """restart_keeping: live-restore true in the file and live (a reload) before the restart, the held state recorded
+    for a killed run; after it, the file's exact bytes and mode as they were, a reload, the state gone."""
+    import os
+
+    text = '{\n    "log-driver":  "json-file",\n  "runtimes": {"nvidia": {"path": "/x"}}\n}\n'  # odd spacing
+    cfg, state, daemon = _held_host(tmp_path, monkeypatch, text)
+    out = DockerEngine().restart_keeping(daemon, cfg)
+    live, during, hold = state["at_restart"]
+    assert live is True and json.loads(during)["live-restore"] is True and list(json.loads(during))[0] == "log-driver"
+    assert hold == {"config": str(cfg), "final": text, "temp": during}
+    assert cfg.read_text() == text and oct(os.stat(cfg).st_mode & 0o777) == "0o640"
+    assert state["signals"] == 2 and state["live"] is False and not (tmp_path / "hold.json").exists()
+    assert out == ("systemctl restart docker.service with live-restore on for the restart (1 running container(s) "
+                   "kept: web), then live-restore back off by a reload")
+
+
+def test_a_container_lost_in_the_restart_fails_the_step(tmp_path, monkeypatch):
+    from provision.errors import StepFailed
+
+    cfg, state, daemon = _held_host(tmp_path, monkeypatch, '{"live-restore": false}\n')
+    seen = iter([{"a" * 64: ("web", "t1")}, {}])
+    monkeypatch.setattr(DockerEngine, "running", lambda self: next(seen))
+    with pytest.raises(StepFailed, match="web"):
+        DockerEngine().restart_keeping(daemon, cfg)
+    assert cfg.read_text() == '{"live-restore": false}\n' and not (tmp_path / "hold.json").exists()
+
+
+def test_a_reload_that_does_not_take_is_exit_14_and_the_file_goes_back(tmp_path, monkeypatch):
+    cfg, state, daemon = _held_host(tmp_path, monkeypatch, '{"debug": true}\n')
+    monkeypatch.setattr(DockerEngine, "live_restore", lambda self: False)
+    with pytest.raises(Exception) as exc:
+        DockerEngine().restart_keeping(daemon, cfg)
+    assert getattr(exc.value, "exit_code", None) == 14 and "web" in str(exc.value) and state["at_restart"] is None
+    assert cfg.read_text() == '{"debug": true}\n' and not (tmp_path / "hold.json").exists()
+
+
+def test_a_run_killed_while_holding_is_finished_by_the_next(tmp_path, monkeypatch):
+    """Killed after the held file was written: the next run writes the file as that run meant to leave it and
+    reloads; a file the operator saved since is left as theirs. The step is not 'already done' meanwhile."""
+    from provision.fsutil import write_file
+
+    cfg, state, daemon = _held_host(tmp_path, monkeypatch, '{"debug": true}\n')
+    held = '{\n  "debug": true,\n  "live-restore": true\n}\n'
+    write_file(docker.HOLD_STATE, json.dumps({"config": str(cfg), "final": '{"debug": true}\n', "temp": held}),
+               mode=0o600, keep_mode=False, backup=False)
+    cfg.write_text(held)
+    eng = DockerEngine()
+    assert eng.held(cfg)
+    state["live"] = True
+    assert "live-restore put back" in eng.finish_hold(daemon, cfg)
+    assert cfg.read_text() == '{"debug": true}\n' and state["signals"] == 1 and eng.held(cfg) is None
+    assert state["live"] is False  # the reload's file said false once (the operator's has no such key)
+    write_file(docker.HOLD_STATE, json.dumps({"config": str(cfg), "final": "{}\n", "temp": held}),
+               mode=0o600, keep_mode=False, backup=False)
+    assert eng.finish_hold(daemon, cfg) is None and cfg.read_text() == '{"debug": true}\n'
+    assert not (tmp_path / "hold.json").exists()
+
+
+def test_the_run_stops_before_its_first_step_where_the_restart_would_stop_containers(live_dockerd, tmp_path):
+    """The issue's half-done run: runtime.install ran, then engine.config was exit 14. Now the refusal (live-restore
+    cannot be held: swarm mode) comes before the first step changes anything."""
+    from provision.plan import apply as ap
+    from provision.plan.steps import Command, EngineConfigured, Step
+
+    cfg, done = live_dockerd
+    marker = tmp_path / "runtime-installed"
+    action = _action(cfg)
+    steps = [Step("runtime.install", "runtime", "Install", actions=(Command(("touch", str(marker))),)),
+             Step("engine.config", "runtime", "Register", actions=(action,), check=EngineConfigured(action))]
+    with pytest.raises(Exception) as exc:
+        ap.apply_plan(steps, logged=False, quiet=True)
+    assert getattr(exc.value, "exit_code", None) == 14 and "swarm mode" in str(exc.value), exc.value
+    assert not marker.exists() and cfg.read_text() == '{"debug": true}\n' and not done

@@ -350,10 +350,15 @@ RO_SCRIPT = ("set -e; mount --make-rprivate /; "
 def _without_restart_note(doc: dict) -> dict:
     """The plan without engine.config's note on a dockerd restart that stops this machine's running containers: the
     read-only run is in a private mount namespace, where this machine's dockerd is another namespace's daemon whose
-    containers gpuprov does not count (and would not restart), so only the writable run has it."""
+    containers gpuprov does not count (and would not restart), so only the writable run has it; nor the words of
+    how dockerd is told (a restart held with live-restore on for those containers, or a reload: issue 39 item 2),
+    for the same reason."""
     for step in doc.get("steps", []):
         if step.get("id") == "engine.config" and "notes" in step:
             step["notes"] = [n for n in step["notes"] if "running container(s)" not in n]
+        if step.get("id") == "engine.config":
+            step["actions"] = step.get("actions", [])[:1]
+            step.pop("effect", None)
     return doc
 
 
