@@ -352,7 +352,7 @@ def test_dev_char_verify_boot_unit_and_uninstall_scope(host, systemd_cgroups):
     assert r.returncode == 10 and check["status"] == "fail" and "/dev/char/195:0" in check["detail"] and \
         "Fix: `gpuprov runtime dev-char-links`" in check["detail"], r.stdout
     host.exec("mv /tmp/devchar-195-0 /dev/char/195:0", check=True)
-    r = host.exec("gpuprov uninstall --dry-run")
+    r = host.exec("gpuprov uninstall --dry-run -v")  # -v: every command in full
     # (the `installed` fixture's --dev-root made its links in /opt/fake-gpu/dev/char: they are gpuprov's too)
     joined = re.sub(r" \\\n\s*", " ", r.stdout)  # a long command is wrapped at 100 columns with ` \`
     line = next((ln for ln in joined.splitlines() if ln.strip().startswith("$ rm -f --") and "/char/" in ln), "")
