@@ -73,10 +73,10 @@ options:
     gpuprov installed (`uninstall --purge-driver`)."}
   uninstall_engine: {type: bool, default: false, description: "With state absent: also purge the engine packages
     gpuprov installed, never one it found (`uninstall --purge-engine`)."}
-  uninstall_engine_data: {type: str, choices: ["", keep, delete], default: "", description: "With uninstall_engine: keep (remove, not
-    purge, a package whose purge deletes the engine's data root: Debian's docker.io and /var/lib/docker) or delete
-    (purge it, deleting the containers, images and volumes there). Unset: such a purge stops (exit 14) while the
-    data root holds any of the operator's (`uninstall --keep-engine-data`/`--delete-engine-data`)."}
+  uninstall_engine_data: {type: str, choices: ["", keep, delete], default: "", description: "With uninstall_engine:
+    keep (remove, not purge, a package whose purge deletes the engine's data root: Debian's docker.io and
+    /var/lib/docker) or delete (purge it, deleting the containers, images and volumes there). Empty: such a purge
+    stops (exit 14) while the data root holds any of the operator's (`uninstall --keep-engine-data`/`--delete-engine-data`)."}
 author: gpuprov developers
 """
 RETURN = r"""

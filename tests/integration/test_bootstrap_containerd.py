@@ -116,7 +116,7 @@ def test_4_without_systemd_containerd_is_started_in_the_background():
     try:
         r = h.install_gpuprov()
         assert r.returncode == 0, r.stdout + r.stderr
-        plan = h.exec("gpuprov plan --driver skip --engine containerd").stdout
+        plan = h.exec("gpuprov plan -v --driver skip --engine containerd").stdout
         assert "$ /etc/init.d/containerd start" in plan and "`containerd` in the background" in plan, plan
         r = h.exec(BOOT)
         assert r.returncode == 0, r.stdout + r.stderr

@@ -132,7 +132,7 @@ def test_rerun_after_the_reboot_changes_nothing(host, installed):
 
 
 def test_branch_change_switches_the_module_stream(host, installed):
-    plan = host.exec(bootstrap("575").replace("bootstrap --yes --json", "bootstrap --dry-run"))
+    plan = host.exec(bootstrap("575").replace("bootstrap --yes --json", "bootstrap --dry-run -v"))
     assert "dnf --disableplugin=versionlock module switch-to -y nvidia-driver:575-open" in plan.stdout, plan.stdout
     r = host.exec(bootstrap("575"))
     assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
@@ -160,7 +160,7 @@ def test_flavour_switch_replaces_the_kmod_in_one_transaction(host, installed):
     kmod-nvidia-open-dkms; only --allowerasing lets the switch replace it): the step failed, nothing switched."""
     before = host.rpms()
     cmd = bootstrap("575") + " --kernel-modules proprietary"
-    plan = host.exec(cmd.replace("bootstrap --yes --json", "bootstrap --dry-run"))
+    plan = host.exec(cmd.replace("bootstrap --yes --json", "bootstrap --dry-run -v"))
     assert ("dnf --disableplugin=versionlock module switch-to --assumeno --allowerasing nvidia-driver:575-dkms"
             in " ".join(plan.stdout.replace("\\\n", " ").split())), plan.stdout
     assert "kmod-nvidia-open-dkms replaced in the same transaction" in " ".join(plan.stdout.split()), plan.stdout
@@ -213,7 +213,7 @@ def test_uninstall_purges_what_gpuprov_installed(host, installed):
     # by name (`dnf remove kernel-devel`) took it along, and its dry run named nothing extra
     host.publish_later("rocky/9/AppStream/x86_64/os")
     host.exec(f"dnf install -y -q --refresh kernel-devel-{LATER_DEVEL}", check=True)
-    plan = host.exec("gpuprov uninstall --dry-run --purge-driver")
+    plan = host.exec("gpuprov uninstall --dry-run -v --purge-driver")
     assert "dnf module reset -y nvidia-driver" in plan.stdout, plan.stdout  # said before it is done
     r = host.exec("gpuprov uninstall --yes --purge-driver")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -237,7 +237,7 @@ def test_uninstall_keeps_the_operators_own_stream(host, installed):
     assert host.rpms().get("kmod-nvidia-open-dkms") == f"3:{OLD}-1.el9"
     rec = json.loads(host.exec("cat /var/lib/gpuprov/installed.json", check=True).stdout)
     assert rec["streams"] == [], rec
-    plan = host.exec("gpuprov uninstall --dry-run --purge-driver")
+    plan = host.exec("gpuprov uninstall --dry-run -v --purge-driver")
     assert "module reset" not in plan.stdout, plan.stdout
     r = host.exec("gpuprov uninstall --yes --purge-driver")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -266,7 +266,7 @@ def test_kernel_update_gets_its_dkms_module(host, installed):
     rc, check = next_boot(host)
     assert rc == 10 and check["status"] == "fail" and LATER_DEVEL in check["detail"], check
     # bootstrap builds for it: its kernel-devel installed, DKMS run for every installed kernel
-    plan = host.exec(bootstrap("570").replace("bootstrap --yes --json", "bootstrap --dry-run"))
+    plan = host.exec(bootstrap("570").replace("bootstrap --yes --json", "bootstrap --dry-run -v"))
     assert f"dkms autoinstall -k {LATER_DEVEL}" in plan.stdout, plan.stdout
     r = host.exec(bootstrap("570"))
     assert r.returncode in (0, 7), r.stdout[-4000:] + r.stderr[-4000:]
