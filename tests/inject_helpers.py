@@ -179,3 +179,20 @@ def mig_caps_nodes(dev_root: Path) -> None:
         for minor in (3 + 9 * gi, 4 + 9 * gi):
             if not (caps / f"nvidia-cap{minor}").exists():
                 os.mknod(caps / f"nvidia-cap{minor}", 0o444 | 0o020000, os.makedev(241, minor))
+
+
+def runc_image(base: Path) -> tuple[Path, Path]:
+    """(rootfs, runc): gpuprov's check image unpacked at base/rootfs (busybox + glibc), and a runc that keeps its
+    state under base (nothing on this machine's runc root is touched), for tests that run real containers."""
+    import io
+    import tarfile
+
+    from provision.engines.validate import build_image_tar
+
+    rootfs = base / "rootfs"
+    with tarfile.open(fileobj=io.BytesIO(build_image_tar()), mode="r") as tar:
+        tar.extractall(rootfs, filter="tar")
+    runc = base / "runc"
+    runc.write_text(f'#!/bin/sh\nexec runc --root {base / "runc-state"} "$@"\n')
+    runc.chmod(0o755)
+    return rootfs, runc

@@ -15,20 +15,17 @@ H200 root built from the real capture (580.159.04, one data-centre GPU); runc ke
 from __future__ import annotations
 
 import ctypes
-import io
 import json
 import os
 import subprocess
-import tarfile
 
 import pytest
 
-from provision.engines.validate import build_image_tar
 from provision.inject import compat
 from provision.inject.modify import modify_bundle
 from tests import oci
 from tests.conftest import needs
-from tests.inject_helpers import settings
+from tests.inject_helpers import runc_image, settings
 
 pytestmark = [needs("runc", "gcc", "ldconfig"),
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, mknod)")]
@@ -39,12 +36,7 @@ SECRET = "HOST SECRET: root-only bytes of the host"
 @pytest.fixture
 def rig(tmp_path):
     s = settings(tmp_path)
-    rootfs = tmp_path / "rootfs"
-    with tarfile.open(fileobj=io.BytesIO(build_image_tar()), mode="r") as tar:
-        tar.extractall(rootfs, filter="tar")
-    runc = tmp_path / "runc"
-    runc.write_text(f'#!/bin/sh\nexec runc --root {tmp_path / "runc-state"} "$@"\n')
-    runc.chmod(0o755)
+    rootfs, runc = runc_image(tmp_path)
     host = tmp_path / "hostdir"  # a host directory the container must never read
     host.mkdir(mode=0o700)
     (host / f"libcuda.so.{VERSION}").write_text(SECRET + "\n")

@@ -6,18 +6,15 @@ Both fail on main (the MIG selector was refused; the host's libcuda always mount
 (--root); nothing on this machine is touched."""
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 
 import pytest
 
-from provision.engines.validate import build_image_tar
 from provision.errors import Refused
 from provision.inject.modify import modify_bundle
 from tests import oci
 from tests.conftest import needs
-from tests.inject_helpers import fake_dev, mig_caps_nodes, mig_proc, settings
+from tests.inject_helpers import fake_dev, mig_caps_nodes, mig_proc, runc_image, settings
 
 pytestmark = [needs("runc", "ldd")]
 
@@ -28,12 +25,7 @@ def rig(tmp_path):
     mig_caps_nodes(dev)
     (tmp_path / "proc-root").mkdir()
     s = settings(tmp_path, proc_root=mig_proc(tmp_path / "proc-root"))
-    rootfs = tmp_path / "rootfs"
-    with tarfile.open(fileobj=io.BytesIO(build_image_tar()), mode="r") as tar:
-        tar.extractall(rootfs, filter="tar")
-    runc = tmp_path / "runc"
-    runc.write_text(f'#!/bin/sh\nexec runc --root {tmp_path / "runc-state"} "$@"\n')
-    runc.chmod(0o755)
+    rootfs, runc = runc_image(tmp_path)
     return tmp_path, s, rootfs, runc
 
 
