@@ -20,6 +20,7 @@ NAME_METAVARS = {
     "--spec-dirs": "PATH:PATH", "--keyring": "KEYFILE", "--sign-key": "KEYID", "--only": "STAGE,STAGE",
     "--mirror": "NAME=URL", "--gpus": "GPUS", "--capabilities": "CAP,CAP", "--replicas": "N",
     "--max-clients": "N", "--default-compute": "PERCENT", "--default-memory": "SIZE", "--max-memory": "SIZE",
+    "--policy": "NAME|NUMBER", "--prio-ratio": "PERCENT",
     "--interval": "SECONDS", "--kernel": "KERNEL", "--pci-id": "VENDOR:DEVICE",
 }
 TYPE_METAVARS = {"integer": "N", "float": "NUMBER", "path": "PATH"}

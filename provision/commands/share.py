@@ -10,7 +10,7 @@ from provision.errors import Refused, UsageError
 from provision.hostlock import changes_host
 from provision.inject.settings import load_settings
 from provision.output import emit_json, kv, table
-from provision.share import mps
+from provision.share import mps, policy
 from provision.share.limits import is_index, parse_percent, parse_size
 
 share_app = typer.Typer(help="GPU sharing with limits (NVIDIA MPS): enable, disable, status.", no_args_is_help=True)
@@ -25,6 +25,11 @@ def _state_path() -> str:
 def enable_cmd(
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices to share, e.g. 0,1 (default: all)."),
     max_clients: Optional[int] = typer.Option(None, "--max-clients", help="Max containers per GPU (max_inst)."),
+    policy_name: Optional[str] = typer.Option(None, "--policy", help="cGPU's scheduling policy by name or number: "
+                                              "preemptive (1), weight-preemptive (2, the default), fixed (3), "
+                                              "native (5). fair-share (0) and soft (4) need time slices MPS lacks."),
+    prio_ratio: Optional[int] = typer.Option(None, "--prio-ratio", help="Percent of the SMs a high-priority "
+                                             "container may take (20-99; default: no ceiling)."),
     default_memory: Optional[str] = typer.Option(None, "--default-memory", help="Cap for containers that ask none."),
     default_compute: Optional[int] = typer.Option(None, "--default-compute", help="Percent for those containers."),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Hard per-container ceiling the MPS daemon "
@@ -44,16 +49,36 @@ def enable_cmd(
         mem = parse_size(default_memory, "--default-memory") if default_memory else None
         ceiling = parse_size(max_memory, "--max-memory") if max_memory else None
         comp = parse_percent(str(default_compute), "--default-compute") if default_compute else None
+        pol = policy.parse(policy_name) if policy_name is not None else policy.of("")
+        comp = _policy_default(pol, max_clients, comp, prio_ratio)
     except (ValueError, Refused) as exc:
         raise UsageError(str(exc)) from None
     st = mps.enable(_state_path(), gpus=ids, max_clients=max_clients, default_memory=mem, default_compute=comp,
-                    max_memory=ceiling, keep_compute_mode=keep_compute_mode)
+                    max_memory=ceiling, keep_compute_mode=keep_compute_mode, policy=pol.name, prio_ratio=prio_ratio)
     if json_out:
         emit_json(st.to_dict())
     else:
         print(kv([("MPS daemon", f"pid {st.daemon_pid} ({st.supervisor})"), ("gpus", gpus or "all"),
+                  ("policy", f"{pol.name} ({pol.number}): {pol.mps}"),
                   ("pipe dir", st.pipe_dir), ("default memory", default_memory), ("default compute", comp),
                   ("ceiling", max_memory), ("compute mode", _modes(st.previous_compute_modes))]))
+
+
+def _policy_default(pol: policy.Policy, max_clients: int | None, comp: int | None, prio_ratio: int | None) -> int | None:
+    """The default compute share the policy gives containers that ask none; ValueError for options it cannot take."""
+    if max_clients is not None and not 1 <= max_clients <= 25:
+        raise ValueError(f"--max-clients {max_clients}: max_inst is 1-25 containers per GPU")
+    if prio_ratio is not None and not (pol.priorities and 20 <= prio_ratio <= 99):
+        raise ValueError(f"--prio-ratio {prio_ratio}: must be 20-99, with a policy that has priorities "
+                         f"({pol.name} has none)" if not pol.priorities else
+                         f"--prio-ratio {prio_ratio}: must be 20-99 (percent of the SMs)")
+    if pol.name == "native" and comp:
+        raise ValueError("--policy native sets no compute limits: drop --default-compute or choose --policy fixed")
+    if pol.default_weight and comp is None:
+        if not max_clients:
+            raise ValueError(f"--policy {pol.name} gives each container 1/max_inst of the SMs: add --max-clients N")
+        comp = max(1, round(100 / max_clients))
+    return comp
 
 
 def _modes(previous: tuple[tuple[str, str], ...]) -> str:
@@ -87,7 +112,8 @@ def follow_cmd(state: str = typer.Option(..., "--state", help="The share state f
 
 @share_app.command("status", short_help=summary("share status"))
 def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
-    """The daemon, its clients and, per container, GPU memory in use and the limit (like cgpu-smi)."""
+    """Like cgpu-smi: the daemon and its policy, and per container and GPU: memory used and its cap, the compute
+    share, the priority and the process count (--json: per container and per process)."""
     st = mps.status(_state_path())
     if json_out:
         emit_json(st)
@@ -97,10 +123,11 @@ def status_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
         return
     d = st["daemon"]
     print(kv([("MPS daemon", f"pid {d['pid']} ({d['supervisor']})"), ("gpus", d["gpus"]),
+              ("policy", f"{d['policy']} ({d['policy_number']})"), ("max_inst", d["max_clients"]),
               ("servers", " ".join(map(str, st["servers"])) or "none yet")]))
-    print(table(["PID", "CONTAINER", "MEM USED (MiB)", "MEM LIMIT", "COMPUTE %"],
-                [[c["pid"], (c["container"] or "")[:12], c["memory_used_mib"], c["memory_limit"],
-                  c["compute_percent"]] for c in st["clients"]]))
+    print(table(["GPU", "CONTAINER", "MEM USED (MiB)", "MEM CAP", "COMPUTE %", "PRIORITY", "PIDS"],
+                [[c["gpu"], (c["container"] or "host")[:12], c["memory_used_mib"], c["memory_limit"] or "-",
+                  c["compute_percent"] or "-", c["priority"], len(c["pids"])] for c in st["containers"]]))
 
 
 def register(app: typer.Typer) -> None:

@@ -458,7 +458,7 @@ def set_env(s: Start) -> bool:
 def share_gpus(s: Start) -> bool:
     """MPS client settings when the container's GPUs are shared (apply_sharing)."""
     passed = {d.path for d in s.edits.devices}
-    apply_sharing(s.config, s.env, [g.index for g in s.disc.gpus if g.node.path in passed], s.settings)
+    apply_sharing(s.config, s.env, [g.index for g in s.disc.gpus if g.node.path in passed], s.settings, s.warn)
     return True
 
 
@@ -478,10 +478,11 @@ def modify_config(config: dict, bundle: str, settings: Settings, warn: Callable[
     return s.changed
 
 
-def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: Settings) -> None:
-    """MPS client settings for a GPU container on shared GPUs (`gpus`: the host indices it gets): limits, the pipe
-    directory, the daemon's /dev/shm and IPC. Containers on unshared GPUs get none of it."""
-    for var in MPS_VARS:  # a container never sets its own MPS limits or pipes
+def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: Settings,
+                  warn: Callable[[str], None] = warn_stderr) -> None:
+    """MPS client settings for a GPU container on shared GPUs (`gpus`: the host indices it gets): limits, priority,
+    the pipe directory, the daemon's /dev/shm and IPC. Containers on unshared GPUs get none of it."""
+    for var in MPS_VARS:  # a container never sets its own MPS limits, priority or pipes
         env.pop(var, None)
     path = settings.share_state
     state = _sharing_for(gpus, env, load_share_state(path), path)
@@ -492,6 +493,8 @@ def apply_sharing(config: dict, env: dict[str, str], gpus: list[int], settings: 
     if uid != state.uid:
         raise Refused(f"GPU sharing needs the container to run as uid {state.uid} (the MPS daemon's); "
                       f"it runs as uid {uid}")
+    for note in req.notes:
+        warn(note)
     env.update(mps_env(req, state))
     mounts = [m for m in config.get("mounts", []) if m.get("destination") != "/dev/shm"]
     mounts.append({"destination": "/dev/shm", "source": "/dev/shm", "type": "bind",

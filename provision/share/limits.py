@@ -20,13 +20,29 @@ GIB = 1 << 30
 UNITS = {"": GIB, "g": GIB, "gi": GIB, "gib": GIB, "gb": GIB, "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20,
          "mb": 1 << 20, "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40}
 MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PIPE_DIRECTORY",
-            "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING")
-REQUEST_VARS = ("GPUPROV_GPU_MEMORY", "GPUPROV_GPU_COMPUTE", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_SCHD_WEIGHT")
+            "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING",
+            "CUDA_MPS_CLIENT_PRIORITY")
+REQUEST_VARS = ("GPUPROV_GPU_MEMORY", "GPUPROV_GPU_COMPUTE", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_SCHD_WEIGHT",
+                "ALIYUN_COM_GPU_HIGH_PRIO")
+NORMAL, BELOW_NORMAL = 0, 1  # CUDA_MPS_CLIENT_PRIORITY's two levels (NVIDIA's MPS guide)
+PRIORITY_NAMES = {NORMAL: "normal", BELOW_NORMAL: "below normal"}
 
 
 def limits_asked(env: dict[str, str]) -> bool:
-    """The container asks for a memory or compute limit (ALIYUN_COM_GPU_MEM_CONTAINER=0 means cGPU unused)."""
-    return any(env.get(v, "").strip() not in ("", "0") for v in REQUEST_VARS)
+    """The container asks for a memory or compute limit or high priority (ALIYUN_COM_GPU_MEM_CONTAINER=0 and
+    ALIYUN_COM_GPU_HIGH_PRIO=0 mean cGPU unused)."""
+    return any(env.get(v, "").strip() not in ("", "0") for v in REQUEST_VARS) or wants_high(env)
+
+
+def wants_high(env: dict[str, str]) -> bool:
+    """ALIYUN_COM_GPU_HIGH_PRIO=1 (the seed's) or GPUPROV_GPU_PRIORITY=high (the project's); a bad value is refused."""
+    ali = env.get("ALIYUN_COM_GPU_HIGH_PRIO", "").strip()
+    own = env.get("GPUPROV_GPU_PRIORITY", "").strip().lower()
+    if ali not in ("", "0", "1"):
+        raise Refused(f"ALIYUN_COM_GPU_HIGH_PRIO={ali!r}: must be 0 (normal) or 1 (high)")
+    if own not in ("", "normal", "high"):
+        raise Refused(f"GPUPROV_GPU_PRIORITY={own!r}: must be high or normal")
+    return ali == "1" or own == "high"
 
 
 def parse_size(text: str, var: str, default_unit: str = "g") -> int:
@@ -93,8 +109,11 @@ def aliyun_visible(env: dict[str, str]) -> None:
 
 
 def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> ShareRequest | None:
-    """This container's limits (memory per visible GPU index, compute percent), or None (sharing off, none asked)."""
+    """This container's MPS settings (memory per visible GPU index, compute percent, client priority), or None
+    (sharing off, none asked). The node's policy (share/policy.py) decides what weights and priority become."""
+    high = wants_high(env)
     mem = comp = None
+    notes: list[str] = []
     if env.get("GPUPROV_GPU_MEMORY", "").strip():
         mem = parse_memory(env["GPUPROV_GPU_MEMORY"], "GPUPROV_GPU_MEMORY", n_gpus)
     elif env.get("ALIYUN_COM_GPU_MEM_CONTAINER", "").strip() not in ("", "0"):
@@ -108,32 +127,59 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
     if env.get("GPUPROV_GPU_COMPUTE", "").strip():
         comp = parse_percent(env["GPUPROV_GPU_COMPUTE"], "GPUPROV_GPU_COMPUTE")
     elif env.get("ALIYUN_COM_GPU_SCHD_WEIGHT", "").strip():
-        max_inst = (state.max_clients if state else None) or 16
-        try:
-            w = int(env["ALIYUN_COM_GPU_SCHD_WEIGHT"])
-        except ValueError:
-            raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={env['ALIYUN_COM_GPU_SCHD_WEIGHT']!r}: not an integer") from None
-        if not 1 <= w <= max_inst:
-            raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={w}: must be between 1 and max_inst ({max_inst})")
-        comp = max(1, round(100 * w / max_inst))
-    asked = mem is not None or comp is not None
+        comp = _weight(env["ALIYUN_COM_GPU_SCHD_WEIGHT"], state, high, notes)
+    asked = mem is not None or comp is not None or high
     if state is None:
         if asked:
-            raise Refused("GPU memory/compute limits were asked for (GPUPROV_GPU_MEMORY/COMPUTE or ALIYUN_COM_GPU_*) "
-                          "but GPU sharing is off: run `gpuprov share enable` first")
+            raise Refused("GPU memory/compute limits or priority were asked for (GPUPROV_GPU_MEMORY/COMPUTE/PRIORITY "
+                          "or ALIYUN_COM_GPU_*) but GPU sharing is off: run `gpuprov share enable` first")
         return None
     ceiling = state.max_memory
     if mem and ceiling and any(v > ceiling for v in mem.values()):
         raise Refused(f"the GPU memory asked for is above this host's sharing ceiling ({ceiling // (1 << 20)} MiB per "
                       "container, `gpuprov share enable --max-memory`)")
     # Only a host with sharing on needs the records: every cold GPU start elsewhere skips building their classes.
-    from provision.share.state import ShareRequest  # lazy: 2 ms (-X importtime) per cold GPU start, sharing off
+    from provision.share import policy  # lazy: 2 ms (-X importtime) per cold GPU start, sharing off
+    from provision.share.state import ShareRequest
 
+    pol = policy.of(state.policy)
     if mem is None and state.default_memory:
         mem = {i: state.default_memory for i in range(n_gpus)}
+    priority = None
+    if pol.priorities:  # order-free: every other container runs below normal, so a later high one still goes first
+        priority = NORMAL if high else BELOW_NORMAL
+    elif high:
+        raise Refused(f"high GPU priority was asked for, but this host's sharing policy {pol.name} has no priorities: "
+                      "`gpuprov share disable`, then `gpuprov share enable --policy preemptive`")
+    if high and comp is None:
+        # Not held to the policy's shares (the seed's words); prio_ratio, where set, is its ceiling. Explicit even
+        # without one: the daemon's default percentage would otherwise apply to it.
+        comp = state.prio_ratio or (100 if state.default_compute else None)
     if comp is None and state.default_compute:
         comp = state.default_compute
-    return ShareRequest(memory=mem, compute=comp)
+    return ShareRequest(memory=mem, compute=comp, priority=priority, notes=tuple(notes))
+
+
+def _weight(text: str, state: MpsState | None, high: bool, notes: list[str]) -> int | None:
+    """ALIYUN_COM_GPU_SCHD_WEIGHT=w as a percentage of the SMs (w/max_inst), where the node's policy has weights."""
+    max_inst = (state.max_clients if state else None) or 16
+    try:
+        w = int(text)
+    except ValueError:
+        raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={text!r}: not an integer") from None
+    if not 1 <= w <= max_inst:
+        raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={w}: must be between 1 and max_inst ({max_inst})")
+    if state is None:
+        return max(1, round(100 * w / max_inst))  # refused below: sharing is off
+    from provision.share import policy
+
+    pol = policy.of(state.policy)
+    if not pol.weights or high:
+        why = "a high-priority container is not held to the policy's shares" if high else \
+            f"this host's sharing policy {pol.name} has no weights"
+        notes.append(f"ALIYUN_COM_GPU_SCHD_WEIGHT={w} left unused: {why}")
+        return None
+    return max(1, round(100 * w / max_inst))
 
 
 def mps_env(req: ShareRequest, state: MpsState) -> dict[str, str]:
@@ -142,4 +188,6 @@ def mps_env(req: ShareRequest, state: MpsState) -> dict[str, str]:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={v // (1 << 20)}M" for i, v in sorted(req.memory.items()))
     if req.compute:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(req.compute)
+    if req.priority is not None:
+        env["CUDA_MPS_CLIENT_PRIORITY"] = str(req.priority)
     return env

@@ -17,7 +17,8 @@ from provision.errors import CONFIG_INVALID, UNSUPPORTED, USAGE, GpuprovError, S
 from provision.fsutil import make_dirs, read_trusted, write_file
 from provision.metrics import nvml, usage
 from provision.render import render
-from provision.share import compute_mode
+from provision.share import compute_mode, policy
+from provision.share.limits import BELOW_NORMAL, NORMAL
 from provision.share.state import MpsState, ShareStateInvalid, proc_identity
 
 PIPE_DIR = paths.MPS_PIPE_DIR
@@ -95,7 +96,8 @@ def load_state(path: str) -> MpsState | None:
 
 
 def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, default_memory: int | None,
-           default_compute: int | None, max_memory: int | None = None, keep_compute_mode: bool = False) -> MpsState:
+           default_compute: int | None, max_memory: int | None = None, keep_compute_mode: bool = False,
+           policy: str = "", prio_ratio: int | None = None) -> MpsState:
     """Start MPS on the chosen GPUs with their limits, or leave nothing: a step that fails (a compute mode, the
     daemon, any control command) stops the daemon started here, puts the compute modes back and writes no state."""
     try:
@@ -114,7 +116,7 @@ def enable(state_path: str, *, gpus: list[int] | None, max_clients: int | None, 
     Path(state_path).unlink(missing_ok=True)
     state = MpsState(control=ctl, pipe_dir=PIPE_DIR, log_dir=LOG_DIR, gpus=tuple(g.index for g in shared) if gpus else (),
                      max_clients=max_clients, default_memory=default_memory, default_compute=default_compute,
-                     max_memory=max_memory, uid=os.getuid())
+                     max_memory=max_memory, uid=os.getuid(), policy=policy, prio_ratio=prio_ratio)
     for d in (state.pipe_dir, state.log_dir):
         make_dirs(d, 0o755)
     undo: list = []  # what to take back, newest last
@@ -293,33 +295,61 @@ def _env_of(pid: int) -> dict[str, str]:
 
 
 def status(state_path: str) -> dict:
+    """cgpu-smi's view: the daemon and its policy; per container and GPU, memory used against the cap, the compute
+    share, the priority and the processes; and each MPS client (`clients`, one per process)."""
     state = load_state(state_path)
     if not state:
-        return {"enabled": False, "daemon": None, "clients": []}
+        return {"enabled": False, "daemon": None, "clients": [], "containers": []}
     if not state.daemon_running():  # the runtime refuses GPU containers on the shared GPUs meanwhile
-        return {"enabled": False, "daemon": None, "clients": [],
+        return {"enabled": False, "daemon": None, "clients": [], "containers": [],
                 "note": state.gone(state_path)}
+    pol = policy.of(state.policy)
     servers = [s for s in control(state, "get_server_list").split() if s.isdigit()]
+    pids = [(int(srv), int(c)) for srv in servers for c in control(state, f"get_client_list {srv}").split()
+            if c.isdigit()]
     clients = []
     # One code path with `gpuprov metrics`: NVML's process lists (MPS clients included) mapped to containers by cgroup.
-
-    procs = usage.by_pid(nvml.snapshot())
-    for srv in servers:
-        for c in control(state, f"get_client_list {srv}").split():
-            if not c.isdigit():
-                continue
-            pid = int(c)
-            env = _env_of(pid)
-            _, ref, mem = procs.get(pid, (None, None, None))
-            clients.append({"pid": pid, "server": int(srv), "container": ref.id if ref else None,
-                            "container_name": ref.container if ref else None, "pod": ref.pod if ref else None,
-                            "namespace": ref.namespace if ref else None,
-                            "memory_used_mib": mem >> 20 if mem is not None else None,
-                            "memory_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
-                            "compute_percent": env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")})
+    procs = usage.by_pid(nvml.snapshot()) if pids else {}
+    for srv, pid in pids:
+        env = _env_of(pid)
+        gpu, ref, mem = procs.get(pid, (None, None, None))
+        clients.append({"pid": pid, "server": srv, "gpu": gpu, "container": ref.id if ref else None,
+                        "container_name": ref.container if ref else None, "pod": ref.pod if ref else None,
+                        "namespace": ref.namespace if ref else None,
+                        "memory_used_mib": mem >> 20 if mem is not None else None,
+                        "memory_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+                        "compute_percent": env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                        "priority": _priority(env.get("CUDA_MPS_CLIENT_PRIORITY"), pol)})
     return {"enabled": True, "daemon": {"pid": state.daemon_pid, "supervisor": state.supervisor,
                                         "gpus": list(state.gpus) or "all", "pipe_dir": state.pipe_dir,
+                                        "policy": pol.name, "policy_number": pol.number,
+                                        "max_clients": state.max_clients, "prio_ratio": state.prio_ratio,
                                         "default_memory": state.default_memory,
                                         "default_compute": state.default_compute},
             "compute_modes_before": dict(state.previous_compute_modes),
-            "servers": [int(s) for s in servers], "clients": clients}
+            "servers": [int(s) for s in servers], "clients": clients, "containers": by_container(clients)}
+
+
+def _priority(value: str | None, pol: policy.Policy) -> str:
+    """A client's priority in the seed's terms: under a policy with priorities every container runs below normal
+    except the high-priority ones, so MPS's "normal" (0) is cGPU's high there."""
+    if value == str(NORMAL):
+        return "high" if pol.priorities else "normal"
+    if value == str(BELOW_NORMAL):
+        return "normal"
+    return "normal (not set)"
+
+
+def by_container(clients: list[dict]) -> list[dict]:
+    """The clients grouped per container and GPU (a host process is its own group), as cgpu-smi lists them."""
+    out: dict[tuple, dict] = {}
+    for c in clients:
+        key = (c["gpu"] if c["gpu"] is not None else -1, c["container"] or f"pid {c['pid']}")
+        row = out.setdefault(key, {"gpu": c["gpu"], "container": c["container"], "container_name": c["container_name"],
+                                   "pod": c["pod"], "namespace": c["namespace"], "memory_used_mib": None,
+                                   "memory_limit": c["memory_limit"], "compute_percent": c["compute_percent"],
+                                   "priority": c["priority"], "pids": []})
+        if c["memory_used_mib"] is not None:
+            row["memory_used_mib"] = (row["memory_used_mib"] or 0) + c["memory_used_mib"]
+        row["pids"].append(c["pid"])
+    return [out[k] for k in sorted(out, key=lambda k: (k[0], k[1]))]

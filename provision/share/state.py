@@ -57,6 +57,15 @@ def _modes(doc: dict) -> tuple[tuple[str, str], ...]:
     return tuple(v.items())
 
 
+def _policy(doc: dict) -> str:
+    from provision.share.policy import BY_NAME  # lazy: only a sharing host reads a state
+
+    v = doc.get("policy") or ""  # absent in files from before policies
+    if not isinstance(v, str) or (v and (v not in BY_NAME or not BY_NAME[v].supported)):
+        raise ShareStateInvalid(f"'policy' must name a policy gpuprov can honour (got {v!r})")
+    return v
+
+
 def _pid(doc: dict) -> int:
     pid = _int(doc, "daemon_pid")
     if pid <= 0:  # kill(0 or -N, 0) would "find" a whole process group
@@ -85,6 +94,10 @@ class MpsState:
     # GPU UUID -> its compute mode before `share enable` set EXCLUSIVE_PROCESS (`share disable` restores it);
     # empty when the modes were left as they were (--keep-compute-mode).
     previous_compute_modes: tuple[tuple[str, str], ...] = ()
+    # The cGPU policy's name (share/policy.py); "" in files from before policies (then policy.DEFAULT applies).
+    policy: str = ""
+    # cGPU's prio_ratio: the SM percentage a high-priority container may take (None: no ceiling for it).
+    prio_ratio: int | None = None
 
     @property
     def systemd(self) -> bool:
@@ -95,7 +108,8 @@ class MpsState:
                "max_clients": self.max_clients, "default_memory": self.default_memory,
                "default_compute": self.default_compute, "max_memory": self.max_memory, "uid": self.uid,
                "supervisor": self.supervisor, "daemon_pid": self.daemon_pid, "daemon_start": self.daemon_start,
-               "previous_compute_modes": dict(self.previous_compute_modes)}
+               "previous_compute_modes": dict(self.previous_compute_modes), "policy": self.policy,
+               "prio_ratio": self.prio_ratio}
         return json.dumps(doc, indent=2) + "\n"
 
     def to_dict(self) -> dict:
@@ -121,7 +135,8 @@ class MpsState:
                    max_memory=_int(doc, "max_memory", optional=True),  # absent in files from before --max-memory
                    uid=_int(doc, "uid", optional=True) or 0, supervisor=_str(doc, "supervisor"),
                    daemon_pid=_pid(doc), daemon_start=_int(doc, "daemon_start", optional=True) or 0,
-                   previous_compute_modes=_modes(doc))
+                   previous_compute_modes=_modes(doc), policy=_policy(doc),
+                   prio_ratio=_int(doc, "prio_ratio", optional=True))
 
     def started(self, supervisor: str, daemon_pid: int, daemon_start: int = 0) -> MpsState:
         return replace(self, supervisor=supervisor, daemon_pid=daemon_pid, daemon_start=daemon_start)
@@ -144,6 +159,9 @@ class MpsState:
 
 @dataclass(frozen=True, slots=True)
 class ShareRequest:
-    """One container's MPS client settings: memory per visible GPU index (bytes) and a compute percentage."""
+    """One container's MPS client settings: memory per visible GPU index (bytes), a compute percentage, its MPS
+    client priority (0 normal, 1 below normal; None: not set) and one-line notes for the runtime's log."""
     memory: dict[int, int] | None = None
     compute: int | None = None
+    priority: int | None = None
+    notes: tuple[str, ...] = ()

@@ -40,7 +40,7 @@ def test_lists():
 
 def test_gpuprov_vars_and_mps_env():
     req = share_request({"GPUPROV_GPU_MEMORY": "6G", "GPUPROV_GPU_COMPUTE": "50"}, 1, STATE)
-    assert req == ShareRequest(memory={0: 6 * GIB}, compute=50)
+    assert req == ShareRequest(memory={0: 6 * GIB}, compute=50, priority=1)
     env = mps_env(req, STATE)
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6144M" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpuprov/mps"
@@ -49,7 +49,7 @@ def test_gpuprov_vars_and_mps_env():
 def test_aliyun_aliases():
     req = share_request({"ALIYUN_COM_GPU_MEM_CONTAINER": "6", "ALIYUN_COM_GPU_MEM_DEV": "15",
                          "ALIYUN_COM_GPU_SCHD_WEIGHT": "2"}, 1, STATE)
-    assert req == ShareRequest(memory={0: 6 * GIB}, compute=50)  # weight 2 of max_inst 4
+    assert req == ShareRequest(memory={0: 6 * GIB}, compute=50, priority=1)  # weight 2 of max_inst 4
     assert share_request({"ALIYUN_COM_GPU_MEM_CONTAINER": "0"}, 1, None) is None  # 0 = cGPU not used
     with pytest.raises(Refused, match="more than the card"):
         share_request({"ALIYUN_COM_GPU_MEM_CONTAINER": "16", "ALIYUN_COM_GPU_MEM_DEV": "15"}, 1, STATE)
@@ -65,7 +65,7 @@ def test_limits_refused_when_sharing_off():
 
 def test_defaults_apply_to_containers_that_ask_nothing():
     st = replace(STATE, default_memory=4 * GIB, default_compute=25)
-    assert share_request({}, 2, st) == ShareRequest(memory={0: 4 * GIB, 1: 4 * GIB}, compute=25)
+    assert share_request({}, 2, st) == ShareRequest(memory={0: 4 * GIB, 1: 4 * GIB}, compute=25, priority=1)
 
 
 def test_request_above_ceiling_refused():

@@ -44,7 +44,7 @@ def test_old_state_file_still_reads():
     assert st.max_memory is None and st.gpus == (0,) and st.systemd and st.default_memory == 2 << 30
     assert st.daemon_start == 0 and st.previous_compute_modes == ()  # not recorded then: the pid and name are checked
     assert json.loads(st.to_json()) == {**OLD_STATE, "max_memory": None, "daemon_start": 0,
-                                        "previous_compute_modes": {}}
+                                        "previous_compute_modes": {}, "policy": "", "prio_ratio": None}
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -57,6 +57,9 @@ def test_old_state_file_still_reads():
     (json.dumps({**OLD_STATE, "gpus": ["0"]}), "'gpus' must be a list of GPU indices"),
     (json.dumps({**OLD_STATE, "daemon_start": "123"}), "'daemon_start' must be an integer"),
     (json.dumps({**OLD_STATE, "previous_compute_modes": ["Default"]}), "'previous_compute_modes' must map"),
+    (json.dumps({**OLD_STATE, "policy": "fair-share"}), "'policy' must name a policy gpuprov can honour"),
+    (json.dumps({**OLD_STATE, "policy": 3}), "'policy' must name a policy"),
+    (json.dumps({**OLD_STATE, "prio_ratio": "50"}), "'prio_ratio' must be an integer"),
 ])
 def test_broken_state_named_precisely(text, needle):
     with pytest.raises(ShareStateInvalid, match=needle):
@@ -65,15 +68,16 @@ def test_broken_state_named_precisely(text, needle):
 
 def test_request_and_env_read_the_typed_state():
     req = share_request({"GPUPROV_GPU_COMPUTE": "20"}, 2, STATE)
-    assert req == ShareRequest(memory={0: 2 << 30, 1: 2 << 30}, compute=20)  # the default memory, both GPUs
+    # the default memory, both GPUs; below normal: a file from before policies means weight-preemptive
+    assert req == ShareRequest(memory={0: 2 << 30, 1: 2 << 30}, compute=20, priority=1)
     assert mps_env(req, STATE) == {"CUDA_MPS_PIPE_DIRECTORY": "/run/gpuprov/mps",
                                    "CUDA_MPS_LOG_DIRECTORY": "/var/log/gpuprov/mps",
                                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M,1=2048M",
-                                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20"}
+                                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20", "CUDA_MPS_CLIENT_PRIORITY": "1"}
     with pytest.raises(Refused, match="ceiling \\(8192 MiB"):
         share_request({"GPUPROV_GPU_MEMORY": "9G"}, 1, STATE)
     weight = share_request({"ALIYUN_COM_GPU_SCHD_WEIGHT": "1"}, 1, replace(STATE, default_memory=None))
-    assert weight == ShareRequest(memory=None, compute=25)  # 1 of max_clients 4
+    assert weight == ShareRequest(memory=None, compute=25, priority=1)  # 1 of max_clients 4
 
 
 def _cli_env(tmp_path, state_text: str | None) -> dict:
@@ -97,7 +101,8 @@ def test_cli_broken_state_is_exit_6_and_disable_clears_it(tmp_path, text, needle
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["stopped"] is False and not (tmp_path / "share.json").exists()
     r = run_cli("share", "status", "--json", env=env)
-    assert r.returncode == 0 and json.loads(r.stdout) == {"enabled": False, "daemon": None, "clients": []}
+    assert r.returncode == 0 and json.loads(r.stdout) == {"enabled": False, "daemon": None, "clients": [],
+                                                          "containers": []}
 
 
 def test_status_json_schema_from_typed_state(tmp_path, monkeypatch):
@@ -108,9 +113,10 @@ def test_status_json_schema_from_typed_state(tmp_path, monkeypatch):
     monkeypatch.setattr("provision.metrics.usage.by_pid", lambda snap: {})
     st = mps.status(str(tmp_path / "share.json"))
     assert st == {"enabled": True, "daemon": {"pid": 4242, "supervisor": "background process", "gpus": [0, 1],
-                                              "pipe_dir": "/run/gpuprov/mps", "default_memory": 2 << 30,
-                                              "default_compute": 50}, "compute_modes_before": {},
-                  "servers": [], "clients": []}
+                                              "pipe_dir": "/run/gpuprov/mps", "policy": "weight-preemptive",
+                                              "policy_number": 2, "max_clients": 4, "prio_ratio": None,
+                                              "default_memory": 2 << 30, "default_compute": 50},
+                  "compute_modes_before": {}, "servers": [], "clients": [], "containers": []}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mknod")
