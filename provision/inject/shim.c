@@ -1,5 +1,6 @@
 /* gpuprov-runtime, compiled front-end.  Same contract as provision/inject/shim.py (one argv table tests both):
- *   - every runc command except `create` (and `run`, which creates) is exec'd into runc at once (no allocation);
+ *   - every runc command except `create` (and `run`, which creates) is exec'd into runc at once (no allocation; on
+ *     x86_64 and aarch64 before the C library starts, as is a create that asks for no GPU: see PRELIBC below);
  *   - `create` reads the bundle's config.json; only when it mentions a GPU request does it ask the warm editor
  *     (provision/inject/server.py) over a root-only unix socket, or run the Python editor itself (isolated
  *     interpreter, fixed minimal environment) when no trusted editor answers within REPLY_TIMEOUT_S; then exec runc.
@@ -31,33 +32,79 @@ char gpuprov_slot_runc[SLOT] = "@@GPUPROV-SLOT:runc@@";
 char gpuprov_slot_python[SLOT] = "@@GPUPROV-SLOT:python@@";
 char gpuprov_slot_modify[SLOT] = "@@GPUPROV-SLOT:modify@@";
 
+/* --- Before the C library starts: the fast path ---
+ * A statically linked glibc spends ~0.3 ms of CPU starting before main() runs (its CPU-feature probing: CPUID, which
+ * traps to the hypervisor in a VM; bench/frontend_bench.py), and every runc command an engine sends (state, start,
+ * kill, delete, a create with no GPU) would pay it on top of runc's own start. Where PRELIBC_ENTRY is defined
+ * (x86_64, aarch64) frontend_build.py links the static binary with gpuprov_entry as its entry point: it parses argv and
+ * reads config.json with raw system calls and execs runc when nothing is to be edited, before the C library ever
+ * starts. Any other case (a create that mentions a GPU, an error, no command) jumps to the C library's own entry
+ * (_start) with the stack as the kernel left it, and main() decides everything again: the fast path only ever skips
+ * work that main() would also skip, with the same helpers (parse, scan_config).
+ * Code that runs there may call nothing from the C library (not even a memset or strcpy the compiler could emit for a
+ * loop: the empty asm in such loops prevents that) and may not use the stack protector (its canary lives in
+ * thread-local storage, not set up yet): PRELIBC marks it. Tables are arrays, not pointers: nothing to relocate. */
+#if defined(__has_attribute)
+#if __has_attribute(no_stack_protector)
+#define PRELIBC __attribute__((no_stack_protector))
+#endif
+#endif
+#ifndef PRELIBC
+#define PRELIBC __attribute__((optimize("no-stack-protector")))
+#endif
+#if defined(__x86_64__) || defined(__aarch64__)
+#define PRELIBC_ENTRY 1
+#include <sys/syscall.h>
+/* A system call without errno (thread-local): returns -errno on failure. */
+PRELIBC static long raw_syscall(long n, long a, long b, long c) {
+#if defined(__x86_64__)
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+#else
+    register long x8 __asm__("x8") = n, x0 __asm__("x0") = a, x1 __asm__("x1") = b, x2 __asm__("x2") = c;
+    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory");
+    return x0;
+#endif
+}
+#define RAW_OPEN(path) ((int)raw_syscall(SYS_openat, AT_FDCWD, (long)(path), O_RDONLY | O_CLOEXEC))
+#define RAW_READ(fd, buf, n) raw_syscall(SYS_read, (fd), (long)(buf), (long)(n))
+#define RAW_FSTAT(fd, st) raw_syscall(SYS_fstat, (fd), (long)(st), 0)
+#define RAW_CLOSE(fd) raw_syscall(SYS_close, (fd), 0, 0)
+#else /* no fast path: the C library's own calls */
+#define RAW_OPEN(path) open((path), O_RDONLY | O_CLOEXEC)
+#define RAW_READ(fd, buf, n) read((fd), (buf), (n))
+#define RAW_FSTAT(fd, st) fstat((fd), (st))
+#define RAW_CLOSE(fd) close(fd)
+#endif
+
 /* runc parses options with Go's flag package: `-x` and `--x` are the same option, a value comes as `--x=v` or as the
  * next word. Global options that take a value, and those of create/run (provision/inject/shim.py has the same). */
-static const char *global_value_opts[] = {"root", "log", "log-format", "criu", "rootless", NULL};
-static const char *create_value_opts[] = {"bundle", "b", "console-socket", "pid-file", "preserve-fds", NULL};
+static const char global_value_opts[][16] = {"root", "log", "log-format", "criu", "rootless", ""};
+static const char create_value_opts[][16] = {"bundle", "b", "console-socket", "pid-file", "preserve-fds", ""};
 /* Strings whose presence means the Python editor must look (it decides precisely; this only filters). */
-static const char *triggers[] = {"NVIDIA_VISIBLE_DEVICES=", "nvidia-container-runtime-hook",
-                                 "/var/run/nvidia-container-devices/", "GPUPROV_GPU_", "ALIYUN_COM_GPU_", NULL};
+#define TRIGGER_MAX 40
+static const char triggers[][TRIGGER_MAX] = {"NVIDIA_VISIBLE_DEVICES=", "nvidia-container-runtime-hook",
+                                             "/var/run/nvidia-container-devices/", "GPUPROV_GPU_", "ALIYUN_COM_GPU_", ""};
 
-static void exec_runc(char **argv) {
-    argv[0] = gpuprov_slot_runc;
-    execv(gpuprov_slot_runc, argv);
-    fprintf(stderr, "gpuprov-runtime: cannot exec %s: %s\n", gpuprov_slot_runc, strerror(errno));
-    _exit(127);
+PRELIBC static int same(const char *a, const char *b) {
+    while (*a && *a == *b) a++, b++;
+    return *a == *b;
 }
 
 /* The option's name without its one or two dashes, or NULL for a word that is not an option. */
-static const char *opt_name(const char *a) {
+PRELIBC static const char *opt_name(const char *a) {
     if (a[0] != '-' || a[1] == 0) return NULL;
     return a[1] == '-' ? a + 2 : a + 1;
 }
 
 /* Does `name` (from opt_name) spell one of `table`? Sets *inline_value for the `name=value` form. */
-static const char *match_opt(const char *name, const char **table, const char **inline_value) {
+PRELIBC static const char *match_opt(const char *name, const char (*table)[16], const char **inline_value) {
     *inline_value = NULL;
-    for (int i = 0; table[i]; i++) {
-        size_t n = strlen(table[i]);
-        if (strncmp(name, table[i], n) != 0) continue;
+    for (int i = 0; table[i][0]; i++) {
+        int n = 0;
+        while (table[i][n] && name[n] == table[i][n]) n++;
+        if (table[i][n]) continue;
         if (name[n] == 0) return table[i];
         if (name[n] == '=') { *inline_value = name + n + 1; return table[i]; }
     }
@@ -69,7 +116,7 @@ struct parsed {
     const char *log, *log_format, *bundle;
 };
 
-static struct parsed parse(int argc, char **argv) {
+PRELIBC static struct parsed parse(int argc, char **argv) {
     struct parsed p = {0, "", "", "."};
     int i = 1;
     while (i < argc) {
@@ -78,8 +125,8 @@ static struct parsed parse(int argc, char **argv) {
         if (name[0] == 0) { p.cmd_index = i + 1 < argc ? i + 1 : 0; break; } /* `--` ends the options */
         if ((opt = match_opt(name, global_value_opts, &val))) {
             if (!val) val = i + 1 < argc ? argv[++i] : "";
-            if (strcmp(opt, "log") == 0) p.log = val;
-            else if (strcmp(opt, "log-format") == 0) p.log_format = val;
+            if (same(opt, "log")) p.log = val;
+            else if (same(opt, "log-format")) p.log_format = val;
         }
         i++;
     }
@@ -96,22 +143,88 @@ static struct parsed parse(int argc, char **argv) {
     return p;
 }
 
-static int needs_edit(const char *bundle) {
+PRELIBC static int creates(const char *cmd) { return same(cmd, "create") || same(cmd, "run"); }
+
+/* Does a trigger start at p (with `avail` bytes readable there)? */
+PRELIBC static int trigger_at(const char *p, long avail) {
+    for (int t = 0; triggers[t][0]; t++) {
+        long n = 0;
+        while (n < avail && triggers[t][n] && p[n] == triggers[t][n]) n++;
+        if (!triggers[t][n]) return 1;
+    }
+    return 0;
+}
+
+/* Whether the bundle's config.json mentions a GPU request: 1 yes, 0 no, -1 it cannot be read (runc reports that).
+ * Read up to its size at open and up to its first NUL byte (runc refuses such a file anyway), in windows that
+ * overlap by a trigger's length. */
+PRELIBC static int scan_config(const char *bundle) {
+    static const char name[] = "/config.json";
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", bundle);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0; /* let runc report the error */
+    long k = 0;
+    for (; bundle[k]; k++) {
+        if (k >= (long)(sizeof path - sizeof name)) return -1;
+        path[k] = bundle[k];
+        __asm__(""); /* not a strcpy call: this may run before the C library starts */
+    }
+    for (long j = 0; j < (long)sizeof name; j++) { path[k + j] = name[j]; __asm__(""); }
+    int fd = RAW_OPEN(path);
+    if (fd < 0) return -1;
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size <= 0) { close(fd); return 0; }
-    char *buf = malloc(st.st_size + 1);
-    ssize_t n = buf ? read(fd, buf, st.st_size) : -1;
-    close(fd);
-    if (n <= 0) { free(buf); return 0; }
-    buf[n] = 0;
+    if (RAW_FSTAT(fd, &st) != 0) { RAW_CLOSE(fd); return -1; }
+    char buf[32768];
+    long left = st.st_size, have = 0;
     int hit = 0;
-    for (int i = 0; triggers[i] && !hit; i++) hit = strstr(buf, triggers[i]) != NULL;
-    free(buf);
+    for (;;) {
+        while (have < (long)sizeof buf && left > 0) {
+            long n = RAW_READ(fd, buf + have, left < (long)sizeof buf - have ? left : (long)sizeof buf - have);
+            if (n < 0) { RAW_CLOSE(fd); return -1; }
+            if (n == 0) left = 0;
+            have += n, left -= n;
+        }
+        int last = left <= 0;
+        long upto = last ? have : have - (TRIGGER_MAX - 1); /* a trigger starting further may run past the window */
+        long i = 0;
+        while (i < upto && buf[i] && !(hit = trigger_at(buf + i, have - i))) i++;
+        if (hit || i < upto || last) break; /* a match, a NUL byte, or the end */
+        for (long j = upto; j < have; j++) { buf[j - upto] = buf[j]; __asm__(""); } /* not a memmove call */
+        have -= upto;
+    }
+    RAW_CLOSE(fd);
     return hit;
+}
+
+#ifdef PRELIBC_ENTRY
+/* Called by gpuprov_entry with the kernel's initial stack (argc, argv..., NULL, envp..., NULL). Execs runc when the
+ * call needs no edit; returns (and the C library starts, then main()) otherwise. */
+PRELIBC __attribute__((used)) void gpuprov_fast(long *sp) {
+    int argc = (int)sp[0];
+    char **argv = (char **)(sp + 1), **envp = argv + argc + 1;
+    struct parsed p = parse(argc, argv);
+    if (!p.cmd_index) return; /* no command: main() says what (--gpuprov-front-end) */
+    if (creates(argv[p.cmd_index]) && scan_config(p.bundle) != 0) return;
+    char *arg0 = argv[0];
+    argv[0] = gpuprov_slot_runc;
+    raw_syscall(SYS_execve, (long)gpuprov_slot_runc, (long)argv, (long)envp);
+    argv[0] = arg0; /* exec failed: main() execs again and says why */
+}
+/* The entry point: keeps the kernel's stack pointer and the register _start reads (rtld_fini: rdx / x0) in
+ * callee-saved registers, calls gpuprov_fast on an aligned stack, then hands both to _start unchanged. */
+#if defined(__x86_64__)
+__asm__(".text\n.globl gpuprov_entry\n.type gpuprov_entry,@function\ngpuprov_entry:\n"
+        "  mov %rsp, %rbx\n  mov %rdx, %r12\n  mov %rsp, %rdi\n  and $-16, %rsp\n  call gpuprov_fast\n"
+        "  mov %r12, %rdx\n  mov %rbx, %rsp\n  jmp _start\n");
+#else
+__asm__(".text\n.globl gpuprov_entry\n.type gpuprov_entry,%function\ngpuprov_entry:\n"
+        "  mov x19, sp\n  mov x20, x0\n  mov x0, sp\n  bl gpuprov_fast\n  mov x0, x20\n  mov sp, x19\n  b _start\n");
+#endif
+#endif
+
+static void exec_runc(char **argv) {
+    argv[0] = gpuprov_slot_runc;
+    execv(gpuprov_slot_runc, argv);
+    fprintf(stderr, "gpuprov-runtime: cannot exec %s: %s\n", gpuprov_slot_runc, strerror(errno));
+    _exit(127);
 }
 
 /* The warm editor's socket (provision/inject/server.py): next to GPUPROV_RUNTIME_CONFIG when that is set. */
@@ -203,9 +316,9 @@ int main(int argc, char **argv) {
         printf("gpuprov-runtime compiled front-end; runc %s\n", gpuprov_slot_runc);
         return gpuprov_slot_runc[0] == '/' ? 0 : 1;
     }
-    if (!cmd || (strcmp(cmd, "create") != 0 && strcmp(cmd, "run") != 0)) exec_runc(argv);
+    if (!cmd || !creates(cmd)) exec_runc(argv);
     const char *bundle = p.bundle;
-    if (needs_edit(bundle)) {
+    if (scan_config(bundle) == 1) { /* unreadable: runc says so */
         char abs_bundle[4096];
         if (bundle[0] != '/' && realpath(bundle, abs_bundle)) bundle = abs_bundle; /* the server has another cwd */
         int rc = ask_server(bundle, p.log, p.log_format);

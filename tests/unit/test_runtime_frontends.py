@@ -104,5 +104,5 @@ def test_both_front_ends_share_one_table():
     flat = " ".join(src.split())
     for table, opts in (("global_value_opts", shim.GLOBAL_VALUE_OPTS), ("create_value_opts", shim.CREATE_VALUE_OPTS),
                         ("triggers", shim.TRIGGERS)):
-        body = flat.split(f"*{table}[] = {{", 1)[1].split("}", 1)[0]
+        body = flat.split(f" {table}[][", 1)[1].split("= {", 1)[1].split("}", 1)[0]
         assert [w.strip().strip('"') for w in body.split(",")][:-1] == list(opts), table
