@@ -25,6 +25,7 @@ import os
 import posixpath
 import stat
 import sys
+import time
 
 from provision.errors import Refused, UntrustedPath
 from provision.fsutil import open_trusted, write_file
@@ -50,17 +51,32 @@ DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 MAX_STEPS = 256
 
 
-def scoped_resolve(rootfs: str, path: str, _depth: int = 0) -> str:
+def scoped_resolve(rootfs: str, path: str, memo: dict[str, tuple[str, int, int]] | None = None) -> str:
     """`path` inside the container, with every symlink component resolved *within* rootfs (absolute link targets
     are taken relative to rootfs, `..` never climbs above it). Returns the container path. The one resolver for
     every lookup inside the image: nothing here follows a link on the host (only lstat and readlink run).
     Runs for every mount of every GPU start: plain string joins and a reversed stack (pop() from the end), no
-    posixpath.join/os.path.join per component (measured 40 -> 13 us for /etc/debian_version here)."""
+    posixpath.join/os.path.join per component (measured 40 -> 13 us for /etc/debian_version here).
+    `memo` (one start's, Start.resolved): the walk's state after each leading run of the path's own components, so
+    that the driver's ~20-60 files in the same few directories walk those directories once per start, not once per
+    file (issue 41: 3 of every 4 lstat calls of a start). The walk resumes from that state, counters included:
+    the same answer and the same bounds as a walk from the top."""
     top = rootfs.rstrip("/") or ("/" if rootfs else ".")
-    todo = [p for p in reversed(path.split("/")) if p not in ("", ".")]  # next component last
-    resolved = "/"
-    links = steps = 0
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    resolved, links, steps, done = "/", 0, 0, 0
+    if memo is not None:
+        for k in range(len(parts) - 1, 0, -1):  # the longest leading run walked before in this start
+            state = memo.get("/".join(parts[:k]))
+            if state is not None:
+                (resolved, links, steps), done = state, k
+                break
+    todo = parts[done:][::-1]  # next component last
+    own = len(todo)  # the path's own components still to walk (below any link's components on the stack)
     while todo:
+        if own == len(todo):  # the path's components before these are walked, their links' too
+            if memo is not None and own < len(parts):
+                memo["/".join(parts[:len(parts) - own])] = (resolved, links, steps)
+            own -= 1
         steps += 1
         if steps > MAX_STEPS:
             raise Refused(f"{path} in the container image takes more than {MAX_STEPS} steps to resolve (links of "
@@ -88,27 +104,27 @@ def scoped_resolve(rootfs: str, path: str, _depth: int = 0) -> str:
     return resolved
 
 
-def image_path(rootfs: str, path: str) -> str:
+def image_path(rootfs: str, path: str, memo: dict[str, tuple[str, int, int]] | None = None) -> str:
     """The host path of `path` inside the image, resolved by scoped_resolve: only lstat it (its last component is
     no link once resolved), never follow it."""
-    return (rootfs.rstrip("/") or ("/" if rootfs else ".")) + scoped_resolve(rootfs, path)
+    return (rootfs.rstrip("/") or ("/" if rootfs else ".")) + scoped_resolve(rootfs, path, memo)
 
 
-def in_image(rootfs: str, path: str) -> bool:
+def in_image(rootfs: str, path: str, memo: dict[str, tuple[str, int, int]] | None = None) -> bool:
     try:
-        os.lstat(image_path(rootfs, path))
+        os.lstat(image_path(rootfs, path, memo))
     except OSError:
         return False
     return True
 
 
-def image_libdir(rootfs: str) -> str:
+def image_libdir(rootfs: str, memo: dict[str, tuple[str, int, int]] | None = None) -> str:
     """Where the image's loader looks by default: Debian's multiarch directory, the RHEL family's /usr/lib64, else
     /usr/lib, which musl (Alpine) and single-directory glibc images (Arch: /usr/lib64 -> /usr/lib) search, as
     /usr/lib64 they do not."""
-    if in_image(rootfs, "/etc/debian_version"):
+    if in_image(rootfs, "/etc/debian_version", memo):
         return edits.DEBIAN_LIBDIR
-    return edits.RHEL_LIBDIR if os.path.isdir(image_path(rootfs, edits.RHEL_LIBDIR)) else edits.LIBDIR
+    return edits.RHEL_LIBDIR if os.path.isdir(image_path(rootfs, edits.RHEL_LIBDIR, memo)) else edits.LIBDIR
 
 
 def is_privileged(config: dict) -> bool:
@@ -179,11 +195,23 @@ def _safe_source(src: str, rootfs_real: str, real_dirs: dict[str, str]) -> bool:
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
         return False
     parent, _, name = src.rpartition("/")
-    real_dir = real_dirs.get(parent)
-    if real_dir is None:
-        real_dir = real_dirs[parent] = os.path.realpath(parent or "/")
-    real = f"{real_dir.rstrip('/')}/{name}"  # the name itself is no link (lstat above)
+    real = f"{_real_dir(parent, real_dirs).rstrip('/')}/{name}"  # the name itself is no link (lstat above)
     return not (real == rootfs_real or real.startswith(rootfs_real + os.sep))
+
+
+def _real_dir(path: str, real_dirs: dict[str, str]) -> str:
+    """os.path.realpath of a host directory, each leading directory resolved once per start (`real_dirs`): the
+    driver's files lie in a few directories deep under one root, and realpath walks every component each time."""
+    real = real_dirs.get(path)
+    if real is None:
+        parent, _, name = path.rpartition("/")
+        if not parent or name in ("", ".", ".."):  # "/x", or an odd spelling: realpath's own walk
+            real = os.path.realpath(path or "/")
+        else:
+            cand = f"{_real_dir(parent, real_dirs).rstrip('/')}/{name}"
+            real = os.path.realpath(cand) if os.path.islink(cand) else cand  # the parent is real: only `name` may link
+        real_dirs[path] = real
+    return real
 
 
 def load_discovery(settings: Settings, warn: Callable[[str], None] | None = None,
@@ -251,7 +279,7 @@ class Start:
     (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
     its build at import on every cold GPU start (see edits.py's records)."""
     __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed",
-                 "libdir")
+                 "libdir", "resolved", "real_dirs", "rootfs_real", "binds")
 
     def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
         self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
@@ -263,6 +291,12 @@ class Start:
         self.edits: edits.Edits | None = None  # what the container gets (plan_edits)
         self.libdir = edits.DEBIAN_LIBDIR  # where the image's loader looks (plan_edits: image_libdir)
         self.changed = False
+        # What this start looked up once for all its files (issue 41): scoped_resolve's walks inside the image,
+        # the host directories' real paths (_safe_source), the rootfs's real path, the engine's bind mounts (_binds).
+        self.resolved: dict[str, tuple[str, int, int]] = {}
+        self.real_dirs: dict[str, str] = {}
+        self.rootfs_real: str | None = None
+        self.binds: list[str] | None = None
 
 
 # --- the modifiers, one per concern, applied in MODIFIERS' order. Each takes the Start and returns whether the next
@@ -319,15 +353,15 @@ def plan_edits(s: Start) -> bool:
         nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
         s.disc = load_discovery(s.settings, s.warn, s.disc)  # the host key moved (a module, a major): rediscovered
     if s.disc.version and s.disc.nodes.modeset is None and "display" in edits.capabilities(s.env):
-        why = nodes.load_module(nodes.MODESET, s.settings.proc_root, nodes.START_MODPROBE_TIMEOUT_S)
+        why = _load_modeset(s)
         if why:  # display without modesetting still has its other files: said, not refused
             s.warn(f"{nodes.MODESET} not loaded ({why}): this display container gets no /dev/nvidia-modeset")
         else:
             nodes.make_nodes(s.settings.dev_root, s.settings.proc_root)
             s.disc = load_discovery(s.settings, s.warn, s.disc)
-    s.libdir = image_libdir(s.rootfs)
+    s.libdir = image_libdir(s.rootfs, s.resolved)
     compat_libs = None
-    if s.selectors and in_image(s.rootfs, CUDA_COMPAT_DIR):  # an image with forward-compatibility libraries
+    if s.selectors and in_image(s.rootfs, CUDA_COMPAT_DIR, s.resolved):  # an image with forward-compatibility libraries
         from provision.inject import compat  # lazy: 0.2 ms (-X importtime -I -S); such images only
 
         compat_libs = compat.find(s.rootfs)
@@ -337,6 +371,30 @@ def plan_edits(s: Start) -> bool:
         _stage_compat(s, compat_libs)
     s.changed = True
     return True
+
+
+# nvidia-modeset loads that failed, by host (the discovery's key: its modules, majors, boot, the driver's files):
+# (when, why). A display start on a host where it cannot load (a container host without the module's file, no
+# modprobe) says why, without a modprobe per start (a process, ~1-2 ms) for MODESET_RETRY_S.
+MODESET_RETRY_S = 60.0
+_modeset_failed: dict[tuple[str, str], tuple[float, str]] = {}
+
+
+def _load_modeset(s: Start) -> str | None:
+    """nodes.load_module(MODESET), None when loaded; a failure under the same host key is not retried for
+    MODESET_RETRY_S (the warm editor's memory; the same words)."""
+    key = (s.settings.proc_root, s.disc.key)
+    failed = _modeset_failed.get(key)
+    if failed is not None and time.monotonic() - failed[0] < MODESET_RETRY_S:
+        return failed[1]
+    why = nodes.load_module(nodes.MODESET, s.settings.proc_root, nodes.START_MODPROBE_TIMEOUT_S)
+    if why:
+        if len(_modeset_failed) > 64:  # a host key per boot and driver: a long-lived editor keeps only the latest
+            _modeset_failed.clear()
+        _modeset_failed[key] = (time.monotonic(), why)
+    else:
+        _modeset_failed.pop(key, None)
+    return why
 
 
 def _stage_compat(s: Start, compat_libs) -> None:
@@ -379,16 +437,19 @@ def add_mounts(s: Start) -> bool:
 
 
 def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount], anywhere: bool = False) -> None:
+    if not wanted:
+        return
     rootfs = s.rootfs
-    rootfs_real = os.path.realpath(rootfs)
+    if s.rootfs_real is None:
+        s.rootfs_real = os.path.realpath(rootfs)
+    rootfs_real = s.rootfs_real
     mounts = s.config.setdefault("mounts", [])
     taken = {m.get("destination") for m in mounts}
     volumes = _volumes(s, anywhere)
-    real_dirs: dict[str, str] = {}
     for m in wanted:
-        if not _safe_source(m.source, rootfs_real, real_dirs):
+        if not _safe_source(m.source, rootfs_real, s.real_dirs):
             continue
-        dest = scoped_resolve(rootfs, m.destination)
+        dest = scoped_resolve(rootfs, m.destination, s.resolved)
         if dest in taken:
             continue
         under = next((v for v in volumes if dest.startswith(v + "/")), None)
@@ -407,12 +468,20 @@ def _volumes(s: Start, anywhere: bool) -> list[str]:
     rootfs). A bind mount under another one lands wherever the outer one's content sends it (a link there), which
     only the volume's owner decides: with `anywhere` (the image's own ld.so.cache targets, which may be any path),
     it counts as covering the whole container; the driver's fixed destinations keep the plain rule."""
-    dests = [scoped_resolve(s.rootfs, m.get("destination") or "/") for m in s.config.get("mounts", [])
-             if (m.get("type") == "bind" or any(o in ("bind", "rbind") for o in m.get("options") or ()))
-             and os.path.isdir(m.get("source") or "/")]  # a file (/etc/hosts) is nobody's parent: ~1 us, not ~13
+    dests = _binds(s)
     if anywhere and any(d.startswith(v + "/") for d in dests for v in dests if v != "/"):
         return [""]  # every destination starts with "/": all are skipped
     return [d.rstrip("/") for d in dests]
+
+
+def _binds(s: Start) -> list[str]:
+    """The engine's bind mounts of directories, their destinations resolved inside the rootfs: looked up once per
+    start. The mounts this start adds are files (_safe_source), never a directory that could hold another."""
+    if s.binds is None:
+        s.binds = [scoped_resolve(s.rootfs, m.get("destination") or "/", s.resolved) for m in s.config.get("mounts", [])
+                   if (m.get("type") == "bind" or any(o in ("bind", "rbind") for o in m.get("options") or ()))
+                   and os.path.isdir(m.get("source") or "/")]  # a file (/etc/hosts) is nobody's parent: ~1 us, not ~13
+    return s.binds
 
 
 def mask_paths(s: Start) -> bool:
@@ -435,15 +504,15 @@ def override_image_cache(s: Start) -> bool:
     libdir = s.libdir
     ours = {m.destination[len(libdir) + 1:]: m for m in s.edits.mounts if m.destination.startswith(libdir + "/")}
     extra = [edits.Mount(ours[soname].source, path, edits.LIB_RO) for soname, path in found
-             if soname in ours and posixpath.dirname(path) != libdir and _image_file(s.rootfs, path)]
+             if soname in ours and posixpath.dirname(path) != libdir and _image_file(s.rootfs, path, s.resolved)]
     _mount_all(s, extra, anywhere=True)
     return True
 
 
-def _image_file(rootfs: str, path: str) -> bool:
+def _image_file(rootfs: str, path: str, memo: dict[str, tuple[str, int, int]] | None = None) -> bool:
     """The image has a regular file at `path` (resolved inside the rootfs): the loader would open it."""
     try:
-        return stat.S_ISREG(os.lstat(image_path(rootfs, path)).st_mode)
+        return stat.S_ISREG(os.lstat(image_path(rootfs, path, memo)).st_mode)
     except OSError:
         return False
 

@@ -11,7 +11,10 @@ in a printed-and-run Command, so what the plan prints is what runs. It owns:
 - the purge of what gpuprov installed (`simulate_purge`, `purge`, `purged_too`), its removal that keeps what a purge
   deletes (`simulate_remove`, `remove`), and the way out it names for what it did not install (`removal_hint`);
 - an offline bundle's repository as the only source (`bundle_options`, `bundle_files`);
-- the install record: whether a transaction's dependencies are recorded with it (`records_dependencies`).
+- the install record: whether a transaction's dependencies are recorded with it (`records_dependencies`);
+- the preflight's scratch configuration (provision/plan/preflight.py): the host's repositories plus those the plan
+  adds, where an install's dry run asks "is it offered, does it resolve" before the first change (`scratch_setup`,
+  `scratch_command`, `scratch_file`, `scratch_release`, `scratch_refresh`, `answer`; None/() where unsupported).
 
 The subclass sets or implements: `name`, `database`, `env`, `records_dependencies`, `refresh`, `simulate_install`,
 `install`, `removals`, `versions`, `installed`, `installed_packages`, `hold`, `held`, `unhold`, `simulate_purge`,
@@ -28,6 +31,15 @@ from provision.facts.packages import InstalledPackage, UnfinishedPackage
 
 Argv = tuple[str, ...]
 Env = tuple[tuple[str, str], ...]
+
+
+class Answer(NamedTuple):
+    """What a dry run (or a refresh) in the preflight's scratch configuration said, read from its output:
+    `missing`: names no repository offers (exit 4); `problem`: the resolver's own lines where it found no
+    transaction (exit 5); `unreachable`: a repository could not be read (the question was not asked)."""
+    missing: tuple[str, ...] = ()
+    problem: str = ""
+    unreachable: str = ""
 
 
 class HoldWords(NamedTuple):
@@ -220,3 +232,35 @@ class PackageManager(ABC):
     def recover_what(self, unfinished: list[UnfinishedPackage]) -> str:
         """What the recovery does, in words, for the step's title ("" when nothing is part-way)."""
         return ""
+
+    # ------------------------------------------------------------ the preflight's scratch configuration
+
+    def scratch_setup(self, scratch: Path) -> tuple[Argv, Argv] | None:
+        """Make `scratch` (an empty private directory) a configuration with the host's repositories as they are,
+        reading the host's package database, changing nothing of the host: (the options every scratch command takes,
+        the commands that finish the setup). None where this manager has none (the preflight is then not asked)."""
+        return None
+
+    def scratch_command(self, scratch: Path, argv: Argv) -> Argv | None:
+        """The plan's repository command `argv` (a key imported, a repository file added or edited) in its scratch
+        form; () when it changes nothing the questions depend on; None when it is no repository command."""
+        return None
+
+    def scratch_file(self, scratch: Path, path: str) -> Path | None:
+        """Where a file the plan writes at `path` goes in the scratch configuration (a sources file); None: not a
+        file of the package manager's repository configuration."""
+        return None
+
+    def scratch_release(self, scratch: Path, specs: Argv) -> tuple[Argv, ...]:
+        """The commands that put the repository files of release packages `specs` (elrepo-release, a URL or a name)
+        into the scratch configuration, with no package installed on the host."""
+        return ()
+
+    def scratch_refresh(self, scratch: Path) -> Argv | None:
+        """The scratch configuration's lists refreshed (None: the dry run reads the repositories itself)."""
+        return None
+
+    def answer(self, returncode: int, output: str) -> Answer:
+        """A scratch dry run's (or refresh's) output read: what is missing, what does not resolve, what could not
+        be reached; all empty where it resolved."""
+        return Answer()

@@ -308,6 +308,29 @@ def test_display_start_loads_modeset_and_makes_its_node(tmp_path):
     assert os.lstat(dev / "dev/nvidia-modeset").st_rdev == os.makedev(195, 254)
 
 
+def test_a_modeset_that_cannot_load_is_not_retried_by_every_display_start(tmp_path, monkeypatch):
+    """Where nvidia-modeset cannot load (a container host without its module), each display start says so, but only
+    the first in MODESET_RETRY_S runs modprobe (a process per start: issue 41's `all` capabilities)."""
+    root = host_copy(tmp_path)
+    ran = tmp_path / "modprobe-ran"
+    fake_modprobe(tmp_path, root, f'echo "$1" >> {ran}\nexit 1\n')
+    dev = dev_with(tmp_path, {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (238, 0),
+                              "nvidia-uvm-tools": (238, 1)})
+    warned: list[str] = []
+
+    def display_start() -> dict:
+        b = gpu_bundle(tmp_path, f"b{len(list(tmp_path.glob('b*')))}", ["NVIDIA_DRIVER_CAPABILITIES=display"])
+        assert modify.modify_bundle(str(b), settings(tmp_path, dev_root=str(dev), proc_root=str(root)), warned.append)
+        return json.loads((b / "config.json").read_text())
+
+    assert all("/dev/nvidia-modeset" not in devices(display_start()) for _ in range(3))
+    assert ran.read_text().split() == ["nvidia-modeset"]
+    assert len(warned) == 3 and len(set(warned)) == 1 and "nvidia-modeset not loaded (`modprobe" in warned[0]
+    monkeypatch.setattr(modify, "MODESET_RETRY_S", 0.0)  # past the window: tried again
+    display_start()
+    assert ran.read_text().split() == ["nvidia-modeset"] * 2
+
+
 def test_every_node_made_gets_its_dev_char_link(tmp_path):
     """The call point into devchar's helper (nodes.link_dev_char): a node gpuprov makes is linked at once, so the next
     `systemctl daemon-reload` cannot take it from a running container."""
