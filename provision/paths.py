@@ -26,6 +26,8 @@ REBOOT_MARKER = f"{RUN_DIR}/reboot-pending"  # gone after a reboot (/run is a tm
 RUNTIME_DIR = f"{STATE_DIR}/runtime"
 DISCOVERY_CACHE = f"{RUNTIME_DIR}/discovery.json"
 INSTALL_STAMP = f"{RUNTIME_DIR}/install.stamp"
+# Where gpuprov rewrote a --gpus hook that was already there: since when that path has held a hook (engines/docker.py)
+HOOK_SINCE = f"{RUNTIME_DIR}/hook-present-since.json"
 # Manifests whose library_path had to be rewritten (root-owned, persistent: a CDI spec in /etc/cdi names them)
 GENERATED_MANIFESTS = f"{RUNTIME_DIR}/manifests"
 BUNDLES = f"{STATE_DIR}/bundles"  # where .tar.gz bundles are unpacked (root-only)

@@ -135,6 +135,16 @@ class Daemon:
         symlinks, bind mounts and containers, where comparing path strings is not)."""
         return same_file(path, Path(self.path_in_its_root(self.config)))
 
+    def started_at(self) -> float:
+        """When this daemon started (epoch seconds): /proc/PID/stat's start time after boot plus the boot time. Not
+        /proc/PID's mtime, which is when its inode was first looked up, often long after the start. OSError when
+        the process is gone."""
+        with open(f"/proc/{self.pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22 (starttime); comm may hold ')'
+        with open("/proc/stat") as fh:
+            boot = next(int(ln.split()[1]) for ln in fh if ln.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+
     def in_our_mount_namespace(self) -> bool:
         try:
             return os.readlink(f"/proc/{self.pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")

@@ -334,6 +334,33 @@ def keep_how(keeps: int) -> str:
             "then live-restore back off by a reload")
 
 
+HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"  # where dockerd's LookPath finds the --gpus hook
+
+
+def hook_present_since(hook: str) -> float:
+    """Since when `hook`'s path has held a --gpus hook: its mtime, or earlier where gpuprov rewrote a hook that was
+    already there (note_hook_rewritten). dockerd looks the path up once, at start, and runs whatever is there at each
+    container start: a hook rewritten in place after dockerd started needs no restart, one that appeared later does."""
+    since = os.stat(hook).st_mtime
+    try:
+        doc = json.loads(read_trusted(paths.HOOK_SINCE) or b"{}")
+        kept = doc.get(hook) if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        kept = None
+    return min(since, kept) if isinstance(kept, (int, float)) and not isinstance(kept, bool) else since
+
+
+def note_hook_rewritten(hook: str, was_there_since: float) -> None:
+    """Record that `hook` was rewritten in place, and since when a hook has been at its path (for pending_restart)."""
+    try:
+        doc = json.loads(read_trusted(paths.HOOK_SINCE) or b"{}")
+    except (OSError, ValueError):
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
+    doc[hook] = min(was_there_since, doc.get(hook, was_there_since))
+    write_file(paths.HOOK_SINCE, json.dumps(doc, sort_keys=True) + "\n", mode=0o644, keep_mode=False, backup=False)
+
+
 class DockerEngine(Engine):
     restart_stops_containers = True  # unless live-restore (restart_stops counts them)
     name = "docker"
@@ -495,11 +522,10 @@ class DockerEngine(Engine):
         return "restart dockerd (a key taken out of daemon.json, or features: read at start only)" if restart else \
             "SIGHUP to dockerd (runtimes and default-runtime it sets reload live; containers keep running)"
 
-    def pending_restart(self, daemon: Daemon, installing: bool = False) -> str | None:
+    def pending_restart(self, daemon: Daemon, installing: bool = False, search: str = HOOK_PATH) -> str | None:
         """dockerd looks for the --gpus hook only at start-up: one that appeared later needs a restart, and so does
         one that is not there yet when `installing` (the plan: runtime.install puts it in before engine.config)."""
-        hook = shutil.which("nvidia-container-runtime-hook",
-                            path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
+        hook = shutil.which("nvidia-container-runtime-hook", path=search)
         if daemon is None:  # the plan on a host whose dockerd this run installs: it starts before runtime.install
             return "dockerd looks for the --gpus hook this run installs only when it starts" \
                 if installing and not hook else None
@@ -508,8 +534,8 @@ class DockerEngine(Engine):
         if not hook:
             return "dockerd looks for the --gpus hook this run installs only when it starts" if installing else None
         try:
-            later = os.stat(hook).st_mtime > os.stat(f"/proc/{daemon.pid}").st_mtime
-        except OSError:
+            later = hook_present_since(hook) > daemon.started_at()
+        except (OSError, StopIteration, ValueError, IndexError):
             return None
         return "dockerd started before its --gpus hook was installed and looks for it only when it starts" if later else None
 

@@ -114,6 +114,21 @@ def _write_if_changed(path: Path, data: bytes, mode: int, changed: list[str]) ->
     changed.append(str(path))
 
 
+def _write_hook(hook: Path, changed: list[str]) -> None:
+    """gpuprov's --gpus hook; where it rewrites one already there, the path's first presence is kept
+    (engines/docker.note_hook_rewritten), so that dockerd is not restarted for a hook it already finds."""
+    from provision.engines.docker import note_hook_rewritten  # lazy: only the install writes it
+
+    try:
+        there_since = hook.stat().st_mtime
+    except OSError:
+        there_since = None
+    before = len(changed)
+    _write_if_changed(hook, (HERE / "hook.sh").read_bytes(), 0o755, changed)
+    if there_since is not None and len(changed) > before:
+        note_hook_rewritten(str(hook), there_since)
+
+
 # The front-end as shipped in the wheel (compiled from shim.c when the wheel was built: setup.py), with empty slots.
 SHIPPED = HERE / "gpuprov-runtime.bin"
 SLOT = 4096  # shim.c's SLOT
@@ -224,7 +239,7 @@ def install_runtime(prefix: str = "/usr/local", *, runc: str | None = None, driv
     if existing and HOOK_MARKER not in Path(existing).read_bytes()[:4096]:
         notes.append(f"NVIDIA's {existing} is installed: left alone; --gpus containers use NVIDIA's hook")
     else:
-        _write_if_changed(bindir / HOOK_NAME, (HERE / "hook.sh").read_bytes(), 0o755, changed)
+        _write_hook(bindir / HOOK_NAME, changed)
     notes += prepare_host(proc_root, dev_root)  # nvidia-uvm and the nodes, as nvidia-modprobe would make them
     try:
         discover.refresh(driver_root, settings.cache, proc_root, dev_root, warn=notes.append)
