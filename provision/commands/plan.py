@@ -21,10 +21,13 @@ from provision.options import CHOICES, param_rule, rule
 from provision.output import emit_json, print_steps
 from provision.plan import apply as ap
 from provision.plan import resume as rs
+from provision.plan.archive_preview import driver_origins
 from provision.plan.build import build_plan
+from provision.plan.driver import flavour_switch
 from provision.plan.driver_on_host import held_driver
 from provision.plan.options import Options
 from provision.plan.packages import InstallWatch
+from provision.plan.preflight import Preflight, preflight
 from provision.plan.resume import Resume
 from provision.report import detect_host
 
@@ -34,7 +37,7 @@ def _plan(root: Path, target: Optional[str], opt):
     pin = opt.driver if opt.driver.isdigit() else None
     tgt = parse_target(target) if target else None
     report = detect_host(root, target=tgt, kernel_modules=opt.kernel_modules, source=src, pin=pin,
-                         for_gpus=opt.for_gpus)  # engines: one found is kept
+                         for_gpus=opt.for_gpus, preview=driver_origins)  # engines: one found is kept
     # Without --driver the branch never changes: where gpuprov's series is installed and pinned, `auto` decides for
     # its branch (and, on Ubuntu, its module flavour unless --kernel-modules asks), so a kernel update's plan follows
     # that series instead of the newest branch (which apt could only install by removing the series: exit 14). A
@@ -43,27 +46,41 @@ def _plan(root: Path, target: Optional[str], opt):
     if held and held.branch.isdigit():
         modules = held.modules if opt.kernel_modules == "auto" and held.modules else opt.kernel_modules
         followed = detect_host(root, target=tgt, kernel_modules=modules, source=src, pin=held.branch,
-                               for_gpus=opt.for_gpus)
+                               for_gpus=opt.for_gpus, preview=driver_origins)
         if followed.gpus and all(d.packages for _, d in followed.gpus):
             report = followed
     return report, build_plan(report, opt)
 
 
-def _print_plan(report, steps, json_out: bool, resume: Resume | None = None, verbose: bool = False) -> None:
+def _preflight(report, steps, opt, other_target: bool = False) -> Preflight:
+    """The questions that can stop the run, asked before its first change (plan/preflight.py)."""
+    return preflight(steps, report.target.package_manager, Path(report.root or "/"), bundle=bool(opt.bundle),
+                     other_target=other_target)
+
+
+def _print_plan(report, steps, json_out: bool, resume: Resume | None = None, verbose: bool = False,
+                pre: Preflight | None = None) -> None:
     """The plan as it will run: each step, the check that skips it and what it does in one line; with `verbose`
     its commands (shell-quoted, paste-able) and its file diffs against the host under the plan's root too (--json
-    always has them)."""
+    always has them). `pre`: the preflight's answer, said after the steps; a stop it found ends the command with
+    the run's own line and exit code (4, 5), as `bootstrap --check` does."""
     root = Path(report.root or "/")
     doc = {"schema": "gpuprov.plan/v1", "root": str(root), "target": report.target.name if report.target else None,
            "steps": [s.to_dict(root) for s in steps]}
     if resume:
         doc["resume"] = resume.to_dict()
+    if pre:
+        doc["preflight"] = pre.to_dict()
     if json_out:
         emit_json(doc)
-        return
-    if resume:
-        print(f"Before the plan: {resume.bootstrap}")
-    print_steps(f"Plan for {report.target.name}", doc["steps"], verbose=verbose)
+    else:
+        if resume:
+            print(f"Before the plan: {resume.bootstrap}")
+        print_steps(f"Plan for {report.target.name}", doc["steps"], verbose=verbose)
+        if pre:
+            print(pre.line())
+    if pre and pre.stop:
+        raise pre.stop
 
 
 OPTS = dict(
@@ -132,7 +149,7 @@ def plan_cmd(
                         for_gpus=for_gpus, kernels=kernels, restart_engine=restart_engine,
                         no_persistence=no_persistence, engine_option=engine_option, engine_user=engine_user)
     report, steps = _plan(root, target, opt)
-    _print_plan(report, steps, json_out, verbose=verbose)
+    _print_plan(report, steps, json_out, verbose=verbose, pre=_preflight(report, steps, opt, bool(target)))
 
 
 def bootstrap_cmd(
@@ -194,10 +211,11 @@ def _report(opt, root: Path, *, check: bool, json_out: bool, bundle: Optional[Pa
         if repo:
             opt = dataclasses.replace(opt, bundle=repo)
         report, steps = _plan(root, None, opt)
+        pre = _preflight(report, steps, opt)
         if check:
-            _print_check(ap.check_plan(steps, root), json_out, resume)
+            _print_check(ap.check_plan(steps, root), json_out, resume, pre)
         else:
-            _print_plan(report, steps, json_out, resume, verbose=verbose)
+            _print_plan(report, steps, json_out, resume, verbose=verbose, pre=pre)
 
 
 @contextmanager
@@ -230,7 +248,18 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
         opt = dataclasses.replace(opt, bundle=str(checked / "repo"))
     rs.resume(plans_driver(opt))
     report, steps = _plan(Path("/"), None, opt)
+    # every question that can stop the run, before its first change (and before the prompt: a plan that would stop
+    # is not offered); where it could not be asked, the line says so and the run finds out at its step
+    pre = _preflight(report, steps, opt)
+    if pre.stop:
+        raise pre.stop
+    if not json_out and (pre.not_asked or pre.asked):
+        print(pre.line(), file=sys.stderr)
     if not yes:
+        switch = flavour_switch(steps)
+        if switch and not sys.stdin.isatty():  # a question before the first change, with its reason
+            raise errors.GpuprovError(f"{switch}: nothing changed; see `gpuprov plan`, then run `gpuprov bootstrap "
+                                      "--yes` to switch", exit_code=errors.CONFLICT)
         if not sys.stdin.isatty():
             raise errors.UsageError("refusing to change the host without --yes when not on a terminal")
         _print_plan(report, steps, False)
@@ -260,9 +289,11 @@ def _bootstrap(opt, *, yes: bool, reboot: bool, json_out: bool, bundle: Optional
         raise errors.RebootRequired("reboot to load the NVIDIA driver, then run `gpuprov bootstrap` again to verify")
 
 
-def _print_check(doc: dict, json_out: bool, resume: Resume | None = None) -> None:
+def _print_check(doc: dict, json_out: bool, resume: Resume | None = None, pre: Preflight | None = None) -> None:
     if resume:
         doc = {**doc, "resume": resume.to_dict()}
+    if pre:  # the preflight's stop comes first: the run asks it before its first step
+        doc = {**doc, "preflight": pre.to_dict(), "stop": pre.to_dict()["stop"] or doc["stop"]}
     if json_out:
         emit_json(doc)
     else:
@@ -272,6 +303,8 @@ def _print_check(doc: dict, json_out: bool, resume: Resume | None = None) -> Non
             print(f"{'FAIL  ' if item.get('error') else 'CHANGE' if item['would_change'] else 'ok    '}  {item['title']}")
             if item.get("diff"):
                 print(item["diff"].rstrip("\n"))
+        if pre:
+            print(pre.line())
         print(f"{doc['would_change']} step(s) would change" + (", and the run would stop" if doc["stop"] else ""))
     if doc["stop"]:  # the real run's line and exit code, after the report
         raise errors.GpuprovError(doc["stop"]["error"], exit_code=doc["stop"]["exit_code"])

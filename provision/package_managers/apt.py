@@ -34,18 +34,6 @@ MISSING = re.compile(r"Unable to locate package (\S+)|Package '?([^' ]+)'? has n
 UNREACHABLE = re.compile(r"^(?:Err:\d*|[WE]: Failed to fetch) .*$", re.M)
 SOURCES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/")
 
-# Ubuntu's precompiled NVIDIA modules: linux-modules-nvidia-<series>-<kernel or flavour> (the module package of one
-# kernel, or the flavour's metapackage), linux-objects-nvidia-<series>-<kernel> (the objects the modules link from),
-# and one kernel's linux-signatures-nvidia-<kernel>, shared by every series
-LRM_PREFIXES = ("linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-")
-LRM_RE = re.compile(r"^linux-(modules|objects)-nvidia-(\d+(?:-server)?(?:-open)?)-(.+)$")
-KERNEL_RE = re.compile(r"^\d+\.\d+\.\d+-\d+")  # a kernel's release (5.15.0-131-generic), not a flavour
-SIGNATURES = "linux-signatures-nvidia-"
-# apt's words for a name no source offers (LC_ALL=C): the preflight's exit 4, where anything else unresolved is 5
-MISSING = re.compile(r"Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate|"
-                     r"Version '[^']*' for '([^']+)' was not found|Couldn't find any package by \w+ '([^']+)'")
-UNREACHABLE = re.compile(r"^(?:Err:\d*|[WE]: Failed to fetch) .*$", re.M)
-SOURCES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/")
 
 
 def _pin_script(pattern: str) -> str:
@@ -362,90 +350,3 @@ def _installed_lines(output: str) -> dict[str, str]:
         if len(words) >= 3 and words[2][1:2] == "i":  # dpkg's "ii"/"hi": installed (not just known or removed)
             out[words[0]] = words[1]
     return out
-    def scratch_setup(self, scratch: Path) -> tuple[Argv, Argv]:
-        """apt's sources, preferences, lists and cache pointed into `scratch`, seeded from the host's (its lists
-        hard-linked: apt replaces a list by renaming a new file over it, never writing into the old one, so the
-        host's stay as they were and its unchanged indexes are not fetched again); dpkg's status is the host's.
-        Fetches time out (30 s, no retry): an unreachable mirror ends the preflight in seconds, not minutes."""
-        (scratch / "sources.list.d").mkdir(parents=True)
-        (scratch / "preferences.d").mkdir()
-        (scratch / "cache" / "archives" / "partial").mkdir(parents=True)
-        lists = scratch / "lists"
-        (lists / "partial").mkdir(parents=True)
-        _seed(Path("/etc/apt/sources.list"), scratch / "sources.list", link=False)
-        for d in ("sources.list.d", "preferences.d"):
-            for f in sorted(Path("/etc/apt", d).glob("*")):
-                _seed(f, scratch / d / f.name, link=False)
-        for f in sorted(Path("/var/lib/apt/lists").glob("*")):
-            _seed(f, lists / f.name, link=True)
-        scratch.chmod(0o755)  # apt fetches as _apt (its sandbox): the lists' partial directory is its
-        _chown_apt(lists / "partial")
-        opts = ("-o", f"Dir::Etc::SourceList={scratch}/sources.list", "-o", f"Dir::Etc::SourceParts={scratch}/sources.list.d",
-                "-o", f"Dir::Etc::PreferencesParts={scratch}/preferences.d", "-o", f"Dir::State::Lists={lists}",
-                "-o", f"Dir::Cache={scratch}/cache", "-o", "Acquire::Retries=0", "-o", "Acquire::http::Timeout=30",
-                "-o", "Acquire::https::Timeout=30", "-o", "APT::Get::List-Cleanup=false")
-        return opts, ()
-
-    def scratch_file(self, scratch: Path, path: str) -> Path | None:
-        if path == SOURCES[0]:
-            return scratch / "sources.list"
-        if path.startswith(SOURCES[1]) and "/" not in path[len(SOURCES[1]):]:
-            return scratch / "sources.list.d" / path[len(SOURCES[1]):]
-        return None
-
-    def scratch_command(self, scratch: Path, argv: Argv) -> Argv | None:
-        """A keyring the plan fetches into /etc/apt/keyrings is fetched to the same name in the scratch's own
-        keyrings (the preflight points the scratch sources' signed-by there); its directory made there; the
-        branch pin removed from the scratch's preferences (a change of branch)."""
-        if argv[:1] == ("curl",) and "-o" in argv and argv[argv.index("-o") + 1].startswith("/etc/apt/"):
-            i = argv.index("-o") + 1
-            return (*argv[:i], str(scratch / "keyrings" / Path(argv[i]).name), *argv[i + 1:])
-        if argv[:1] == ("install",) and argv[-1] == "/etc/apt/keyrings":
-            return (*argv[:-1], str(scratch / "keyrings"))
-        if argv == self.unpin():
-            return ("rm", "-f", str(scratch / "preferences.d" / Path(PIN_FILE).name))
-        return None
-
-    def scratch_refresh(self, scratch: Path) -> Argv:
-        return ("apt-get", "update")
-
-    def answer(self, returncode: int, output: str) -> Answer:
-        down = UNREACHABLE.search(output)
-        if down:  # apt-get update says so and exits 0: the lists of that source are stale or missing
-            return Answer(unreachable=down.group(0).strip())
-        if returncode == 0:
-            return Answer()
-        missing = tuple(dict.fromkeys(next(g for g in m.groups() if g) for m in MISSING.finditer(output)))
-        if missing:
-            return Answer(missing=missing)
-        lines = [ln.strip() for ln in output.splitlines() if ln.startswith((" ", "E: ")) and ln.strip()]
-        return Answer(problem="; ".join(lines[:6]) or f"exit status {returncode}")
-
-def _seed(src: Path, dst: Path, link: bool) -> None:
-    """A host file of apt's into the scratch configuration: regular files only (a link, FIFO or device is never
-    followed or opened), hard-linked where `link` and possible, else copied."""
-    import shutil  # lazy: only the preflight copies
-
-    try:
-        if not src.is_file() or src.is_symlink():
-            return
-        if link:
-            try:
-                os.link(src, dst)
-                return
-            except OSError:
-                pass
-        shutil.copyfile(src, dst)
-    except OSError:
-        pass
-
-
-def _chown_apt(path: Path) -> None:
-    import pwd  # lazy: only the preflight asks
-
-    try:
-        os.chown(path, pwd.getpwnam("_apt").pw_uid, -1)
-    except (KeyError, OSError):
-        pass  # no _apt user: apt fetches as root (and says so)
-
-

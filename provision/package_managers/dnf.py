@@ -94,16 +94,6 @@ NO_MATCH = re.compile(r"^No match for argument: (.+)$", re.M)
 
 
 class Dnf(PackageManager):
-# The preflight (provision/plan/preflight.py): the scratch root's repository directory, the host's (dnf's default
-# reposdir), and dnf's words (LC_ALL=C) for a repository it could not read and for a spec nothing matches.
-SCRATCH_REPOS = "/etc/yum.repos.d"
-DNF_CONF = "/etc/dnf/dnf.conf"
-HOST_REPOS = ("/etc/yum.repos.d", "/etc/yum/repos.d", "/etc/distro.repos.d")
-UNREACHABLE = re.compile(r"^.*(?:Failed to download metadata for repo|Cannot download repomd\.xml|"
-                         r"Curl error \(\d+\)|Cannot retrieve repository metadata).*$", re.M)
-NO_MATCH = re.compile(r"^No match for argument: (.+)$", re.M)
-
-
     name = "dnf"
     database = "rpm"
     records_dependencies = True
@@ -518,65 +508,6 @@ class Yum(Dnf):
     # --cleandupes, yum-complete-transaction): not read here, so no recover step on EL 7
     recoverable = False
     hold_needs: Argv = ("yum-plugin-versionlock",)
-    # ------------------------------------------------------------ the preflight's scratch configuration
-
-    def scratch_setup(self, scratch: Path) -> tuple[Argv, Argv]:
-        """A scratch root with its own rpm database (keys are imported there, release packages unpacked there), and
-        a copy of dnf.conf whose reposdir lists the scratch root's repository directory first, then the host's (a
-        repository the plan redefines, behind --mirror, is the plan's). Every scratch command reads that copy
-        (`--config`): a `config-manager --save` saves there, never into the host's dnf.conf (a `--setopt=reposdir`
-        on its command line was saved into it). The host's rpm database is read, never written; its metadata cache
-        is used and kept (the run reuses what the preflight fetched). Fetches time out (30 s, one retry)."""
-        import configparser  # lazy: only the preflight reads dnf.conf
-
-        (scratch / "rpms").mkdir()
-        (scratch / "root" / SCRATCH_REPOS.lstrip("/")).mkdir(parents=True)
-        conf = configparser.ConfigParser(interpolation=None, strict=False)
-        conf.read_string(read_text(Path("/"), DNF_CONF) or "[main]\n")
-        if not conf.has_section("main"):
-            conf.add_section("main")
-        conf.set("main", "reposdir", " ".join((f"{scratch}/root{SCRATCH_REPOS}", *HOST_REPOS)))
-        text = io.StringIO()
-        conf.write(text)
-        write_file(scratch / "dnf.conf", text.getvalue(), backup=False, durable=False, keep_mode=False)
-        return ((f"--config={scratch}/dnf.conf", "--setopt=timeout=30", "--setopt=retries=1"),
-                (("rpm", "--root", f"{scratch}/root", "--initdb"),))
-
-    def scratch_command(self, scratch: Path, argv: Argv) -> Argv | None:
-        """A key imported into the scratch root's rpm database; a repository file added or edited with the config
-        manager (the plan's own command) under the scratch's dnf.conf: in the scratch's repository directory."""
-        if argv[:2] == ("rpm", "--import"):
-            return ("rpm", "--root", f"{scratch}/root", *argv[1:])
-        cm = self.config_manager()
-        if argv[:len(cm)] == cm:
-            return (cm[0], f"--config={scratch}/dnf.conf", *argv[1:])
-        return None
-
-    def scratch_release(self, scratch: Path, specs: Argv) -> tuple[Argv, ...]:
-        """Each release package fetched (a URL with curl, a name with `dnf download` from the host's repositories),
-        then unpacked into the scratch root by rpm (no scriptlets, no dependencies): its repository files land in the
-        scratch's repository directory."""
-        rpms = f"{scratch}/rpms"
-        urls = [s for s in specs if "://" in s]
-        names = tuple(s for s in specs if "://" not in s)
-        return (*(("curl", "-fsSL", "--max-time", "60", "-o", f"{rpms}/{Path(u).name}", u) for u in urls),
-                *((self.name, "download", "--destdir", rpms, *names),) * bool(names),
-                ("sh", "-c", 'exec rpm --root "$1" -i --nodeps --noscripts --notriggers --nosignature --excludedocs '
-                 '"$2"/*.rpm', "scratch-release", f"{scratch}/root", rpms))
-
-    def answer(self, returncode: int, output: str) -> Answer:
-        down = UNREACHABLE.search(output)
-        if down:
-            return Answer(unreachable=down.group(0).strip())
-        missing = tuple(dict.fromkeys(m.strip() for m in NO_MATCH.findall(output)))
-        if missing:
-            return Answer(missing=missing)
-        if returncode == 0 or "Operation aborted" in output or "Exiting on user command" in output:
-            return Answer()
-        lines = [ln.strip() for ln in output.splitlines() if ln.startswith(("Error:", " Problem", "  - ")) and
-                 ln.strip() not in ("Error:",)]
-        return Answer(problem="; ".join(lines[:6]) or f"exit status {returncode}")
-
     lock_list = "/etc/yum/pluginconf.d/versionlock.list"
 
     def scratch_setup(self, scratch: Path) -> None:
@@ -587,6 +518,3 @@ class Yum(Dnf):
 
     def config_manager(self) -> Argv:
         return ("yum-config-manager",)
-    def scratch_setup(self, scratch: Path) -> None:
-        return None  # yum has no config manager that takes a reposdir: EL 7's preflight is not asked
-

@@ -231,12 +231,23 @@ def apply_plan(steps: list[Step], *, quiet: bool = False, logged: bool = True, k
                            f"FAILED {step.id}: {exc}")
             if keep_going:
                 continue
-            raise step_failure(step, exc) from None
+            raise step_failure(step, _after_changes(exc, res)) from None
         dt = time.monotonic() - t
         res.outcomes.append(StepOutcome(step.id, step.title, status, detail, dt))
         note(f"{status.value.upper()} {step.id}{': ' + detail if detail else ''} ({dt:.1f}s)")
         run.step_ended(step_line(i, n, step.title, status, detail, dt))
     return res
+
+
+def _after_changes(exc: GpuprovError, res: ApplyResult) -> GpuprovError:
+    """A failure after earlier steps of the run changed the host: its "nothing was changed" is the step's alone, and
+    the line names what the run changed and how to undo it (a preflight that could not ask lets a run get here)."""
+    done = [o.title for o in res.outcomes if o.status is Status.CHANGED]
+    if not done:
+        return exc
+    said = str(exc).replace("nothing was changed", "nothing was changed by this step")
+    return type(exc)(f"{said}. This run changed before it: {'; '.join(done)}: run bootstrap again once that is "
+                     "fixed (it goes on from there), or `gpuprov uninstall` to undo them", exit_code=exc.exit_code)
 
 
 def open_run(command: str, *, json_out: bool = False, verbose: bool = False, log_dir: Path | None = RUN_LOGS):
