@@ -42,15 +42,6 @@ class Answer(NamedTuple):
     unreachable: str = ""
 
 
-class Answer(NamedTuple):
-    """What a dry run (or a refresh) in the preflight's scratch configuration said, read from its output:
-    `missing`: names no repository offers (exit 4); `problem`: the resolver's own lines where it found no
-    transaction (exit 5); `unreachable`: a repository could not be read (the question was not asked)."""
-    missing: tuple[str, ...] = ()
-    problem: str = ""
-    unreachable: str = ""
-
-
 class HoldWords(NamedTuple):
     """How the plan says a hold: the step's title, its notes, and its check's description."""
     title: str
@@ -241,38 +232,6 @@ class PackageManager(ABC):
     def recover_what(self, unfinished: list[UnfinishedPackage]) -> str:
         """What the recovery does, in words, for the step's title ("" when nothing is part-way)."""
         return ""
-
-    # ------------------------------------------------------------ the preflight's scratch configuration
-
-    def scratch_setup(self, scratch: Path) -> tuple[Argv, Argv] | None:
-        """Make `scratch` (an empty private directory) a configuration with the host's repositories as they are,
-        reading the host's package database, changing nothing of the host: (the options every scratch command takes,
-        the commands that finish the setup). None where this manager has none (the preflight is then not asked)."""
-        return None
-
-    def scratch_command(self, scratch: Path, argv: Argv) -> Argv | None:
-        """The plan's repository command `argv` (a key imported, a repository file added or edited) in its scratch
-        form; () when it changes nothing the questions depend on; None when it is no repository command."""
-        return None
-
-    def scratch_file(self, scratch: Path, path: str) -> Path | None:
-        """Where a file the plan writes at `path` goes in the scratch configuration (a sources file); None: not a
-        file of the package manager's repository configuration."""
-        return None
-
-    def scratch_release(self, scratch: Path, specs: Argv) -> tuple[Argv, ...]:
-        """The commands that put the repository files of release packages `specs` (elrepo-release, a URL or a name)
-        into the scratch configuration, with no package installed on the host."""
-        return ()
-
-    def scratch_refresh(self, scratch: Path) -> Argv | None:
-        """The scratch configuration's lists refreshed (None: the dry run reads the repositories itself)."""
-        return None
-
-    def answer(self, returncode: int, output: str) -> Answer:
-        """A scratch dry run's (or refresh's) output read: what is missing, what does not resolve, what could not
-        be reached; all empty where it resolved."""
-        return Answer()
 
     # ------------------------------------------------------------ the preflight's scratch configuration
 
