@@ -18,6 +18,14 @@ A missing record is an empty one: uninstall then finds gpuprov's keys by what th
   `holds`: the packages it held. `uninstall --purge-driver/--purge-engine` remove these and nothing else; an
   uninstall that keeps them keeps this part of the record (`packages_only`), so that a later uninstall can still
   purge what gpuprov installed.
+- `repo_config`: per stage, the package manager's configuration files (the adapter's `config_globs`: repository files,
+  apt's sources, keyrings and pins, dnf's versionlock list) that the stage's steps added or changed, keyed by path:
+  the text before gpuprov's first change (`old`, null when gpuprov's step created the file) and the text after its
+  last (`written`, null for a file that is not text). `uninstall --purge-driver/--purge-engine` takes the stage's
+  out again once its packages are gone (plan/pkgconfig.py): added files, and what the package manager leaves of
+  them (.rpmsave, .dpkg-old), removed; changed ones given back as they were.
+- `keys`: per stage, the signing keys its steps imported into the package manager's keyring (rpm's
+  `gpg-pubkey-VERSION-RELEASE`); the same purge removes them.
 - `streams`: the dnf module streams (by module name: `nvidia-driver`) a bootstrap enabled where the module had none
   enabled before it (a stream the operator enabled is not in it); `uninstall --purge-driver` resets these
   (`dnf module reset`) once the packages are gone, and no other.
@@ -105,6 +113,26 @@ def _entry(path: str, where: str, entry: object) -> dict:
     return out
 
 
+def _repo_file(path: str, where: str, value: object) -> dict:
+    e = _dict(path, where, value)
+    return {"old": _text_or_null(path, f"{where}.old", e.get("old")),
+            "written": _text_or_null(path, f"{where}.written", e.get("written"))}
+
+
+def _by_stage(path: str, where: str, value: object, check) -> dict:
+    """{stage: check(path, where.stage, item)} for each stage."""
+    out = {}
+    for stage, v in _dict(path, where, value or {}).items():
+        if stage not in STAGES:
+            raise _bad(path, f"{where}.{stage}", f"a stage ({', '.join(STAGES)})", stage)
+        out[stage] = check(path, f"{where}.{stage}", v)
+    return out
+
+
+def _files(path: str, where: str, value: object) -> dict:
+    return {f: _repo_file(path, f"{where}.{f}", e) for f, e in _dict(path, where, value).items()
+            if _rule(path, f"{where}.{f}", "abs_path", f)}
+
 
 def entry_names(entry: str, name: str) -> bool:
     """A recorded package `entry` is package `name`: the name itself, or one of its side-by-side versions, which
@@ -118,17 +146,20 @@ class Record:
     holds: list[str] = field(default_factory=list)
     enabled: list[str] = field(default_factory=list)
     streams: list[str] = field(default_factory=list)
+    repo_config: dict[str, dict[str, dict]] = field(default_factory=dict)  # stage -> path -> {old, written}
+    keys: dict[str, list[str]] = field(default_factory=dict)  # stage -> imported signing keys
 
     def to_json(self) -> str:
         return json.dumps({"schema": SCHEMA, "configs": self.configs, "packages": self.packages,
-                           "holds": self.holds, "enabled": self.enabled, "streams": self.streams}, indent=2,
-                          sort_keys=True) + "\n"
+                           "holds": self.holds, "enabled": self.enabled, "streams": self.streams,
+                           "repo_config": self.repo_config, "keys": self.keys}, indent=2, sort_keys=True) + "\n"
 
     def packages_only(self) -> Record:
-        """What an uninstall that keeps the packages leaves of the record: the packages, holds and module streams, no
-        configs."""
+        """What an uninstall that keeps the packages leaves of the record: the packages, holds, module streams and
+        the package manager's configuration they came with, no configs."""
         return Record({}, {k: list(v) for k, v in self.packages.items() if v}, list(self.holds),
-                      streams=list(self.streams))
+                      streams=list(self.streams), repo_config={k: dict(v) for k, v in self.repo_config.items() if v},
+                      keys={k: list(v) for k, v in self.keys.items() if v})
 
     @classmethod
     def from_json(cls, text: str, path: str) -> Record:
@@ -152,7 +183,10 @@ class Record:
             pkgs[stage] = _list(path, f"packages.{stage}", lst, _ruled("package"))
         return cls(configs, pkgs, _list(path, "holds", doc.get("holds") or [], _ruled("package")),
                    _list(path, "enabled", doc.get("enabled") or [], _unit),
-                   _list(path, "streams", doc.get("streams") or [], _ruled("package")))
+                   _list(path, "streams", doc.get("streams") or [], _ruled("package")),
+                   _by_stage(path, "repo_config", doc.get("repo_config"), _files),
+                   _by_stage(path, "keys", doc.get("keys"),
+                             lambda p, w, v: _list(p, w, v, _ruled("package"))))
 
 
 def read(path: str | None = None) -> Record:
@@ -196,6 +230,20 @@ def note_packages(stage: str, installed: list[str], held: list[str] = ()) -> Non
     rec = read()
     rec.packages[stage] = list(dict.fromkeys([*rec.packages.get(stage, []), *installed]))
     rec.holds = list(dict.fromkeys([*rec.holds, *held]))
+    save(rec)
+
+
+def note_repo_config(stage: str, files: dict[str, tuple[str | None, str | None]], keys: list[str] = ()) -> None:
+    """The package manager's configuration a step of `stage` changed: `files` as path -> (text before, text after),
+    the first `old` of a path kept (the operator's, or null where gpuprov created it); `keys` it imported."""
+    if not files and not keys:
+        return
+    rec = read()
+    kept = rec.repo_config.setdefault(stage, {})
+    for path, (old, written) in files.items():
+        kept[path] = {"old": kept[path]["old"] if path in kept else old, "written": written}
+    if keys:
+        rec.keys[stage] = list(dict.fromkeys([*rec.keys.get(stage, []), *keys]))
     save(rec)
 
 

@@ -28,6 +28,13 @@ LRM_PREFIXES = ("linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatu
 LRM_RE = re.compile(r"^linux-(modules|objects)-nvidia-(\d+(?:-server)?(?:-open)?)-(.+)$")
 KERNEL_RE = re.compile(r"^\d+\.\d+\.\d+-\d+")  # a kernel's release (5.15.0-131-generic), not a flavour
 SIGNATURES = "linux-signatures-nvidia-"
+# Ubuntu's precompiled NVIDIA modules: linux-modules-nvidia-<series>-<kernel or flavour> (the module package of one
+# kernel, or the flavour's metapackage), linux-objects-nvidia-<series>-<kernel> (the objects the modules link from),
+# and one kernel's linux-signatures-nvidia-<kernel>, shared by every series
+LRM_PREFIXES = ("linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-")
+LRM_RE = re.compile(r"^linux-(modules|objects)-nvidia-(\d+(?:-server)?(?:-open)?)-(.+)$")
+KERNEL_RE = re.compile(r"^\d+\.\d+\.\d+-\d+")  # a kernel's release (5.15.0-131-generic), not a flavour
+SIGNATURES = "linux-signatures-nvidia-"
 # apt's words for a name no source offers (LC_ALL=C): the preflight's exit 4, where anything else unresolved is 5
 MISSING = re.compile(r"Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate|"
                      r"Version '[^']*' for '([^']+)' was not found|Couldn't find any package by \w+ '([^']+)'")
@@ -195,6 +202,34 @@ class Apt(PackageManager):
     def purged_too(self, output: str, packages: Argv) -> list[str]:
         gone = [ln.split()[1] for ln in output.splitlines() if ln.startswith(("Purg ", "Remv "))]
         return sorted({p.split(":")[0] for p in gone} - {p.split(":")[0] for p in packages})
+
+    def followers(self, root: Path, recorded: Argv) -> Argv:
+        """Ubuntu's precompiled modules that gpuprov's metapackages pulled in after its own transactions, for every
+        kernel (an upgrade's new ABI: linux-modules-nvidia-570-server-open-5.15.0-131-generic, its
+        linux-objects-nvidia-… and linux-signatures-nvidia-5.15.0-131-generic): those of each series a recorded package
+        names (a branch change's old series too: apt never offers its objects for autoremove), and the signatures of
+        a kernel whose every installed module package is one of those (one kernel's signatures serve every series)."""
+        series = {m.group(2) for p in recorded if (m := LRM_RE.match(p))}
+        installed = dpkg_installed(root, lambda n: n.startswith(LRM_PREFIXES))
+        ours = {n for n in installed if (m := LRM_RE.match(n)) and m.group(2) in series}
+        kernels: dict[str, bool] = {}
+        for n in installed:
+            if (m := LRM_RE.match(n)) and KERNEL_RE.match(m.group(3)):
+                kernels[m.group(3)] = kernels.get(m.group(3), True) and n in ours
+        ours |= {n for n in installed if n.startswith(SIGNATURES) and kernels.get(n[len(SIGNATURES):])}
+        return tuple(sorted(ours - set(recorded)))
+
+    config_globs = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/*", "/etc/apt/keyrings/*",
+                    "/etc/apt/trusted.gpg.d/*", "/etc/apt/preferences.d/*")
+    leftover_suffixes = (".dpkg-old", ".dpkg-dist", ".dpkg-new", ".dpkg-bak")
+
+    def owners(self, root: Path, path: str) -> set[str]:
+        res = effects.try_run(["dpkg-query", f"--admindir={under(root, 'var/lib/dpkg')}", "-S", path], timeout=60,
+                              probe=True)
+        if not res or res.returncode != 0:
+            return set()
+        return {n.strip().split(":")[0] for ln in res.output.splitlines() if ": " in ln
+                and not ln.startswith(("diversion ", "local diversion ")) for n in ln.split(": ", 1)[0].split(",")}
 
     def bundle_options(self, bundle: Path, state: Path) -> Argv:
         """apt pointed at the bundle alone: its own sources list (written to state/bundle.list by the plan's step)

@@ -53,8 +53,8 @@ class PackageManager(ABC):
     name: ClassVar[str]  # apt | dnf | yum: what Target.package_manager says
     database: ClassVar[str]  # dpkg | rpm: what a check's description names
     env: ClassVar[Env] = ()  # the environment every command of this manager runs with
-    # dnf's `remove` takes unused dependencies along, so its record keeps every package a transaction added
-    # (provision/package_managers/dnf.py); apt's keeps the packages asked for, which `apt-get purge` names
+    # The record keeps every package a transaction added, for every manager (plan/packages.py: InstallWatch); apt's
+    # also notes the packages asked for (plan/apply.py: missing_packages), which dnf's watch sees as its own
     records_dependencies: ClassVar[bool] = False
     # module streams (NAME:STREAM specs) are this manager's: dnf's `module install/switch-to`
     module_streams: ClassVar[bool] = False
@@ -174,6 +174,43 @@ class PackageManager(ABC):
     def purge_dry_run_ok(self, returncode: int, output: str) -> bool:
         """The purge's dry run answered (its exit status for "would do this, did nothing")."""
         return returncode == 0
+
+    def followers(self, root: Path, recorded: Argv) -> Argv:
+        """The installed packages that gpuprov's recorded packages brought in after its own transactions (a
+        metapackage's new dependency, installed by the operator's upgrade): purged with them."""
+        return ()
+
+    # ------------------------------------------------------------ configuration: repositories and keys
+
+    # the manager's configuration files (globs, read under a root): what a step is watched for (plan/pkgconfig.py) and
+    # the only files uninstall removes or gives back from the record's `repo_config`
+    config_globs: ClassVar[Argv] = ()
+    # what the manager leaves of a changed config file when its package goes (rpm's .rpmsave, dpkg's .dpkg-old …)
+    leftover_suffixes: ClassVar[Argv] = ()
+    purge_leaves: ClassVar[Argv] = ()  # … those of them that its purge leaves (named before it is there)
+
+    def imported_keys(self, root: Path) -> set[str]:
+        """The signing keys in the manager's own keyring under `root` (rpm's gpg-pubkey packages); apt has none
+        outside its keyring files."""
+        return set()
+
+    def forget_keys(self, keys: Argv) -> Argv:
+        """The command that removes imported `keys`."""
+        raise NotImplementedError(f"{self.name} imports no keys")
+
+    def owners(self, root: Path, path: str) -> set[str]:
+        """The installed packages that own `path` (read under `root`); empty when none does."""
+        return set()
+
+    # ------------------------------------------------------------ what a transaction added
+
+    def snapshot(self) -> dict[str, str]:
+        """Every installed package, keyed by what `added` compares (one query): name -> name."""
+        return {n: n for n in self.versions()}
+
+    def added(self, before: dict[str, str], after: dict[str, str]) -> list[str]:
+        """The packages new to the database between two snapshots (what the install record keeps of a step)."""
+        return [n for n in after if n not in before]
 
     # ------------------------------------------------------------ bundles and recovery
 

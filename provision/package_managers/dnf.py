@@ -61,6 +61,7 @@ LOCK_SERIES = ("pm=$1; shift; v=$(rpm -q --qf '%{VERSION}\\n' \"$@\" | sort -u);
 MODULES_D = "/etc/dnf/modules.d"
 LOCK_HOLDERS = ("dnf", "yum")  # what holds dnf's rpmdb lock: dnf, dnf-automatic, and EL 8+'s yum (which is dnf)
 RPM_DBPATHS = ("var/lib/rpm", "usr/lib/sysimage/rpm")  # rpm's database: EL 8/9's place, and Fedora's/EL 10's
+KEY_ROW = "%{NAME}-%{VERSION}-%{RELEASE}\n"  # an imported key as `rpm -e` takes it
 RPM_ROW = "%{NAME} %{EPOCHNUM}:%{VERSION}-%{RELEASE}\n"  # installed_packages' query: one package a line
 # NVIDIA's `nvidia-driver` module: a stream's kernel-module flavour is in its name (570-open and open-dkms: open;
 # 570-dkms and latest-dkms: proprietary), and each flavour's kmod package conflicts with the other's, so a switch
@@ -414,7 +415,32 @@ class Dnf(PackageManager):
             parts.append(f"reinstall {', '.join(cut)} (its transaction was cut off)")
         return "; ".join(parts)
 
-    # ------------------------------------------------------------ repositories and bundles
+    # ------------------------------------------------------------ repositories, keys and bundles
+
+    leftover_suffixes = (".rpmsave", ".rpmnew", ".rpmorig")
+    purge_leaves = (".rpmsave",)  # rpm keeps a changed config file of an erased package as NAME.rpmsave
+
+    @property
+    def config_globs(self) -> Argv:  # type: ignore[override]
+        return ("/etc/yum.repos.d/*", "/etc/pki/rpm-gpg/*", self.lock_list)
+
+    def imported_keys(self, root: Path) -> set[str]:
+        """rpm lists each imported key as gpg-pubkey-VERSION-RELEASE (VERSION: the key id)."""
+        if not any(under(root, d).is_dir() for d in RPM_DBPATHS):
+            return set()
+        res = effects.try_run(["rpm", "--root", str(root), "-q", "gpg-pubkey", "--qf", KEY_ROW], timeout=60,
+                              probe=True)
+        return {ln.strip() for ln in (res.output if res and res.returncode == 0 else "").splitlines()
+                if ln.startswith("gpg-pubkey-")}
+
+    def forget_keys(self, keys: Argv) -> Argv:
+        return ("rpm", "-e", *keys)
+
+    def owners(self, root: Path, path: str) -> set[str]:
+        if not any(under(root, d).is_dir() for d in RPM_DBPATHS):
+            return set()
+        res = effects.try_run(["rpm", "--root", str(root), "-qf", "--qf", "%{NAME}\n", path], timeout=60, probe=True)
+        return set(res.output.split()) if res and res.returncode == 0 else set()
 
     def config_manager(self) -> Argv:
         """The command that adds and edits repository files: dnf's plugin (yum-utils' on EL 7)."""

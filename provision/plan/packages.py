@@ -19,7 +19,7 @@ from provision.errors import RemovalRefused
 from provision.facts.rootfs import under
 from provision.options import Stage
 from provision.package_managers.base import PackageManager
-from provision.plan import repos
+from provision.plan import pkgconfig, repos
 from provision.plan.steps import Action, Command, PackagesInstalled, Step, WriteFile, read_or_empty
 
 BUNDLE_STATE = paths.BUNDLE_APT  # a bundle's own package-manager state (apt's sources list and lists)
@@ -218,17 +218,25 @@ class ReposAt:
 
 @dataclass
 class InstallWatch:
-    """Per stage, the packages the steps' transactions added, where the package manager's record keeps dependencies
-    too (`records_dependencies`: dnf/yum): its database read before and after each step that installs with it (one
-    query each, ~50 ms), the names new to it kept. Kept even when the step fails after an install (a later action of
-    it failed): what got installed is gpuprov's either way. Likewise the modules whose stream a step enabled where
+    """Per stage, the packages the steps' transactions added, dependencies included: the package manager's database
+    read before and after each step that installs with it (one query each, ~50 ms), the names new to it kept. Kept
+    even when the step fails after an install (a later action of it failed): what got installed is gpuprov's either
+    way. Likewise the modules whose stream a step enabled where
     none was enabled before it (`streams`, module-stream managers): uninstall resets those."""
     added: dict[str, list[str]] = field(default_factory=dict)
     streams: list[str] = field(default_factory=list)
 
     @contextmanager
     def step(self, step: Step):
-        pm = next((a.pm for a in step.actions if isinstance(a, PackageInstall) and a.pm.records_dependencies), None)
+        """Also, for every manager, what the step changed of its configuration (plan/pkgconfig.py) and the packages
+        its transactions added (apt's dependencies too: Ubuntu's precompiled modules of each kernel, issue 43)."""
+        with pkgconfig.watched(getattr(step.stage, "value", step.stage), pkgconfig.host_manager()), \
+                self._installs(step):
+            yield
+
+    @contextmanager
+    def _installs(self, step: Step):
+        pm = next((a.pm for a in step.actions if isinstance(getattr(a, "pm", None), PackageManager)), None)
         if pm is None:
             yield
             return

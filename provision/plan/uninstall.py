@@ -45,7 +45,7 @@ from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
 from provision.package_managers.base import PackageManager
-from provision.plan import engine_data, persistence
+from provision.plan import engine_data, persistence, pkgconfig
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import gpuprov_files
 from provision.plan.packages import StreamsReset
@@ -513,16 +513,26 @@ def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list
     """Only what the record says gpuprov installed and held, and only what is still installed."""
     steps = []
     pm = _package_manager(root)
+    adapter = package_managers.get(pm)
     for stage, asked in ((Stage.DRIVER, opt.purge_driver), (Stage.ENGINE, opt.purge_engine)):
-        pkgs = tuple(p for p in rec.packages.get(stage.value, []) if packages_installed(pm, (p,), root))
+        if not asked:
+            continue
+        recorded = tuple(rec.packages.get(stage.value, []))
+        # and what its metapackages pulled in since (Ubuntu's precompiled modules of a newer kernel: issue 43)
+        pkgs = tuple(p for p in recorded if packages_installed(pm, (p,), root)) + adapter.followers(root, recorded)
         holds = tuple(p for p in rec.holds if p in pkgs) if stage == Stage.DRIVER else ()
         extra = gpuprov_files(root) if stage == Stage.DRIVER else ()
         # the driver's module stream gpuprov enabled (NVIDIA's repository), reset once its packages are gone: in the
         # purge's step, after it, so a purge that stops (exit 14) leaves the stream with the packages
-        adapter = package_managers.get(pm)
         resets = adapter.stream_resets(root, tuple(rec.streams)) \
             if stage == Stage.DRIVER and adapter.module_streams else ()
-        if not asked or not (pkgs or extra or resets):
+        # the package manager's configuration the stage's steps added or changed, taken out after the purge (its
+        # repositories, keys, pins and sources edits: plan/pkgconfig.py), in the same step: a purge that stops
+        # leaves the repositories its packages came from
+        config = pkgconfig.restore(root, adapter, rec.repo_config.get(stage.value, {}),
+                                   rec.keys.get(stage.value, []), set(pkgs))
+        extra = tuple(f for f in extra if f not in config.gone)
+        if not (pkgs or extra or resets or config):
             continue
         # the engines' data roots a purge of these would delete (plan/engine_data.py), counted before any change
         stores = engine_data.stores(root, pkgs) if stage == Stage.ENGINE and pkgs else ()
@@ -530,12 +540,14 @@ def package_steps(root: Path, rec: record.Record, opt: UninstallOptions) -> list
         acts, note = purge_actions(root, pm, pkgs, holds, opt.allow_remove, data, stores)
         acts += [_rm(*extra)] if extra else []
         acts += [Command(adapter.reset_streams(resets))] if resets else []
-        check = Undone(gone=extra) if not pkgs else Never()
+        acts += config.actions
+        check = Undone(config.files, extra + config.gone) if not pkgs and not config.keys else Never()
         title = data.title if data else f"Purge the {stage.value} packages gpuprov installed: {' '.join(pkgs) or 'none'}"
         steps.append(Step(f"uninstall.{stage.value}.packages", stage, f"{title}{note}"
-                          + (f"; reset the module stream gpuprov enabled: {' '.join(resets)}" if resets else ""),
+                          + (f"; reset the module stream gpuprov enabled: {' '.join(resets)}" if resets else "")
+                          + ("; take out the repositories, keys and sources changes it made" if config else ""),
                           actions=tuple(acts), check=StreamsReset(check, resets, pm) if resets else check,
-                          notes=data.notes if data else ()))
+                          notes=(data.notes if data else ()) + config.notes))
     return steps
 
 
@@ -564,8 +576,12 @@ def kept_packages(rec: record.Record, opt: UninstallOptions) -> record.Record:
     """The part of the record an uninstall leaves: the packages (and holds) of the stages it does not purge."""
     kept = {s: list(p) for s, p in rec.packages.items()
             if p and not (s == Stage.DRIVER.value and opt.purge_driver or s == Stage.ENGINE.value and opt.purge_engine)}
+    stages = [s for s, asked in ((Stage.DRIVER.value, opt.purge_driver), (Stage.ENGINE.value, opt.purge_engine))
+              if not asked]
     return record.Record({}, kept, [h for h in rec.holds if any(h in p for p in kept.values())],
-                         streams=[] if opt.purge_driver else list(rec.streams))
+                         streams=[] if opt.purge_driver else list(rec.streams),
+                         repo_config={s: dict(rec.repo_config[s]) for s in stages if rec.repo_config.get(s)},
+                         keys={s: list(rec.keys[s]) for s in stages if rec.keys.get(s)})
 
 
 def state_steps(root: Path, rec: record.Record | None = None, opt: UninstallOptions = UninstallOptions()) -> list[Step]:
@@ -575,7 +591,8 @@ def state_steps(root: Path, rec: record.Record | None = None, opt: UninstallOpti
     rec = rec or record.Record()
     lock = lock_path()
     kept = kept_packages(rec, opt)
-    keep = {lock} | ({paths.INSTALL_RECORD} if kept.packages else set())
+    held = bool(kept.packages or kept.repo_config or kept.keys)  # what a later uninstall --purge-* still needs
+    keep = {lock} | ({paths.INSTALL_RECORD} if held else set())
     trees = []
     for d in (paths.RUN_DIR, paths.STATE_DIR):
         if any(k == d or k.startswith(d.rstrip("/") + "/") for k in keep):
@@ -583,7 +600,7 @@ def state_steps(root: Path, rec: record.Record | None = None, opt: UninstallOpti
         elif _exists(root, d):
             trees.append(d)
     trees += [d for d in (str(LOG_FILE.parent), str(cache_dir())) if _exists(root, d) and d not in trees]
-    shown = kept.to_json() if kept.packages else None
+    shown = kept.to_json() if held else None
     rewrite = shown is not None and _trusted(root, paths.INSTALL_RECORD) != shown
     if not trees and not rewrite:
         return []

@@ -221,6 +221,14 @@ class ElHost(StandInHost):
         self.exec(f"set -e; cp /srv/repos/{group}/{repo}/*.rpm /srv/www/{repo}/; "
                   f"createrepo_c -q --update /srv/www/{repo}", check=True)
 
+    def pm_config(self) -> dict[str, str]:
+        """dnf's and rpm's configuration: each repository file, key file and versionlock list (with what rpm leaves of
+        them: .rpmsave) -> its checksum, and each key imported into rpm (gpg-pubkey-…) -> "imported"."""
+        out = self.exec("sha256sum /etc/yum.repos.d/* /etc/pki/rpm-gpg/* /etc/dnf/plugins/versionlock.list* "
+                        "2>/dev/null; rpm -q gpg-pubkey --qf '%{NAME}-%{VERSION}-%{RELEASE} imported\\n'").stdout
+        rows = [ln.split() for ln in out.splitlines() if len(ln.split()) == 2]
+        return {(a if b == "imported" else b): (b if b == "imported" else a) for a, b in rows}
+
     def rpms(self) -> dict[str, str]:
         """Installed packages: name -> epoch:version-release (epoch 0 when none)."""
         out = self.exec("rpm -qa --qf '%{NAME} %{EPOCHNUM}:%{VERSION}-%{RELEASE}\\n'", check=True).stdout

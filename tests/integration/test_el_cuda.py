@@ -67,7 +67,12 @@ def host():
 
 
 @pytest.fixture(scope="module")
-def installed(host):
+def config_before(host) -> dict:
+    return host.pm_config()
+
+
+@pytest.fixture(scope="module")
+def installed(host, config_before):
     before = host.rpms()
     return before, host.exec(bootstrap("570"))
 
@@ -225,11 +230,23 @@ def test_uninstall_purges_what_gpuprov_installed(host, installed):
     # the stream gpuprov enabled is reset: dnf lists nothing enabled of the module (on the previous commit: 570-open)
     assert enabled_modules(host) == "", enabled_modules(host)
     assert "state=enabled" not in stream(host), stream(host)
+    # issue 39 item 2: dnf's configuration as before bootstrap: cuda-rhel9.repo (enabled, at the mirror, on the commit
+    # before), epel.repo's .rpmsave and the keys dnf imported (NVIDIA's, EPEL's) gone
+    assert host.pm_config() == config_before, host.pm_config()
+
+
+CUDA_REPO = "/etc/yum.repos.d/cuda-rhel9.repo"
 
 
 def test_uninstall_keeps_the_operators_own_stream(host, installed):
     """A stream the operator enabled before gpuprov ran is theirs: bootstrap installs from it, and uninstall
     --purge-driver purges the packages and leaves the stream enabled."""
+    # the operator's own NVIDIA repository file, at the mirror, before they enable its stream: gpuprov's mirror
+    # commands change it, and uninstall gives it back as it was (issue 39 item 2)
+    host.exec(f"dnf config-manager -q --add-repo {url('cuda')}/rhel9/x86_64/cuda-rhel9.repo && "
+              f"sed -i 's|https://upstream.invalid/compute/cuda/repos|{url('cuda')}|' {CUDA_REPO} && "
+              f"echo '# kept by the site' >> {CUDA_REPO}", check=True)
+    theirs = host.exec(f"cat {CUDA_REPO}").stdout
     before = host.rpms()
     host.exec("dnf module enable -y -q nvidia-driver:570-open", check=True)
     r = host.exec(bootstrap("570"))
@@ -243,6 +260,7 @@ def test_uninstall_keeps_the_operators_own_stream(host, installed):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert host.rpms().keys() == before.keys()
     assert "570-open" in enabled_modules(host) and "stream=570-open" in stream(host), stream(host)
+    assert host.exec(f"cat {CUDA_REPO}").stdout == theirs
 
 
 def test_kernel_update_gets_its_dkms_module(host, installed):

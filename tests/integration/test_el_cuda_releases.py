@@ -72,7 +72,12 @@ def host(rel):
 
 
 @pytest.fixture(scope="module")
-def installed(host, rel):
+def config_before(host) -> dict:
+    return host.pm_config()
+
+
+@pytest.fixture(scope="module")
+def installed(host, rel, config_before):
     before = host.rpms()
     return before, host.exec(bootstrap(rel))
 
@@ -118,6 +123,12 @@ def test_uninstall_purges_and_resets_the_stream(host, rel, installed):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert host.rpms().keys() == before.keys()
     assert "state=enabled" not in stream(host), stream(host)
+
+
+def test_uninstall_restores_dnfs_configuration(host, rel, installed, config_before):
+    """Issue 39 item 2: NVIDIA's cuda-amzn2023.repo / cuda-rhel8.repo (enabled, at the mirror, on the commit before),
+    EPEL's leftovers and the keys dnf imported are gone after the purge above."""
+    assert host.pm_config() == config_before, host.pm_config()
 
 
 def test_docker_engine_packages_from_their_repository(host, rel):

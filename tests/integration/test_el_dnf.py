@@ -86,7 +86,13 @@ def test_docker_ce_replacing_runc_stops_with_14(host, rel):
 
 
 @pytest.fixture(scope="module")
-def driven(host):
+def config_before(host) -> dict:
+    """dnf's and rpm's configuration before the driver's bootstrap (Docker CE's refused run has been)."""
+    return host.pm_config()
+
+
+@pytest.fixture(scope="module")
+def driven(host, config_before):
     before = host.rpms()
     r = host.exec(DRIVER)
     return before, r
@@ -187,3 +193,13 @@ def test_uninstall_purges_only_what_gpuprov_recorded(host, driven):
     assert host.exec("ls /lib/modules/*/weak-updates/nvidia/ 2>/dev/null; grep -h nvidia /lib/modules/*/modules.dep"
                      ).stdout == ""
     assert host.exec("test -e /var/lib/gpuprov/installed.json").returncode == 1  # nothing left to undo
+
+
+def test_uninstall_restores_dnfs_configuration(host, driven, config_before):
+    """Issue 39 item 2: after the purge above, dnf's configuration is as before bootstrap: elrepo.repo and its
+    .rpmsave (`config-manager --save` had pointed it at the mirror), versionlock.list and its .rpmsave, and ELRepo's
+    key in rpm gone. On the commit before, the .rpmsave copies and the gpg-pubkey stayed."""
+    after = host.pm_config()
+    assert after == config_before, ({k: v for k, v in after.items() if config_before.get(k) != v},
+                                     sorted(config_before.keys() - after.keys()))
+    assert host.exec("dnf -q makecache 2>&1").returncode == 0  # every repository dnf names still answers

@@ -62,6 +62,7 @@ def jammy():
     try:
         h.install_gpuprov()
         h.exec("DEBIAN_FRONTEND=noninteractive apt-get install -y -q libnvidia-compute-580-server", check=True)
+        h.config_before = h.pm_config()  # apt's sources, keyrings and pins before gpuprov
         yield h
     finally:
         h.remove()
@@ -149,7 +150,8 @@ def test_branch_change_swaps_series_and_precompiled_modules(jammy, upgraded):
     r = jammy.exec(f"{BOOT} --driver 580")
     assert r.returncode == 7, _out(r)
     after = jammy.debs()
-    assert not [p for p in after if "570" in p], sorted(p for p in after if "570" in p)
+    # but Canonical's objects packages, which depend on nothing (uninstall takes them: the record names their series)
+    assert not [p for p in after if "570" in p and not p.startswith("linux-objects-")], sorted(after)
     assert {"linux-modules-nvidia-580-server-open-generic", f"linux-modules-nvidia-580-server-open-{K92}",
             "nvidia-headless-no-dkms-580-server-open"} <= after.keys(), sorted(after)
     assert _modinfo(jammy, K92) == "580.95.05"  # the kernel that boots next
@@ -169,14 +171,16 @@ def test_uninstall_removes_the_driver_and_keeps_the_kernels(jammy, upgraded):
     assert r.returncode == 0, _out(r)
     after = jammy.debs()
     assert not set(named) & after.keys(), f"{sorted(after)}\n{r.stdout[-6000:]}"
-    # what they pulled in stays, automatic: apt's autoremove takes it, nothing else of the operator's goes with it
-    left = sorted(p for p in after if "nvidia" in p)
-    auto = set(jammy.exec("apt-mark showauto").stdout.split())
-    assert set(left) <= auto, sorted(set(left) - auto)
-    gone = {ln.split()[1] for ln in jammy.exec("apt-get -s autoremove").stdout.splitlines() if ln.startswith("Remv ")}
-    assert gone == set(left), (sorted(gone), left)
+    # issue 43 item 3: what they pulled in goes too (every package a transaction of gpuprov's added, and the 570
+    # series' objects the branch change left), and nothing of the operator's; on the commit before, the objects,
+    # signatures and shared libraries stayed
+    assert not [p for p in after if "nvidia" in p], sorted(p for p in after if "nvidia" in p)
     kept = {p: v for p, v in before.items() if "nvidia" not in p}
     assert {p: after.get(p) for p in kept} == kept  # linux-generic, both kernels, their headers
+    assert jammy.exec("grep -l nvidia /lib/modules/*/modules.dep").stdout == ""  # no kernel lists a module
+    # apt's configuration as before gpuprov, byte for byte: sources.list without multiverse appended, no
+    # sources.list.gpuprov-*.bak, no pin
+    assert jammy.pm_config() == jammy.config_before, jammy.pm_config()
     assert jammy.exec(f"test -e {PIN}").returncode == 1
 
 
@@ -331,7 +335,7 @@ def test_noble_generic_precompiled():
     h = UbuntuHost("24.04")
     try:
         h.install_gpuprov()
-        before = h.debs()
+        before, config = h.debs(), h.pm_config()
         r = h.exec(BOOT)
         assert r.returncode == 7, _out(r)
         new = set(h.debs()) - set(before)
@@ -339,6 +343,24 @@ def test_noble_generic_precompiled():
                 "nvidia-headless-no-dkms-580-server-open"} <= new, sorted(new)
         assert not [p for p in new if p.startswith("nvidia-dkms-")], sorted(new)
         assert _modinfo(h, "6.8.0-49-generic") == "580.95.05"
+        # issue 43 item 3: the archive's -updates brings 6.8.0-50, and with it the metapackage pulls that kernel's
+        # precompiled modules, objects and signatures in (no transaction of gpuprov's); uninstall --purge-driver
+        # purges them too, and gives apt's configuration back byte for byte (ubuntu.sources, which bootstrap gave
+        # multiverse); on the commit before, 6.8.0-50's modules stayed and its modules.dep listed nvidia.ko
+        h.publish_updates()
+        h.exec("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get full-upgrade -y -q", check=True)
+        later = {"linux-modules-nvidia-580-server-open-6.8.0-50-generic", "linux-signatures-nvidia-6.8.0-50-generic",
+                 "linux-objects-nvidia-580-server-open-6.8.0-50-generic"}
+        assert later <= h.debs().keys(), sorted(h.debs())
+        assert _modinfo(h, "6.8.0-50-generic") == "580.95.05"
+        plan = h.exec("gpuprov uninstall --dry-run -v --purge-driver")
+        assert all(p in plan.stdout for p in later), plan.stdout  # said before it is done
+        r = h.exec("gpuprov uninstall --yes --purge-driver")
+        assert r.returncode == 0, _out(r)
+        assert not [p for p in h.debs() if "nvidia" in p], sorted(p for p in h.debs() if "nvidia" in p)
+        assert set(h.debs()) >= {p for p in before if "nvidia" not in p} and "linux-image-6.8.0-50-generic" in h.debs()
+        assert h.exec("grep -l nvidia /lib/modules/*/modules.dep").stdout == ""
+        assert h.pm_config() == config, h.pm_config()
     finally:
         h.remove()
 
@@ -433,7 +455,7 @@ def test_nvidia_repository_through_the_mirror():
     h = UbuntuHost("22.04")
     try:
         h.install_gpuprov()
-        before = h.debs()
+        before, config = h.debs(), h.pm_config()
         r = h.exec(f"gpuprov bootstrap --yes --no-validate {CUDA}")
         assert r.returncode == 7, _out(r)
         assert h.exec(f"cat {CUDA_LIST}").stdout == ("deb [signed-by=/etc/apt/keyrings/cuda-archive-keyring.asc] "
@@ -455,5 +477,12 @@ def test_nvidia_repository_through_the_mirror():
         assert r.returncode == 7 and "reboot is still pending" in r.stderr, _out(r)
         assert h.exec(f"md5sum /var/lib/dpkg/status {CUDA_LIST} /etc/apt/keyrings/cuda-archive-keyring.asc"
                       ).stdout == state
+        # issue 39 item 2: uninstall --purge-driver takes NVIDIA's list and keyring out again (on the commit before
+        # both stayed), and DKMS's modules with the packages
+        r = h.exec("gpuprov uninstall --yes --purge-driver")
+        assert r.returncode == 0, _out(r)
+        assert h.pm_config() == config, h.pm_config()
+        assert not [p for p in h.debs() if "nvidia" in p], sorted(p for p in h.debs() if "nvidia" in p)
+        assert h.exec("grep -l nvidia /lib/modules/*/modules.dep").stdout == ""
     finally:
         h.remove()

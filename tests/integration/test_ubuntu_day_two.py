@@ -66,11 +66,19 @@ def _left_alone(h, r) -> None:
     assert "left alone" in r.stderr and re.match(r"bootstrap: 0 change", r.stdout), _out(r)
 
 
+# Ubuntu 22.04's stock sources.list layout: multiverse on lines of its own (issue 43 item 3)
+STOCK = "".join(f"deb http://127.0.0.1:8090/ubuntu {suite} {comps}\n" for suite in ("jammy", "jammy-updates")
+                for comps in ("main restricted", "universe", "multiverse"))
+
+
 @pytest.fixture(scope="module")
 def node():
     h = UbuntuHost("22.04", running=K91)
     try:
+        h.write("/etc/apt/sources.list", STOCK)
+        h.exec("apt-get update -q", check=True)
         h.install_gpuprov()
+        h.config_before = h.pm_config()
         yield h
     finally:
         h.remove()
@@ -84,6 +92,13 @@ def loaded(node):
     node.reboot()
     node.load_driver("570.195.03")
     return node
+
+
+def test_stock_sources_get_no_component_appended(loaded):
+    """Issue 43 item 3: every component is on a line of each suite already; on the commit before, bootstrap appended
+    multiverse to the `main restricted` lines and left a sources.list.gpuprov-*.bak."""
+    assert loaded.exec("cat /etc/apt/sources.list").stdout == STOCK
+    assert loaded.exec("ls /etc/apt | grep -c gpuprov").stdout.strip() == "0"
 
 
 def test_loaded_and_nothing_asked_differs_left_alone(loaded):
@@ -175,12 +190,28 @@ def test_driver_branch_asked_with_another_loaded_is_done(loaded, abi_bump):
     r = loaded.exec(f"{BOOT} --driver 580")
     assert r.returncode == 7, _out(r)
     after = loaded.debs()
-    assert not [p for p in after if "570" in p], sorted(p for p in after if "570" in p)
+    # but Canonical's objects packages, which depend on nothing (uninstall takes them: the test below)
+    assert not [p for p in after if "570" in p and not p.startswith("linux-objects-")], sorted(after)
     assert {"nvidia-headless-no-dkms-580-server-open", f"linux-modules-nvidia-580-server-open-{K131}",
             f"linux-modules-nvidia-580-server-open-{K91}"} <= after.keys(), sorted(after)
     for k in (K91, K131):
         assert loaded.exec(f"modinfo -k {k} -F version nvidia").stdout.strip() == "580.95.05", k
     assert "Pin: version 580.*" in loaded.exec(f"cat {PIN}").stdout
+    assert loaded.exec("dpkg --audit").stdout == ""
+
+
+def test_uninstall_takes_every_kernels_modules(loaded, abi_bump):
+    """Issue 43 item 3, after the stages above (Canonical's modules for two kernels, DKMS in between, a branch change
+    that left 570's objects): `uninstall --purge-driver` leaves no NVIDIA package and no kernel's modules.dep listing
+    an NVIDIA module; apt's configuration is as before gpuprov. On the commit before, linux-objects-nvidia-570-*
+    (and the 580 series' dependencies) stayed."""
+    r = loaded.exec("gpuprov uninstall --yes --purge-driver")
+    assert r.returncode == 0, _out(r)
+    debs = loaded.debs()
+    assert not [p for p in debs if "nvidia" in p], sorted(p for p in debs if "nvidia" in p)
+    assert {f"linux-image-{K91}", f"linux-image-{K131}"} <= debs.keys()
+    assert loaded.exec("grep -l nvidia /lib/modules/*/modules.dep").stdout == ""
+    assert loaded.pm_config() == loaded.config_before, loaded.pm_config()
     assert loaded.exec("dpkg --audit").stdout == ""
 
 

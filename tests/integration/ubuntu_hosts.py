@@ -79,6 +79,7 @@ KERNEL_TEAM = "Ubuntu Kernel Team <kernel-team@lists.ubuntu.com>"
 CORE = "Ubuntu Core Developers <ubuntu-devel-discuss@lists.ubuntu.com>"
 built = {}  # (suite, comp) -> [deb paths]
 objs = {}
+signed_kernels = set()  # (suite, kernel): its linux-signatures-nvidia-<kernel> built
 
 def modobj(name, version, kernel):
     """An ELF object with only a .modinfo section: what modinfo and depmod read of a module."""
@@ -294,9 +295,21 @@ for rel, r in table["releases"].items():
                     S = d["series"] + opn
                     mods = {f"/lib/modules/{K}/kernel/nvidia-{b}srv{opn}/{m}.ko": modobj(m, up, K)
                             for m in ("nvidia", "nvidia-uvm", "nvidia-modeset")}
+                    # as Canonical splits them: the objects the module links from (depending on nothing, so a
+                    # branch change leaves them installed) and one kernel's signatures, shared by every series
+                    deb(suite, "restricted", f"linux-objects-nvidia-{S}-{K}", k["version"], source=r["lrm_source"][f],
+                        maint=KERNEL_TEAM, section="kernel",
+                        files={f"/usr/lib/linux/objects/{K}/{S}/nv-kernel.o_binary": "stand-in\n"})
+                    if (suite, K) not in signed_kernels:
+                        signed_kernels.add((suite, K))
+                        deb(suite, "restricted", f"linux-signatures-nvidia-{K}", k["version"],
+                            source=r["lrm_source"][f], maint=KERNEL_TEAM, section="kernel",
+                            files={f"/usr/lib/linux/signatures/{K}/stand-in": "stand-in\n"})
                     deb(suite, "restricted", f"linux-modules-nvidia-{S}-{K}", k["version"],
                         source=r["lrm_source"][f], maint=KERNEL_TEAM, section="kernel",
-                        depends=f"linux-image-{K}, nvidia-kernel-common-{d['series']} (>= {up})", files=mods,
+                        depends=f"linux-image-{K}, nvidia-kernel-common-{d['series']} (>= {up}), "
+                                f"linux-objects-nvidia-{S}-{K} (= {k['version']}), "
+                                f"linux-signatures-nvidia-{K} (= {k['version']})", files=mods,
                         scripts={"postinst": f'[ "$1" = configure ] && depmod -a {K} || true\n',
                                  "postrm": f'[ -d /lib/modules/{K} ] && depmod -a {K} || true\n'})
                     deb(suite, "restricted", f"linux-modules-nvidia-{S}-{f}", mv, source=k["meta_source"],
@@ -508,6 +521,13 @@ class UbuntuHost(StandInHost):
         """Installed packages: name -> version."""
         out = self.exec("dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n'", check=True).stdout
         return {f[1]: f[2] for f in (ln.split() for ln in out.splitlines()) if len(f) == 3 and f[0][1] == "i"}
+
+    def pm_config(self) -> dict[str, str]:
+        """apt's configuration: each file of its sources, keyrings and pins (gpuprov's backups beside them included)
+        -> its checksum."""
+        out = self.exec("cd /etc/apt && sha256sum sources.list* sources.list.d/* keyrings/* trusted.gpg.d/* "
+                        "preferences.d/* 2>/dev/null").stdout
+        return {f[1]: f[0] for f in (ln.split() for ln in out.splitlines()) if len(f) == 2}
 
     def kernel(self) -> str:
         return self.exec("readlink /boot/vmlinuz", check=True).stdout.strip().removeprefix("vmlinuz-")
