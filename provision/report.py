@@ -3,7 +3,7 @@ for each GPU found (provision.decide, pure). It sits above both layers, so facts
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 from provision.decide.debian import debian_driver_packages
 from provision.decide.driver import FleetDecision, GpuDecision, decide_fleet, decide_gpu
@@ -13,7 +13,7 @@ from provision.errors import HostUnreadable, Unsupported
 from provision.facts.distro_facts import DistroFacts, read_distro
 from provision.facts.driver_facts import DriverFacts, read_driver
 from provision.facts.engines import EngineFacts, read_engines
-from provision.facts.packages import archive_versions, fetched_suites
+from provision.facts.packages import fetched_suites, suite_versions
 from provision.facts.pci import PciDisplayDevice, scan_pci
 
 SCHEMA = "gpuprov.detect/v1"
@@ -63,9 +63,12 @@ def host_target(distro: DistroFacts) -> tuple[Target | None, list[str]]:
 
 def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str = "auto",
                 source: str | None = None, engines: bool = True, pin: str | None = None,
-                for_gpus: tuple[str, ...] = ()) -> HostReport:
+                for_gpus: tuple[str, ...] = (),
+                preview: Callable[[Path, Target, tuple[str, ...]], Mapping] | None = None) -> HostReport:
     """pin: a driver branch asked for (--driver 535); for_gpus: PCI ids to decide for instead of the devices
-    found (image baking: the GPUs the image will meet, none of them here)."""
+    found (image baking: the GPUs the image will meet, none of them here); preview: what reads the driver packages'
+    origins from the apt lists as the plan's source edits will make them (plan/archive_preview.driver_origins),
+    instead of the lists as they are."""
     distro = read_distro(root)
     warnings: list[str] = []
     if target is None:
@@ -75,10 +78,14 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
     devices = scan.devices
     warnings += scan.warnings
     nvidia = [d for d in devices if d.is_nvidia]
-    # What the apt lists offer, for Debian's choice of module flavour; read only where there is a GPU to decide for.
-    offered = (archive_versions(root, debian_driver_packages(target.codename))
-               if (nvidia or for_gpus) and target and target.os_id == "debian" and (source or "debian") == "debian"
-               else None)
+    # What the apt lists offer, and from which suite, for Debian's choice of module flavour; read only where there is
+    # a GPU to decide for. `preview` (a plan's): the lists as the driver stage's source edits will make them.
+    origins = None
+    if (nvidia or for_gpus) and target and target.os_id == "debian" and (source or "debian") == "debian":
+        names = debian_driver_packages(target.codename)
+        origins = preview(root, target, names) if preview else suite_versions(root, names)
+    offered = None if origins is None else \
+        {n: frozenset().union(*by.values()) for n, by in origins.items()}
     # and whether apt fetched its security suite: where the lists cannot tell yet, that decides the flavour
     security = (f"{target.codename}-security" if offered is not None
                 and f"{target.codename}-security" in fetched_suites(root) else None)
@@ -86,10 +93,10 @@ def detect_host(root: Path, *, target: Target | None = None, kernel_modules: str
     for dev in nvidia:
         pci = PciId(dev.vendor_id, dev.device_id, dev.subsystem_vendor_id, dev.subsystem_device_id)
         gpus.append((dev, decide_gpu(pci, target, kernel_modules=kernel_modules, source=source, address=dev.address,
-                                     pin=pin, offered=offered, security=security)))
+                                     pin=pin, offered=offered, security=security, origins=origins)))
     if for_gpus:
         gpus = [(None, decide_gpu(parse_pci_id(p), target, kernel_modules=kernel_modules, source=source, pin=pin,
-                                  offered=offered, security=security)) for p in for_gpus]
+                                  offered=offered, security=security, origins=origins)) for p in for_gpus]
     return HostReport(
         root=str(root), distro=distro, target=target, gpus=gpus,
         other_display=[d for d in devices if not d.is_nvidia], driver=read_driver(root),

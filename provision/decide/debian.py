@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
+
+from provision.versions import numbers
 
 IDS_PATH = Path(__file__).resolve().parent.parent / "data" / "debian_nvidia_ids.json"
 
@@ -77,6 +79,52 @@ SUITES: dict[str, DebianSuite] = {
         _tesla("535", "535.274.02"),
     )),
 }
+
+
+# The suites that carry a release's updates after it (Debian's security suite, and its updates suite): a package
+# whose newest version comes from one of them is maintained; one the point release alone carries gets no fixes.
+UPDATE_SUITES = ("-security", "-updates")
+
+
+class Upkeep(NamedTuple):
+    """Which of a driver's two kernel-module flavours the archive maintains, from where each one's newest in-branch
+    version comes from (the suite of its candidate, as `apt-cache policy` shows it)."""
+    flavour: str | None  # "open" | "proprietary": the only one maintained; None: neither is, or both are
+    why: str = ""  # in words, for the plan
+
+
+def upkeep(drv: DebianDriver, origins: Mapping[str, Mapping[str, frozenset[str]]], codename: str) -> Upkeep:
+    """The flavour of `drv` whose newest in-branch version an update suite of `codename` carries, where the other
+    flavour's does not (or is older): bookworm-security carries nvidia-kernel-dkms 535.309.01 while
+    nvidia-open-kernel-dkms stays at bookworm's 535.261.03. origins: package -> suite -> upstream versions
+    (facts.packages.suite_versions). Upkeep(None) where the lists cannot tell, where neither flavour is maintained
+    (trixie: both 550.163.01 in the release alone) or where both are."""
+    if not drv.open_dkms:
+        return Upkeep(None)
+
+    def newest(pkg: str) -> tuple[str, tuple[str, ...]] | None:
+        by = origins.get(pkg, {})
+        versions = {v for vs in by.values() for v in vs if v.split(".")[0] == drv.branch}
+        if not versions:
+            return None
+        top = max(versions, key=numbers)
+        return top, tuple(sorted(s for s, vs in by.items() if top in vs))
+
+    flavours = {"proprietary": (drv.kernel_dkms, newest(drv.kernel_dkms)), "open": (drv.open_dkms, newest(drv.open_dkms))}
+    if any(n is None for _, n in flavours.values()):
+        return Upkeep(None)
+    best = max(numbers(n[0]) for _, n in flavours.values())  # type: ignore[index]
+    kept = [f for f, (_, n) in flavours.items()
+            if numbers(n[0]) == best and any(s.startswith(codename) and s.endswith(UPDATE_SUITES) for s in n[1])]  # type: ignore[index]
+    if len(kept) != 1:
+        return Upkeep(None)
+    (pkg, (ver, suites)), (other, (over, osuites)) = flavours[kept[0]], flavours[
+        "open" if kept[0] == "proprietary" else "proprietary"]  # type: ignore[misc]
+    upd = ", ".join(s for s in suites if s.endswith(UPDATE_SUITES))
+    lags = "lags" if any(s.endswith(UPDATE_SUITES) for s in osuites) else "gets no updates"
+    return Upkeep(kept[0], f"{upd} updates {pkg} ({ver}); {other} {over} {lags} ({', '.join(osuites)})")
+
+
 def debian_driver_packages(suite: str) -> tuple[str, ...]:
     """The suite's driver metapackages and module packages: whose versions in the apt lists decide the flavour."""
     s = SUITES.get(suite)

@@ -164,18 +164,29 @@ def open_module_lags(drv: debian.DebianDriver, offered: Mapping[str, frozenset[s
 
 
 def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite: str, pin: str | None,
-                     offered: Mapping[str, frozenset[str]] | None = None, security: str | None = None
+                     offered: Mapping[str, frozenset[str]] | None = None, security: str | None = None,
+                     origins: Mapping[str, Mapping[str, frozenset[str]]] | None = None
                      ) -> tuple[tuple[str, ...], str | None, str | None, tuple[str, ...]]:
     """Debian's own recommendation (nvidia-detect's lists and order), or the pinned branch's package; the last item:
-    notes on the module flavour chosen."""
+    notes on the module flavour chosen. For a GPU both flavours drive, the flavour the archive maintains where only
+    one is (debian.upkeep, from `origins`: which suite carries each one's newest version); else the open module, as
+    long as it follows the driver (open_module_lags). A GPU one flavour alone drives keeps that one."""
     drv, problem = debian.pinned(device, suite, pin) if pin else debian.recommend(device, suite)
     if drv is None:
         return (), None, problem + ("; use NVIDIA's repository (--driver-source nvidia)" if not pin else ""), ()
     if modules == "open" and not drv.open_dkms and allowed == "either" and wanted == "auto":
         modules = "proprietary"  # a Tesla/legacy package: proprietary modules only, which this GPU also runs
-    lags = open_module_lags(drv, offered or {}, security) if modules == "open" and drv.open_dkms else None
+    kept = debian.upkeep(drv, origins, suite) if origins else debian.Upkeep(None)
+    lags = open_module_lags(drv, offered or {}, security) if modules == "open" and drv.open_dkms and \
+        not kept.flavour else None
     notes: tuple[str, ...] = ()
-    if lags and allowed == "either" and wanted == "auto":
+    if kept.flavour and allowed == "either":  # the archive tells which flavour it maintains: that one, unless asked
+        chosen = kept.flavour if wanted == "auto" else wanted
+        notes = ((f"{kept.why}: installing the {chosen} module, which this GPU also runs",) if chosen == kept.flavour
+                 else (f"--kernel-modules {wanted} overrides the archive: {kept.why}; a kernel the {wanted} module "
+                       "cannot build for leaves the node without its module until that flavour is updated",))
+        modules = chosen
+    elif lags and allowed == "either" and wanted == "auto":
         modules, notes = "proprietary", (f"{lags}; installing the proprietary module ({drv.kernel_dkms}), which this "
                                          "GPU also runs and which the driver's updates keep in step",)
     elif lags:
@@ -350,11 +361,13 @@ def packaged_branches(target: Target, source: str | None = None) -> tuple[int, .
 
 def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto", source: str | None = None,
                address: str | None = None, pin: str | None = None,
-               offered: Mapping[str, frozenset[str]] | None = None, security: str | None = None) -> GpuDecision:
+               offered: Mapping[str, frozenset[str]] | None = None, security: str | None = None,
+               origins: Mapping[str, Mapping[str, frozenset[str]]] | None = None) -> GpuDecision:
     """pin: a driver branch ("535") asked for with --driver; refused (no packages, a warning with the way out)
     where the branch does not drive this GPU or the target does not package it. offered: the upstream versions
     the host's apt lists offer per package (facts.packages.archive_versions), where known; security: the target's
-    security suite where apt has fetched its lists (Debian)."""
+    security suite where apt has fetched its lists (Debian); origins: per package, the upstream versions each suite
+    offers (facts.packages.suite_versions), which tell the flavour the archive maintains."""
     ident = identify(pci)
     allowed = ident.kernel_modules
     if pin and pin != "current" and int(pin) < 515 and allowed == "either":
@@ -379,7 +392,7 @@ def decide_gpu(pci: PciId, target: Target | None, *, kernel_modules: str = "auto
             pkgs, ver, problem = _elrepo_packages(entry, branch, modules, target.el_major, pin)
     elif target.os_id == "debian":
         pkgs, ver, problem, notes = _debian_packages(pci.device, modules, allowed, kernel_modules, target.codename,
-                                                     pin, offered, security)
+                                                     pin, offered, security, origins)
         warnings += notes
         if pkgs and modules == "open" and "nvidia-open-kernel-dkms" not in pkgs:
             base["modules"] = "proprietary"

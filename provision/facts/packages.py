@@ -299,3 +299,28 @@ def closure(names: Iterable[str], depends: dict[str, frozenset[str]]) -> frozens
             seen.add(n)
             todo.extend(depends.get(n, ()))
     return frozenset(seen)
+
+
+def suite_versions(root: Path, names: Iterable[str], lists: str = APT_LISTS) -> dict[str, dict[str, frozenset[str]]]:
+    """For each of `names`: the upstream versions the driver components' apt lists offer, per suite (the suite a
+    list came from is in its file name, `<host>_<path>_dists_<suite>_<component>_binary-<arch>_Packages`): where a
+    version comes from, the point release or its security or updates suite, as `apt-cache policy` tells it. `lists`:
+    the lists directory under `root` (a private one holds the lists as they will be: plan/archive_preview.py)."""
+    wanted = sorted(set(names))
+    out: dict[str, dict[str, set[str]]] = {n: {} for n in wanted}
+    if not wanted:
+        return {}
+    stanza = re.compile(r"^Package: (" + "|".join(map(re.escape, wanted)) + r")\n(?:.+\n)*?Version: (\S+)", re.M)
+    for comp in DRIVER_COMPONENTS:
+        for p in sorted(under(root, lists).glob(f"*_dists_*_{comp}_binary-*_Packages*")):
+            suite = re.search(r"_dists_([^_]+)_", p.name)
+            suffix = p.name.rsplit("_Packages", 1)[1]
+            try:
+                text = read_text_file(p, LIST_MAX) if not suffix else \
+                    _decompressed(p, suffix) if suffix in (".gz", ".xz") else ""
+            except (OSError, EOFError, ValueError):
+                continue
+            for m in stanza.finditer(text):
+                if suite:
+                    out[m.group(1)].setdefault(suite.group(1), set()).add(upstream_version(m.group(2)))
+    return {n: {s: frozenset(v) for s, v in by.items()} for n, by in out.items() if by}

@@ -65,6 +65,14 @@ class PackageManager(ABC):
 
     # ------------------------------------------------------------ the install transaction
 
+    def preview_update(self, state: Path) -> Argv | None:
+        """The lists' refresh into a private directory `state`, the host's own lists untouched (apt's); None where
+        the package manager has none (the plan then reads the host's lists as they are)."""
+        return None
+
+    def preview_config(self, state: Path, main: str) -> tuple[tuple[str, str], ...]:
+        return ()
+
     @abstractmethod
     def refresh(self, opts: Argv = ()) -> Argv | None:
         """The command that refreshes the package lists before an install; None where the install does itself."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from provision import effects, package_managers, paths
+from provision.decide.debian import debian_driver_packages
 from provision.decide.driver import default_source, packaged_branches, ubuntu_dkms_package
 from provision.decide.kernel import (
     PIN_FILE,
@@ -52,10 +53,11 @@ from provision.facts.packages import (
     closure,
     offered_module_packages,
 )
-from provision.facts.rootfs import is_live, read_text_file, under
+from provision.facts.rootfs import is_live, under
 from provision.options import Stage
 from provision.package_managers.apt import restore_sources
 from provision.plan import repos
+from provision.plan.archive_preview import component_writes, driver_origins
 from provision.plan.dkms import DkmsBuild, DriverInstall
 from provision.plan.driver_on_host import (
     boot_kernel,
@@ -76,7 +78,6 @@ from provision.plan.packages import (
     mirror_commands,
     package_step,
 )
-from provision.plan.sources import enable_components
 from provision.plan.steps import (
     Action,
     Already,
@@ -387,7 +388,8 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
                           "minor release's kernels")
     if apt.replacement is None and dkms and pm.checked_driver_install and not opt.bundle:
         update = series_update(series_installed(root), packages, closure(packages, archive_depends(root)),
-                               archive_versions(root, packages), tuple(k for k in kernels.releases if not module_built(root, k)))
+                               _offered(root, target, packages),
+                               tuple(k for k in kernels.releases if not module_built(root, k)))
         if update:  # the held series follows the kernel within its branch: built for every installed kernel
             apt = replace(apt, replacement=update)
             kernels = choose_kernels(root, running, asked, baking, replacing=True)
@@ -449,6 +451,30 @@ def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
     return steps
 
 
+def _offered(root: Path, target: Target, packages: list[str]) -> dict[str, frozenset[str]]:
+    """The upstream versions apt will offer each package once the components step has run: on Debian the lists as
+    the plan decided the flavour from (plan/archive_preview.py: the security suite's non-free included), else the
+    host's lists."""
+    if target.os_id != "debian":
+        return archive_versions(root, packages)
+    origins = driver_origins(root, target, debian_driver_packages(target.codename))
+    return {**archive_versions(root, packages), **{n: frozenset().union(*by.values()) for n, by in origins.items()}}
+
+
+def flavour_switch(steps: list[Step]) -> str | None:
+    """The driver step's move of gpuprov's series to the other kernel-module flavour within its branch, in words
+    (None: no such move). Asked before the first change: without --yes the run stops with it (exit 14)."""
+    for step in steps:
+        for a in step.actions if step.id == "driver.packages" else ():
+            if isinstance(a, DriverInstall) and a.dkms_package and a.previous:
+                gone = [r for r in a.remove if r.endswith("kernel-dkms")
+                        and ("-open-" in r) != ("-open-" in a.dkms_package)]
+                if gone:
+                    return (f"the driver's kernel module moves from {' '.join(gone)} to {a.dkms_package} within its "
+                            f"branch ({'; '.join(n.removeprefix('update: ') for n in step.notes[:1])})")
+    return None
+
+
 def _kmod_follows(root: Path, pm, packages: list[str], boot: str) -> bool:
     """ELRepo's kmod follows the kernel that boots next: gpuprov locked it (driver_held) and that kernel has no nvidia
     module (weak-modules links a kmod only into the kernels of its minor release)."""
@@ -468,22 +494,23 @@ def _driver_packages(gpus: list, target: Target) -> list[str]:
 
 def _components_step(root: Path, target: Target, opt) -> list[Step]:
     """Debian: enable contrib/non-free(-firmware) in the apt entries that exist (read under the root), as minimal
-    edits; none when they are on already or the packages come from a bundle."""
-    comps = debian_components(target)
-    writes = []
-    lists = root / "etc/apt/sources.list.d"
-    for p in [root / "etc/apt/sources.list", *sorted(lists.glob("*.sources")), *sorted(lists.glob("*.list"))]:
-        try:
-            old = read_text_file(p)
-        except OSError:  # missing, or not a regular file (a FIFO never hangs the plan): nothing to edit there
-            continue
-        new = enable_components(old, comps, target.codename)
-        if new != old:
-            writes.append(WriteFile("/" + str(p.relative_to(root)), new))
+    edits; none when they are on already or the packages come from a bundle. The plan decided the module flavour
+    from the lists as these edits will make them (plan/archive_preview.py)."""
+    writes = component_writes(root, target)
     if not writes or opt.bundle:
         return []
-    return [Step("driver.components", Stage.DRIVER, f"Enable {' '.join(comps)} in the existing apt entries",
-                 actions=tuple(writes), check=FilesMatch(tuple((w.path, w.content) for w in writes)))]
+    return [Step("driver.components", Stage.DRIVER,
+                 f"Enable {' '.join(debian_components(target))} in the existing apt entries",
+                 actions=tuple(writes), check=FilesMatch(tuple((w.path, w.content) for w in writes)),
+                 notes=_security_note(writes, target))]
+
+
+def _security_note(writes: list[WriteFile], target: Target) -> tuple[str, ...]:
+    """The security suite's entry gets the components too: the driver's security updates (and the module updates a
+    new security kernel needs) come from there."""
+    sec = f"{target.codename}-security"
+    return (f"{sec}'s entry included: the driver's security updates, and the module updates a security kernel "
+            "needs, come from there",) if any(sec in w.content for w in writes) else ()
 
 
 def _cuda_apt_step(target: Target, opt) -> list[Step]:

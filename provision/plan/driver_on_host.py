@@ -92,8 +92,19 @@ def held_driver(root: Path) -> HeldDriver | None:
         return None
     meta = held[0]
     series = ubuntu_series([meta.name])
-    modules = None if series is None else "open" if series.endswith("-open") else "proprietary"
+    modules = (debian_flavour(root) if series is None else "open" if series.endswith("-open") else "proprietary")
     return HeldDriver(meta.upstream.split(".")[0], modules, f"{meta.name} {meta.upstream}")
+
+
+def debian_flavour(root: Path) -> str | None:
+    """The module flavour of gpuprov's Debian series (its kernel-module package), kept while it serves every installed
+    kernel; None once a kernel has no module (it could not build there, or nothing tried): then the archive decides
+    the flavour (decide/debian.py: upkeep), and where it maintains only the other one, the series moves to it within
+    its branch (decide/kernel.py: series_update)."""
+    dkms = [n for n, p in series_installed(root).items() if p.held and n.endswith("kernel-dkms")]
+    if not dkms or not all(module_built(root, k) for k in installed_kernels(root)):
+        return None
+    return "open" if any("-open-" in n for n in dkms) else "proprietary"
 
 
 def _asked_change(drv, opt, held: HeldDriver | None) -> str:

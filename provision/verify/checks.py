@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
 from provision import effects, engines
+from provision.decide.kernel import PIN_FILE
 from provision.engines.base import Engine
 from provision.errors import GpuprovError, StepFailed
 from provision.inject.edits import mismatch  # the runtime refuses with the same line
@@ -37,7 +39,7 @@ NO_GPU = "no NVIDIA GPU on this host"
 @dataclass
 class CheckResult:
     name: str
-    status: str  # pass | fail | skip
+    status: str  # pass | fail | skip | warn (the node works, but a risk is named: exit 0)
     detail: str
 
     def to_dict(self) -> dict:
@@ -267,6 +269,31 @@ def next_boot_module(h: NodeHost) -> CheckResult:
                        f"archive has a version that builds: dkms autoinstall -k {k})")
 
 
+def driver_updates(h: NodeHost) -> CheckResult:
+    """The driver gpuprov pinned can take its distribution's updates (Debian): the security suite's entry carries the
+    component the driver lives in (without it apt fetches the security kernel but never the driver's update, whose
+    module the kernel may need), and the pin can move (a rollback pins the series at exactly the versions that worked,
+    until an update builds). A warning, not a failure: the node runs; it will not follow the next security fix."""
+    name = "driver updates reach the node"
+    rc, pins, _ = h.run(["cat", PIN_FILE])
+    if rc != 0:
+        return CheckResult(name, "skip", "no driver series pinned by gpuprov (Debian/Ubuntu apt hosts)")
+    rc, out, _ = h.run(["ls", "-1", "/var/lib/apt/lists"])
+    lists = out.split() if rc == 0 else []
+    security = sorted({m.group(1) for n in lists if (m := re.search(r"_dists_([^_]+-security)_", n))})
+    lacking = [s for s in security if not any(f"_dists_{s}_non-free_binary-" in n for n in lists)]
+    exact = sorted({v for v in re.findall(r"^Pin: version (\S+)$", pins, re.M) if v != "*" and not v.endswith(".*")})
+    why = ([f"apt fetches {', '.join(lacking)} without non-free: the driver's security updates (and the module a "
+            "security kernel needs) never reach this node"] if lacking else []) + \
+        ([f"the driver is pinned at exactly {', '.join(exact)} (kept after an update that did not build): no update "
+          "reaches it until one builds"] if exact else [])
+    if why:
+        return CheckResult(name, "warn", "; ".join(why) + ". Fix: run `gpuprov bootstrap` (it enables non-free on the "
+                           "security entry and moves the series to the update within its branch)")
+    return CheckResult(name, "pass", "the driver's pin follows its branch" + (
+        f" and {', '.join(security)} carries non-free" if security else ""))
+
+
 def engine_running(h: NodeHost) -> CheckResult:
     if h.engine is None and h.set_up_for:
         eng = h.set_up_for[0]
@@ -396,7 +423,7 @@ def mig_mode(h: NodeHost) -> CheckResult:
 
 
 CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, dev_char_links, persistence_mode, next_boot_module,
-          engine_running, runtime_registered, plain_container, gpu_container, cri_handler, mig_mode)
+          driver_updates, engine_running, runtime_registered, plain_container, gpu_container, cri_handler, mig_mode)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:

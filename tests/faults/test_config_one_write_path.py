@@ -48,6 +48,8 @@ DIRECT_WRITES_ALLOWED = {
     "provision/engines/validate.py": (2, "the check image's tar and its OCI archive (containerd), in memory"),
     "provision/effects.py": (1, "a background daemon's log (effects.spawn: dockerd, …), appended to"),
     "provision/plan/apply.py": (1, "bootstrap's log, appended to"),
+    "provision/plan/archive_preview.py": (2, "the plan's private apt refresh: sources and apt.conf copies in its own "
+                                             "temporary directory, removed after"),
     "provision/inject/shim.py": (1, "the runtime's debug log, appended to"),
 }
 
