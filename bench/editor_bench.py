@@ -28,6 +28,9 @@ sys.path.insert(0, str(REPO))
 
 from tests.inject_helpers import gpu_bundle, write_settings  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench"))
+from _timing import bundle_dir  # noqa: E402
+
 WARM = r'''
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -75,7 +78,7 @@ def main() -> int:
             (b / "rootfs/etc/ld.so.cache").write_bytes(cache.read_bytes())
         return b
 
-    work = Path(tempfile.mkdtemp(prefix="gpuprov-editor-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="gpuprov-editor-bench-", dir=bundle_dir()))  # bundles on a tmpfs
     sides = {"before": tree(args.before, work), "after": REPO}
     settings = {k: _mk(work / k) for k in sides}
     warm: dict[str, list[float]] = {k: [] for k in sides}

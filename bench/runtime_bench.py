@@ -14,6 +14,8 @@ round, so the after-effects of a heavy start (its mount namespace, its device cg
 land on the same neighbour every time and n does not average them out. `--by-predecessor` splits each case's create
 median by the case that ran just before it, so a neighbour effect shows.
 
+Bundles live on a tmpfs (_timing.bundle_dir: /run or /dev/shm), as engines' do under /run/containerd.
+
 Before timing, the config each front-end hands runc is compared with the limit's (mounts, devices, cgroup rules,
 hooks, env, masked paths): a difference stops the run (exit 3), since the limit would not be the limit.
 
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _timing import quantile  # noqa: E402
+from _timing import bundle_dir, quantile  # noqa: E402
 
 from tests.oci import lifecycle, make_config, write_bundle  # noqa: E402
 
@@ -104,8 +106,10 @@ def main() -> int:
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     rng = random.Random(seed)
-    work = Path(tempfile.mkdtemp(prefix="gpuprov-bench-"))
-    rootfs = work / "rootfs"
+    # Bundles (config.json only) on a tmpfs, as engines keep theirs (_timing.bundle_dir); the image where it fits.
+    work = Path(tempfile.mkdtemp(prefix="gpuprov-bench-", dir=bundle_dir()))
+    image_dir = Path(tempfile.mkdtemp(prefix="gpuprov-bench-image-"))
+    rootfs = image_dir / "rootfs"
     shutil.copytree(os.environ["GPU_KIT_ROOTFS"], rootfs, symlinks=True)
     runtimes = dict(r.split("=", 1) if "=" in r else ("gpuprov", r) for r in args.runtime)
     from provision.inject.modify import modify_bundle
@@ -180,6 +184,7 @@ def main() -> int:
                        "ok_starts": len(v)}
         res["burst"] = {"k": args.burst, "cases": b}
     shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(image_dir, ignore_errors=True)
     if args.json:
         print(json.dumps(res))
     else:
