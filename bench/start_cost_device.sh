@@ -21,7 +21,22 @@ PY
 cat "$out/install.json"
 timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime -n "${BENCH_N:-40}" \
   --by-predecessor --burst 32 --json > "$out/bench-runtime.json" 2> "$out/bench-runtime.err"
-echo "runtime bench rc=$?"; head -c 3000 "$out/bench-runtime.json"; tail -5 "$out/bench-runtime.err"
+echo "runtime bench rc=$?"; tail -5 "$out/bench-runtime.err"
+python3 - "$out/bench-runtime.json" <<'PY'  # per case: median (p10-p90), then each phase's median; then over the limit
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as exc:
+    sys.exit(f"no runtime bench result: {exc}")
+print(f"seed {r['seed']} n={r['n']}")
+for k, v in r["cases"].items():
+    print(f"  {k:18} {v['median_ms']:7.2f} ({v['p10_ms']:.2f}-{v['p90_ms']:.2f})  "
+          + "  ".join(f"{p} {s['median_ms']:.2f}" for p, s in r["phases"][k].items()))
+print("over the reference (ms):", r["over_reference_ms"], "ok:", r["ok"])
+for k, v in r.get("create_by_predecessor_ms", {}).items():
+    print(f"  create of {k} after:", v)
+print("burst:", json.dumps(r.get("burst")))
+PY
 # docker: the kit's binaries, gpuprov-runtime as the default runtime, its --gpus hook first on dockerd's PATH
 tar -xJf .gpu-kit/docker/docker-min.tar.xz -C / && cp .gpu-kit/bin/runc /usr/sbin/runc
 cp -P .gpu-kit/lib/* /usr/local/lib/ 2>/dev/null; ldconfig
