@@ -254,7 +254,7 @@ FILE_SECONDS = {  # session 12's cold fresh-clone run (2026-12-07), the tests' o
     "tests/faults/test_discovery_follows_driver.py": 22,  # session 13: deadlines waited out on purpose
     "tests/integration/test_purge_keeps_engine_data.py": 162,  # session 13: two hosts, docker.io three times
     "tests/integration/test_dnf_killed.py": 120,  # session 13: one EL host, nine kills (132, 120, 103 s)
-    "tests/integration/test_restart_keeps_containers.py": 60,  # session 13: one docker.io host (58, 58 s; 111 loaded)
+    "tests/integration/test_restart_keeps_containers.py": 85,  # session 14: one docker.io host, + uninstall (84 s)
     "tests/faults/test_ldcache_hostile.py": 15,  # session 13: slow starts made on purpose (alone)
     "tests/integration/test_ubuntu_day_two.py": 201,  # session 13: three hosts, five bootstraps that install
     "tests/unit/test_loaded_driver_day_two.py": 1,  # session 13: 0.5 s of tests

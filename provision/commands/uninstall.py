@@ -73,9 +73,10 @@ def uninstall_cmd(
                                       "install (apt's simulation runs first and names them; without this option "
                                       "they stop the purge, exit 14)."),
     restart_engine: bool = typer.Option(False, RESTART_ENGINE, help="Restart dockerd where a change needs it "
-                                        "(features.cdi is read at start only). It stops running containers unless "
-                                        "live-restore is on; without this option the change waits for dockerd's "
-                                        "next restart."),
+                                        "(features.cdi is read at start only), holding live-restore on for the "
+                                        "restart so that running containers keep running (where dockerd cannot, "
+                                        "as in swarm mode, they stop); without this option the change waits for "
+                                        "dockerd's next restart."),
     force: bool = typer.Option(False, FORCE, help="Go on while Podman containers started under gpuprov's runtime "
                                "still run (without it: exit 14 naming them, nothing changed); Podman cannot stop "
                                "them through that runtime afterwards."),

@@ -28,7 +28,7 @@ from typing import ClassVar, Union
 
 from provision import effects, engines, package_managers
 from provision.engines.base import Change, EnginePlan, FileEdit, ImageImport, RuntimeRequest
-from provision.engines.configure import configure, refuse_stopping_restart
+from provision.engines.configure import configure, refuse_stopping_restart, restart_keeps
 from provision.errors import GpuprovError, StepFailed
 from provision.facts.rootfs import MAX_READ, is_live, read_bytes_bounded, read_text_file, under
 from provision.fsutil import write_file
@@ -146,11 +146,13 @@ class ReloadEngine(Action):
     config: str
     restart: bool
     runtime_paths: tuple[str, ...] = ()
+    keeps: int = 0  # running containers a restart keeps by holding live-restore on for it (configure.restart_keeps)
     reports = True
 
     def lines(self) -> list[str]:
         eng = engines.get(self.engine)
-        out = [f"{eng.apply_how(self.restart)}: the running {eng.daemon_names[0]} that reads {self.config}, if any"]
+        how = eng.apply_how(self.restart, self.keeps) if self.keeps else eng.apply_how(self.restart)
+        out = [f"{how}: the running {eng.daemon_names[0]} that reads {self.config}, if any"]
         if self.runtime_paths and not self.restart and hasattr(eng, "reload_live"):
             out.append(f"  then ask it for its runtimes and default ({shlex.join(eng.live_argv)}, as often as it takes "
                        f"to see the change); where it still names a runtime at "
@@ -169,6 +171,10 @@ class ReloadEngine(Action):
             return f"no running {eng.daemon_names[0]} reads {self.config}"
         if self.runtime_paths and not self.restart and hasattr(eng, "reload_live"):
             return eng.reload_live(daemon, Path(self.config), self.runtime_paths)
+        # --restart-engine consents to stopping containers, but where live-restore can be held on for the restart,
+        # none is stopped (the run asks again: containers may have started or stopped since the plan)
+        if self.restart and hasattr(eng, "restart_keeping") and restart_keeps(eng, daemon, "", consent=True):
+            return eng.restart_keeping(daemon, Path(self.config))
         return eng.apply(daemon, EnginePlan([], [Change("undo", "", reload=not self.restart)]), restart=self.restart)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from provision import effects, engines, package_managers, paths, record
 from provision.engines import validate
 from provision.engines.base import RUNTIME_PATH, RuntimeRequest
+from provision.engines.configure import restart_keeps
 from provision.engines.containerd import ContainerdEngine
 from provision.engines.docker import LIVE, DockerEngine
 from provision.errors import EngineDataAtStake, GpuprovError, RemovalRefused, StepFailed, UntrustedPath
@@ -175,10 +176,11 @@ def engine_steps(root: Path, rec: record.Record, opt: UninstallOptions = Uninsta
         notes = list(plan.warnings)
         if plan.needs_restart and not restart:
             notes.append(f"{', '.join(c.key for c in plan.changes if not c.reload)}: dockerd reads it only at start; "
-                         f"it applies at dockerd's next restart ({RESTART_ENGINE} restarts it now, which stops the "
-                         "running containers unless live-restore is on)")
+                         f"it applies at dockerd's next restart ({RESTART_ENGINE} restarts it now, keeping running "
+                         "containers by holding live-restore on for the restart where dockerd can)")
         if plan.changed:
-            actions.append(ReloadEngine(name, config, restart=restart, runtime_paths=rtpaths))
+            actions.append(ReloadEngine(name, config, restart=restart, runtime_paths=rtpaths,
+                                        keeps=_restart_keeps(eng, root, config) if restart else 0))
         what = ", ".join(str(c) for c in plan.changes) or "gpuprov's backups"
         steps.append(Step(f"uninstall.engine.{name}", Stage.RUNTIME,
                           f"Take gpuprov out of {name}'s config {config} ({what})", actions=tuple(actions),
@@ -186,6 +188,12 @@ def engine_steps(root: Path, rec: record.Record, opt: UninstallOptions = Uninsta
                                        tuple(gone + baks + dirs)),
                           notes=tuple(notes)))
     return steps
+
+
+def _restart_keeps(eng, root: Path, config: str) -> int:
+    """The running containers a --restart-engine restart keeps by holding live-restore on (ReloadEngine does it)."""
+    daemon = eng.live_daemon(Path(config)) if is_live(root) and hasattr(eng, "restart_keeping") else None
+    return restart_keeps(eng, daemon, "", consent=True) if daemon else 0
 
 
 def _empty_after(root: Path, d: str, removed: list[str]) -> bool:

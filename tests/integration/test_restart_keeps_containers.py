@@ -140,3 +140,25 @@ def test_a_run_killed_while_it_holds_live_restore_is_finished_by_the_next(host):
     assert h.exec("docker info -f '{{.LiveRestoreEnabled}}'").stdout.strip() == "false"
     assert h.exec(f"docker inspect -f '{STATE}' keeper").stdout.split() == before
     assert _json(h, f"{BOOT} --json")["changed"] == 0
+
+
+def test_uninstall_restart_engine_keeps_the_running_container(host):
+    """`uninstall --restart-engine` where a change needs dockerd's restart (features.cdi, read at start only): the
+    plan says the held restart and the run does it, so the operator's container keeps running (on 112b38f it was a
+    plain `systemctl restart docker`, which stops it with live-restore off)."""
+    h = host
+    r = h.exec("gpuprov engine configure docker --default --cdi", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(h.read(DAEMON))["features"]["cdi"] is True
+    before = h.exec(f"docker inspect -f '{STATE}' keeper").stdout.split()
+    assert before[1] == "true", before
+    dockerd = h.exec("systemctl show -p MainPID --value docker").stdout.strip()
+    plan = h.exec("gpuprov uninstall --dry-run -v --restart-engine", timeout=300)
+    assert plan.returncode == 0 and KEEP in " ".join(plan.stdout.split()), plan.stdout[-3000:] + plan.stderr[-2000:]
+    r = h.exec("gpuprov uninstall --yes --restart-engine", timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert h.exec("systemctl show -p MainPID --value docker").stdout.strip() != dockerd  # it did restart
+    assert h.exec(f"docker inspect -f '{STATE}' keeper").stdout.split() == before  # the same container, running
+    doc = json.loads(h.read(DAEMON))
+    assert "live-restore" not in doc and "features" not in doc and "nvidia" not in doc.get("runtimes", {}), doc
+    assert h.exec("docker info -f '{{.LiveRestoreEnabled}}'").stdout.strip() == "false"
