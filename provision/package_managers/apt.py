@@ -371,7 +371,7 @@ class Apt(PackageManager):
 def _seed(src: Path, dst: Path, link: bool) -> None:
     """A host file of apt's into the scratch configuration: regular files only (a link, FIFO or device is never
     followed or opened), hard-linked where `link` and possible, else copied."""
-    import shutil  # lazy: only the preflight copies
+    import shutil  # lazy: 3 ms, only the preflight copies
 
     try:
         if not src.is_file() or src.is_symlink():
@@ -388,7 +388,7 @@ def _seed(src: Path, dst: Path, link: bool) -> None:
 
 
 def _chown_apt(path: Path) -> None:
-    import pwd  # lazy: only the preflight asks
+    import pwd  # lazy: 0.05 ms, only the preflight asks
 
     try:
         os.chown(path, pwd.getpwnam("_apt").pw_uid, -1)

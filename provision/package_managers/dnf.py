@@ -458,7 +458,7 @@ class Dnf(PackageManager):
         (`--config`): a `config-manager --save` saves there, never into the host's dnf.conf (a `--setopt=reposdir`
         on its command line was saved into it). The host's rpm database is read, never written; its metadata cache
         is used and kept (the run reuses what the preflight fetched). Fetches time out (30 s, one retry)."""
-        import configparser  # lazy: only the preflight reads dnf.conf
+        import configparser  # lazy: 2 ms, only the preflight reads dnf.conf
 
         (scratch / "rpms").mkdir()
         (scratch / "root" / SCRATCH_REPOS.lstrip("/")).mkdir(parents=True)
