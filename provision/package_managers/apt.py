@@ -322,7 +322,8 @@ class Apt(PackageManager):
             _seed(f, lists / f.name, link=True)
         scratch.chmod(0o755)  # apt fetches as _apt (its sandbox): the lists' partial directory is its
         _chown_apt(lists / "partial")
-        opts = ("-o", f"Dir::Etc::SourceList={scratch}/sources.list", "-o", f"Dir::Etc::SourceParts={scratch}/sources.list.d",
+        opts = ("-o", f"Dir::Etc::SourceList={scratch}/sources.list",
+                "-o", f"Dir::Etc::SourceParts={scratch}/sources.list.d",
                 "-o", f"Dir::Etc::PreferencesParts={scratch}/preferences.d", "-o", f"Dir::State::Lists={lists}",
                 "-o", f"Dir::Cache={scratch}/cache", "-o", "Acquire::Retries=0", "-o", "Acquire::http::Timeout=30",
                 "-o", "Acquire::https::Timeout=30", "-o", "APT::Get::List-Cleanup=false")

@@ -187,7 +187,8 @@ class _Asker:
             raise _NotAsked(answer.unreachable)
         if res.returncode != 0:
             raise StepFailed(f"step {self.step.id} ({self.step.title}) would fail: `{' '.join(argv)}` in a scratch "
-                             f"configuration with the repositories the plan adds: {answer.problem}; nothing was changed")
+                             f"configuration with the repositories the plan adds: {answer.problem}; nothing was "
+                             "changed")
         self.stale = False
 
     def transaction(self, packages: tuple[str, ...], opts: tuple[str, ...], verb: tuple[str, ...],

@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", do
 ARGS = "--for-gpu 10de:2330 --engine none --no-validate"
 SNAPSHOT = ("find /etc/apt /etc/modprobe.d /usr/share/keyrings -type f -exec sha256sum {} + | sort; "
             "find /etc/apt /etc/modprobe.d -printf '%p %m %u\\n' | sort; "
-            "dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n' | sort; ls /var/lib/gpuprov 2>/dev/null; true")
+            "dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n' | sort; "
+            "ls /var/lib/gpuprov 2>/dev/null; true")
 # an operator's own source: a flat repository with a newer nvidia-utils-580-server that no source can satisfy
 BROKEN = r"""set -e
 mkdir -p /tmp/bad/DEBIAN /srv/operator
