@@ -211,7 +211,7 @@ def enabled_modules(host) -> str:
     return host.exec("dnf module list --enabled nvidia-driver 2>/dev/null | grep '^nvidia-driver'").stdout
 
 
-def test_uninstall_purges_what_gpuprov_installed(host, installed):
+def test_uninstall_purges_what_gpuprov_installed(host, installed, config_before):
     before, _ = installed
     assert "570-open" in enabled_modules(host)
     # the operator installs the kernel-devel of the errata kernel to come, beside the one gpuprov installed: a purge
