@@ -238,21 +238,14 @@ class Apt(PackageManager):
                 "-o", f"Dir::State::Lists={state / 'lists'}", "-o", "Acquire::Languages=none",
                 "-o", "APT::Get::List-Cleanup=false")
 
-    def preview_update(self, state: Path) -> Argv:
-        """The lists' refresh into a private directory: `state`'s sources (sources.list, sources.list.d), lists and
-        cache, the host's own untouched; no update hooks (APT_CONFIG names preview_config's file). What the archive
-        will offer once the plan's source edits are made (plan/archive_preview.py)."""
-        return ("apt-get", "-q", "-o", f"Dir::Etc::SourceList={state / 'sources.list'}",
-                "-o", f"Dir::Etc::SourceParts={state / 'sources.list.d'}", "-o", f"Dir::State::Lists={state / 'lists'}",
-                "-o", f"Dir::Cache={state / 'cache'}", "-o", "Acquire::Languages=none",
-                "-o", "APT::Get::List-Cleanup=false", "update")
-
     def preview_config(self, state: Path, main: str) -> tuple[tuple[str, str], ...]:
-        """(path, content) of the files preview_update's APT_CONFIG reads: apt reads that file first, then apt.conf.d,
-        then Dir::Etc::main, so the main file it names (the host's apt.conf, `main`, then the clears) comes last and
-        drops the hooks an update runs (APT::Update::Pre-Invoke, Post-Invoke, Post-Invoke-Success: docker-clean,
-        command-not-found …), which a preview must not run on the host."""
+        """(path, content) of the files a scratch refresh's APT_CONFIG names (plan/archive_preview.py): apt reads that
+        file first, then apt.conf.d, then Dir::Etc::main, so the main file it names (the host's apt.conf, `main`, then
+        the clears) comes last and drops the hooks an update runs (APT::Update::Pre-Invoke, Post-Invoke,
+        Post-Invoke-Success: docker-clean, command-not-found …), which a preview must not run on the host."""
         clears = "".join(f"#clear APT::Update::{h};\n" for h in ("Pre-Invoke", "Post-Invoke", "Post-Invoke-Success"))
+        # the lists it fetches kept plain (Docker's Debian images keep them as .lz4, which the facts do not read)
+        clears += 'Acquire::GzipIndexes "false";\n'
         return ((str(state / "apt.conf"), f'Dir::Etc::main "{state / "main.conf"}";\n'),
                 (str(state / "main.conf"), main + "\n" + clears))
 

@@ -65,12 +65,9 @@ class PackageManager(ABC):
 
     # ------------------------------------------------------------ the install transaction
 
-    def preview_update(self, state: Path) -> Argv | None:
-        """The lists' refresh into a private directory `state`, the host's own lists untouched (apt's); None where
-        the package manager has none (the plan then reads the host's lists as they are)."""
-        return None
-
     def preview_config(self, state: Path, main: str) -> tuple[tuple[str, str], ...]:
+        """(path, content) of files that keep a scratch refresh in `state` from running the package manager's hooks
+        on the host (apt's: the APT_CONFIG file and the main file it names); () where there are none."""
         return ()
 
     @abstractmethod

@@ -6,13 +6,13 @@ then the host's lists cannot show what a suite carries in those components: a se
 nvidia-open-kernel-dkms (535.261.03), which decides the module flavour (decide/debian.py: upkeep). So the plan asks
 the archive itself: the entries as the components step will write them (`component_writes`, the one source of those
 edits), refreshed by apt into a private directory seeded with the host's lists (hard links: only what is new is
-fetched), the host's own lists, cache and sources untouched and no update hook run. Live hosts only; where the
+fetched: the preflight's scratch configuration, package_managers' scratch_setup), the host's own lists, cache and
+sources untouched and no update hook run. Live hosts only; where the
 refresh cannot run or fetch (no network, no apt), the host's lists are read as they are.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -21,7 +21,7 @@ from provision import effects, package_managers
 from provision.decide.packages import debian_components
 from provision.decide.targets import Target
 from provision.errors import StepFailed
-from provision.facts.packages import APT_LISTS, suite_versions
+from provision.facts.packages import suite_versions
 from provision.facts.rootfs import is_live, read_text_file
 from provision.plan.sources import components_present, enable_components
 from provision.plan.steps import WriteFile
@@ -68,50 +68,31 @@ def driver_origins(root: Path, target: Target, names: tuple[str, ...]) -> dict[s
 
 @lru_cache(maxsize=4)
 def _preview(root: str, target: Target, names: tuple[str, ...]) -> dict[str, dict[str, frozenset[str]]] | None:
-    """The private refresh (once per process: a plan decides twice where gpuprov's series is installed). None when
-    it cannot run or fetched nothing new."""
+    """The private refresh (once per process: a plan decides twice where gpuprov's series is installed), in the
+    package manager's scratch configuration (the preflight's: sources, preferences, lists hard-linked, cache, fetch
+    timeouts), with the components step's edits written into its sources and no update hook run. None when it
+    cannot run."""
     pm = package_managers.get(target.package_manager)
-    base = Path("/var/tmp") if os.access("/var/tmp", os.W_OK) else None
-    state = Path(tempfile.mkdtemp(prefix="gpuprov-archive-preview-", dir=base))
-    try:
-        argv = pm.preview_update(state)
-        if argv is None:
-            return None
-        (state / "sources.list.d").mkdir()
-        (state / "lists/partial").mkdir(parents=True)
-        (state / "cache/archives/partial").mkdir(parents=True)
-        host = Path(root)
-        written = {w.path: w.content for w in component_writes(host, target)}
-        for p in source_files(host):
-            rel = "/" + str(p.relative_to(host))
-            dest = state / ("sources.list" if rel == "/etc/apt/sources.list" else f"sources.list.d/{p.name}")
+    with tempfile.TemporaryDirectory(prefix="gpuprov-archive-preview-") as tmp:
+        scratch = Path(tmp)
+        try:
+            setup = pm.scratch_setup(scratch)
+            refresh = pm.scratch_refresh(scratch)
+            if setup is None or refresh is None:
+                return None
+            for w in component_writes(Path(root), target):
+                dest = pm.scratch_file(scratch, w.path)
+                if dest is not None:
+                    dest.write_text(w.content)
             try:
-                dest.write_text(written.get(rel) or read_text_file(p))
+                main = read_text_file(Path(root) / "etc/apt/apt.conf")
             except OSError:
-                continue
-        _seed(host / APT_LISTS.lstrip("/"), state / "lists")
-        try:
-            main = read_text_file(host / "etc/apt/apt.conf")
-        except OSError:
-            main = ""
-        for path, content in pm.preview_config(state, main):
-            Path(path).write_text(content)
-        env = {**os.environ, **dict(pm.env), "APT_CONFIG": str(state / "apt.conf")}
-        effects.run(list(argv), check=False, env=env, timeout=PREVIEW_TIMEOUT, probe=True)
-        return suite_versions(Path("/"), names, lists=str(state / "lists"))
-    except (OSError, StepFailed):
-        return None
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-
-
-def _seed(lists: Path, dest: Path) -> None:
-    """The host's lists, hard-linked (copied across file systems) into the private lists directory: apt then fetches
-    only the indexes that are new or changed, and replaces a file by renaming, so the host's copy never changes."""
-    for f in lists.iterdir() if lists.is_dir() else ():
-        if not f.is_file() or f.is_symlink() or f.name == "lock":
-            continue
-        try:
-            os.link(f, dest / f.name)
-        except OSError:
-            shutil.copy2(f, dest / f.name)
+                main = ""
+            for path, content in pm.preview_config(scratch, main):
+                Path(path).write_text(content)
+            env = {**os.environ, **dict(pm.env), "APT_CONFIG": str(scratch / "apt.conf")}
+            effects.run([refresh[0], *setup[0], *refresh[1:]], check=False, env=env, timeout=PREVIEW_TIMEOUT,
+                        probe=True)
+            return suite_versions(Path("/"), names, lists=str(scratch / "lists"))
+        except (OSError, StepFailed):
+            return None

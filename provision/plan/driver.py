@@ -594,6 +594,8 @@ def _packages_step(target: Target, opt, gpu, packages: list[str], kp: KernelPlan
     why = (f"{f'driver {rep.old} replaced; ' if rep else ''}the nvidia module for {', '.join(kernels.releases)} "
            "loads at the next boot" + (" (nouveau blacklisted in its initramfs)" if target.family == "debian" else ""))
     notes = [f"update: {rep.why}"] if rep and rep.why else []
+    # the decision's reasons (the module flavour the archive maintains, an override of it): the plan says why
+    notes += [f"decision: {w}" for w in getattr(gpu, "warnings", ())]
     if kp.follow:
         notes.append(f"{' '.join(kp.follow)} follows {' '.join(f'linux-image-{h[14:]}' for h in kp.follow)}: a "
                      "kernel apt brings in later gets its headers, and DKMS builds the module for it before the reboot")
