@@ -192,7 +192,10 @@ def test_uninstall_purges_only_what_gpuprov_recorded(host, driven):
     # the kmod's removal took its weak-updates links and modules.dep lines with it (its own scriptlets)
     assert host.exec("ls /lib/modules/*/weak-updates/nvidia/ 2>/dev/null; grep -h nvidia /lib/modules/*/modules.dep"
                      ).stdout == ""
-    assert host.exec("test -e /var/lib/gpuprov/installed.json").returncode == 1  # nothing left to undo
+    # nothing of the driver's left to undo: the record keeps only Docker CE's repository file, which the refused
+    # engine install of stage 1 left (disabled) and `uninstall --purge-engine` takes out
+    rec = json.loads(host.exec("cat /var/lib/gpuprov/installed.json", check=True).stdout)
+    assert not rec["packages"] and set(rec["repo_config"]) == {"engine"} and not rec["keys"].get("driver"), rec
 
 
 def test_uninstall_restores_dnfs_configuration(host, driven, config_before):
