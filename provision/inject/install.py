@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision import __version__, effects, paths
+from provision.engines.docker import note_hook_rewritten
 from provision.fsutil import read_trusted, write_file
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
@@ -117,8 +118,6 @@ def _write_if_changed(path: Path, data: bytes, mode: int, changed: list[str]) ->
 def _write_hook(hook: Path, changed: list[str]) -> None:
     """gpuprov's --gpus hook; where it rewrites one already there, the path's first presence is kept
     (engines/docker.note_hook_rewritten), so that dockerd is not restarted for a hook it already finds."""
-    from provision.engines.docker import note_hook_rewritten  # lazy: only the install writes it
-
     try:
         there_since = hook.stat().st_mtime
     except OSError:

@@ -139,8 +139,8 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
         raise Refused(f"the GPU memory asked for is above this host's sharing ceiling ({ceiling // (1 << 20)} MiB per "
                       "container, `gpuprov share enable --max-memory`)")
     # Only a host with sharing on needs the records: every cold GPU start elsewhere skips building their classes.
-    from provision.share import policy  # lazy: 2 ms (-X importtime) per cold GPU start, sharing off
-    from provision.share.state import ShareRequest
+    from provision.share import policy  # lazy: 1 ms (-X importtime) per cold GPU start, sharing off
+    from provision.share.state import ShareRequest  # lazy: 1 ms (-X importtime) per cold GPU start, sharing off
 
     pol = policy.of(state.policy)
     if mem is None and state.default_memory:
@@ -171,7 +171,7 @@ def _weight(text: str, state: MpsState | None, high: bool, notes: list[str]) -> 
         raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={w}: must be between 1 and max_inst ({max_inst})")
     if state is None:
         return max(1, round(100 * w / max_inst))  # refused below: sharing is off
-    from provision.share import policy
+    from provision.share import policy  # lazy: 1 ms (-X importtime) per cold GPU start, sharing off
 
     pol = policy.of(state.policy)
     if not pol.weights or high:

@@ -58,7 +58,7 @@ def _modes(doc: dict) -> tuple[tuple[str, str], ...]:
 
 
 def _policy(doc: dict) -> str:
-    from provision.share.policy import BY_NAME  # lazy: only a sharing host reads a state
+    from provision.share.policy import BY_NAME  # lazy: 1 ms (-X importtime), only a sharing host reads a state
 
     v = doc.get("policy") or ""  # absent in files from before policies
     if not isinstance(v, str) or (v and (v not in BY_NAME or not BY_NAME[v].supported)):

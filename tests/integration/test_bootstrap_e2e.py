@@ -12,6 +12,7 @@ import pytest
 from provision.engines.validate import IMAGE
 from tests.conftest import needs
 from tests.integration.hosts import PIDS_OF, Host, sh
+from tests.integration.plan_truth import check_then_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               needs("debootstrap", docker=True)]
@@ -51,7 +52,7 @@ def test_1_package_that_fails_to_install(host):
 
 
 def test_2_bootstrap_fresh_host(host):
-    r = host.exec(BOOT + " --json")
+    r = check_then_run(host, BOOT)  # check mode first: it predicts the steps the run changes (issue 39 item 2)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(r.stdout)
     by_id = {s["id"]: s for s in res["steps"]}
@@ -71,7 +72,7 @@ def test_2_bootstrap_fresh_host(host):
 def test_3_second_run_changes_nothing(host):
     """A re-run changes nothing. How long it takes is measured by bench/rerun_bench.py against references in the
     same host (a wall-clock bound here would fail correct code on a busy 2-core CI machine)."""
-    r = host.exec(BOOT + " --json")
+    r = check_then_run(host, BOOT)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["changed"] == 0, res
