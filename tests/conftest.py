@@ -258,6 +258,7 @@ FILE_SECONDS = {  # session 12's cold fresh-clone run (2026-12-07), the tests' o
     "tests/faults/test_ldcache_hostile.py": 15,  # session 13: slow starts made on purpose (alone)
     "tests/integration/test_ubuntu_day_two.py": 201,  # session 13: three hosts, five bootstraps that install
     "tests/unit/test_loaded_driver_day_two.py": 1,  # session 13: 0.5 s of tests
+    "tests/integration/test_driver_flavour_follows.py": 270,  # issue 40: one bookworm host, every DKMS build reused
 }
 TIERS = (  # (the first of these a test's path starts with, its tier in the summary)
     ("tests/unit/", "unit"), ("tests/faults/", "faults"), ("tests/installed/", "the installed wheel"),
