@@ -54,8 +54,9 @@ def _plan(root: Path, target: Optional[str], opt):
 
 def _preflight(report, steps, opt, other_target: bool = False) -> Preflight:
     """The questions that can stop the run, asked before its first change (plan/preflight.py)."""
-    return preflight(steps, report.target.package_manager, Path(report.root or "/"), bundle=bool(opt.bundle),
-                     other_target=other_target)
+    target = report.target if report is not None else None  # None: a plan with no host report (resume's own steps)
+    return preflight(steps, target.package_manager if target else "", Path((report and report.root) or "/"),
+                     bundle=bool(opt.bundle), other_target=other_target)
 
 
 def _print_plan(report, steps, json_out: bool, resume: Resume | None = None, verbose: bool = False,
