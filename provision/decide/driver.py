@@ -183,8 +183,9 @@ def _debian_packages(device: int, modules: str, allowed: str, wanted: str, suite
     if kept.flavour and allowed == "either":  # the archive tells which flavour it maintains: that one, unless asked
         chosen = kept.flavour if wanted == "auto" else wanted
         notes = ((f"{kept.why}: installing the {chosen} module, which this GPU also runs",) if chosen == kept.flavour
-                 else (f"--kernel-modules {wanted} overrides the archive: {kept.why}; a kernel the {wanted} module "
-                       "cannot build for leaves the node without its module until that flavour is updated",))
+                 else (f"the {wanted} module (--kernel-modules {wanted}, or the flavour of gpuprov's series while it "
+                       f"serves every kernel), not the maintained one: {kept.why}; a kernel the {wanted} module cannot "
+                       "build for leaves the node without its module until that flavour is updated",))
         modules = chosen
     elif lags and allowed == "either" and wanted == "auto":
         modules, notes = "proprietary", (f"{lags}; installing the proprietary module ({drv.kernel_dkms}), which this "

@@ -137,3 +137,71 @@ BRANCH_PIN = "Package: src:nvidia-graphics-drivers:any\nPin: version 535.*\nPin-
 def test_verify_warns_when_the_drivers_updates_cannot_reach_the_node(pins, lists, status, words):
     r = driver_updates(ListsHost(pins, lists))
     assert r.status == status and words in r.detail, r
+
+
+# ---------------------------------------------------------------- gpuprov's series on a host (plan through _plan)
+
+OLD, NEW = "6.1.0-50-amd64", "6.1.0-57-amd64"
+SERIES = {"nvidia-driver": "nvidia-graphics-drivers", "libcuda1": "nvidia-graphics-drivers",
+          "nvidia-smi": "nvidia-graphics-drivers", "nvidia-driver-libs": "nvidia-graphics-drivers",
+          "nvidia-open-kernel-dkms": "nvidia-open-gpu-kernel-modules",
+          "nvidia-open-kernel-support": "nvidia-graphics-drivers"}
+
+
+def _open_node(tmp_path: Path, served: bool) -> Path:
+    """gpuprov's open 535.261.03 series, pinned, built for OLD; NEW (the security kernel) boots next, with a module or
+    not; the lists of bookworm and of bookworm-security with non-free (the origins above)."""
+    from tests.conftest import dpkg_status, make_host
+
+    root = make_host(tmp_path, "debian-12", "none", kernel=OLD)
+    for k in (OLD, NEW) if served else (OLD,):
+        (root / f"lib/modules/{k}/updates/dkms").mkdir(parents=True)
+        (root / f"lib/modules/{k}/updates/dkms/nvidia-current-open.ko").write_text("")
+    (root / f"lib/modules/{NEW}/kernel").mkdir(parents=True, exist_ok=True)
+    (root / f"boot/vmlinuz-{NEW}").write_text("")
+    (root / "vmlinuz").symlink_to(f"boot/vmlinuz-{NEW}")
+    dpkg_status(root, SERIES)
+    status = root / "var/lib/dpkg/status"
+    status.write_text(status.read_text().replace("Version: 1.0-1", "Version: 535.261.03-1"))
+    pin = root / "etc/apt/preferences.d/gpuprov-nvidia"
+    pin.parent.mkdir(parents=True, exist_ok=True)
+    pin.write_text("".join(f"Package: src:{s}:any\nPin: version 535.*\nPin-Priority: 990\n\n"
+                           f"Package: src:{s}:any\nPin: version *\nPin-Priority: -1\n\n"
+                           for s in ("nvidia-graphics-drivers", "nvidia-open-gpu-kernel-modules")))
+    lists = root / "var/lib/apt/lists"
+    lists.mkdir(parents=True, exist_ok=True)
+    stanza = "Package: {}\nVersion: {}\nDepends: nvidia-support\n\n"
+    (lists / "deb.debian.org_debian_dists_bookworm_non-free_binary-amd64_Packages").write_text(
+        stanza.format("nvidia-driver", "535.261.03-1") + stanza.format("nvidia-kernel-dkms", "535.261.03-1"))
+    (lists / "deb.debian.org_debian_dists_bookworm_contrib_binary-amd64_Packages").write_text(
+        stanza.format("nvidia-open-kernel-dkms", "535.261.03-1"))
+    (lists / "deb.debian.org_debian-security_dists_bookworm-security_non-free_binary-amd64_Packages").write_text(
+        stanza.format("nvidia-driver", "535.309.01-0+deb12u1")
+        + stanza.format("nvidia-kernel-dkms", "535.309.01-0+deb12u1"))
+    return root
+
+
+def _driver_step(root: Path):
+    from provision.commands.plan import _plan
+    from provision.plan.options import Options
+
+    _, steps = _plan(root, None, Options(for_gpus=(H100,)))
+    return steps, next(s for s in steps if s.id == "driver.packages")
+
+
+def test_a_node_keeps_its_flavour_while_it_serves_every_kernel(tmp_path):
+    steps, step = _driver_step(_open_node(tmp_path, served=True))
+    install = next(a for a in step.actions if isinstance(a, DriverInstall))
+    assert "nvidia-open-kernel-dkms" in install.packages and not install.remove, install
+    assert flavour_switch(steps) is None
+    assert any("not the maintained one" in n for n in step.notes), step.notes  # the risk is said
+
+
+def test_a_node_moves_to_the_maintained_flavour_when_a_kernel_needs_it(tmp_path):
+    steps, step = _driver_step(_open_node(tmp_path, served=False))
+    install = next(a for a in step.actions if isinstance(a, DriverInstall))
+    assert install.dkms_package == "nvidia-kernel-dkms" and "nvidia-open-kernel-dkms" in install.remove, install
+    assert install.previous and all(k in install.kernels for k in (OLD, NEW))  # rollback target, every kernel
+    assert any("decision: bookworm-security updates nvidia-kernel-dkms" in n for n in step.notes), step.notes
+    said = flavour_switch(steps)
+    assert said and "from nvidia-open-kernel-dkms to nvidia-kernel-dkms" in said and NEW in said
