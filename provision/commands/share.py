@@ -65,7 +65,8 @@ def enable_cmd(
 
 
 def _policy_default(pol: policy.Policy, max_clients: int | None, comp: int | None, prio_ratio: int | None) -> int | None:
-    """The default compute share the policy gives containers that ask none; ValueError for options it cannot take."""
+    """The daemon's default compute share (--default-compute; fixed's shares go in each client's environment
+    instead, share/limits.py); ValueError for options the policy cannot take."""
     if max_clients is not None and not 1 <= max_clients <= 25:
         raise ValueError(f"--max-clients {max_clients}: max_inst is 1-25 containers per GPU")
     if prio_ratio is not None and not (pol.priorities and 20 <= prio_ratio <= 99):
@@ -74,10 +75,13 @@ def _policy_default(pol: policy.Policy, max_clients: int | None, comp: int | Non
                          f"--prio-ratio {prio_ratio}: must be 20-99 (percent of the SMs)")
     if pol.name == "native" and comp:
         raise ValueError("--policy native sets no compute limits: drop --default-compute or choose --policy fixed")
-    if pol.default_weight and comp is None:
-        if not max_clients:
-            raise ValueError(f"--policy {pol.name} gives each container 1/max_inst of the SMs: add --max-clients N")
-        comp = max(1, round(100 / max_clients))
+    if comp and pol.default_weight:
+        raise ValueError(f"--policy {pol.name} gives each container weight/max_inst of the SMs: drop --default-compute")
+    if comp and prio_ratio:  # the daemon's default holds every client, so a high-priority share above it is moot
+        raise ValueError("--default-compute is a ceiling MPS holds every client to: --prio-ratio cannot lift it; "
+                         "drop one of them")
+    if pol.default_weight and not max_clients:
+        raise ValueError(f"--policy {pol.name} gives each container 1/max_inst of the SMs: add --max-clients N")
     return comp
 
 

@@ -152,10 +152,12 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
         raise Refused(f"high GPU priority was asked for, but this host's sharing policy {pol.name} has no priorities: "
                       "`gpuprov share disable`, then `gpuprov share enable --policy preemptive`")
     if high and comp is None:
-        # Not held to the policy's shares (the seed's words); prio_ratio, where set, is its ceiling. Explicit even
-        # without one: the daemon's default percentage would otherwise apply to it.
-        comp = state.prio_ratio or (100 if state.default_compute else None)
-    if comp is None and state.default_compute:
+        comp = state.prio_ratio  # not held to the policy's shares (the seed's words): prio_ratio is its ceiling
+    if comp is None and pol.default_weight and not high:  # fixed: weight 1 of max_inst, in the client's env
+        comp = max(1, round(100 / (state.max_clients or 16)))  # (a daemon default would cap every client: see below)
+    if comp is None and state.default_compute and not high:
+        # The daemon has it as its default too, and MPS holds every client to it (on an H100: 100% asked under a
+        # default of 25 gave 32 of 132 SMs), so it is the node's ceiling, high priority included.
         comp = state.default_compute
     return ShareRequest(memory=mem, compute=comp, priority=priority, notes=tuple(notes))
 

@@ -38,8 +38,8 @@ POLICIES = (
            "ALIYUN_COM_GPU_SCHD_WEIGHT=w: a ceiling of w/max_inst of the SMs; no weight, no ceiling; "
            "high-priority containers' work goes first", True, False, True),
     Policy("fixed", 3, "a fixed share: weight/max_inst (weight 1 by default)",
-           "a ceiling of weight/max_inst of the SMs for every container (weight 1 unless it sets one); "
-           "high-priority containers' work goes first", True, True, True),
+           "a ceiling of weight/max_inst of the SMs for every container (weight 1 unless it sets one), in its "
+           "environment; high-priority containers' work goes first", True, True, True),
     Policy("soft", 4, "time slices, with weaker isolation than preemptive",
            "refused (MPS has no time slices): the nearest is preemptive", False, False, False, nearest="preemptive"),
     Policy("native", 5, "the driver's own scheduling; memory isolation only",

@@ -63,6 +63,7 @@ int main(int argc, char **argv) {
 }
 """
 N_PROBE = 400
+FULL: dict = {}  # the whole GPU's SM count as CUDA reports it, from the first policy case
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +139,15 @@ def test_high_priority_goes_ahead_of_a_normal_containers_load(prio, rootfs, tmp_
     (("--policy", "weight-preemptive", "--max-clients", "4"), ("ALIYUN_COM_GPU_SCHD_WEIGHT=2",), 0.5),
     (("--policy", "fixed", "--max-clients", "4"), (), 0.25),
     (("--policy", "fixed", "--max-clients", "4"), ("ALIYUN_COM_GPU_HIGH_PRIO=1",), 1.0),
+    (("--policy", "fixed", "--max-clients", "4"), ("ALIYUN_COM_GPU_SCHD_WEIGHT=3",), 0.75),
+    (("--default-compute", "25",), ("ALIYUN_COM_GPU_HIGH_PRIO=1",), 0.25),  # the daemon's default: everyone's ceiling
 ])
 def test_each_policy_as_cuda_sees_it(prio, rootfs, tmp_path, args, env, expect_sms_fraction):  # noqa: F811
     """The SM count and memory CUDA reports in a container under each policy's mapping (and a 4 GiB cap)."""
     _enable(*args)
-    full = _full_props(prio, rootfs, tmp_path)
+    # under a daemon default no client sees the whole GPU: the count from the cases before (the same module run)
+    full = _full_props(prio, rootfs, tmp_path) if "--default-compute" not in args else FULL
+    FULL.update(full)
     rc, out = lifecycle(prio, write_bundle(tmp_path / "c", _cfg(rootfs, ["sh", "-c", "env | grep ^CUDA_MPS_ | sort;"
                                                                          " /prio props"],
                                                                 *env, "GPUPROV_GPU_MEMORY=4G")))

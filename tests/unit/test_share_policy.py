@@ -98,11 +98,19 @@ def test_preemptive_has_no_ceilings_and_says_a_weight_is_unused():
 
 
 def test_fixed_gives_every_container_its_share_and_high_priority_the_rest():
-    st = _state("fixed", default_compute=25)  # what `share enable --policy fixed --max-clients 4` records
+    st = _state("fixed")  # max_inst 4; the shares go in each client's environment, not the daemon's default
     assert share_request({}, 1, st) == ShareRequest(compute=25, priority=1)
     assert share_request({"ALIYUN_COM_GPU_SCHD_WEIGHT": "3"}, 1, st) == ShareRequest(compute=75, priority=1)
-    # explicit, or the daemon's default percentage (25) would apply to the high-priority client too
-    assert share_request(HIGH, 1, st) == ShareRequest(compute=100, priority=0)
+    assert share_request(HIGH, 1, st) == ShareRequest(compute=None, priority=0)
+    assert share_request(HIGH, 1, replace(st, prio_ratio=60)) == ShareRequest(compute=60, priority=0)
+
+
+def test_the_daemons_default_is_everyones_ceiling_so_high_priority_gets_no_more():
+    """--default-compute is set in the daemon, and MPS holds every client to it (measured on an H100: 100% asked
+    under a default of 25 gave 32 of 132 SMs): a high-priority container asks for nothing above it."""
+    st = _state("weight-preemptive", default_compute=25)
+    assert share_request({}, 1, st) == ShareRequest(compute=25, priority=1)
+    assert share_request(HIGH, 1, st) == ShareRequest(compute=None, priority=0)
 
 
 def test_native_is_memory_only_and_refuses_priority():
@@ -180,12 +188,13 @@ def host(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the host lock, the runtime's checks)")
-def test_enable_fixed_records_the_policy_and_sets_the_daemons_default_share(host):
+def test_enable_fixed_records_the_policy_and_max_inst(host):
     r = host.share("enable", "--policy", "3", "--max-clients", "4", "--keep-compute-mode", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(host.state.read_text())
-    assert doc["policy"] == "fixed" and doc["default_compute"] == 25 and doc["max_clients"] == 4
-    assert "control: set_default_active_thread_percentage 25" in host.calls()  # host processes get it too
+    assert doc["policy"] == "fixed" and doc["default_compute"] is None and doc["max_clients"] == 4
+    # no daemon default: MPS would hold every client to it, weights above 1 and high priority included
+    assert not any("set_default_active_thread_percentage" in c for c in host.calls())
     st = json.loads(host.share("status", "--json").stdout)
     assert st["daemon"]["policy"] == "fixed" and st["daemon"]["policy_number"] == 3
 
@@ -197,6 +206,8 @@ def test_enable_fixed_records_the_policy_and_sets_the_daemons_default_share(host
     (["--policy", "fixed"], "add --max-clients N"),
     (["--policy", "native", "--default-compute", "50"], "--policy native sets no compute limits"),
     (["--policy", "native", "--prio-ratio", "50"], "native has none"),
+    (["--policy", "fixed", "--max-clients", "4", "--default-compute", "50"], "drop --default-compute"),
+    (["--default-compute", "50", "--prio-ratio", "80"], "--prio-ratio cannot lift it"),
     (["--prio-ratio", "10"], "--prio-ratio 10: must be 20-99"),
     (["--max-clients", "30"], "max_inst is 1-25"),
 ])
