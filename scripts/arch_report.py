@@ -23,8 +23,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engines", ("engines", "probe", "package_managers")),  # the adapters: each engine, each package manager
     ("host report", ("report", "options")),
     ("facts and decisions", ("facts", "decide")),
-    ("foundation", ("effects", "progress", "fsutil", "hostlock", "record", "output", "render", "paths", "values", "versions",
-                    "errors")),
+    ("foundation", ("effects", "progress", "fsutil", "hostlock", "record", "hook_presence", "output", "render", "paths",
+                    "values", "versions", "errors")),
 )
 # Packages on one layer that must not import each other either.
 INDEPENDENT: tuple[tuple[str, str, str], ...] = (

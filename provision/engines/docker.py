@@ -36,6 +36,7 @@ from provision.facts.engine_data import StoredData, docker_store, repository, sh
 from provision.facts.engines import spec
 from provision.facts.rootfs import is_live, read_text_file, under
 from provision.fsutil import read_trusted, write_file
+from provision.hook_presence import hook_present_since
 
 SPEC = spec("docker")  # binary, default config, its flag, packages, units: facts/engines.py's one table
 DAEMON_JSON = SPEC.config
@@ -335,30 +336,6 @@ def keep_how(keeps: int) -> str:
 
 
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"  # where dockerd's LookPath finds the --gpus hook
-
-
-def hook_present_since(hook: str) -> float:
-    """Since when `hook`'s path has held a --gpus hook: its mtime, or earlier where gpuprov rewrote a hook that was
-    already there (note_hook_rewritten). dockerd looks the path up once, at start, and runs whatever is there at each
-    container start: a hook rewritten in place after dockerd started needs no restart, one that appeared later does."""
-    since = os.stat(hook).st_mtime
-    try:
-        doc = json.loads(read_trusted(paths.HOOK_SINCE) or b"{}")
-        kept = doc.get(hook) if isinstance(doc, dict) else None
-    except (OSError, ValueError):
-        kept = None
-    return min(since, kept) if isinstance(kept, (int, float)) and not isinstance(kept, bool) else since
-
-
-def note_hook_rewritten(hook: str, was_there_since: float) -> None:
-    """Record that `hook` was rewritten in place, and since when a hook has been at its path (for pending_restart)."""
-    try:
-        doc = json.loads(read_trusted(paths.HOOK_SINCE) or b"{}")
-    except (OSError, ValueError):
-        doc = {}
-    doc = doc if isinstance(doc, dict) else {}
-    doc[hook] = min(was_there_since, doc.get(hook, was_there_since))
-    write_file(paths.HOOK_SINCE, json.dumps(doc, sort_keys=True) + "\n", mode=0o644, keep_mode=False, backup=False)
 
 
 class DockerEngine(Engine):

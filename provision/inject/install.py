@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision import __version__, effects, paths
-from provision.engines.docker import note_hook_rewritten
 from provision.fsutil import read_trusted, write_file
+from provision.hook_presence import note_hook_rewritten
 from provision.inject import discover
 from provision.inject.frontend_build import compile_front_end
 from provision.inject.modify import HOOK_MARKER, HOOK_NAME

@@ -1,0 +1,35 @@
+"""Since when a --gpus hook has been at its path (issue 39 item 2): dockerd looks the hook up once, when it starts, and
+runs whatever is there at each container start, so a hook gpuprov rewrites in place needs no restart and one that
+appeared after dockerd started does. Written by the runtime's install (inject/install.py), read by the docker adapter
+(engines/docker.py: pending_restart). Stdlib and provision's base only: the install runs it without site-packages."""
+from __future__ import annotations
+
+import json
+import os
+
+from provision import paths
+from provision.fsutil import read_trusted, write_file
+
+
+def hook_present_since(hook: str) -> float:
+    """Since when `hook`'s path has held a --gpus hook: its mtime, or earlier where gpuprov rewrote a hook that was
+    already there (note_hook_rewritten). dockerd looks the path up once, at start, and runs whatever is there at each
+    container start: a hook rewritten in place after dockerd started needs no restart, one that appeared later does."""
+    since = os.stat(hook).st_mtime
+    try:
+        doc = json.loads(read_trusted(paths.HOOK_SINCE) or b"{}")
+        kept = doc.get(hook) if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        kept = None
+    return min(since, kept) if isinstance(kept, (int, float)) and not isinstance(kept, bool) else since
+
+
+def note_hook_rewritten(hook: str, was_there_since: float) -> None:
+    """Record that `hook` was rewritten in place, and since when a hook has been at its path (for pending_restart)."""
+    try:
+        doc = json.loads(read_trusted(paths.HOOK_SINCE) or b"{}")
+    except (OSError, ValueError):
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
+    doc[hook] = min(was_there_since, doc.get(hook, was_there_since))
+    write_file(paths.HOOK_SINCE, json.dumps(doc, sort_keys=True) + "\n", mode=0o644, keep_mode=False, backup=False)
