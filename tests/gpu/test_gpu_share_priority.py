@@ -83,7 +83,8 @@ def _enable(*args: str) -> dict:
 
 def _probe(out: str) -> dict:
     line = next(ln for ln in out.splitlines() if ln.startswith("PROBE"))
-    return {k: float(v) for k, v in (w.split("=") for w in line.split()[1:]) if k != "err"}
+    head = line.split(" err=")[0]  # CUDA's error string has spaces ("no error")
+    return {k: float(v) for k, v in (w.split("=") for w in head.split()[1:])}
 
 
 def _cfg(rootfs, args, *env):  # noqa: F811
