@@ -28,19 +28,11 @@ LRM_PREFIXES = ("linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatu
 LRM_RE = re.compile(r"^linux-(modules|objects)-nvidia-(\d+(?:-server)?(?:-open)?)-(.+)$")
 KERNEL_RE = re.compile(r"^\d+\.\d+\.\d+-\d+")  # a kernel's release (5.15.0-131-generic), not a flavour
 SIGNATURES = "linux-signatures-nvidia-"
-# Ubuntu's precompiled NVIDIA modules: linux-modules-nvidia-<series>-<kernel or flavour> (the module package of one
-# kernel, or the flavour's metapackage), linux-objects-nvidia-<series>-<kernel> (the objects the modules link from),
-# and one kernel's linux-signatures-nvidia-<kernel>, shared by every series
-LRM_PREFIXES = ("linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-")
-LRM_RE = re.compile(r"^linux-(modules|objects)-nvidia-(\d+(?:-server)?(?:-open)?)-(.+)$")
-KERNEL_RE = re.compile(r"^\d+\.\d+\.\d+-\d+")  # a kernel's release (5.15.0-131-generic), not a flavour
-SIGNATURES = "linux-signatures-nvidia-"
 # apt's words for a name no source offers (LC_ALL=C): the preflight's exit 4, where anything else unresolved is 5
 MISSING = re.compile(r"Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate|"
                      r"Version '[^']*' for '([^']+)' was not found|Couldn't find any package by \w+ '([^']+)'")
 UNREACHABLE = re.compile(r"^(?:Err:\d*|[WE]: Failed to fetch) .*$", re.M)
 SOURCES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/")
-
 
 
 def _pin_script(pattern: str) -> str:
