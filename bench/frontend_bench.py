@@ -49,7 +49,8 @@ def build_before(rev: str, work: Path) -> Path:
                         f'-DMODIFY="{modify}"', str(src), "-o", str(exe)], check=True)
         return exe
     raw = work / "before.raw"
-    subprocess.run(["cc", "-O2", "-s", "-static", str(src), "-o", str(raw)], check=True)
+    entry = ["-Wl,-e,gpuprov_entry"] if "gpuprov_entry" in text else []  # as that revision's frontend_build linked it
+    subprocess.run(["cc", "-O2", "-s", "-static", *entry, str(src), "-o", str(raw)], check=True)
     exe.write_bytes(patch_slots(raw.read_bytes(), runc="/bin/true", python=sys.executable, modify=str(modify)))
     exe.chmod(0o755)
     return exe

@@ -38,9 +38,10 @@ char gpuprov_slot_modify[SLOT] = "@@GPUPROV-SLOT:modify@@";
  * kill, delete, a create with no GPU) would pay it on top of runc's own start. Where PRELIBC_ENTRY is defined
  * (x86_64, aarch64) frontend_build.py links the static binary with gpuprov_entry as its entry point: it parses argv and
  * reads config.json with raw system calls and execs runc when nothing is to be edited, before the C library ever
- * starts. Any other case (a create that mentions a GPU, an error, no command) jumps to the C library's own entry
- * (_start) with the stack as the kernel left it, and main() decides everything again: the fast path only ever skips
- * work that main() would also skip, with the same helpers (parse, scan_config).
+ * starts; a GPU create asks the warm editor there too (ask_editor) and execs runc on its plain "edited" answer. Any
+ * other case (an error, a refusal, a warning to print, no trusted editor, no command) jumps to the C library's own
+ * entry (_start) with the stack as the kernel left it, and main() goes on: it decides everything again with the same
+ * helpers (parse, scan_config), and reports the editor's answer the fast path kept (`asked`) instead of asking again.
  * Code that runs there may call nothing from the C library (not even a memset or strcpy the compiler could emit for a
  * loop: the empty asm in such loops prevents that) and may not use the stack protector (its canary lives in
  * thread-local storage, not set up yet): PRELIBC marks it. Tables are arrays, not pointers: nothing to relocate. */
@@ -67,15 +68,49 @@ PRELIBC static long raw_syscall(long n, long a, long b, long c) {
     return x0;
 #endif
 }
+/* The same with up to six arguments (sendto, getsockopt, ppoll, newfstatat). */
+PRELIBC static long raw_syscall6(long n, long a, long b, long c, long d, long e, long f) {
+#if defined(__x86_64__)
+    long r;
+    register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return r;
+#else
+    register long x8 __asm__("x8") = n, x0 __asm__("x0") = a, x1 __asm__("x1") = b, x2 __asm__("x2") = c,
+                  x3 __asm__("x3") = d, x4 __asm__("x4") = e, x5 __asm__("x5") = f;
+    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5) : "memory");
+    return x0;
+#endif
+}
 #define RAW_OPEN(path) ((int)raw_syscall(SYS_openat, AT_FDCWD, (long)(path), O_RDONLY | O_CLOEXEC))
 #define RAW_READ(fd, buf, n) raw_syscall(SYS_read, (fd), (long)(buf), (long)(n))
 #define RAW_FSTAT(fd, st) raw_syscall(SYS_fstat, (fd), (long)(st), 0)
 #define RAW_CLOSE(fd) raw_syscall(SYS_close, (fd), 0, 0)
-#else /* no fast path: the C library's own calls */
+#define RAW_LSTAT(path, st) raw_syscall6(SYS_newfstatat, AT_FDCWD, (long)(path), (long)(st), AT_SYMLINK_NOFOLLOW, 0, 0)
+#define RAW_STAT(path, st) raw_syscall6(SYS_newfstatat, AT_FDCWD, (long)(path), (long)(st), 0, 0, 0)
+#define RAW_GETEUID() ((unsigned)raw_syscall(SYS_geteuid, 0, 0, 0))
+#define RAW_SOCKET(d, t, p) raw_syscall(SYS_socket, (d), (t), (p))
+#define RAW_CONNECT(fd, addr, n) raw_syscall(SYS_connect, (fd), (long)(addr), (long)(n))
+#define RAW_GETSOCKOPT(fd, lv, opt, v, n) raw_syscall6(SYS_getsockopt, (fd), (lv), (opt), (long)(v), (long)(n), 0)
+#define RAW_SEND(fd, buf, n) raw_syscall6(SYS_sendto, (fd), (long)(buf), (long)(n), MSG_NOSIGNAL, 0, 0)
+#define RAW_PPOLL(pfd, ts) raw_syscall6(SYS_ppoll, (long)(pfd), 1, (long)(ts), 0, 8, 0)
+#define RAW_CLOCK(ts) raw_syscall(SYS_clock_gettime, CLOCK_MONOTONIC, (long)(ts), 0)
+#else /* no fast path: the C library's own calls, failures as -errno like the raw ones */
+static long neg_errno(long r) { return r < 0 ? -errno : r; }
 #define RAW_OPEN(path) open((path), O_RDONLY | O_CLOEXEC)
-#define RAW_READ(fd, buf, n) read((fd), (buf), (n))
+#define RAW_READ(fd, buf, n) neg_errno(read((fd), (buf), (n)))
 #define RAW_FSTAT(fd, st) fstat((fd), (st))
 #define RAW_CLOSE(fd) close(fd)
+#define RAW_LSTAT(path, st) neg_errno(lstat((path), (st)))
+#define RAW_STAT(path, st) neg_errno(stat((path), (st)))
+#define RAW_GETEUID() ((unsigned)geteuid())
+#define RAW_SOCKET(d, t, p) neg_errno(socket((d), (t), (p)))
+#define RAW_CONNECT(fd, addr, n) neg_errno(connect((fd), (const struct sockaddr *)(addr), (n)))
+#define RAW_GETSOCKOPT(fd, lv, opt, v, n) neg_errno(getsockopt((fd), (lv), (opt), (v), (n)))
+#define RAW_SEND(fd, buf, n) neg_errno(send((fd), (buf), (n), MSG_NOSIGNAL))
+#define RAW_PPOLL(pfd, ts) neg_errno(ppoll((pfd), 1, (ts), NULL))
+#define RAW_CLOCK(ts) clock_gettime(CLOCK_MONOTONIC, (ts))
 #endif
 
 /* runc parses options with Go's flag package: `-x` and `--x` are the same option, a value comes as `--x=v` or as the
@@ -194,6 +229,129 @@ PRELIBC static int scan_config(const char *bundle) {
     return hit;
 }
 
+/* --- Asking the warm editor (provision/inject/server.py): one exchange per process, from the fast path or main() ---
+ * A GPU create asks before the C library starts too (the ~0.3 ms of its start-up was a third of gpuprov's own part
+ * of a GPU create on the lent H100: bench/create_split.py). The fast path runs ask_editor and execs runc itself
+ * only on the plain answer "0\t\n" (edited, nothing to print); any other outcome is kept in `asked` and main()
+ * reports it and goes on exactly as when it asked itself: one set of checks, one exchange, never a second request. */
+enum ask_status { ASK_NOT_YET, ASK_REPLY, ASK_ABSENT, ASK_UNTRUSTED, ASK_NO_CONNECT, ASK_PEER, ASK_TOO_LONG,
+                  ASK_TIMEOUT, ASK_HUNG_UP };
+static struct {
+    int status;               /* ask_status */
+    const char *why;          /* ASK_UNTRUSTED: why the socket is not trusted */
+    int peer_uid;             /* ASK_PEER: who serves the socket */
+    struct sockaddr_un addr;  /* the socket asked (zeroed: bss) */
+    char req[12400];
+    char reply[4096];         /* the editor's line, NUL-terminated (bss: zero) */
+} asked;
+
+/* The warm editor's socket: next to GPUPROV_RUNTIME_CONFIG (`cfg`, may be NULL) when that is set. */
+PRELIBC static void editor_socket(const char *cfg, char *out, long n) {
+    static const char dflt[] = "/run/gpuprov/runtime-editor.sock", ext[] = ".sock";
+    long len = 0;
+    while (cfg && cfg[len]) { len++; __asm__(""); } /* not a strlen call */
+    long k = 0;
+    if (cfg && len < n - 6) {
+        for (; k < len; k++) { out[k] = cfg[k]; __asm__(""); }
+        for (long j = 0; j < (long)sizeof ext; j++) { out[k + j] = ext[j]; __asm__(""); }
+    } else {
+        for (; k < (long)sizeof dflt; k++) { out[k] = dflt[k]; __asm__(""); }
+    }
+}
+
+/* Trust the socket only if nobody but us (root) could have made it: the socket and its directory are ours, the socket
+ * has no group/other access, the directory no group/other write. NULL: trusted; "": no socket (no editor yet, the
+ * quiet, common case); else why not. */
+PRELIBC static const char *socket_distrust(const char *path, unsigned me) {
+    struct stat st, dst;
+    if (RAW_LSTAT(path, &st) != 0) return "";
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    long k = 0, slash = -1;
+    for (; path[k] && k < (long)sizeof dir - 1; k++) { dir[k] = path[k]; if (path[k] == '/') slash = k; __asm__(""); }
+    dir[k] = 0;
+    if (slash == 0) dir[1] = 0;
+    else if (slash > 0) dir[slash] = 0;
+    else dir[0] = '.', dir[1] = 0;
+    if (!S_ISSOCK(st.st_mode)) return "not a socket";
+    if (st.st_uid != me) return "owned by another user";
+    if (st.st_mode & 077) return "open to group or others";
+    if (RAW_STAT(dir, &dst) != 0 || dst.st_uid != me || (dst.st_mode & 022)) return "its directory is not root's alone";
+    return NULL;
+}
+
+PRELIBC static long now_ms(void) {
+    struct timespec ts;
+    if (RAW_CLOCK(&ts) != 0) return 0;
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+/* Send the request and read one reply line within REPLY_TIMEOUT_S: ASK_REPLY, ASK_TIMEOUT or ASK_HUNG_UP. */
+PRELIBC static int exchange(int fd, const char *req, long len, char *reply, long cap) {
+    long deadline = now_ms() + REPLY_TIMEOUT_S * 1000L, sent = 0, got = 0;
+    for (;;) {
+        for (long i = 0; i < got; i++) { if (reply[i] == '\n') return ASK_REPLY; __asm__(""); }
+        long left = deadline - now_ms();
+        if (left <= 0) return ASK_TIMEOUT;
+        struct pollfd pfd;
+        pfd.fd = fd, pfd.events = sent < len ? POLLOUT : POLLIN, pfd.revents = 0;
+        struct timespec ts;
+        ts.tv_sec = left / 1000, ts.tv_nsec = (left % 1000) * 1000000L;
+        long ready = RAW_PPOLL(&pfd, &ts);
+        if (ready == -EINTR) continue;
+        if (ready <= 0) return ASK_TIMEOUT;
+        long r = sent < len ? RAW_SEND(fd, req + sent, len - sent) : RAW_READ(fd, reply + got, cap - 1 - got);
+        if (r == -EAGAIN || r == -EINTR) continue;
+        if (r <= 0) return ASK_HUNG_UP; /* hung up: edit directly */
+        if (sent < len) { sent += r; continue; }
+        got += r;
+        if (got >= cap - 1) return ASK_HUNG_UP; /* no line within the buffer: not an editor's answer */
+    }
+}
+
+/* The one exchange with the warm editor; fills `asked`. Nothing here can block for longer than REPLY_TIMEOUT_S:
+ * the connect is non-blocking (a unix socket whose backlog is full, a stopped editor, answers EAGAIN at once). */
+PRELIBC static int ask_editor(const char *cfg, const char *bundle, const char *log, const char *log_format) {
+    asked.addr.sun_family = AF_UNIX;
+    editor_socket(cfg, asked.addr.sun_path, sizeof asked.addr.sun_path);
+    unsigned me = RAW_GETEUID();
+    asked.why = socket_distrust(asked.addr.sun_path, me);
+    if (asked.why) return asked.status = asked.why[0] ? ASK_UNTRUSTED : ASK_ABSENT;
+    int fd = (int)RAW_SOCKET(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return asked.status = ASK_NO_CONNECT;
+    if (RAW_CONNECT(fd, &asked.addr, sizeof asked.addr) != 0) { RAW_CLOSE(fd); return asked.status = ASK_NO_CONNECT; }
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    cred.uid = (uid_t)-1;
+    if (RAW_GETSOCKOPT(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.uid != me) {
+        asked.peer_uid = (int)cred.uid;
+        RAW_CLOSE(fd);
+        return asked.status = ASK_PEER;
+    }
+    const char *fields[3] = {bundle, log, log_format};
+    long len = 0;
+    for (int f = 0; f < 3; f++) { /* "BUNDLE\tLOG\tFORMAT\n", shorter than the buffer (server.py: MAX_REQUEST) */
+        for (const char *c = fields[f]; *c && len < (long)sizeof asked.req; c++) { asked.req[len++] = *c; __asm__(""); }
+        if (len >= (long)sizeof asked.req - 1) { RAW_CLOSE(fd); return asked.status = ASK_TOO_LONG; }
+        asked.req[len++] = f < 2 ? '\t' : '\n';
+    }
+    asked.status = exchange(fd, asked.req, len, asked.reply, sizeof asked.reply);
+    RAW_CLOSE(fd);
+    return asked.status;
+}
+
+/* The plain answer: edited, nothing to print. */
+PRELIBC static int plain_zero(void) { return asked.reply[0] == '0' && asked.reply[1] == '\t' && asked.reply[2] == '\n'; }
+
+/* The value of NAME in a raw environment (the first, as getenv), or NULL. */
+PRELIBC static const char *env_value(char **envp, const char *name) {
+    for (; *envp; envp++) {
+        const char *e = *envp, *n = name;
+        while (*n && *e == *n) e++, n++;
+        if (!*n && *e == '=') return e + 1;
+    }
+    return NULL;
+}
+
 #ifdef PRELIBC_ENTRY
 /* Called by gpuprov_entry with the kernel's initial stack (argc, argv..., NULL, envp..., NULL). Execs runc when the
  * call needs no edit; returns (and the C library starts, then main()) otherwise. */
@@ -202,7 +360,15 @@ PRELIBC __attribute__((used)) void gpuprov_fast(long *sp) {
     char **argv = (char **)(sp + 1), **envp = argv + argc + 1;
     struct parsed p = parse(argc, argv);
     if (!p.cmd_index) return; /* no command: main() says what (--gpuprov-front-end) */
-    if (creates(argv[p.cmd_index]) && scan_config(p.bundle) != 0) return;
+    if (creates(argv[p.cmd_index])) {
+        int need = scan_config(p.bundle);
+        if (need < 0) return; /* unreadable: main() lets runc say so */
+        if (need) { /* a GPU request */
+            if (p.bundle[0] != '/') return; /* main() makes it absolute: the editor has another cwd */
+            ask_editor(env_value(envp, "GPUPROV_RUNTIME_CONFIG"), p.bundle, p.log, p.log_format);
+            if (!(asked.status == ASK_REPLY && plain_zero())) return; /* main() reports what came back */
+        }
+    }
     char *arg0 = argv[0];
     argv[0] = gpuprov_slot_runc;
     raw_syscall(SYS_execve, (long)gpuprov_slot_runc, (long)argv, (long)envp);
@@ -227,81 +393,27 @@ static void exec_runc(char **argv) {
     _exit(127);
 }
 
-/* The warm editor's socket (provision/inject/server.py): next to GPUPROV_RUNTIME_CONFIG when that is set. */
-static void socket_path(char *out, size_t n) {
-    const char *cfg = getenv("GPUPROV_RUNTIME_CONFIG");
-    if (cfg && strlen(cfg) < n - 6) snprintf(out, n, "%s.sock", cfg);
-    else snprintf(out, n, "%s", "/run/gpuprov/runtime-editor.sock");
-}
-
-/* Trust the socket only if nobody but us (root) could have made it: the socket and its directory are ours, the socket
- * has no group/other access, the directory no group/other write. Says why on stderr when it refuses. */
-static int socket_trusted(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return 0; /* no editor yet: the quiet, common case */
-    uid_t me = geteuid();
-    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir) slash[1] = 0; else if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
-    struct stat dst;
-    const char *why = NULL;
-    if (!S_ISSOCK(st.st_mode)) why = "not a socket";
-    else if (st.st_uid != me) why = "owned by another user";
-    else if (st.st_mode & 077) why = "open to group or others";
-    else if (stat(dir, &dst) != 0 || dst.st_uid != me || (dst.st_mode & 022)) why = "its directory is not root's alone";
-    if (!why) return 1;
-    fprintf(stderr, "gpuprov-runtime: not trusting the editor socket %s (%s); editing directly\n", path, why);
-    return 0;
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-/* Ask the warm editor: returns its exit code, or -1 when no trusted editor answers in time (then the editor runs
- * directly). Nothing here can block for longer than REPLY_TIMEOUT_S. */
+/* What the warm editor said: its exit code, or -1 when no trusted editor answered in time (then the editor runs
+ * directly), each case said on stderr as it was before the fast path asked (one exchange: ask_editor). */
 static int ask_server(const char *bundle, const char *log, const char *log_format) {
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    socket_path(addr.sun_path, sizeof addr.sun_path);
-    if (!socket_trusted(addr.sun_path)) return -1;
-    /* Non-blocking connect: a unix socket whose backlog is full (a stopped editor) answers EAGAIN at once. */
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return -1;
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) { close(fd); return -1; }
-    struct ucred cred;
-    socklen_t clen = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.uid != geteuid()) {
-        fprintf(stderr, "gpuprov-runtime: the editor socket %s is served by uid %d, not ours; editing directly\n",
-                addr.sun_path, (int)cred.uid);
-        close(fd);
+    if (asked.status == ASK_NOT_YET) ask_editor(getenv("GPUPROV_RUNTIME_CONFIG"), bundle, log, log_format);
+    const char *path = asked.addr.sun_path;
+    switch (asked.status) {
+    case ASK_REPLY: break;
+    case ASK_UNTRUSTED:
+        fprintf(stderr, "gpuprov-runtime: not trusting the editor socket %s (%s); editing directly\n", path, asked.why);
         return -1;
+    case ASK_PEER:
+        fprintf(stderr, "gpuprov-runtime: the editor socket %s is served by uid %d, not ours; editing directly\n",
+                path, asked.peer_uid);
+        return -1;
+    case ASK_TIMEOUT:
+        fprintf(stderr, "gpuprov-runtime: the warm editor did not answer within %d s; editing directly\n",
+                REPLY_TIMEOUT_S);
+        return -1;
+    default: return -1; /* no editor yet, no connection, a request too long, or it hung up: edit directly */
     }
-    char req[12400];
-    int len = snprintf(req, sizeof req, "%s\t%s\t%s\n", bundle, log, log_format);
-    if (len <= 0 || (size_t)len >= sizeof req) { close(fd); return -1; }
-    double deadline = now() + REPLY_TIMEOUT_S;
-    char resp[4096] = {0};
-    int sent = 0, got = 0;
-    while (!memchr(resp, '\n', got)) {
-        int left_ms = (int)((deadline - now()) * 1000);
-        struct pollfd pfd = {fd, sent < len ? POLLOUT : POLLIN, 0};
-        int ready = left_ms > 0 ? poll(&pfd, 1, left_ms) : 0;
-        if (ready < 0 && errno == EINTR) continue;
-        if (ready <= 0) {
-            fprintf(stderr, "gpuprov-runtime: the warm editor did not answer within %d s; editing directly\n",
-                    REPLY_TIMEOUT_S);
-            close(fd);
-            return -1;
-        }
-        ssize_t r = sent < len ? send(fd, req + sent, len - sent, MSG_NOSIGNAL) : read(fd, resp + got, sizeof resp - 1 - got);
-        if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (r <= 0 || got + r >= (int)sizeof resp - 1) { close(fd); return -1; } /* hung up: edit directly */
-        if (sent < len) sent += r; else got += r;
-    }
-    close(fd);
+    const char *resp = asked.reply;
     char *end;
     long rc = strtol(resp, &end, 10);
     if (end == resp || (*end != '\t' && *end != '\n') || rc < 0 || rc > 255) return -1; /* not an editor's answer */
@@ -318,7 +430,8 @@ int main(int argc, char **argv) {
     }
     if (!cmd || !creates(cmd)) exec_runc(argv);
     const char *bundle = p.bundle;
-    if (scan_config(bundle) == 1) { /* unreadable: runc says so */
+    /* Asked already before the C library started: config.json was scanned then (and is edited by now). */
+    if (asked.status != ASK_NOT_YET || scan_config(bundle) == 1) { /* unreadable: runc says so */
         char abs_bundle[4096];
         if (bundle[0] != '/' && realpath(bundle, abs_bundle)) bundle = abs_bundle; /* the server has another cwd */
         int rc = ask_server(bundle, p.log, p.log_format);
