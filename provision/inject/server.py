@@ -63,12 +63,28 @@ def _code_stamp() -> float:
     return max(p.stat().st_mtime for p in source_files())
 
 
+# The editor's root: PREFIX/lib/gpuprov-runtime/<digest> for an editor copy, else the package's parent directory.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _in_copy() -> bool:
+    """Whether this editor runs from an editor copy (inject/install.py: install_editor; `current` beside it)."""
+    return os.path.islink(os.path.join(os.path.dirname(_ROOT), "current"))
+
+
+def _upgrade_stamp() -> float | None:
+    """What run() compares after each request to notice an upgrade: _code_stamp() (one stat per source file, ~90 us
+    here, paid before the next request of a burst is accepted) for an editor run from the package itself; None for
+    an editor copy, whose files never change (its directory is named by their hash: an upgrade is a new copy, which
+    `current` then names, and _copy_replaced, one readlink before each request, sees that)."""
+    return None if _in_copy() else _code_stamp()
+
+
 def _copy_replaced() -> bool:
     """Whether this editor runs from an editor copy that `current` no longer names (gpuprov was upgraded). The copy
     is PREFIX/lib/gpuprov-runtime/<digest>/provision/inject/server.py; run from the package itself: never."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
-        return os.readlink(os.path.join(os.path.dirname(root), "current")) != os.path.basename(root)
+        return os.readlink(os.path.join(os.path.dirname(_ROOT), "current")) != os.path.basename(_ROOT)
     except OSError:
         return False
 
@@ -160,7 +176,7 @@ def serve(path: str, lock_fd: int | None = None) -> int:
         if lock_fd is None:
             return 1
     _write_pid(lock_fd)
-    stamp = _code_stamp()
+    stamp = _upgrade_stamp()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = f"{path}.{os.getpid()}"
     old = os.umask(0o077)  # the socket is root's alone: only the engine's runtime may ask for edits
@@ -196,7 +212,8 @@ class _Server:
     returns into the request, answers it and exits; the child never returns: it drops its copy of that connection and
     serves on from the handler's frame, with every cache the parent had."""
 
-    def __init__(self, srv: socket.socket, path: str, ident: tuple[int, int], lock_fd: int, stamp: float):
+    def __init__(self, srv: socket.socket, path: str, ident: tuple[int, int], lock_fd: int,
+                 stamp: float | None):
         self.srv, self.path, self.ident, self.lock_fd, self.stamp = srv, path, ident, lock_fd, stamp
         self.conn: socket.socket | None = None  # the connection whose request is being edited
         self.handed_off = False  # this process only finishes its request now
@@ -222,7 +239,7 @@ class _Server:
                 _serve_one(conn, lambda data, conn=conn: self.edit(conn, data))
             if self.handed_off:
                 return  # let go of in hand_off: another process serves the socket, or nobody (retired)
-            if _code_stamp() != self.stamp:
+            if self.stamp is not None and _code_stamp() != self.stamp:
                 break  # upgraded on disk: let the next container start a fresh server
         self._unlink()
         self.srv.close()

@@ -69,3 +69,17 @@ def test_editor_of_a_replaced_copy_answers_nothing_and_exits(tmp_path):
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_only_an_editor_copy_skips_the_source_stat_after_each_request(tmp_path):
+    """A copy's files never change (its directory is named by their hash): it notices an upgrade by `current` alone
+    (the test above), without a stat of every source file after each request; the package's own editor keeps it."""
+    copy = install_editor(str(tmp_path), [])
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from provision.inject import server; "
+            "print(server.__file__, server._upgrade_stamp())")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(copy)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0].startswith(str(copy)) and out[1] == "None"
+    from provision.inject import server
+
+    assert isinstance(server._upgrade_stamp(), float)
