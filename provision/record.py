@@ -26,6 +26,11 @@ A missing record is an empty one: uninstall then finds gpuprov's keys by what th
   them (.rpmsave, .dpkg-old), removed; changed ones given back as they were.
 - `keys`: per stage, the signing keys its steps imported into the package manager's keyring (rpm's
   `gpg-pubkey-VERSION-RELEASE`); the same purge removes them.
+- `boot`: the default boot entry gpuprov keeps on a kernel with an NVIDIA module while the kernel that would boot
+  next has none (plan/boot_default.py): `method` "drop-in" (its file, `file`, sets GRUB_DEFAULT) or "saved"
+  (grub-set-default, where the operator's GRUB_DEFAULT=saved; `saved_before`: grubenv's saved_entry before it, null
+  when none), `kernel`, `unserved`, `entry`. Bootstrap takes it out once that kernel has its module, and so does
+  `uninstall` (the drop-in removed, or saved_entry given back, then update-grub / grub-set-default).
 - `streams`: the dnf module streams (by module name: `nvidia-driver`) a bootstrap enabled where the module had none
   enabled before it (a stream the operator enabled is not in it); `uninstall --purge-driver` resets these
   (`dnf module reset`) once the packages are gone, and no other.
@@ -41,6 +46,7 @@ from provision.fsutil import read_trusted, write_file
 
 SCHEMA = "gpuprov.installed/v1"
 STAGES = ("driver", "engine")
+BOOT_METHODS = ("drop-in", "saved")  # plan/boot_default.py: how the default boot entry was kept
 ENABLED_UNITS = ("nvidia-persistenced.service",)  # the units a record may name in `enabled`
 
 
@@ -134,6 +140,23 @@ def _files(path: str, where: str, value: object) -> dict:
             if _rule(path, f"{where}.{f}", "abs_path", f)}
 
 
+def _boot(path: str, where: str, value: object) -> dict:
+    """The boot pin's entry (empty: none), every field checked."""
+    e = _dict(path, where, value or {})
+    if not e:
+        return {}
+    if e.get("method") not in BOOT_METHODS:
+        raise _bad(path, f"{where}.method", f"one of {', '.join(BOOT_METHODS)}", e.get("method"))
+    out = {"method": e["method"]}
+    for k in ("kernel", "unserved"):
+        out[k] = _rule(path, f"{where}.{k}", "kernel_release", e.get(k))
+    out["entry"] = _text_or_null(path, f"{where}.entry", e.get("entry"), null=False)
+    out["saved_before"] = _text_or_null(path, f"{where}.saved_before", e.get("saved_before"))
+    if "file" in e:
+        out["file"] = _rule(path, f"{where}.file", "abs_path", e["file"])
+    return out
+
+
 def entry_names(entry: str, name: str) -> bool:
     """A recorded package `entry` is package `name`: the name itself, or one of its side-by-side versions, which
     dnf's record keeps by NAME-VERSION-RELEASE.ARCH (kernel-devel-5.14.0-503.14.1.el9_5.x86_64)."""
@@ -148,11 +171,14 @@ class Record:
     streams: list[str] = field(default_factory=list)
     repo_config: dict[str, dict[str, dict]] = field(default_factory=dict)  # stage -> path -> {old, written}
     keys: dict[str, list[str]] = field(default_factory=dict)  # stage -> imported signing keys
+    boot: dict = field(default_factory=dict)  # the default boot entry gpuprov keeps (empty: none)
 
     def to_json(self) -> str:
-        return json.dumps({"schema": SCHEMA, "configs": self.configs, "packages": self.packages,
-                           "holds": self.holds, "enabled": self.enabled, "streams": self.streams,
-                           "repo_config": self.repo_config, "keys": self.keys}, indent=2, sort_keys=True) + "\n"
+        doc = {"schema": SCHEMA, "configs": self.configs, "packages": self.packages, "holds": self.holds,
+               "enabled": self.enabled, "streams": self.streams, "repo_config": self.repo_config, "keys": self.keys}
+        if self.boot:  # only where there is one: records written before it read back the same
+            doc["boot"] = self.boot
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
     def packages_only(self) -> Record:
         """What an uninstall that keeps the packages leaves of the record: the packages, holds, module streams and
@@ -186,7 +212,8 @@ class Record:
                    _list(path, "streams", doc.get("streams") or [], _ruled("package")),
                    _by_stage(path, "repo_config", doc.get("repo_config"), _files),
                    _by_stage(path, "keys", doc.get("keys"),
-                             lambda p, w, v: _list(p, w, v, _ruled("package"))))
+                             lambda p, w, v: _list(p, w, v, _ruled("package"))),
+                   _boot(path, "boot", doc.get("boot")))
 
 
 def read(path: str | None = None) -> Record:
@@ -245,6 +272,14 @@ def note_repo_config(stage: str, files: dict[str, tuple[str | None, str | None]]
     if keys:
         rec.keys[stage] = list(dict.fromkeys([*rec.keys.get(stage, []), *keys]))
     save(rec)
+
+
+def note_boot(entry: dict) -> None:
+    """The default boot entry kept (plan/boot_default.py); an empty `entry`: released."""
+    rec = read()
+    if rec.boot != entry:
+        rec.boot = dict(entry)
+        save(rec)
 
 
 def note_streams(modules: list[str]) -> None:

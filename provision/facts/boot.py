@@ -23,6 +23,14 @@ from provision.versions import release_key
 
 GRUB_CFG = "/boot/grub/grub.cfg"
 GRUBENV = "/boot/grub/grubenv"
+GRUB_DEFAULTS = "/etc/default/grub"  # the operator's settings for grub-mkconfig (never edited by gpuprov)
+GRUB_DEFAULTS_D = "/etc/default/grub.d"  # grub-mkconfig sources *.cfg here after GRUB_DEFAULTS, in name order
+# gpuprov's drop-in that keeps the default boot entry on a kernel with an NVIDIA module (plan/boot_default.py)
+BOOT_PIN = "/etc/default/grub.d/gpuprov-boot.cfg"
+BOOT_PIN_HEADER = "# Written by gpuprov"
+PIN_LINE_RE = re.compile(r"^# gpuprov-boot-pin: kernel=(\S+) unserved=(\S+)$", re.M)
+UPDATE_GRUB = "/usr/sbin/update-grub"
+GRUB_SET_DEFAULT = "/usr/sbin/grub-set-default"
 # The main module of every packaging, by its file's stem: nvidia (NVIDIA's .run installer, Ubuntu's and ELRepo's
 # packages), nvidia-current[-open], nvidia-tesla-470, nvidia-legacy-390xx (Debian). Not its helpers (-uvm, -drm …)
 # and not the kernel's own modules that share the prefix (nvidiafb, nvidia-wmi-ec-backlight: every Debian kernel
@@ -138,6 +146,77 @@ def grub_next_kernel(root: Path) -> tuple[str | None, str]:
     return (entry.kernel if entry else None), f"{source}: {default!r}"
 
 
+def grub_setting(text: str, key: str) -> str | None:
+    """The last `KEY=value` of a shell-style settings file (/etc/default/grub), quotes taken off; None: not set."""
+    value = None
+    for line in text.splitlines():
+        m = re.match(rf"^\s*(?:export\s+)?{key}=(.*)$", line)
+        if m:
+            try:
+                words = shlex.split(m.group(1), comments=True)
+            except ValueError:
+                continue
+            value = words[0] if words else ""
+    return value
+
+
+class GrubSetup(NamedTuple):
+    """What deciding the default boot entry needs of GRUB (read only where grub.cfg and update-grub are there)."""
+    menu: tuple[MenuEntry, ...]  # grub.cfg's menu, as grub-mkconfig wrote it
+    saved: bool  # the operator's settings say GRUB_DEFAULT=saved: grub-set-default chooses the default
+    saved_entry: str | None  # grubenv's saved_entry
+    later: str | None  # an operator's file of /etc/default/grub.d read after gpuprov's drop-in that sets GRUB_DEFAULT
+    set_default: bool  # grub-set-default is there
+
+
+def read_grub(root: Path) -> GrubSetup | None:
+    """GRUB as grub-mkconfig configures it on Debian and Ubuntu; None where there is no /boot/grub/grub.cfg or no
+    update-grub (another boot loader, or none: gpuprov never touches it)."""
+    text = read_text(root, GRUB_CFG)
+    if not text or not under(root, UPDATE_GRUB).exists():
+        return None
+    drop_ins = sorted(p for p in under(root, GRUB_DEFAULTS_D).glob("*.cfg") if p.name != Path(BOOT_PIN).name)
+    default = grub_setting(read_text(root, GRUB_DEFAULTS) or "", "GRUB_DEFAULT")
+    later = None
+    for p in drop_ins:  # grub-mkconfig reads them in this order, each over the one before
+        value = grub_setting(read_text(root, f"{GRUB_DEFAULTS_D}/{p.name}") or "", "GRUB_DEFAULT")
+        if value is not None:
+            default = value
+            later = f"{GRUB_DEFAULTS_D}/{p.name}" if p.name > Path(BOOT_PIN).name else later
+    return GrubSetup(parse_grub_menu(text), default == "saved", _grubenv(root).get("saved_entry"), later,
+                     under(root, GRUB_SET_DEFAULT).exists())
+
+
+def entry_path(menu: tuple[MenuEntry, ...], kernel: str) -> str | None:
+    """The menu entry that boots `kernel` normally, as GRUB_DEFAULT and grub-set-default name it: the advanced
+    submenu's entry by ids ("gnulinux-advanced-<uuid>>gnulinux-<kernel>-advanced-<uuid>", as grub-mkconfig's
+    10_linux names them; titles where it wrote no ids), else a top-level entry of that kernel. Recovery entries are
+    never chosen."""
+    def normal(e: MenuEntry) -> bool:
+        return e.kernel == kernel and "recovery" not in (e.id or "") and "recovery mode" not in e.title
+    for sub in (e for e in menu if e.submenu):
+        child = next((c for c in sub.children if normal(c)), None)
+        if child:
+            return f"{sub.id or sub.title}>{child.id or child.title}"
+    top = next((e for e in menu if not e.submenu and normal(e)), None)
+    return (top.id or top.title) if top else None
+
+
+class PinFile(NamedTuple):
+    kernel: str  # the kernel the default boot entry stays on
+    unserved: str  # the kernel without a module that would have booted next
+
+
+def read_pin_text(text: str | None) -> PinFile | None:
+    """gpuprov's drop-in, by its header and its pin line (None: not there, or not gpuprov's)."""
+    m = PIN_LINE_RE.search(text or "")
+    return PinFile(m.group(1), m.group(2)) if m and (text or "").startswith(BOOT_PIN_HEADER) else None
+
+
+def read_pin(root: Path) -> PinFile | None:
+    return read_pin_text(read_text(root, BOOT_PIN))
+
+
 # ---------------------------------------------------------------- the kernel that boots next, and its module
 
 
@@ -161,6 +240,19 @@ def next_boot_kernel(root: Path) -> tuple[str | None, str]:
         return kernel, link
     kernels = installed_kernels(root)
     return (kernels[-1], "the newest installed kernel") if kernels else (None, "no installed kernel")
+
+
+def unpinned_next_kernel(root: Path, pinned: bool) -> str | None:
+    """The kernel the next boot would start without gpuprov's pin of the default entry (`pinned`): the kernel the
+    distribution's hooks point /vmlinuz (/boot/vmlinuz) at, the newest, as grub-mkconfig's first entry; else GRUB's
+    default as it is."""
+    if pinned:
+        kernel, _ = _link_kernel(root)
+        if kernel and under(root, f"/lib/modules/{kernel}").is_dir():
+            return kernel
+        kernels = installed_kernels(root)
+        return kernels[-1] if kernels else None
+    return next_boot_kernel(root)[0]
 
 
 def _is_main_module(name: str) -> bool:

@@ -58,6 +58,7 @@ from provision.options import Stage
 from provision.package_managers.apt import restore_sources
 from provision.plan import repos
 from provision.plan.archive_preview import component_writes, driver_origins
+from provision.plan.boot_default import with_boot_default
 from provision.plan.dkms import DkmsBuild, DriverInstall
 from provision.plan.driver_on_host import (
     boot_kernel,
@@ -350,6 +351,12 @@ def mok_console_text(password: str) -> str:
 
 
 def driver_steps(report: HostReport, target: Target, opt) -> list[Step]:
+    """The driver stage (_stage_steps), with the default boot entry kept on a kernel with a module where the build
+    for the kernel that would boot next fails, and given back once it has one (plan/boot_default.py)."""
+    return with_boot_default(Path(report.root or "/"), target.family, _stage_steps(report, target, opt))
+
+
+def _stage_steps(report: HostReport, target: Target, opt) -> list[Step]:
     """The driver stage, in the order it runs: apt components or the EL repository, the nouveau blacklist (before the
     packages, so their own initramfs triggers carry it), the packages (DKMS built per kernel), the module flavour,
     the initramfs check, the package hold and, under Secure Boot, the MOK import."""

@@ -20,21 +20,24 @@ from provision.decide.kernel import (
 )
 from provision.decide.targets import Target
 from provision.errors import CONFLICT, GpuprovError
-from provision.facts.boot import installed_kernels, next_boot_kernel, nvidia_module
+from provision.facts.boot import installed_kernels, nvidia_module, unpinned_next_kernel
 from provision.facts.driver_facts import DRIVER_PACKAGE_RE, InstalledDriver, installed_driver
 from provision.facts.packages import dpkg_installed, offered_module_packages
 from provision.facts.rootfs import under
 from provision.options import Stage
 from provision.package_managers.apt import read_pins
 from provision.package_managers.base import PackageManager
+from provision.plan.boot_default import pin_state
 from provision.plan.steps import Already, Step
 from provision.report import HostReport
 
 
 def boot_kernel(root: Path) -> str | None:
     """The kernel the next boot starts (facts/boot.py: GRUB's default, /vmlinuz), when the package manager installed
-    it (its modules directory is there); else the newest installed."""
-    rel, _ = next_boot_kernel(root)
+    it (its modules directory is there); else the newest installed. While gpuprov keeps the default boot entry on a
+    kernel with a module (plan/boot_default.py), the kernel that would boot without that: the driver stage keeps
+    building for it, and gives the default entry back once it has its module."""
+    rel = unpinned_next_kernel(root, pin_state(root) is not None)
     if rel and under(root, f"/lib/modules/{rel}").is_dir():
         return rel
     kernels = installed_kernels(root)

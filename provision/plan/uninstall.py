@@ -46,7 +46,7 @@ from provision.inject.settings import load_settings, settings_path
 from provision.k8s.labels import NFD_FILE
 from provision.options import Stage
 from provision.package_managers.base import PackageManager
-from provision.plan import engine_data, persistence, pkgconfig
+from provision.plan import boot_default, engine_data, persistence, pkgconfig
 from provision.plan.apply import LOG_FILE
 from provision.plan.driver import gpuprov_files
 from provision.plan.packages import StreamsReset
@@ -656,4 +656,5 @@ def uninstall_steps(root: Path, opt: UninstallOptions, rec: record.Record | None
     _refuse_stranding(root, rec, opt)
     return (engine_steps(root, rec, opt) + image_steps(root) + service_steps(root) + dev_char_steps(root)
             + persistence_steps(root, rec) + file_steps(root)
-            + runtime_steps(root, rec) + package_steps(root, rec, opt) + state_steps(root, rec, opt))
+            + runtime_steps(root, rec) + package_steps(root, rec, opt) + boot_default.uninstall_steps(root)
+            + state_steps(root, rec, opt))

@@ -22,9 +22,10 @@ from provision import effects, engines
 from provision.decide.kernel import PIN_FILE
 from provision.engines.base import Engine
 from provision.errors import GpuprovError, StepFailed
+from provision.facts.boot import BOOT_PIN, read_pin_text
 from provision.inject.edits import mismatch  # the runtime refuses with the same line
 from provision.k8s.labels import NFD_FILE
-from provision.paths import DKMS_FAILED
+from provision.paths import DKMS_FAILED, INSTALL_RECORD
 
 RUNTIME_PATH = "/usr/local/bin/gpuprov-runtime"
 # Fixed paths, not provision/paths.py's: through testinfra the controller names these for a node, and the node's
@@ -269,6 +270,33 @@ def next_boot_module(h: NodeHost) -> CheckResult:
                        f"archive has a version that builds: dkms autoinstall -k {k})")
 
 
+def boot_default(h: NodeHost) -> CheckResult:
+    """The default boot entry gpuprov keeps on a kernel with an NVIDIA module while the kernel that would boot next
+    has none DKMS could build (plan/boot_default.py: its drop-in, or grub-set-default recorded in gpuprov's record).
+    A warning, not a failure: the node boots with its driver, on an older kernel than the distribution's."""
+    name = "default boot entry"
+    rc, text, _ = h.run(["cat", BOOT_PIN])
+    pin = read_pin_text(text) if rc == 0 else None
+    how = f"{BOOT_PIN} sets GRUB_DEFAULT"
+    if pin is None:
+        rc, text, _ = h.run(["cat", INSTALL_RECORD])
+        try:
+            boot = json.loads(text).get("boot") if rc == 0 else None
+        except (ValueError, AttributeError):
+            boot = None
+        if isinstance(boot, dict) and boot.get("kernel") and boot.get("unserved"):
+            pin, how = read_pin_text(f"# Written by gpuprov\n# gpuprov-boot-pin: kernel={boot['kernel']} "
+                                     f"unserved={boot['unserved']}\n"), "grub-set-default, GRUB_DEFAULT=saved"
+    if pin is None:
+        return CheckResult(name, "skip", "the distribution's (gpuprov keeps none: it does only while the kernel "
+                           "that would boot next has no NVIDIA module DKMS could build)")
+    return CheckResult(name, "warn", f"kept on {pin.kernel} by gpuprov ({how}): kernel {pin.unserved} has no "
+                       f"NVIDIA module (DKMS could not build it), so the node boots {pin.kernel} until it has one. "
+                       f"Fix: make the module build for {pin.unserved} (its headers; dkms autoinstall -k "
+                       f"{pin.unserved}), or wait for the distribution's precompiled modules, then run `gpuprov "
+                       "bootstrap`: it gives the default entry back")
+
+
 def driver_updates(h: NodeHost) -> CheckResult:
     """The driver gpuprov pinned can take its distribution's updates (Debian): the security suite's entry carries the
     component the driver lives in (without it apt fetches the security kernel but never the driver's update, whose
@@ -423,7 +451,8 @@ def mig_mode(h: NodeHost) -> CheckResult:
 
 
 CHECKS = (gpuprov_installed, driver_loaded, versions_coherent, dev_char_links, persistence_mode, next_boot_module,
-          driver_updates, engine_running, runtime_registered, plain_container, gpu_container, cri_handler, mig_mode)
+          boot_default, driver_updates, engine_running, runtime_registered, plain_container, gpu_container,
+          cri_handler, mig_mode)
 
 
 def run_checks(h: NodeHost) -> list[CheckResult]:
