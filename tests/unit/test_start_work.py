@@ -17,7 +17,8 @@ from tests.inject_helpers import gpu_bundle, settings
 PATHS = ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/bin/nvidia-smi",
          "/lib/x86_64-linux-gnu/libc.so.6", "/abs/deeper/file", "/rel/file", "/up/../usr/lib/x", "/loop/x",
          "/loop2/x", "/missing/dir/file", "/file/under/a/file", "/usr/lib/../lib/./x86_64-linux-gnu/x", "/", "/etc",
-         "/long0/f", "/long0/g")
+         "/long0/f", "/long0/g", "/usr/lib/x86_64-linux-gnu/deeper", "/usr/lib/x86_64-linux-gnu/deeper/x",
+         "/usr/bin/present", "/usr/bin/present/x", "/usr/bin/..", "/usr/bin/.", "/usr//bin/absent", "/abs/absent")
 
 
 def _image(root: Path) -> Path:
@@ -26,6 +27,7 @@ def _image(root: Path) -> Path:
     (root / "usr/bin").mkdir()
     (root / "etc").mkdir()
     (root / "file").write_text("")
+    (root / "usr/bin/present").write_text("")  # a present last name in a directory walked before: no shortcut
     os.symlink("usr/lib", root / "lib")  # usr-merge
     os.symlink("/usr/lib/x86_64-linux-gnu", root / "abs")  # absolute: inside the rootfs, never the host's
     os.symlink("../../../../..", root / "usr/lib/x86_64-linux-gnu/deeper")  # climbs no higher than the rootfs
@@ -102,3 +104,48 @@ def test_a_starts_lookups_grow_with_its_files_not_their_depth(tmp_path, monkeypa
     dirs = {os.path.dirname(m["destination"]) for m in mounts}
     depth = sum(d.count("/") for d in dirs)
     assert len(mounts) >= 20 and len(in_image) <= len(mounts) + depth + 8, (len(in_image), len(mounts), depth)
+
+
+def test_the_driver_mounts_memo_follows_discovery_and_the_request(tmp_path):
+    """The warm editor's one cross-start memo (edits.driver_mounts_for) answers as driver_mounts does for the
+    discovery it is given: another discovery (the driver changed: a new Discovery) or another capability set,
+    library directory or firmware need is never served an earlier answer."""
+    import dataclasses
+
+    from provision.inject import edits
+
+    disc = modify.load_discovery(settings(tmp_path))
+    lib = disc.libraries["compute"][0]
+    moved = dataclasses.replace(lib, path=lib.path + ".moved")
+    other = dataclasses.replace(disc, libraries={**disc.libraries, "compute": (moved, *disc.libraries["compute"][1:])})
+    asks = [(d, caps, libdir, fw) for d in (disc, other, disc) for caps in (["utility"], ["compute", "utility"],
+            list(edits.CAPABILITIES)) for libdir in (edits.DEBIAN_LIBDIR, edits.RHEL_LIBDIR) for fw in (True, False)]
+    for d, caps, libdir, fw in asks + asks[::-1]:
+        assert edits.driver_mounts_for(d, caps, libdir, fw) == tuple(
+            edits.driver_mounts(d, caps, libdir=libdir, with_firmware=fw)), (caps, libdir, fw)
+    assert moved.path in {m.source for m in edits.driver_mounts_for(other, ["compute"], edits.DEBIAN_LIBDIR, True)}
+    assert moved.path not in {m.source for m in edits.driver_mounts_for(disc, ["compute"], edits.DEBIAN_LIBDIR, True)}
+
+
+def test_each_image_is_resolved_by_its_own_start(tmp_path):
+    """Starts of different images in one warm process: each one's destinations are resolved inside its own rootfs
+    (its library directory, its links), whatever the start before it saw."""
+    st = settings(tmp_path)
+    plain = gpu_bundle(tmp_path, "plain")
+    linked = gpu_bundle(tmp_path, "linked")
+    (linked / "rootfs/usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    os.symlink("/opt/own", linked / "rootfs/usr/lib/x86_64-linux-gnu/libcuda.so.1")  # the image's own link
+    rhel = gpu_bundle(tmp_path, "rhel")
+    (rhel / "rootfs/etc/debian_version").unlink()
+    (rhel / "rootfs/usr/lib64").mkdir(parents=True)
+
+    def cuda_dest(b) -> str:
+        modify.modify_bundle(str(b), st)
+        mounts = json.loads((b / "config.json").read_text())["mounts"]
+        return next(m["destination"] for m in mounts if m["source"].rsplit("/", 1)[-1].startswith("libcuda.so."))
+
+    assert cuda_dest(plain) == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    assert cuda_dest(linked) == "/opt/own"
+    assert cuda_dest(rhel) == "/usr/lib64/libcuda.so.1"
+    fresh = gpu_bundle(tmp_path, "plain2")
+    assert cuda_dest(fresh) == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
