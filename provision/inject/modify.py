@@ -91,6 +91,7 @@ def scoped_resolve(rootfs: str, path: str, memo: dict[str, tuple[str, int, int]]
                 break
     todo = parts[done:][::-1]  # next component last
     own = len(todo)  # the path's own components still to walk (below any link's components on the stack)
+    gone = False  # the last name walked is absent: so is every name below it (no lookup), until a `..`
     while todo:
         if own == len(todo):  # the path's components before these are walked, their links' too
             if memo is not None and own < len(parts):
@@ -102,9 +103,12 @@ def scoped_resolve(rootfs: str, path: str, memo: dict[str, tuple[str, int, int]]
                           "links): refusing to look further")
         part = todo.pop()
         if part == "..":
-            resolved = posixpath.dirname(resolved) or "/"
+            resolved, gone = posixpath.dirname(resolved) or "/", False
             continue
         cand = "/" + part if resolved == "/" else f"{resolved}/{part}"
+        if gone:
+            resolved = cand
+            continue
         if not todo and len(part) <= SHORT_NAME and len(top) + len(cand) <= SHORT_PATH and \
                 not os.access(top + cand, os.F_OK, follow_symlinks=False):
             resolved = cand  # the last name, absent (the driver's files nearly always are): see SHORT_NAME
@@ -112,7 +116,7 @@ def scoped_resolve(rootfs: str, path: str, memo: dict[str, tuple[str, int, int]]
         try:
             st = os.lstat(top + cand)
         except (FileNotFoundError, NotADirectoryError):  # absent in the image (or under a file): nothing to follow
-            resolved = cand
+            resolved, gone = cand, True
             continue
         if stat.S_ISLNK(st.st_mode):
             links += 1

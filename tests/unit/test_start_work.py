@@ -18,7 +18,8 @@ PATHS = ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/li
          "/lib/x86_64-linux-gnu/libc.so.6", "/abs/deeper/file", "/rel/file", "/up/../usr/lib/x", "/loop/x",
          "/loop2/x", "/missing/dir/file", "/file/under/a/file", "/usr/lib/../lib/./x86_64-linux-gnu/x", "/", "/etc",
          "/long0/f", "/long0/g", "/usr/lib/x86_64-linux-gnu/deeper", "/usr/lib/x86_64-linux-gnu/deeper/x",
-         "/usr/bin/present", "/usr/bin/present/x", "/usr/bin/..", "/usr/bin/.", "/usr//bin/absent", "/abs/absent")
+         "/usr/bin/present", "/usr/bin/present/x", "/usr/bin/..", "/usr/bin/.", "/usr//bin/absent", "/abs/absent",
+         "/missing/a/../../rel/present", "/file/x/../y", "/missing/deeper/still")
 
 
 def _image(root: Path) -> Path:
@@ -56,6 +57,9 @@ def test_a_starts_memo_answers_as_a_fresh_walk(tmp_path):
     fresh = {p: _answer(root, p, None) for p in PATHS}
     assert fresh["/abs/deeper/file"] == "/file" and fresh["/up/../usr/lib/x"] == "/usr/lib/x"
     assert fresh["/loop/x"].startswith("refused") and fresh["/loop2/x"].startswith("refused")
+    # below an absent name nothing is looked up, until a `..` climbs back to what exists (and its links count again)
+    assert fresh["/missing/a/../../rel/present"] == "/usr/bin/present" and fresh["/file/x/../y"] == "/file/y"
+    assert fresh["/missing/deeper/still"] == "/missing/deeper/still"
     for seed in range(20):  # any order of lookups within one start, one memo
         order = list(PATHS) * 2
         random.Random(seed).shuffle(order)
