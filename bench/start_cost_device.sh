@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Issue 41 on a lent GPU host, one batched call: the container-start benchmark against the limit
+# Issue 41 on a lent GPU host, one batched call: gpuprov's own part of a create against BEFORE (bench/create_split.py),
+# the container-start benchmark against the limit
 # (bench/runtime_bench.py: shuffled rounds, configs compared first, phases, by predecessor, a burst of 32), then the
 # docker-level ratio (bench/docker_bench.py: a dockerd of our own whose default runtime is gpuprov-runtime, n=100 per
 # case, shuffled, bootstrap interval). Carry .gpu-kit (gpu-host-kit.sh, with its docker/ from gpu-docker-kit.sh).
-# Results under $OUT: host.txt, install.json, bench-runtime.json, bench-docker.json, dockerd.log.
+# Results under $OUT: host.txt, install.json, create-split.json, bench-runtime.json, bench-docker.json,
+# dockerd.log.
 set -uo pipefail
 out=${OUT:-/tmp/gpuprov-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 GPUPROV_RUNTIME_CONFIG=/tmp/rt/runtime.json
@@ -19,6 +21,24 @@ r = install_runtime("/tmp/rt", driver_root=sys.argv[1])
 print(json.dumps({"runtime": r.runtime_path, "compiled": r.compiled, "origin": r.origin, "notes": r.notes}))
 PY
 cat "$out/install.json"
+# gpuprov's own part of a create (runc replaced by true), this checkout against BEFORE (default: issue 41 round 2's
+# starting commit) in the same shuffled rounds, each side with its own editor copy, front-end, settings and editor
+# (the lent machine's copy has no .git: prepare the tree here, in the carried .gpu-kit:
+#  mkdir -p .gpu-kit/before-3bd3e3f && git archive 3bd3e3f provision | tar -x -C .gpu-kit/before-3bd3e3f)
+before=${BEFORE:-3bd3e3f}; [ -d ".gpu-kit/before-$before" ] && before=".gpu-kit/before-$before"
+timeout 300 python3 bench/create_split.py --driver-root "$droot" --before "$before" -n "${SPLIT_N:-150}" \
+  --json > "$out/create-split.json" 2> "$out/create-split.err"
+echo "create split rc=$?"; tail -3 "$out/create-split.err"
+python3 - "$out/create-split.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as exc:
+    sys.exit(f"no create split result: {exc}")
+print(f"create split: seed {r['seed']} n={r['n']} before={r['before']}")
+print("  gpuprov's own part (ms):", r["gpuprov_part_ms"])
+print("  after - before (ms):", r.get("after_minus_before_ms"), " part ratio:", r.get("part_ratio_after_before"))
+PY
 timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime -n "${BENCH_N:-40}" \
   --by-predecessor --burst 32 --json > "$out/bench-runtime.json" 2> "$out/bench-runtime.err"
 echo "runtime bench rc=$?"; tail -5 "$out/bench-runtime.err"
