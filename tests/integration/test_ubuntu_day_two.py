@@ -10,6 +10,9 @@ faked: /proc/driver/nvidia/version and `nvidia-smi -L`; UbuntuHost.load_driver).
    real `unattended-upgrade` installs the kernel (exit 0), verify is red naming it. bootstrap, without --driver,
    adds the same series' DKMS flavour for 5.15.0-131 (Canonical's module stays for 5.15.0-91), the plan says why;
    verify's next-boot check is green. (On main: "left alone", 0 changes, verify still red.)
+   Before that, its DKMS build fails (the kernel's headers broken): the default boot entry stays on 5.15.0-91 (GRUB's
+   own update-grub, with gpuprov's drop-in), verify warns of it, a re-run changes nothing more, `gpuprov uninstall`
+   gives the entry back; once the headers are repaired, the bootstrap that builds the module gives it back too.
 3. After the reboot into 5.15.0-131: left alone. Then Canonical publishes its modules for 5.15.0-131: the next
    bootstrap moves back to them, DKMS removed in the same transaction.
 4. --driver 580 with 570 loaded: the branch change is planned and done (on main: "left alone", exit 0), the plan
@@ -27,7 +30,7 @@ import re
 import pytest
 
 from tests.conftest import needs
-from tests.integration.ubuntu_hosts import UbuntuHost
+from tests.integration.ubuntu_hosts import GRUB_UUID, UbuntuHost
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("debootstrap", docker=True)]
 BOOT = "gpuprov bootstrap --yes --engine none --no-validate"
@@ -35,6 +38,9 @@ PIN = "/etc/apt/preferences.d/gpuprov-nvidia"
 K91, K131 = "5.15.0-91-generic", "5.15.0-131-generic"
 LRM = "linux-modules-nvidia-570-server-open-"
 NEXT_BOOT = "next-boot kernel module"
+BOOT_DEFAULT = "default boot entry"
+DROP_IN = "/etc/default/grub.d/gpuprov-boot.cfg"
+ENTRY = "gnulinux-advanced-{u}>gnulinux-{k}-advanced-{u}"  # grub-mkconfig's 10_linux names its entries so
 # the real unattended-upgrades, allowed the -updates suite as an Ubuntu server's 50unattended-upgrades allows it
 UU_CONF = 'Unattended-Upgrade::Origins-Pattern { "origin=Ubuntu,archive=jammy-updates"; };\n'
 
@@ -43,11 +49,17 @@ def _out(r) -> str:
     return r.stdout[-5000:] + r.stderr[-3000:]
 
 
-def _next_boot(h) -> tuple[int, dict]:
-    """`gpuprov verify --json`: its exit code and the next-boot kernel module check."""
+def _checks(h) -> tuple[int, dict]:
+    """`gpuprov verify --json`: its exit code and its checks by name."""
     r = h.exec("gpuprov verify --json")
     assert "Traceback" not in r.stderr, r.stderr
-    return r.returncode, {c["name"]: c for c in json.loads(r.stdout)["checks"]}[NEXT_BOOT]
+    return r.returncode, {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+
+
+def _next_boot(h) -> tuple[int, dict]:
+    """`gpuprov verify --json`: its exit code and the next-boot kernel module check."""
+    rc, checks = _checks(h)
+    return rc, checks[NEXT_BOOT]
 
 
 def _step(h, extra: str = "") -> dict:
@@ -78,6 +90,7 @@ def node():
         h.write("/etc/apt/sources.list", STOCK)
         h.exec("apt-get update -q", check=True)
         h.install_gpuprov()
+        h.grub()  # GRUB_DEFAULT=0: the newest kernel boots
         h.config_before = h.pm_config()
         yield h
     finally:
@@ -114,6 +127,7 @@ def abi_bump(loaded):
     loaded.publish_updates("abi")
     loaded.write("/etc/apt/apt.conf.d/51gpuprov-test", UU_CONF)
     r = loaded.exec("apt-get update -q && unattended-upgrade -v 2>&1; echo rc=$?")
+    loaded.update_grub()  # what the kernel's zz-update-grub hook does on a machine (it skips containers)
     return r
 
 
@@ -125,6 +139,48 @@ def test_unattended_upgrade_brings_a_kernel_without_precompiled_modules(loaded, 
     assert loaded.exec("dpkg --audit").stdout == ""
     rc, check = _next_boot(loaded)
     assert rc == 10 and check["status"] == "fail" and f"kernel {K131} boots next" in check["detail"], check
+
+
+def test_dkms_failure_keeps_the_default_boot_entry(loaded, abi_bump):
+    """Issue 43 item 1: DKMS cannot build for 5.15.0-131 either (its headers broken: /lib/modules/K/build gone).
+    bootstrap stops with exit 16 as before, and the default boot entry stays on 5.15.0-91, which has Canonical's
+    module: gpuprov's drop-in sets GRUB_DEFAULT to its entry and GRUB's update-grub writes grub.cfg; the operator's
+    /etc/default/grub is untouched. On the commit before, the node booted 5.15.0-131 without a module."""
+    assert loaded.grub_default() == "0"
+    operator = loaded.exec("cat /etc/default/grub").stdout
+    loaded.exec(f"mv /lib/modules/{K131}/build /root/headers-{K131}", check=True)
+    entry = ENTRY.format(u=GRUB_UUID, k=K91)
+    step = _step(loaded)  # said before the first change
+    assert (f"if DKMS cannot build for {K131}: the default boot entry stays on {K91} ({DROP_IN} sets GRUB_DEFAULT; "
+            "update-grub)") in step["notes"], step["notes"]
+    assert step["on_failure"][-1] == "/usr/sbin/update-grub", step["on_failure"]
+    before = loaded.debs()
+    r = loaded.exec(BOOT)
+    assert r.returncode == 16, _out(r)
+    assert f"the default boot entry stays on {K91} until {K131} has an nvidia module" in r.stderr, _out(r)
+    assert loaded.debs() == before  # the DKMS flavour it added purged again
+    assert f"GRUB_DEFAULT='{entry}'" in loaded.exec(f"cat {DROP_IN}").stdout
+    assert loaded.grub_default() == entry
+    assert loaded.exec("cat /etc/default/grub").stdout == operator
+    assert loaded.exec(f"cat /var/lib/gpuprov/dkms-failed/{K131}").returncode == 0
+    _, checks = _checks(loaded)
+    assert checks[NEXT_BOOT]["status"] == "pass" and checks[NEXT_BOOT]["detail"].startswith(f"{K91} boots next"), \
+        checks[NEXT_BOOT]
+    assert checks[BOOT_DEFAULT]["status"] == "warn", checks[BOOT_DEFAULT]
+    assert checks[BOOT_DEFAULT]["detail"].startswith(f"kept on {K91} by gpuprov ({DROP_IN} sets GRUB_DEFAULT): "
+                                                     f"kernel {K131} has no NVIDIA module"), checks[BOOT_DEFAULT]
+    # a re-run: the same stop, nothing more changed (grub.cfg as update-grub wrote it)
+    cfg = loaded.exec("stat -c %Y /boot/grub/grub.cfg; md5sum /boot/grub/grub.cfg").stdout
+    assert loaded.exec(BOOT).returncode == 16
+    assert loaded.exec("stat -c %Y /boot/grub/grub.cfg; md5sum /boot/grub/grub.cfg").stdout == cfg
+    # uninstall gives the entry back (the driver stays: no --purge-driver)
+    r = loaded.exec("gpuprov uninstall --yes")
+    assert r.returncode == 0, _out(r)
+    assert loaded.exec(f"test -e {DROP_IN}").returncode == 1 and loaded.grub_default() == "0"
+    assert loaded.debs() == before
+    # kept again by the next failing bootstrap; the headers repaired, the next test's bootstrap builds the module
+    assert loaded.exec(BOOT).returncode == 16 and loaded.grub_default() == entry
+    loaded.exec(f"mv /root/headers-{K131} /lib/modules/{K131}/build", check=True)
 
 
 def test_bootstrap_adds_dkms_for_the_kernel_canonical_has_not_served(loaded, abi_bump):
@@ -145,9 +201,13 @@ def test_bootstrap_adds_dkms_for_the_kernel_canonical_has_not_served(loaded, abi
     assert loaded.exec(f"modinfo -k {K131} -F version nvidia").stdout.strip() == "570.195.03"
     assert _module(loaded, K91) == f"/lib/modules/{K91}/kernel/nvidia-570srv-open/nvidia.ko"  # Canonical's, kept
     assert loaded.exec("dpkg --audit").stdout == ""
-    _, check = _next_boot(loaded)
-    assert check["status"] == "pass" and K131 in check["detail"], check
+    _, checks = _checks(loaded)
+    assert checks[NEXT_BOOT]["status"] == "pass" and K131 in checks[NEXT_BOOT]["detail"], checks[NEXT_BOOT]
     assert "Pin: version 570.*" in loaded.exec(f"cat {PIN}").stdout
+    # the module built: the default boot entry is the distribution's again (test_dkms_failure_keeps_… kept it)
+    assert loaded.exec(f"test -e {DROP_IN}").returncode == 1 and loaded.grub_default() == "0"
+    assert checks[BOOT_DEFAULT]["status"] == "skip", checks[BOOT_DEFAULT]
+    assert loaded.exec(f"test -e /var/lib/gpuprov/dkms-failed/{K131}").returncode == 1
 
 
 def test_precompiled_modules_published_later_move_it_back(loaded, abi_bump):

@@ -40,8 +40,28 @@ PORT = 8090  # the loopback HTTP server inside the host (its own network namespa
 # engine an Ubuntu host installs from the stand-in archive is a real one.
 # unattended-upgrades: an Ubuntu server has it installed (issue 43 runs it to bring a kernel); its periodic run stays
 # off (no 20auto-upgrades), so it runs only when a test runs it.
+# grub2-common (and grub-common): GRUB's own grub-mkconfig, update-grub, grub-set-default and 10_linux (Debian's
+# 2.06, the version 22.04 ships), no boot loader installed: a host that calls UbuntuHost.grub() gets a grub.cfg.
 APT = ("python3 python3-venv kmod initramfs-tools dkms openssl apt-utils gnupg "
-       "systemd systemd-sysv dbus iptables adduser libdevmapper1.02.1 tini libseccomp2 curl unattended-upgrades")
+       "systemd systemd-sysv dbus iptables adduser libdevmapper1.02.1 tini libseccomp2 curl unattended-upgrades "
+       "grub2-common")
+# grub-probe answers for the root filesystem; a container's is an overlay no GRUB can read, so a stand-in answers as
+# for an ext4 root on /dev/sda1 (grub-probe's --target values that 00_header and 10_linux ask). Diverted, so
+# grub-mkconfig's own /usr/sbin/grub-probe is this one.
+GRUB_UUID = "3f5d2e7c-8a10-4b8e-9d1a-6d2c1a9e5b1e"
+GRUB_PROBE = r"""#!/bin/sh
+t=; prev=
+for a in "$@"; do
+  case "$a" in --target=*) t=${a#--target=};; esac
+  { [ "$prev" = -t ] || [ "$prev" = --target ]; } && t=$a
+  prev=$a
+done
+case "$t" in
+  device) echo /dev/sda1;; fs) echo ext2;; fs_uuid) echo GRUB_UUID;; partmap) echo msdos;; abstraction) ;;
+  drive) echo '(hd0,msdos1)';; compatibility_hint) echo hd0,msdos1;; hints_string) echo '--hint-bios=hd0,msdos1';;
+  partuuid) echo 1234-01;; disk) echo /dev/sda;;
+esac
+""".replace("GRUB_UUID", GRUB_UUID)
 ENGINE_DEBS = "/opt/debian-engine"
 PREP = r"""set -e
 apt-get update -qq
@@ -494,6 +514,25 @@ class UbuntuHost(StandInHost):
         self.exec("chmod 755 /usr/local/bin/nvidia-smi", check=True)
         self.loaded = f"{version} {flavour}"
         self.exec("mount --bind /srv/proc-driver /proc/driver", check=True)
+
+    def grub(self, defaults: str = "GRUB_DEFAULT=0\nGRUB_TIMEOUT=0\nGRUB_DISTRIBUTOR=Ubuntu\n") -> None:
+        """GRUB as an Ubuntu server's grub-pc leaves it, less the boot loader itself: /etc/default/grub (the
+        operator's: `defaults`) and the grub.cfg update-grub writes from it for the installed kernels. The kernels'
+        own hook (/etc/kernel/postinst.d/zz-update-grub) skips containers, so a test that installs a kernel runs
+        update-grub as that hook does on a machine (update_grub)."""
+        self.write("/usr/local/share/grub-probe", GRUB_PROBE)
+        self.exec("set -e; dpkg-divert --local --rename --add /usr/sbin/grub-probe >/dev/null; "
+                  "install -m0755 /usr/local/share/grub-probe /usr/sbin/grub-probe; mkdir -p /boot/grub", check=True)
+        self.write("/etc/default/grub", defaults)
+        self.update_grub()
+
+    def update_grub(self) -> None:
+        self.exec("update-grub", check=True)
+
+    def grub_default(self) -> str:
+        """grub.cfg's unconditional `set default=` value (00_header's, from GRUB_DEFAULT)."""
+        out = self.exec("grep -E '^ +set default=\"[^$]' /boot/grub/grub.cfg", check=True).stdout
+        return out.strip().splitlines()[-1].split("=", 1)[1].strip('"')
 
     def serve(self) -> None:
         self.spawn(f"cd /srv/pub && exec python3 -m http.server --bind 127.0.0.1 {PORT} >/var/log/archive.log 2>&1")
