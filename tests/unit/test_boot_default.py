@@ -228,3 +228,35 @@ def test_uninstall_gives_the_entry_back(tmp_path):
     (root / "var/lib/gpuprov").mkdir(parents=True, exist_ok=True)
     step = uninstall.boot_default.release_step(root, saved.boot, uninstall=True)
     assert [c.shell() for c in step.commands] == [f"grub-set-default gnulinux-simple-{U}"]
+
+
+def test_failed_build_keeps_the_entry_and_says_so(tmp_path, monkeypatch):
+    """FallbackInstall after its DriverInstall's failure (rolled back, exit 16): the failure recorded, the pin
+    applied, the message names where the node boots; exit 16 kept. A kernel that has its module after all: the
+    failure as it was. (Files and commands stubbed here: the real ones run in test_ubuntu_day_two.py.)"""
+    from provision.errors import DKMS_FAILED, DkmsBuildFailed
+    from provision.plan import boot_default as bd
+    from provision.plan.dkms import DriverInstall
+
+    def failed(self):
+        raise DkmsBuildFailed(f"DKMS could not build nvidia-dkms-570-server-open for kernel {K131}: no compiler "
+                              "error found. Rolled back")
+    monkeypatch.setattr(DriverInstall, "execute", failed)
+    written, pinned = {}, []
+    monkeypatch.setattr(bd, "write_file", lambda path, text, **kw: written.__setitem__(path, text))
+    monkeypatch.setattr(bd, "apply_pin", pinned.append)
+    monkeypatch.setattr(bd, "nvidia_module", lambda root, k: None)
+    pin = Pin(K91, K131, ENTRY91, DROP_IN)
+    act = FallbackInstall(("nvidia-headless-570-server-open",), (K131,), "nvidia-dkms-570-server-open", (), "ways",
+                          fallback=KeepBootDefault(pin))
+    with pytest.raises(DkmsBuildFailed) as exc:
+        act.execute()
+    assert exc.value.exit_code == DKMS_FAILED and pinned == [pin]
+    assert str(exc.value).endswith(f"; the default boot entry stays on {K91} until {K131} has an nvidia module "
+                                   f"({BOOT_PIN}; `gpuprov verify` says so, and the next bootstrap that gives it one "
+                                   "moves it back)"), exc.value
+    assert list(written) == [f"{record.paths.DKMS_FAILED}/{K131}"]
+    monkeypatch.setattr(bd, "nvidia_module", lambda root, k: "/lib/modules/x/nvidia.ko")
+    with pytest.raises(DkmsBuildFailed) as exc:
+        act.execute()
+    assert str(exc.value).endswith("Rolled back") and len(pinned) == 1
