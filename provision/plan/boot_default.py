@@ -293,10 +293,10 @@ def with_boot_default(root: Path, family: str, steps: list[Step]) -> list[Step]:
     fb = decide(unserved, kernels, with_module, read_grub(root) if unserved else None)
     out, building = [], ()
     for s in steps:
-        builds = [a for a in s.actions if isinstance(a, DriverInstall) and a.dkms_package]
-        if builds:
-            building = tuple(k for a in builds for k in a.kernels)
-        if fb is not None and builds and unserved in building:
+        installs = [a for a in s.actions if isinstance(a, DriverInstall)]
+        # the kernels the driver step gives a module: DKMS's builds, or Canonical's packages (the move back)
+        building += tuple(k for a in installs for k in a.kernels)
+        if fb is not None and unserved in (k for a in installs if a.dkms_package for k in a.kernels):
             s = _fallback(s, fb, unserved)
         out.append(s)
     if state is not None:

@@ -172,6 +172,16 @@ def test_module_there_the_pin_goes_even_when_the_driver_is_left_alone(tmp_path):
     assert list(plan(root, driver="570")) == ["driver.present"]
 
 
+def test_canonicals_modules_published_the_release_is_planned(tmp_path):
+    """The failed build's rollback left the precompiled series; Canonical publishes 5.15.0-131's modules: the plan
+    installs them and, in the same run, gives the entry back (said before the first change: would change)."""
+    root = _pinned(ubuntu_node(tmp_path, abis=(K91, K131), meta_for=K131))
+    steps = plan(root, driver="570")
+    assert any(f"linux-modules-nvidia-570-server-open-{K131}" in ln for ln in steps["driver.packages"].lines())
+    assert not [a for a in steps["driver.packages"].actions if isinstance(a, FallbackInstall)]  # no DKMS build
+    assert not steps["driver.boot-default"].satisfied(root)
+
+
 def test_pin_held_while_nothing_builds_for_it(tmp_path):
     """The release step's check: satisfied while K131 has no module and the plan builds none for it."""
     from provision.plan.boot_default import PinReleased
