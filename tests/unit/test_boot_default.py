@@ -270,3 +270,23 @@ def test_failed_build_keeps_the_entry_and_says_so(tmp_path, monkeypatch):
     with pytest.raises(DkmsBuildFailed) as exc:
         act.execute()
     assert str(exc.value).endswith("Rolled back") and len(pinned) == 1
+
+
+def test_debian_the_same_with_grub_set_default(tmp_path):
+    """Debian 12 (the same GRUB, the operator's GRUB_DEFAULT=saved): a kernel update whose module did not build, the
+    series' build for it planned; if it fails, grub-set-default keeps 6.1.0-50's entry. Debian's grub.cfg fixture
+    (grub-mkconfig's, two kernels) with its kernel releases renamed to these."""
+    from tests.unit.test_driver_follows_branch import NEW, OLD
+    from tests.unit.test_kernel_update_safe import OURS, _steps, _unserved_host
+    root = _unserved_host(tmp_path, OURS)
+    cfg = (BOOT / "debian-grub.cfg").read_text().replace("6.1.0-28-amd64", NEW).replace("6.1.0-27-amd64", OLD)
+    _grub(root, "debian-grub.cfg", defaults="GRUB_DEFAULT=saved\n")
+    (root / "boot/grub/grub.cfg").write_text(cfg)
+    du = "6d2c1a9e-5b1e-4b8e-9d1a-3f5d2e7c8a10"
+    step = _steps(root)["driver.packages"]
+    keep = next(a for a in step.actions if isinstance(a, KeepBootDefault))
+    entry = f"gnulinux-advanced-{du}>gnulinux-{OLD}-advanced-{du}"
+    assert keep.pin == Pin(OLD, NEW, entry, SAVED)
+    assert [c.shell() for c in step.on_failure][-1] == f"grub-set-default '{entry}'"
+    assert f"if DKMS cannot build for {NEW}: the default boot entry stays on {OLD} (grub-set-default, as " \
+           "GRUB_DEFAULT=saved asks)" in step.notes
