@@ -210,6 +210,12 @@ PRELIBC static int scan_config(const char *bundle) {
     char buf[32768];
     long left = st.st_size, have = 0;
     int hit = 0;
+    /* The triggers' first bytes: the scan looks for a trigger only where one could start. An engine's config.json is
+     * 10-30 kB (Docker's embeds its seccomp profile), read on every create: trying each trigger at every byte cost
+     * ~6 us a kB here. */
+    unsigned char first[256];
+    for (int c = 0; c < 256; c++) { first[c] = 0; __asm__(""); } /* not a memset call */
+    for (int t = 0; triggers[t][0]; t++) first[(unsigned char)triggers[t][0]] = 1;
     for (;;) {
         while (have < (long)sizeof buf && left > 0) {
             long n = RAW_READ(fd, buf + have, left < (long)sizeof buf - have ? left : (long)sizeof buf - have);
@@ -220,7 +226,7 @@ PRELIBC static int scan_config(const char *bundle) {
         int last = left <= 0;
         long upto = last ? have : have - (TRIGGER_MAX - 1); /* a trigger starting further may run past the window */
         long i = 0;
-        while (i < upto && buf[i] && !(hit = trigger_at(buf + i, have - i))) i++;
+        while (i < upto && buf[i] && !(first[(unsigned char)buf[i]] && (hit = trigger_at(buf + i, have - i)))) i++;
         if (hit || i < upto || last) break; /* a match, a NUL byte, or the end */
         for (long j = upto; j < have; j++) { buf[j - upto] = buf[j]; __asm__(""); } /* not a memmove call */
         have -= upto;

@@ -106,3 +106,40 @@ def test_both_front_ends_share_one_table():
                         ("triggers", shim.TRIGGERS)):
         body = flat.split(f" {table}[][", 1)[1].split("= {", 1)[1].split("}", 1)[0]
         assert [w.strip().strip('"') for w in body.split(",")][:-1] == list(opts), table
+
+
+def test_the_compiled_scan_finds_what_the_python_one_finds(tmp_path):
+    """shim.c's scan of config.json (read in 32 kB windows that overlap by a trigger's length, skipping bytes no
+    trigger starts with, stopping at a NUL byte as runc's parser would refuse the file) says "edit" exactly where
+    shim.py's needs_edit finds a trigger before the first NUL: each trigger across both window edges, none, after NUL."""
+    import shutil
+
+    from provision.inject import shim
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = Path(shim.__file__).with_name("shim.c").read_text()
+    assert src.count("int main(int argc, char **argv) {") == 1
+    harness = src.replace("int main(int argc, char **argv) {", "int shim_main(int argc, char **argv) {") + (
+        '\nint main(int argc, char **argv) {\n'
+        '    for (int i = 1; i < argc; i++) printf("%d\\n", scan_config(argv[i]));\n'
+        '    return 0;\n}\n')
+    (tmp_path / "scan.c").write_text(harness)
+    subprocess.run([cc, "-O2", str(tmp_path / "scan.c"), "-o", str(tmp_path / "scan")], check=True)
+    cases: list[bytes] = [b"", b'{"process":{"env":["PATH=/bin"]}}', b"x" * 70000]
+    for t in shim.TRIGGERS:
+        for edge in (32768, 65536 - 39):
+            for off in (-len(t) - 1, -len(t), -len(t) + 1, -20, -1, 0, 1, 39):
+                cases.append(b"y" * (edge + off) + t.encode() + b"z" * 50)
+        cases.append(b"pad\0" + t.encode())  # after a NUL: runc refuses the file, nothing to edit
+        cases.append(t.encode()[:-1] + b" " + t.encode()[:-1])  # a trigger less its last byte, twice
+    dirs = []
+    for i, data in enumerate(cases):
+        d = tmp_path / f"b{i}"
+        d.mkdir()
+        (d / "config.json").write_bytes(data)
+        dirs.append(str(d))
+    out = subprocess.run([str(tmp_path / "scan"), *dirs], capture_output=True, text=True, check=True).stdout.split()
+    want = [str(int(any(t.encode() in data.split(b"\0", 1)[0] for t in shim.TRIGGERS))) for data in cases]
+    assert out == want
