@@ -79,9 +79,10 @@ class Mount(Record):
     def __new__(cls, source: str, destination: str, options: tuple[str, ...]) -> Mount:
         return tuple.__new__(cls, (source, destination, options))
 
-    def oci(self) -> dict:
-        """A mounts entry."""
-        return {"destination": self.destination, "source": self.source, "type": "bind", "options": list(self.options)}
+    def oci(self, destination: str | None = None) -> dict:
+        """A mounts entry (at `destination`: where the image resolves this mount's own destination)."""
+        return {"destination": destination or self.destination, "source": self.source, "type": "bind",
+                "options": list(self.options)}
 
     def cdi(self, destination: str | None = None) -> dict:
         """A CDI mounts entry (at `destination` when the spec mounts the same file in several places)."""

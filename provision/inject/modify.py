@@ -474,21 +474,20 @@ def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount], an
     mounts = s.config.setdefault("mounts", [])
     taken = {m.get("destination") for m in mounts}
     volumes = _volumes(s, anywhere)
-    for m in wanted:
-        if not _safe_source(m.source, rootfs_real, s.real_dirs):
+    memo, real_dirs = s.resolved, s.real_dirs
+    for m in wanted:  # ~80 files for `all` with a full driver: nothing here that one start could do once
+        if not _safe_source(m.source, rootfs_real, real_dirs):
             continue
-        dest = scoped_resolve(rootfs, m.destination, s.resolved)
+        dest = scoped_resolve(rootfs, m.destination, memo)
         if dest in taken:
             continue
-        under = next((v for v in volumes if dest.startswith(v + "/")), None)
+        under = next((v for v in volumes if dest.startswith(v + "/")), None) if volumes else None
         if under is not None:
             s.warn(f"{dest} is not mounted: it lies under {under or 'a volume inside another'}, a volume, where runc "
                    "would create it in the volume's host directory")
             continue
         taken.add(dest)
-        oci = m.oci()
-        oci["destination"] = dest
-        mounts.append(oci)
+        mounts.append(m.oci(dest))
 
 
 def _volumes(s: Start, anywhere: bool) -> list[str]:
