@@ -237,6 +237,12 @@ class InstallWatch:
     @contextmanager
     def _installs(self, step: Step):
         pm = next((a.pm for a in step.actions if isinstance(getattr(a, "pm", None), PackageManager)), None)
+        # Dependencies are recorded where the package manager's removal takes them along (dnf/yum:
+        # records_dependencies) and for the driver everywhere (apt: Ubuntu's metapackages pull each kernel's module
+        # packages, issue 43). An apt engine's dependencies (iptables, netbase, runc…) stay apt's to auto-remove, as
+        # `apt-get purge docker.io` leaves them: a purge of netbase or iptables reaches past the engine.
+        if pm is not None and not pm.records_dependencies and getattr(step.stage, "value", step.stage) != Stage.DRIVER:
+            pm = None
         if pm is None:
             yield
             return

@@ -131,11 +131,12 @@ def test_a_run_killed_while_it_holds_live_restore_is_finished_by_the_next(host):
                f">/tmp/killed.log 2>&1 & pid=$!; for i in $(seq 400); do test -e {hold} && break; sleep 0.05; done; "
                f"kill -9 $pid; wait $pid; test -e {hold})")
     assert r.returncode == 0, r.stdout + r.stderr + h.exec("cat /tmp/killed.log").stdout
-    assert h.exec("docker info -f '{{.LiveRestoreEnabled}}'").stdout.strip() == "true" or \
-        h.read(DAEMON) == final  # killed between the state and the held file: nothing held yet
+    held = h.exec("docker info -f '{{.LiveRestoreEnabled}}'").stdout.strip() == "true"
+    assert held or h.read(DAEMON) == final  # killed between the state and the held file: nothing held yet
     res = _json(h, f"{BOOT} --json")
     detail = {s["id"]: s for s in res["steps"]}["engine.config"]["detail"]
-    assert "live-restore put back" in detail, detail
+    # where the kill came before the held file (a loaded machine), there is nothing to put back: the run just holds
+    assert ("live-restore put back" in detail) if held else ("with live-restore on for the restart" in detail), detail
     assert h.read(DAEMON) == final and h.exec(f"test -e {hold}").returncode == 1
     assert h.exec("docker info -f '{{.LiveRestoreEnabled}}'").stdout.strip() == "false"
     assert h.exec(f"docker inspect -f '{STATE}' keeper").stdout.split() == before
