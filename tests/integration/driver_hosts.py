@@ -10,6 +10,7 @@ import hashlib
 import json
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 from tests.integration.hosts import NESTED, committed_image, debootstrap_image, ensure_image, ensure_wheelhouse, sh
@@ -84,7 +85,9 @@ class KernelHost:
         """cpus: the CPUs the host may use (docker's --cpuset-cpus), so that two hosts timed side by side each have
         their own and neither's build waits on the other's. share_builds: DKMS builds go through the machine's build
         cache (dkms_build_cache); a benchmark that times the build itself turns it off."""
-        self.name = f"driver-{suite}-{role}-{int(time.time() * 1000) % 10**8}"
+        # unique across workers: two that wait on the same shared image build wake in the same millisecond (seen in
+        # CI: `docker run --name` exit 125, the name taken)
+        self.name = f"driver-{suite}-{role}-{uuid.uuid4().hex[:10]}"
         self.suite = suite
         sh("docker", "run", "-d", "--name", self.name, *SYSTEMD_FLAGS, *(["--cpuset-cpus", cpus] if cpus else []),
            "-v", f"{ensure_wheelhouse()}:/wh:ro", *(dkms_build_cache() if share_builds else ()), kernel_image(suite))
@@ -119,7 +122,8 @@ class KernelHost:
 
     def restart(self) -> None:
         sh("docker", "restart", self.name, timeout=300)
-        self.wait_systemd()
+        # boot runs units that may build (dkms's autoinstall for a new kernel): on a loaded 2-core machine, minutes
+        self.wait_systemd(timeout=360)
 
     def remove(self) -> None:
         sh("docker", "rm", "-f", self.name, check=False)

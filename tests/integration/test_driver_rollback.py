@@ -24,6 +24,7 @@ import hashlib
 import re
 import textwrap
 import time
+import uuid
 
 import pytest
 
@@ -117,7 +118,7 @@ def dkms_image() -> str:
 
 class DkmsHost(KernelHost):
     def __init__(self):  # KernelHost's, from the image with DKMS and the headers
-        self.name = f"driver-rollback-{int(time.time() * 1000) % 10**8}"
+        self.name = f"driver-rollback-{uuid.uuid4().hex[:10]}"  # unique across workers, as driver_hosts' names
         self.suite = "bookworm"
         sh("docker", "run", "-d", "--name", self.name, *SYSTEMD_FLAGS, "-v", f"{ensure_wheelhouse()}:/wh:ro",
            dkms_image())
