@@ -21,6 +21,15 @@ def quantile(v: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
+def revision_tree(repo, rev: str, work):
+    """`rev` of the checkout at `repo`, unpacked under `work` (git archive): the other side of a same-run comparison."""
+    d = work / f"tree-{rev}"
+    d.mkdir()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(d)], input=archive, check=True)
+    return d
+
+
 def median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1000
 

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from _timing import bundle_dir, quantile  # noqa: E402
+from _timing import bundle_dir, quantile, revision_tree  # noqa: E402
 
 from tests.oci import make_config, write_bundle  # noqa: E402
 
@@ -55,14 +55,6 @@ exe.write_bytes(shim)
 exe.chmod(0o755)
 print(exe)
 '''
-
-
-def tree(rev: str, work: Path) -> Path:
-    d = work / f"tree-{rev}"
-    d.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(d)], input=archive, check=True)
-    return d
 
 
 def side(name: str, src: Path, work: Path, settings: dict) -> tuple[str, dict[str, str]]:
@@ -106,8 +98,9 @@ def main() -> int:
         settings = {"runc": true, "driver_root": args.driver_root, "dev_root": "/", "proc_root": "/",
                     "accept_env_unprivileged": True}
         shutil.copytree(os.environ["GPU_KIT_ROOTFS"], image, symlinks=True)
-    before = (Path(args.before).resolve() if Path(args.before).is_dir() else tree(args.before, work)) if args.before \
-        else None
+    before = None
+    if args.before:  # a directory holding that revision's provision/ (a lent machine's copy has no .git), or a rev
+        before = Path(args.before).resolve() if Path(args.before).is_dir() else revision_tree(REPO, args.before, work)
     sides = {"after": REPO, **({"before": before} if before else {})}
     built = {k: side(k, src, work, settings) for k, src in sides.items()}
     envs = {"nogpu": [], "gpu_default": ["NVIDIA_VISIBLE_DEVICES=all"], "gpu_all": ["NVIDIA_VISIBLE_DEVICES=all", ALL]}

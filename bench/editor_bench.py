@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from tests.inject_helpers import gpu_bundle, write_settings  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
-from _timing import bundle_dir  # noqa: E402
+from _timing import bundle_dir, revision_tree  # noqa: E402
 
 WARM = r'''
 import json, os, sys, time
@@ -52,14 +52,6 @@ print(json.dumps(out))
 '''
 
 
-def tree(rev: str, work: Path) -> Path:
-    d = work / f"tree-{rev}"
-    d.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(d)], input=archive, check=True)
-    return d
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", default="91c31ef", help="git revision to compare with (default: before typed records)")
@@ -79,7 +71,7 @@ def main() -> int:
         return b
 
     work = Path(tempfile.mkdtemp(prefix="gpuprov-editor-bench-", dir=bundle_dir()))  # bundles on a tmpfs
-    sides = {"before": tree(args.before, work), "after": REPO}
+    sides = {"before": revision_tree(REPO, args.before, work), "after": REPO}
     settings = {k: _mk(work / k) for k in sides}
     warm: dict[str, list[float]] = {k: [] for k in sides}
     cold: dict[str, list[float]] = {k: [] for k in sides}
