@@ -16,20 +16,29 @@ def hook_present_since(hook: str) -> float:
     already there (note_hook_rewritten). dockerd looks the path up once, at start, and runs whatever is there at each
     container start: a hook rewritten in place after dockerd started needs no restart, one that appeared later does."""
     since = os.stat(hook).st_mtime
-    try:
-        doc = json.loads(read_trusted(paths.HOOK_SINCE) or b"{}")
-        kept = doc.get(hook) if isinstance(doc, dict) else None
-    except (OSError, ValueError):
-        kept = None
-    return min(since, kept) if isinstance(kept, (int, float)) and not isinstance(kept, bool) else since
+    kept = _since(_recorded(), hook)
+    return since if kept is None else min(since, kept)
 
 
 def note_hook_rewritten(hook: str, was_there_since: float) -> None:
     """Record that `hook` was rewritten in place, and since when a hook has been at its path (for pending_restart)."""
+    doc = _recorded()
+    kept = _since(doc, hook)
+    doc[hook] = was_there_since if kept is None else min(was_there_since, kept)
+    write_file(paths.HOOK_SINCE, json.dumps(doc, sort_keys=True) + "\n", mode=0o644, keep_mode=False, backup=False)
+
+
+def _recorded() -> dict:
+    """The record (hook path -> since when), or {} where there is none or it is not one (root-owned only:
+    read_trusted)."""
     try:
         doc = json.loads(read_trusted(paths.HOOK_SINCE) or b"{}")
     except (OSError, ValueError):
-        doc = {}
-    doc = doc if isinstance(doc, dict) else {}
-    doc[hook] = min(was_there_since, doc.get(hook, was_there_since))
-    write_file(paths.HOOK_SINCE, json.dumps(doc, sort_keys=True) + "\n", mode=0o644, keep_mode=False, backup=False)
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _since(doc: dict, hook: str) -> float | None:
+    """The time the record keeps for `hook`, where it is a number."""
+    kept = doc.get(hook)
+    return kept if isinstance(kept, (int, float)) and not isinstance(kept, bool) else None

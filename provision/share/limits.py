@@ -9,6 +9,7 @@ from provision.errors import Refused
 
 TYPE_CHECKING = False  # not typing's (~3 ms to import): this module is on every GPU start's path
 if TYPE_CHECKING:
+    from provision.share.policy import Policy
     from provision.share.state import MpsState, ShareRequest
 
 
@@ -25,7 +26,7 @@ MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTA
 REQUEST_VARS = ("GPUPROV_GPU_MEMORY", "GPUPROV_GPU_COMPUTE", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_SCHD_WEIGHT",
                 "ALIYUN_COM_GPU_HIGH_PRIO")
 NORMAL, BELOW_NORMAL = 0, 1  # CUDA_MPS_CLIENT_PRIORITY's two levels (NVIDIA's MPS guide)
-PRIORITY_NAMES = {NORMAL: "normal", BELOW_NORMAL: "below normal"}
+DEFAULT_MAX_INST = 16  # containers per GPU a weight counts against when `share enable` named no --max-clients
 
 
 def limits_asked(env: dict[str, str]) -> bool:
@@ -114,6 +115,11 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
     high = wants_high(env)
     mem = comp = None
     notes: list[str] = []
+    pol = None
+    if state is not None:  # only a host with sharing on reads its policy
+        from provision.share import policy  # lazy: 1 ms (-X importtime) per cold GPU start, sharing off
+
+        pol = policy.of(state.policy)
     if env.get("GPUPROV_GPU_MEMORY", "").strip():
         mem = parse_memory(env["GPUPROV_GPU_MEMORY"], "GPUPROV_GPU_MEMORY", n_gpus)
     elif env.get("ALIYUN_COM_GPU_MEM_CONTAINER", "").strip() not in ("", "0"):
@@ -127,7 +133,7 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
     if env.get("GPUPROV_GPU_COMPUTE", "").strip():
         comp = parse_percent(env["GPUPROV_GPU_COMPUTE"], "GPUPROV_GPU_COMPUTE")
     elif env.get("ALIYUN_COM_GPU_SCHD_WEIGHT", "").strip():
-        comp = _weight(env["ALIYUN_COM_GPU_SCHD_WEIGHT"], state, high, notes)
+        comp = _weight(env["ALIYUN_COM_GPU_SCHD_WEIGHT"], state, pol, high, notes)
     asked = mem is not None or comp is not None or high
     if state is None:
         if asked:
@@ -139,10 +145,8 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
         raise Refused(f"the GPU memory asked for is above this host's sharing ceiling ({ceiling // (1 << 20)} MiB per "
                       "container, `gpuprov share enable --max-memory`)")
     # Only a host with sharing on needs the records: every cold GPU start elsewhere skips building their classes.
-    from provision.share import policy  # lazy: 1 ms (-X importtime) per cold GPU start, sharing off
     from provision.share.state import ShareRequest  # lazy: 1 ms (-X importtime) per cold GPU start, sharing off
 
-    pol = policy.of(state.policy)
     if mem is None and state.default_memory:
         mem = {i: state.default_memory for i in range(n_gpus)}
     priority = None
@@ -154,7 +158,7 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
     if high and comp is None:
         comp = state.prio_ratio  # not held to the policy's shares (the seed's words): prio_ratio is its ceiling
     if comp is None and pol.default_weight and not high:  # fixed: weight 1 of max_inst, in the client's env
-        comp = max(1, round(100 / (state.max_clients or 16)))  # (a daemon default would cap every client: see below)
+        comp = max(1, round(100 / (state.max_clients or DEFAULT_MAX_INST)))  # (not the daemon's default: see below)
     if comp is None and state.default_compute and not high:
         # The daemon has it as its default too, and MPS holds every client to it (on an H100: 100% asked under a
         # default of 25 gave 32 of 132 SMs), so it is the node's ceiling, high priority included.
@@ -162,20 +166,17 @@ def share_request(env: dict[str, str], n_gpus: int, state: MpsState | None) -> S
     return ShareRequest(memory=mem, compute=comp, priority=priority, notes=tuple(notes))
 
 
-def _weight(text: str, state: MpsState | None, high: bool, notes: list[str]) -> int | None:
+def _weight(text: str, state: MpsState | None, pol: Policy | None, high: bool, notes: list[str]) -> int | None:
     """ALIYUN_COM_GPU_SCHD_WEIGHT=w as a percentage of the SMs (w/max_inst), where the node's policy has weights."""
-    max_inst = (state.max_clients if state else None) or 16
+    max_inst = (state.max_clients if state else None) or DEFAULT_MAX_INST
     try:
         w = int(text)
     except ValueError:
         raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={text!r}: not an integer") from None
     if not 1 <= w <= max_inst:
         raise Refused(f"ALIYUN_COM_GPU_SCHD_WEIGHT={w}: must be between 1 and max_inst ({max_inst})")
-    if state is None:
+    if pol is None:
         return max(1, round(100 * w / max_inst))  # refused below: sharing is off
-    from provision.share import policy  # lazy: 1 ms (-X importtime) per cold GPU start, sharing off
-
-    pol = policy.of(state.policy)
     if not pol.weights or high:
         why = "a high-priority container is not held to the policy's shares" if high else \
             f"this host's sharing policy {pol.name} has no weights"
