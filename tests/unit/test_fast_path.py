@@ -73,13 +73,14 @@ TAKEN = [  # the fast path runs these
     ["detect", "--root", ROOT, "--kernel-modules", "closed"],
     ["detect", "--root", ROOT, "--driver-source", "rpmfusion"],
 ]
-HANDED_TO_TYPER = [  # anything but plain, valid options: typer's own messages and exit codes
+HANDED_TO_TYPER = [  # anything but plain, valid options: typer's own messages and exit codes (a detect that runs
+    # reads a fixture root: the live host can change between the two runs, as another worker's containerd starts)
     ["detect", "--help"], ["detect", "-h"], ["detect", "--bogus"], ["detect", "extra"], ["detect", "--json=1"],
     ["detect", "--root"], ["detect", "--root", ""], ["detect", "--root", "--json"], ["detect", "--pci-id"],
     ["detect", "--pci-id", "10de:zzzz"], ["detect", "--pci-id", "10de:2330", "--pci-id", "nvidia"],
     ["detect", "--root", "/tmp/a\x01b"], ["detect", "--target", "debian-12", "--target", "debian-13", "--pci-id",
                                           "10de:2330"], ["detect", "--json", "--", "--root"], ["detect", "--no-wait"],
-    ["--version", "detect"], ["--help", "detect"], ["--no-wait", "--no-wait", "detect", "--json"], [],
+    ["--version", "detect"], ["--help", "detect"], ["--no-wait", "--no-wait", "detect", "--root", ROOT, "--json"], [],
     ["--no-wait", "--help"], ["--help", "--version"], ["--bogus"], ["no-such-command"],
 ]
 
