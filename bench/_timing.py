@@ -21,6 +21,17 @@ def quantile(v: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
+def paired_diff_ci(a: list[float], b: list[float], seed: int, reps: int = 2000) -> tuple[float, float, float]:
+    """(median, 95% bootstrap interval) of the per-round differences a[i] - b[i]: each round ran both cases once, in
+    a shuffled order, so a round's pair shares that moment's host state (the noise a difference of medians keeps)."""
+    import random
+
+    d = [x - y for x, y in zip(a, b)]
+    rng = random.Random(seed)
+    ms = sorted(statistics.median(rng.choices(d, k=len(d))) for _ in range(reps))
+    return statistics.median(d), ms[int(reps * 0.025)], ms[int(reps * 0.975) - 1]
+
+
 def revision_tree(repo, rev: str, work):
     """`rev` of the checkout at `repo`, unpacked under `work` (git archive): the other side of a same-run comparison."""
     d = work / f"tree-{rev}"

@@ -40,7 +40,7 @@ print("  gpuprov's own part (ms):", r["gpuprov_part_ms"])
 print("  after - before (ms):", r.get("after_minus_before_ms"), " part ratio:", r.get("part_ratio_after_before"))
 PY
 timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime -n "${BENCH_N:-40}" \
-  --by-predecessor --burst 32 --json > "$out/bench-runtime.json" 2> "$out/bench-runtime.err"
+  --by-predecessor --burst 32 --bursts "${BURSTS:-3}" --json > "$out/bench-runtime.json" 2> "$out/bench-runtime.err"
 echo "runtime bench rc=$?"; tail -5 "$out/bench-runtime.err"
 python3 - "$out/bench-runtime.json" <<'PY'  # per case: median (p10-p90), then each phase's median; then over the limit
 import json, sys
@@ -53,6 +53,7 @@ for k, v in r["cases"].items():
     print(f"  {k:18} {v['median_ms']:7.2f} ({v['p10_ms']:.2f}-{v['p90_ms']:.2f})  "
           + "  ".join(f"{p} {s['median_ms']:.2f}" for p, s in r["phases"][k].items()))
 print("over the reference (ms):", r["over_reference_ms"], "ok:", r["ok"])
+print("round by round, median [95% interval] (ms):", r.get("over_reference_paired_ms"))
 for k, v in r.get("create_by_predecessor_ms", {}).items():
     print(f"  create of {k} after:", v)
 print("burst:", json.dumps(r.get("burst")))
