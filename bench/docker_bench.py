@@ -6,7 +6,10 @@ whole rounds, each of which ran every case once), and p10/p90 per case.
 
 Cases: runc (`--runtime runc`), gpu (`--gpus all`, through the default runtime gpuprov-runtime), nogpu (the default
 runtime, no GPU asked). Target: gpu/runc <= 1.03 (the interval says whether the data can decide it).
-Usage: python3 bench/docker_bench.py --image IMAGE [-n 100] [--seed S] [--json]   (DOCKER_HOST as docker reads it)"""
+--decompose adds gpu_env and limit (see EXTRA): whether what is over runc is dockerd's --gpus work, runc's own work
+on the driver's files, or gpuprov's edit.
+Usage: python3 bench/docker_bench.py --image IMAGE [-n 100] [--seed S] [--decompose [--state-root DIR]] [--json]
+(DOCKER_HOST as docker reads it)"""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +23,46 @@ import time
 from _timing import quantile
 
 CASES = {"runc": ["--runtime", "runc"], "gpu": ["--gpus", "all"], "nogpu": []}
+# --decompose: where a GPU start's extra milliseconds are at this level. gpu_env asks for the GPU through the runtime
+# alone (no --gpus: none of dockerd's device-request work, no hook in the spec); limit is plain runc handed the same
+# devices and read-only binds through docker's own flags (read from a --gpus container's edited config.json): what
+# any runtime that mounts the driver file by file costs here, gpuprov's edit aside.
+EXTRA = {"gpu_env": ["-e", "NVIDIA_VISIBLE_DEVICES=all"]}
+
+
+def limit_flags(image: str, state_roots: list[str]) -> list[str]:
+    """`--runtime runc` with the devices and binds that gpuprov gave a `--gpus all` container: the container is
+    started (sleeping), its bundle's config.json read from the engine's state and compared with a plain container's
+    (what is extra is gpuprov's), then both are removed."""
+    import glob
+
+    def config_of(*flags: str) -> dict:
+        cid = subprocess.run(["docker", "run", "-d", "--network", "none", *flags, image, "/bin/busybox", "sleep", "60"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        try:
+            for root in state_roots:
+                for path in glob.glob(f"{root}/**/{cid}/config.json", recursive=True):
+                    with open(path) as fh:
+                        return json.load(fh)
+            raise SystemExit(f"no config.json of {cid[:12]} under {', '.join(state_roots)}")
+        finally:
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+    return extra_flags(config_of("--gpus", "all"), config_of())
+
+
+def extra_flags(gpu: dict, plain: dict) -> list[str]:
+    """docker flags for what `gpu`'s config has over `plain`'s: its binds (read-only) and its devices."""
+    have = {m["destination"] for m in plain.get("mounts", [])}
+    flags = ["--runtime", "runc"]
+    for m in gpu.get("mounts", []):
+        if m["destination"] not in have and m.get("type", "bind") == "bind":
+            flags += ["--mount", f"type=bind,src={m['source']},dst={m['destination']},readonly"]
+    plain_dev = {d["path"] for d in plain.get("linux", {}).get("devices", [])}
+    for d in gpu.get("linux", {}).get("devices", []):
+        if d["path"] not in plain_dev:
+            flags += ["--device", d["path"]]
+    return flags
 
 
 def ratio_ci(a: list[float], b: list[float], rng: random.Random, reps: int = 2000) -> tuple[float, float]:
@@ -46,16 +89,26 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--decompose", action="store_true", help="also the cases gpu_env and limit (see EXTRA)")
+    ap.add_argument("--state-root", action="append", default=None,
+                    help="where the engine's containerd keeps bundles (for --decompose; default /run/containerd and /run/docker)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     rng = random.Random(seed)
-    times: dict[str, list[float]] = {k: [] for k in CASES}
+    cases = dict(CASES)
+    if args.decompose:
+        cases.update(EXTRA)
+        try:
+            cases["limit"] = limit_flags(args.image, args.state_root or ["/run/containerd", "/run/docker"])
+        except (subprocess.CalledProcessError, OSError, ValueError, KeyError, SystemExit) as exc:
+            print(f"no docker-level limit: {exc}", file=sys.stderr)  # the other cases still run
+    times: dict[str, list[float]] = {k: [] for k in cases}
     for i in range(args.n + args.warmup):
-        order = list(CASES)
+        order = list(cases)
         rng.shuffle(order)
         for case in order:
-            argv = ["docker", "run", "--rm", "--network", "none", *CASES[case], args.image, "/bin/true"]
+            argv = ["docker", "run", "--rm", "--network", "none", *cases[case], args.image, "/bin/true"]
             t = time.perf_counter()
             r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
             dt = time.perf_counter() - t
@@ -73,6 +126,12 @@ def main() -> int:
                                                 for k, v in times.items()},
            "gpu_over_runc": round(med["gpu"] / med["runc"], 4), "ci95": [round(lo, 4), round(hi, 4)],
            "ci95_paired": [round(plo, 4), round(phi, 4)], "nogpu_over_runc": round(med["nogpu"] / med["runc"], 4)}
+    if args.decompose:  # each extra case over runc, and gpu over the docker-level limit (the same devices and binds)
+        res["over_runc"] = {k: round(med[k] / med["runc"], 4) for k in cases if k != "runc"}
+    if "limit" in cases:
+        res["gpu_over_limit"] = round(med["gpu"] / med["limit"], 4)
+        res["gpu_over_limit_ci95_paired"] = [round(x, 4) for x in ratio_ci_paired(times["gpu"], times["limit"], rng)]
+        res["limit_binds"] = sum(1 for f in cases["limit"] if f == "--mount")
     res["ok"] = res["gpu_over_runc"] <= 1.03
     res["decided"] = hi <= 1.03 or lo > 1.03
     if args.json:

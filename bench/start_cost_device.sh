@@ -71,7 +71,8 @@ JSON
 for _ in $(seq 60); do docker info > /dev/null 2>&1 && break; sleep 0.5; done
 tar -C "$GPU_KIT_ROOTFS" -c . | docker import - sc-tiny > /dev/null
 docker run --rm --network none --gpus all sc-tiny nvidia-smi -L > "$out/docker-smi.txt" 2>&1; cat "$out/docker-smi.txt"
-timeout 500 python3 bench/docker_bench.py --image sc-tiny -n "${DOCKER_N:-100}" --json > "$out/bench-docker.json" \
+timeout 500 python3 bench/docker_bench.py --image sc-tiny -n "${DOCKER_N:-100}" --decompose --state-root /tmp/sc-exec \
+  --json > "$out/bench-docker.json" \
   2> "$out/bench-docker.err"
 echo "docker bench rc=$?"; cat "$out/bench-docker.json"; tail -3 "$out/bench-docker.err"
 kill "$(cat /tmp/sc-docker.pid)" 2>/dev/null
