@@ -211,35 +211,67 @@ def _check_node(settings: Settings, node: edits.DeviceNode) -> None:
                       f"{node.major}:{node.minor}; refusing to pass it")
 
 
-def _safe_source(src: str, rootfs_real: str, real_dirs: dict[str, str]) -> bool:
+# The warm editor's answers about the driver's host files (_safe_source), by directory: (its stamp: device, inode,
+# ctime in ns; its real path; {name: whether it is a regular file or a socket}). A name's kind changes only through
+# its directory (unlink, rename, symlink, mknod, create), each of which moves the directory's ctime, which nobody can
+# set back; a different directory at that path (a parent swapped or retargeted: a driver upgrade behind a link) has
+# another device or inode. So one stat of each directory per start stands for an lstat of each file in it (35 for
+# `all`) and the walk of its parents (issue 41). Kept only for a directory that had been still for STILL_NS when it
+# was read: a ctime moves in ticks of a few ms (jiffies), and a change within the tick of the one before it would not
+# move it ("racy git"); a directory changed more recently is read in full again at the next start. The directories
+# are the host's (root's); what the image controls (every destination) is still resolved per start.
+SOURCE_DIRS: dict[str, tuple[tuple[int, int, int], str, dict[str, bool]]] = {}
+STILL_NS = 1_000_000_000
+MAX_SOURCE_DIRS = 256  # a driver's files lie in ~10 directories; more is a host whose driver moved many times
+
+
+def _safe_source(src: str, rootfs_real: str, seen: dict[str, tuple[str, dict[str, bool]] | None]) -> bool:
     """A host file we may bind: a regular file, or a daemon's socket (nvidia-persistenced's, which discovery found
-    on the host), never a symlink (lstat) and never anything inside the container's own rootfs. `real_dirs`: the
-    directories' real paths met so far in this start: a driver's files share a few directories, and realpath per
-    file was 40% of the editor's work with every capability (262 lstat calls per start)."""
-    try:
-        st = os.lstat(src)
-    except OSError:
-        return False
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
-        return False
+    on the host), never a symlink (lstat) and never anything inside the container's own rootfs (its real path, against
+    this start's rootfs). `seen`: this start's source directories (_source_dir), each stat'ed once per start."""
     parent, _, name = src.rpartition("/")
-    real = f"{_real_dir(parent, real_dirs).rstrip('/')}/{name}"  # the name itself is no link (lstat above)
+    if parent not in seen:
+        seen[parent] = _source_dir(parent or "/")
+    got = seen[parent]
+    if got is None or name in ("", ".", ".."):
+        return False
+    real_dir, kinds = got
+    ok = kinds.get(name)
+    if ok is None:
+        try:
+            mode = os.lstat(src).st_mode
+        except OSError:
+            ok = False
+        else:
+            ok = stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
+        kinds[name] = ok
+    if not ok:
+        return False
+    real = f"{real_dir.rstrip('/')}/{name}"  # the name itself is no link (lstat)
     return not (real == rootfs_real or real.startswith(rootfs_real + os.sep))
 
 
-def _real_dir(path: str, real_dirs: dict[str, str]) -> str:
-    """os.path.realpath of a host directory, each leading directory resolved once per start (`real_dirs`): the
-    driver's files lie in a few directories deep under one root, and realpath walks every component each time."""
-    real = real_dirs.get(path)
-    if real is None:
-        parent, _, name = path.rpartition("/")
-        if not parent or name in ("", ".", ".."):  # "/x", or an odd spelling: realpath's own walk
-            real = os.path.realpath(path or "/")
-        else:
-            cand = f"{_real_dir(parent, real_dirs).rstrip('/')}/{name}"
-            real = os.path.realpath(cand) if os.path.islink(cand) else cand  # the parent is real: only `name` may link
-        real_dirs[path] = real
-    return real
+def _source_dir(path: str) -> tuple[str, dict[str, bool]] | None:
+    """(the directory's real path, the kinds of its names known so far) for this start: the warm editor's while the
+    directory's stamp holds (SOURCE_DIRS), else read afresh. None: not a directory."""
+    try:
+        st = os.stat(path)  # follows links: the directory the path reaches now
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    stamp = (st.st_dev, st.st_ino, st.st_ctime_ns)
+    known = SOURCE_DIRS.get(path)
+    if known is not None and known[0] == stamp:
+        return known[1], known[2]
+    got: tuple[str, dict[str, bool]] = (os.path.realpath(path), {})  # after the stat: a change meanwhile moves it
+    if time.time_ns() - st.st_ctime_ns >= STILL_NS:
+        if len(SOURCE_DIRS) >= MAX_SOURCE_DIRS:
+            SOURCE_DIRS.clear()
+        SOURCE_DIRS[path] = (stamp, *got)
+    else:
+        SOURCE_DIRS.pop(path, None)
+    return got
 
 
 def load_discovery(settings: Settings, warn: Callable[[str], None] | None = None,
@@ -307,7 +339,7 @@ class Start:
     (written back once, at the end), and what the modifiers before decided. A plain class: a dataclass would cost
     its build at import on every cold GPU start (see edits.py's records)."""
     __slots__ = ("config", "bundle", "settings", "warn", "env", "rootfs", "selectors", "disc", "edits", "changed",
-                 "libdir", "resolved", "real_dirs", "rootfs_real", "binds")
+                 "libdir", "resolved", "source_dirs", "rootfs_real", "binds")
 
     def __init__(self, config: dict, bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr):
         self.config, self.bundle, self.settings, self.warn = config, bundle, settings, warn
@@ -320,9 +352,9 @@ class Start:
         self.libdir = edits.DEBIAN_LIBDIR  # where the image's loader looks (plan_edits: image_libdir)
         self.changed = False
         # What this start looked up once for all its files (issue 41): scoped_resolve's walks inside the image,
-        # the host directories' real paths (_safe_source), the rootfs's real path, the engine's bind mounts (_binds).
+        # the driver's host directories (_safe_source), the rootfs's real path, the engine's bind mounts (_binds).
         self.resolved: dict[str, tuple[str, int, int]] = {}
-        self.real_dirs: dict[str, str] = {}
+        self.source_dirs: dict[str, tuple[str, dict[str, bool]] | None] = {}
         self.rootfs_real: str | None = None
         self.binds: list[str] | None = None
 
@@ -474,9 +506,9 @@ def _mount_all(s: Start, wanted: tuple[edits.Mount, ...] | list[edits.Mount], an
     mounts = s.config.setdefault("mounts", [])
     taken = {m.get("destination") for m in mounts}
     volumes = _volumes(s, anywhere)
-    memo, real_dirs = s.resolved, s.real_dirs
+    memo, seen = s.resolved, s.source_dirs
     for m in wanted:  # ~80 files for `all` with a full driver: nothing here that one start could do once
-        if not _safe_source(m.source, rootfs_real, real_dirs):
+        if not _safe_source(m.source, rootfs_real, seen):
             continue
         dest = scoped_resolve(rootfs, m.destination, memo)
         if dest in taken:

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from provision.errors import Refused
 from provision.inject import modify
+from tests.conftest import H200
 from tests.inject_helpers import gpu_bundle, settings
 
 PATHS = ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/bin/nvidia-smi",
@@ -83,15 +87,103 @@ def test_the_step_bound_counts_the_directories_walked_before(tmp_path, monkeypat
         modify.scoped_resolve(str(root), deep, memo)
 
 
-def test_real_dirs_are_realpath(tmp_path):
-    (tmp_path / "a/b/c").mkdir(parents=True)
-    os.symlink("a/b", tmp_path / "l")
-    os.symlink(str(tmp_path / "l/c"), tmp_path / "a/abs")
-    memo: dict = {}
-    for d in ("a/b/c", "l/c", "a/abs", "l", "a/missing/x", "a/b/../b/c", "l/../b"):
-        path = f"{tmp_path}/{d}"
-        assert modify._real_dir(path, memo) == os.path.realpath(path), d
-    assert modify._real_dir("/", memo) == "/" and modify._real_dir("", memo) == "/"
+def _verdicts(paths: list[str], rootfs_real: str) -> dict[str, bool]:
+    """One start's answers (a fresh `seen`, the warm editor's SOURCE_DIRS as the starts before it left them)."""
+    seen: dict = {}
+    return {p: modify._safe_source(p, rootfs_real, seen) for p in paths}
+
+
+def _fresh(paths: list[str], rootfs_real: str, monkeypatch) -> dict[str, bool]:
+    with monkeypatch.context() as m:
+        m.setattr(modify, "SOURCE_DIRS", {})
+        return _verdicts(paths, rootfs_real)
+
+
+def _tick() -> None:
+    """Past the filesystem's ctime tick (a jiffy: 10 ms at HZ=100), so the next change moves the directory's ctime."""
+    time.sleep(0.012)
+
+
+def test_source_verdicts_follow_their_directory(tmp_path, monkeypatch):
+    """The warm editor's answers about the driver's host files are the answers of a fresh look after every change a
+    file can go through (replaced by a link, removed, made, a directory or a socket in its place, its directory
+    swapped for a link into the container's rootfs): each change moves its directory's stamp."""
+    monkeypatch.setattr(modify, "SOURCE_DIRS", {})
+    monkeypatch.setattr(modify, "STILL_NS", -(1 << 62))  # every directory counts as still: the memo always taken
+    host, rootfs = tmp_path / "host", tmp_path / "rootfs"
+    (host / "lib").mkdir(parents=True)
+    (rootfs / "evil").mkdir(parents=True)
+    (rootfs / "evil/libcuda.so.1").write_text("")
+    for name in ("libcuda.so.1", "libnvidia-ml.so.1", "gone.so"):
+        (host / "lib" / name).write_text("")
+    paths = [f"{host}/lib/{n}" for n in ("libcuda.so.1", "libnvidia-ml.so.1", "gone.so", "new.so", "dir", "sock")]
+    real_root = os.path.realpath(rootfs)
+
+    def same() -> None:
+        for _ in range(2):  # the start that (re)reads the directory, then one answered from the memo
+            assert _verdicts(paths, real_root) == _fresh(paths, real_root, monkeypatch)
+
+    same()
+    assert _verdicts(paths, real_root)[paths[0]] and not _verdicts(paths, real_root)[paths[3]]
+    changes = [
+        lambda: (os.unlink(paths[1]), os.symlink("/etc/shadow", paths[1])),
+        lambda: os.unlink(paths[2]),
+        lambda: (host / "lib/new.so").write_text(""),
+        lambda: (host / "lib/dir").mkdir(),
+        lambda: socket.socket(socket.AF_UNIX).bind(paths[5]),
+        lambda: os.replace(host / "lib", host / "lib.old"),
+        lambda: os.symlink(rootfs / "evil", host / "lib"),  # the same names, now inside the container's rootfs
+    ]
+    for change in changes:
+        _tick()
+        change()
+        same()
+    assert not any(_verdicts(paths, real_root).values())  # all inside the rootfs now: none may be bound
+
+
+def test_a_directory_changed_lately_is_read_again(tmp_path, monkeypatch):
+    """A directory whose ctime is within STILL_NS of now is not kept: the next start lstats its files again (a change
+    in the same ctime tick as the one before would not move its stamp)."""
+    monkeypatch.setattr(modify, "SOURCE_DIRS", {})
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib/libcuda.so.1").write_text("")
+    src = f"{tmp_path}/lib/libcuda.so.1"
+    calls: list[str] = []
+    real = os.lstat
+    monkeypatch.setattr(modify.os, "lstat", lambda p, *a, **k: calls.append(os.fspath(p)) or real(p, *a, **k))
+    for _ in range(3):
+        assert _verdicts([src], "/nonexistent-rootfs")[src]
+    assert calls.count(src) == 3 and f"{tmp_path}/lib" not in modify.SOURCE_DIRS
+    monkeypatch.setattr(modify, "STILL_NS", -(1 << 62))
+    for _ in range(3):
+        assert _verdicts([src], "/nonexistent-rootfs")[src]
+    assert calls.count(src) == 4  # read once more, then kept
+
+
+def test_a_warm_start_stats_each_source_directory_once(tmp_path, monkeypatch):
+    """After the first GPU start, a start looks at the driver's host files with one stat per directory they lie in,
+    and lstats none of them (before: an lstat per file, 35 for `all`, and the walk of each new directory's parents)."""
+    monkeypatch.setattr(modify, "SOURCE_DIRS", {})
+    monkeypatch.setattr(modify, "STILL_NS", -(1 << 62))  # the fixture driver's directories count as still
+    st = settings(tmp_path)
+    assert modify.modify_bundle(str(gpu_bundle(tmp_path, "first", ["NVIDIA_DRIVER_CAPABILITIES=all"])), st)
+    b = gpu_bundle(tmp_path, "second", ["NVIDIA_DRIVER_CAPABILITIES=all"])
+    lstats: list[str] = []
+    stats: list[str] = []
+    real_lstat, real_stat = os.lstat, os.stat
+    monkeypatch.setattr(modify.os, "lstat", lambda p, *a, **k: lstats.append(os.fspath(p)) or real_lstat(p, *a, **k))
+    def stat_(p, *a, **k):  # the source checks' own (discovery's host key stats the library directories too)
+        if sys._getframe(1).f_code is modify._source_dir.__code__:
+            stats.append(os.fspath(p))
+        return real_stat(p, *a, **k)
+
+    monkeypatch.setattr(modify.os, "stat", stat_)
+    assert modify.modify_bundle(str(b), st)
+    sources = {m["source"] for m in json.loads((b / "config.json").read_text())["mounts"]
+               if m["source"].startswith(str(H200))}
+    dirs = {os.path.dirname(p) for p in sources}
+    assert len(sources) >= 20 and not sources & set(lstats), sorted(sources & set(lstats))
+    assert sorted(stats) == sorted(dirs)
 
 
 def test_a_starts_lookups_grow_with_its_files_not_their_depth(tmp_path, monkeypatch):
