@@ -28,7 +28,7 @@ import sys
 import time
 
 from provision.errors import Refused, UntrustedPath
-from provision.fsutil import open_trusted, write_file
+from provision.fsutil import open_trusted, resolve, write_file
 from provision.inject import discover, edits, ldcache, nodes
 from provision.inject.capabilities import CUDA_COMPAT_DIR
 from provision.share.limits import MPS_VARS, aliyun_visible, limits_asked, mps_env, share_request
@@ -218,10 +218,13 @@ def _check_node(settings: Settings, node: edits.DeviceNode) -> None:
 # another device or inode. So one stat of each directory per start stands for an lstat of each file in it (35 for
 # `all`) and the walk of its parents (issue 41). Kept only for a directory that had been still for STILL_NS when it
 # was read: a ctime moves in ticks of a few ms (jiffies), and a change within the tick of the one before it would not
-# move it ("racy git"); a directory changed more recently is read in full again at the next start. The directories
-# are the host's (root's); what the image controls (every destination) is still resolved per start.
+# move it ("racy git"; 3 s covers filesystems that keep whole or even seconds); a directory changed more recently is
+# read in full again at the next start. Kept only where nobody but root can change the directory or anything on its
+# way (fsutil.resolve with private_dirs: every directory root's and not group/other-writable, every link root's):
+# a user who could rename an ancestor or retarget a link on the way would move the real path or the names without
+# moving this directory's stamp. What the image controls (every destination) is still resolved per start.
 SOURCE_DIRS: dict[str, tuple[tuple[int, int, int], str, dict[str, bool]]] = {}
-STILL_NS = 1_000_000_000
+STILL_NS = 3_000_000_000
 MAX_SOURCE_DIRS = 256  # a driver's files lie in ~10 directories; more is a host whose driver moved many times
 
 
@@ -229,6 +232,8 @@ def _safe_source(src: str, rootfs_real: str, seen: dict[str, tuple[str, dict[str
     """A host file we may bind: a regular file, or a daemon's socket (nvidia-persistenced's, which discovery found
     on the host), never a symlink (lstat) and never anything inside the container's own rootfs (its real path, against
     this start's rootfs). `seen`: this start's source directories (_source_dir), each stat'ed once per start."""
+    if not src.startswith("/"):  # discovery's paths are absolute; a relative one would depend on the cwd
+        return False
     parent, _, name = src.rpartition("/")
     if parent not in seen:
         seen[parent] = _source_dir(parent or "/")
@@ -240,11 +245,12 @@ def _safe_source(src: str, rootfs_real: str, seen: dict[str, tuple[str, dict[str
     if ok is None:
         try:
             mode = os.lstat(src).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            ok = kinds[name] = False  # absent until the directory changes
         except OSError:
-            ok = False
+            return False  # an I/O error: this start only
         else:
-            ok = stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
-        kinds[name] = ok
+            ok = kinds[name] = stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
     if not ok:
         return False
     real = f"{real_dir.rstrip('/')}/{name}"  # the name itself is no link (lstat)
@@ -264,8 +270,12 @@ def _source_dir(path: str) -> tuple[str, dict[str, bool]] | None:
     known = SOURCE_DIRS.get(path)
     if known is not None and known[0] == stamp:
         return known[1], known[2]
-    got: tuple[str, dict[str, bool]] = (os.path.realpath(path), {})  # after the stat: a change meanwhile moves it
-    if time.time_ns() - st.st_ctime_ns >= STILL_NS:
+    try:  # after the stat: a change of the directory meanwhile moves its stamp
+        got: tuple[str, dict[str, bool]] = (resolve(path, private_dirs=True), {})
+        private = True
+    except (UntrustedPath, OSError):  # another user could change its way: looked at in full at every start, as before
+        got, private = (os.path.realpath(path), {}), False
+    if private and time.time_ns() - st.st_ctime_ns >= STILL_NS:
         if len(SOURCE_DIRS) >= MAX_SOURCE_DIRS:
             SOURCE_DIRS.clear()
         SOURCE_DIRS[path] = (stamp, *got)

@@ -160,6 +160,35 @@ def test_a_directory_changed_lately_is_read_again(tmp_path, monkeypatch):
     assert calls.count(src) == 4  # read once more, then kept
 
 
+def test_a_way_others_can_change_is_looked_at_every_start(tmp_path, monkeypatch):
+    """Where a non-root user could change the way to the driver's directory (a directory on it others can write, a
+    link there), nothing is kept: retargeting the link between two looks inside one start, then back, leaves no
+    answer from the other directory behind (the stamp of the directory itself would not have moved)."""
+    monkeypatch.setattr(modify, "SOURCE_DIRS", {})
+    monkeypatch.setattr(modify, "STILL_NS", -(1 << 62))
+    base = tmp_path / "shared"
+    for d in ("good/lib", "evil/lib", "rootfs"):
+        (base / d).mkdir(parents=True)
+    base.chmod(0o777)  # others may rename or relink what is in it (no sticky bit)
+    (base / "good/lib/liba.so").write_text("")
+    os.symlink("/etc/shadow", base / "good/lib/libx.so")  # the real directory: libx.so is a link
+    (base / "evil/lib/libx.so").write_text("")  # the decoy: a regular file
+    drv = base / "drv"
+    os.symlink(base / "good", drv)
+    real_root = os.path.realpath(base / "rootfs")
+    seen: dict = {}
+    assert modify._safe_source(f"{drv}/lib/liba.so", real_root, seen)
+    os.unlink(drv)
+    os.symlink(base / "evil", drv)  # flipped within the start
+    modify._safe_source(f"{drv}/lib/libx.so", real_root, seen)
+    os.unlink(drv)
+    os.symlink(base / "good", drv)  # and back
+    for _ in range(2):
+        assert not modify._safe_source(f"{drv}/lib/libx.so", real_root, {})
+    assert not modify.SOURCE_DIRS
+    assert not modify._safe_source("lib/liba.so", real_root, {})  # relative: never (it would depend on the cwd)
+
+
 def test_a_warm_start_stats_each_source_directory_once(tmp_path, monkeypatch):
     """After the first GPU start, a start looks at the driver's host files with one stat per directory they lie in,
     and lstats none of them (before: an lstat per file, 35 for `all`, and the walk of each new directory's parents)."""
