@@ -83,6 +83,12 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
     followed only when nobody else could have planted it: the link is root's and every directory on its way is
     private (private_dir). Any other link is UntrustedPath (exit 6). `private_dirs`: every directory on the way must
     be private, links or not (state and caches read back). A tail that does not exist yet is kept as given."""
+    return _resolve(path, private_dirs)[0]
+
+
+def _resolve(path: str | os.PathLike, private_dirs: bool) -> tuple[str, bool]:
+    """resolve(), and whether every directory up to the last name exists and is private: then nobody but root can
+    change the way, and the directory holding the last name can be opened in one call (_open_parent)."""
     given = os.fspath(path)
     todo = [p for p in reversed((given if given.startswith("/") else os.path.join(os.getcwd(), given)).split("/"))
             if p]
@@ -101,7 +107,7 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
         try:
             st = os.lstat(nxt)
         except FileNotFoundError:
-            return os.path.normpath(os.path.join(nxt, *reversed(todo)))
+            return os.path.normpath(os.path.join(nxt, *reversed(todo))), weak is None and not todo
         kind = st.st_mode & 0o170000
         if kind == stat.S_IFLNK:
             if weak is not None or not _ours(st.st_uid):
@@ -125,7 +131,7 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
                                     f"{stat.S_IMODE(st.st_mode):04o}), so gpuprov does not trust what is under it "
                                     f"(`chown root {nxt}; chmod go-w {nxt}` makes it root's)")
         cur = nxt
-    return cur
+    return cur, weak is None
 
 
 def _open_dir(real: str, mode: int | None = None, leaf_mode: int | None = None) -> int:
@@ -358,8 +364,13 @@ def _at_parent(link: Path, act, leaf: bool = True):
     trusted symlinks too (written through); else only its directory is (the name itself is replaced)."""
     target = link
     try:
-        target = Path(resolve(link)) if leaf else Path(resolve(link.parent)) / link.name
-        dfd = _open_dir(str(target.parent), DIR_MODE)
+        if leaf:
+            real, private = _resolve(link, False)
+            target = Path(real)
+        else:
+            real, private = _resolve(link.parent, False)
+            target, private = Path(real) / link.name, private and os.path.isdir(real)
+        dfd = _open_parent(str(target.parent), private)
         try:
             return act(dfd, target)
         finally:
@@ -372,6 +383,18 @@ def _at_parent(link: Path, act, leaf: bool = True):
         shown = f"{link} (-> {target})" if target != link.absolute() else str(link)
         raise WriteFailed(f"cannot write {shown}: {exc.strerror}; {HINTS.get(exc.errno, 'fix it')} and run again "
                           "(the file was not changed)") from None
+
+
+def _open_parent(real: str, private: bool) -> int:
+    """_open_dir(real, DIR_MODE); where every directory on the way is private (resolve found them all root's, not
+    writable by others), in one call: nobody but root can swap a name on that way (for a container's config.json,
+    12 fewer system calls on every GPU start)."""
+    if private:
+        try:
+            return os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # changed meanwhile (removed, a link now): the careful walk, its making and its errors
+            pass
+    return _open_dir(real, DIR_MODE)
 
 
 def _stat_at(dfd: int, name: str) -> os.stat_result | None:

@@ -435,3 +435,26 @@ def test_edit_file_merges_again_on_a_change(tmp_path):
 
     edit_file(p, merge, backup=False)
     assert seen == ["a\n", "a\nb-by-operator\n"] and p.read_text() == "a\nb-by-operator\ngpuprov\n"
+
+
+def test_the_parent_is_opened_in_one_call_only_where_the_way_is_private(scratch, monkeypatch):
+    """write_file opens the directory holding the file in one call (12 fewer system calls for a container's
+    config.json on every GPU start) only where every directory on the way is root's and not writable by others;
+    where another user owns a directory on the way, the name-by-name walk as before (and the write still lands)."""
+    from provision import fsutil
+
+    walks: list[str] = []
+    real = fsutil._open_dir
+    monkeypatch.setattr(fsutil, "_open_dir", lambda path, *a, **k: walks.append(path) or real(path, *a, **k))
+    mine = scratch / "bundle"
+    mine.mkdir()
+    fsutil.write_file(mine / "config.json", "{}", backup=False, durable=False)
+    fsutil.write_file(mine / "config.json", "{}\n", backup=False, durable=False)
+    assert walks == [] and (mine / "config.json").read_text() == "{}\n"
+    theirs = scratch / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    fsutil.write_file(theirs / "f.prom", "x", backup=False, shared_dir_ok=True)
+    assert walks == [str(theirs)] and (theirs / "f.prom").read_text() == "x"
+    fsutil.write_file(mine / "new" / "deeper.json", "{}", backup=False)  # missing directories: made by the walk
+    assert walks[-1] == str(mine / "new") and (mine / "new/deeper.json").read_text() == "{}"
