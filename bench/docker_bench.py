@@ -30,7 +30,7 @@ CASES = {"runc": ["--runtime", "runc"], "gpu": ["--gpus", "all"], "nogpu": []}
 EXTRA = {"gpu_env": ["-e", "NVIDIA_VISIBLE_DEVICES=all"]}
 
 
-def limit_flags(image: str, state_roots: list[str]) -> list[str]:
+def limit_flags(image: str, state_roots: list[str], dev_root: str = "/") -> list[str]:
     """`--runtime runc` with the devices and binds that gpuprov gave a `--gpus all` container: the container is
     started (sleeping), its bundle's config.json read from the engine's state and compared with a plain container's
     (what is extra is gpuprov's), then both are removed."""
@@ -48,11 +48,12 @@ def limit_flags(image: str, state_roots: list[str]) -> list[str]:
         finally:
             subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
 
-    return extra_flags(config_of("--gpus", "all"), config_of())
+    return extra_flags(config_of("--gpus", "all"), config_of(), dev_root)
 
 
-def extra_flags(gpu: dict, plain: dict) -> list[str]:
-    """docker flags for what `gpu`'s config has over `plain`'s: its binds (read-only) and its devices."""
+def extra_flags(gpu: dict, plain: dict, dev_root: str = "/") -> list[str]:
+    """docker flags for what `gpu`'s config has over `plain`'s: its binds (read-only) and its devices (each from
+    `dev_root` on the host: the runtime's dev_root)."""
     have = {m["destination"] for m in plain.get("mounts", [])}
     flags = ["--runtime", "runc"]
     for m in gpu.get("mounts", []):
@@ -61,7 +62,7 @@ def extra_flags(gpu: dict, plain: dict) -> list[str]:
     plain_dev = {d["path"] for d in plain.get("linux", {}).get("devices", [])}
     for d in gpu.get("linux", {}).get("devices", []):
         if d["path"] not in plain_dev:
-            flags += ["--device", d["path"]]
+            flags += ["--device", f"{dev_root.rstrip('/')}{d['path']}:{d['path']}"]
     return flags
 
 
@@ -92,6 +93,7 @@ def main() -> int:
     ap.add_argument("--decompose", action="store_true", help="also the cases gpu_env and limit (see EXTRA)")
     ap.add_argument("--state-root", action="append", default=None,
                     help="where the engine's containerd keeps bundles (for --decompose; default /run/containerd and /run/docker)")
+    ap.add_argument("--dev-root", default="/", help="where the runtime's device nodes are on the host (--decompose)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
@@ -100,7 +102,8 @@ def main() -> int:
     if args.decompose:
         cases.update(EXTRA)
         try:
-            cases["limit"] = limit_flags(args.image, args.state_root or ["/run/containerd", "/run/docker"])
+            cases["limit"] = limit_flags(args.image, args.state_root or ["/run/containerd", "/run/docker"],
+                                         args.dev_root)
         except (subprocess.CalledProcessError, OSError, ValueError, KeyError, SystemExit) as exc:
             print(f"no docker-level limit: {exc}", file=sys.stderr)  # the other cases still run
     times: dict[str, list[float]] = {k: [] for k in cases}
