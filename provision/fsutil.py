@@ -83,12 +83,13 @@ def resolve(path: str | os.PathLike, *, private_dirs: bool = False) -> str:
     followed only when nobody else could have planted it: the link is root's and every directory on its way is
     private (private_dir). Any other link is UntrustedPath (exit 6). `private_dirs`: every directory on the way must
     be private, links or not (state and caches read back). A tail that does not exist yet is kept as given."""
-    return _resolve(path, private_dirs)[0]
+    return resolve_way(path, private_dirs)[0]
 
 
-def _resolve(path: str | os.PathLike, private_dirs: bool) -> tuple[str, bool]:
+def resolve_way(path: str | os.PathLike, private_dirs: bool = False) -> tuple[str, bool]:
     """resolve(), and whether every directory up to the last name exists and is private: then nobody but root can
-    change the way, and the directory holding the last name can be opened in one call (_open_parent)."""
+    change the way (the directory holding the last name is opened in one call: _open_parent; the warm editor keeps
+    what it learnt about a driver directory: inject/modify.py's SOURCE_DIRS)."""
     given = os.fspath(path)
     todo = [p for p in reversed((given if given.startswith("/") else os.path.join(os.getcwd(), given)).split("/"))
             if p]
@@ -365,11 +366,11 @@ def _at_parent(link: Path, act, leaf: bool = True):
     target = link
     try:
         if leaf:
-            real, private = _resolve(link, False)
+            real, private = resolve_way(link)
             target = Path(real)
-        else:
-            real, private = _resolve(link.parent, False)
-            target, private = Path(real) / link.name, private and os.path.isdir(real)
+        else:  # a missing directory is private by its way alone: _open_parent's open fails, and it is made
+            real, private = resolve_way(link.parent)
+            target = Path(real) / link.name
         dfd = _open_parent(str(target.parent), private)
         try:
             return act(dfd, target)

@@ -28,7 +28,7 @@ import sys
 import time
 
 from provision.errors import Refused, UntrustedPath
-from provision.fsutil import open_trusted, resolve, write_file
+from provision.fsutil import open_trusted, resolve_way, write_file
 from provision.inject import discover, edits, ldcache, nodes
 from provision.inject.capabilities import CUDA_COMPAT_DIR
 from provision.share.limits import MPS_VARS, aliyun_visible, limits_asked, mps_env, share_request
@@ -220,7 +220,7 @@ def _check_node(settings: Settings, node: edits.DeviceNode) -> None:
 # was read: a ctime moves in ticks of a few ms (jiffies), and a change within the tick of the one before it would not
 # move it ("racy git"; 3 s covers filesystems that keep whole or even seconds); a directory changed more recently is
 # read in full again at the next start. Kept only where nobody but root can change the directory or anything on its
-# way (fsutil.resolve with private_dirs: every directory root's and not group/other-writable, every link root's):
+# way (fsutil.resolve_way: every directory root's and not group/other-writable, every link root's):
 # a user who could rename an ancestor or retarget a link on the way would move the real path or the names without
 # moving this directory's stamp. What the image controls (every destination) is still resolved per start.
 SOURCE_DIRS: dict[str, tuple[tuple[int, int, int], str, dict[str, bool]]] = {}
@@ -271,11 +271,11 @@ def _source_dir(path: str) -> tuple[str, dict[str, bool]] | None:
     if known is not None and known[0] == stamp:
         return known[1], known[2]
     try:  # after the stat: a change of the directory meanwhile moves its stamp
-        got: tuple[str, dict[str, bool]] = (resolve(path, private_dirs=True), {})
-        private = True
-    except (UntrustedPath, OSError):  # another user could change its way: looked at in full at every start, as before
-        got, private = (os.path.realpath(path), {}), False
-    if private and time.time_ns() - st.st_ctime_ns >= STILL_NS:
+        real, private = resolve_way(path)
+    except (UntrustedPath, OSError):  # a link another user planted on the way: realpath's answer, never kept
+        real, private = os.path.realpath(path), False
+    got: tuple[str, dict[str, bool]] = (real, {})
+    if private and time.time_ns() - st.st_ctime_ns >= STILL_NS:  # else looked at in full at every start, as before
         if len(SOURCE_DIRS) >= MAX_SOURCE_DIRS:
             SOURCE_DIRS.clear()
         SOURCE_DIRS[path] = (stamp, *got)
