@@ -28,8 +28,13 @@ def paired_diff_ci(a: list[float], b: list[float], seed: int, reps: int = 2000) 
 
     d = [x - y for x, y in zip(a, b)]
     rng = random.Random(seed)
-    ms = sorted(statistics.median(rng.choices(d, k=len(d))) for _ in range(reps))
-    return statistics.median(d), ms[int(reps * 0.025)], ms[int(reps * 0.975) - 1]
+    return (statistics.median(d), *interval95([statistics.median(rng.choices(d, k=len(d))) for _ in range(reps)]))
+
+
+def interval95(replicates: list[float]) -> tuple[float, float]:
+    """The 2.5% and 97.5% points of a bootstrap's replicates."""
+    s = sorted(replicates)
+    return s[int(len(s) * 0.025)], s[int(len(s) * 0.975) - 1]
 
 
 def revision_tree(repo, rev: str, work):

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from _timing import quantile
+from _timing import interval95, quantile
 
 CASES = {"runc": ["--runtime", "runc"], "gpu": ["--gpus", "all"], "nogpu": []}
 # --decompose: where a GPU start's extra milliseconds are at this level. gpu_env asks for the GPU through the runtime
@@ -68,9 +68,8 @@ def extra_flags(gpu: dict, plain: dict, dev_root: str = "/") -> list[str]:
 
 def ratio_ci(a: list[float], b: list[float], rng: random.Random, reps: int = 2000) -> tuple[float, float]:
     """95% bootstrap interval of median(a) / median(b)."""
-    rs = sorted(statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
-                for _ in range(reps))
-    return rs[int(reps * 0.025)], rs[int(reps * 0.975) - 1]
+    return interval95([statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+                       for _ in range(reps)])
 
 
 def ratio_ci_paired(a: list[float], b: list[float], rng: random.Random, reps: int = 2000) -> tuple[float, float]:
@@ -80,8 +79,7 @@ def ratio_ci_paired(a: list[float], b: list[float], rng: random.Random, reps: in
     for _ in range(reps):
         idx = rng.choices(range(len(a)), k=len(a))
         rs.append(statistics.median(a[i] for i in idx) / statistics.median(b[i] for i in idx))
-    rs.sort()
-    return rs[int(reps * 0.025)], rs[int(reps * 0.975) - 1]
+    return interval95(rs)
 
 
 def main() -> int:
