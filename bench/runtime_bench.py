@@ -27,9 +27,14 @@ Besides the difference of medians (the targets' measure), each comparison is als
 (over_reference_paired_ms: the median of case - reference within each round, with a bootstrap 95% interval): a
 round's two starts share that moment's host state, which a difference of medians keeps as noise.
 
+--hop PATH (bench/exec_hop.c, built static): two more cases on the default limit's config, hop_sleep and hop_spin:
+runc exec'd after --hop-us of nanosleep or of a busy CPU. Each over limit_default against --hop-us says whether a
+wait of the front-end's length costs that much on this host, or more (over_reference_ms; not in the targets).
+
 Targets: NAME_gpu and NAME_gpu_all <= their limit + 2 ms; NAME_nogpu <= runc + 1 ms (medians, same run).
 Usage (on the GPU host, after `source .gpu-kit/env.sh`):
-  python3 bench/runtime_bench.py --runtime [NAME=]PATH [--runtime ...] [-n 40] [--seed S] [--burst 32] [--json]
+  python3 bench/runtime_bench.py --runtime [NAME=]PATH [--runtime ...] [-n 40] [--seed S] [--burst 32]
+    [--hop exec_hop [--hop-us 1500]] [--json]
 """
 from __future__ import annotations
 
@@ -80,7 +85,7 @@ def same_config(a: dict, b: dict) -> list[str]:
     return [".".join(p) for p in COMPARED if pick(a, p) != pick(b, p)]
 
 
-def burst(rt: str, cfg: dict, work: Path, name: str, k: int) -> list[float]:
+def burst(rt: str, cfg: dict, env: dict | None, work: Path, name: str, k: int) -> list[float]:
     bundles = [write_bundle(work / f"burst-{name}-{j}", cfg) for j in range(k)]
     times: list[float] = [0.0] * k
     go = threading.Event()
@@ -88,7 +93,7 @@ def burst(rt: str, cfg: dict, work: Path, name: str, k: int) -> list[float]:
     def one(j: int) -> None:
         go.wait()
         t = time.perf_counter()
-        rc, out = lifecycle(rt, bundles[j])
+        rc, out = lifecycle(rt, bundles[j], env=env)
         times[j] = time.perf_counter() - t if rc == 0 else float("nan")
 
     threads = [threading.Thread(target=one, args=(j,)) for j in range(k)]
@@ -110,6 +115,8 @@ def main() -> int:
     ap.add_argument("--bursts", type=int, default=1, help="how many bursts per case (cases shuffled each time); "
                     "p50/p99 over all their starts")
     ap.add_argument("--by-predecessor", action="store_true")
+    ap.add_argument("--hop", default=None, help="bench/exec_hop.c built: adds hop_sleep and hop_spin")
+    ap.add_argument("--hop-us", type=int, default=1500, help="the hop's delay before runc create (us)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
@@ -137,13 +144,18 @@ def main() -> int:
                 print(f"{name} ({k}): the config it hands runc differs from the limit's in {', '.join(diff)}",
                       file=sys.stderr)
                 return 3
-    cases: dict[str, tuple[str, dict]] = {"runc": ("runc", make_config(str(rootfs), ["/bin/true"])),
-                                          "limit_default": ("runc", limits["default"]),
-                                          "limit_all": ("runc", limits["all"])}
+    # case -> (the runtime, the config, its environment: None = this one)
+    cases: dict[str, tuple[str, dict, dict | None]] = {"runc": ("runc", make_config(str(rootfs), ["/bin/true"]), None),
+                                                       "limit_default": ("runc", limits["default"], None),
+                                                       "limit_all": ("runc", limits["all"], None)}
     for name, path in runtimes.items():
-        cases[f"{name}_nogpu"] = (path, make_config(str(rootfs), ["/bin/true"]))
-        cases[f"{name}_gpu"] = (path, make_config(str(rootfs), ["/bin/true"], requests["default"]))
-        cases[f"{name}_gpu_all"] = (path, make_config(str(rootfs), ["/bin/true"], requests["all"]))
+        cases[f"{name}_nogpu"] = (path, make_config(str(rootfs), ["/bin/true"]), None)
+        cases[f"{name}_gpu"] = (path, make_config(str(rootfs), ["/bin/true"], requests["default"]), None)
+        cases[f"{name}_gpu_all"] = (path, make_config(str(rootfs), ["/bin/true"], requests["all"]), None)
+    if args.hop:
+        hop_env = {**os.environ, "HOP_RUNC": shutil.which("runc") or "runc", "HOP_US": str(args.hop_us)}
+        for mode in ("sleep", "spin"):
+            cases[f"hop_{mode}"] = (args.hop, limits["default"], {**hop_env, "HOP_MODE": mode})
     times: dict[str, list[float]] = {k: [] for k in cases}
     phases: dict[str, dict[str, list[float]]] = {k: {} for k in cases}
     after: dict[str, dict[str, list[float]]] = {k: {} for k in cases}  # case -> predecessor -> create times
@@ -152,11 +164,11 @@ def main() -> int:
         names = list(cases)
         rng.shuffle(names)
         for name in names:
-            rt, cfg = cases[name]
+            rt, cfg, env = cases[name]
             bundle = write_bundle(work / f"{name}-{i}", cfg)
             ph: dict[str, list[float]] = {}
             t = time.perf_counter()
-            rc, out = lifecycle(rt, bundle, phases=ph)
+            rc, out = lifecycle(rt, bundle, env=env, phases=ph)
             dt = time.perf_counter() - t
             shutil.rmtree(bundle, ignore_errors=True)
             if rc != 0:
@@ -176,12 +188,19 @@ def main() -> int:
         over[f"{name}_gpu"] = round(med[f"{name}_gpu"] - med["limit_default"], 2)
         over[f"{name}_gpu_all"] = round(med[f"{name}_gpu_all"] - med["limit_all"], 2)
         over[f"{name}_nogpu"] = round(med[f"{name}_nogpu"] - med["runc"], 2)
+    for mode in ("sleep", "spin") if args.hop else ():  # a wait of hop_us alone, over the limit it runs
+        over[f"hop_{mode}"] = round(med[f"hop_{mode}"] - med["limit_default"], 2)
     res["over_reference_ms"] = over  # GPU cases over their limit, no-GPU over bare runc
     paired = {}  # the same comparisons, round by round (both ran in that round): median and 95% interval, ms
     for name in runtimes:
         for case, ref in ((f"{name}_gpu", "limit_default"), (f"{name}_gpu_all", "limit_all"), (f"{name}_nogpu", "runc")):
             paired[case] = [round(x * 1e3, 2) for x in paired_diff_ci(times[case], times[ref], seed)]
+    for mode in ("sleep", "spin") if args.hop else ():
+        paired[f"hop_{mode}"] = [round(x * 1e3, 2) for x in paired_diff_ci(times[f"hop_{mode}"],
+                                                                           times["limit_default"], seed)]
     res["over_reference_paired_ms"] = paired
+    if args.hop:
+        res["hop_us"] = args.hop_us
     res["ratios"] = {k: round(med[k] / med["runc"], 3) for k in cases}
     first = next(iter(runtimes))
     res["ok"] = (over[f"{first}_gpu"] <= 2 and over[f"{first}_gpu_all"] <= 2 and over[f"{first}_nogpu"] <= 1)
@@ -192,8 +211,8 @@ def main() -> int:
         pooled: dict[str, list[float]] = {k: [] for k in cases}
         for r in range(args.bursts):
             for name in rng.sample(list(cases), len(cases)):
-                rt, cfg = cases[name]
-                pooled[name] += [x for x in burst(rt, cfg, work, f"{name}-{r}", args.burst) if x == x]
+                rt, cfg, env = cases[name]
+                pooled[name] += [x for x in burst(rt, cfg, env, work, f"{name}-{r}", args.burst) if x == x]
         b = {name: {"p50_ms": round(quantile(v, 0.5) * 1e3, 1), "p99_ms": round(quantile(v, 0.99) * 1e3, 1),
                     "ok_starts": len(v)} for name, v in pooled.items()}
         res["burst"] = {"k": args.burst, "bursts": args.bursts, "cases": b}
@@ -208,7 +227,7 @@ def main() -> int:
                   + "  ".join(f"{p} {s['median_ms']:.2f}" for p, s in res["phases"][k].items()))
         for k, v in over.items():
             lo_hi = paired[k]
-            print(f"  {k:22} {v:+.2f} ms over its reference ({'limit' if 'gpu' in k and 'nogpu' not in k else 'runc'}); "
+            print(f"  {k:22} {v:+.2f} ms over its reference ({'runc' if k.endswith('_nogpu') else 'limit'}); "
                   f"round by round {lo_hi[0]:+.2f} (95% {lo_hi[1]:+.2f} to {lo_hi[2]:+.2f})")
     return 0 if res["ok"] else 1
 

@@ -6,6 +6,9 @@
 # case, shuffled, bootstrap interval). Carry .gpu-kit (gpu-host-kit.sh, with its docker/ from gpu-docker-kit.sh).
 # Results under $OUT: host.txt, install.json, create-split.json, bench-runtime.json, bench-docker.json,
 # dockerd.log.
+# Optional: HOP=PATH (bench/exec_hop.c built static: runtime_bench's hop_sleep/hop_spin cases, a wait of HOP_US
+# before runc alone); VARIANT=NAME=FRONT_END.bin (a front-end built from a patched shim.c, slots empty: installed
+# beside gpuprov's as /tmp/rt-NAME, sharing its warm editor, and timed as one more --runtime).
 set -uo pipefail
 out=${OUT:-/tmp/gpuprov-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 GPUPROV_RUNTIME_CONFIG=/tmp/rt/runtime.json
@@ -21,6 +24,22 @@ r = install_runtime("/tmp/rt", driver_root=sys.argv[1])
 print(json.dumps({"runtime": r.runtime_path, "compiled": r.compiled, "origin": r.origin, "notes": r.notes}))
 PY
 cat "$out/install.json"
+variant=()
+if [ -n "${VARIANT:-}" ]; then
+  vname=${VARIANT%%=*}; vbin=${VARIANT#*=}
+  GPUPROV_RUNTIME_CONFIG=/tmp/rt-$vname/runtime.json python3 -I -S - "$droot" "$vbin" "/tmp/rt-$vname" \
+    >> "$out/install.json" 2>&1 <<'PY'
+import json, sys
+sys.path.insert(0, ".")
+from pathlib import Path
+import provision.inject.install as install
+install.SHIPPED = Path(sys.argv[2])  # the variant's front-end in the wheel's place; no compiling here
+r = install.install_runtime(sys.argv[3], driver_root=sys.argv[1], compile_shim=False)
+print(json.dumps({"variant": sys.argv[3], "runtime": r.runtime_path, "origin": r.origin, "notes": r.notes}))
+PY
+  variant=(--runtime "$vname=/tmp/rt-$vname/bin/gpuprov-runtime")
+fi
+hop=(); [ -n "${HOP:-}" ] && hop=(--hop "$HOP" --hop-us "${HOP_US:-1500}")
 # gpuprov's own part of a create (runc replaced by true), this checkout against BEFORE (default: issue 41 round 2's
 # starting commit) in the same shuffled rounds, each side with its own editor copy, front-end, settings and editor
 # (the lent machine's copy has no .git: prepare the tree here, in the carried .gpu-kit:
@@ -39,7 +58,8 @@ print(f"create split: seed {r['seed']} n={r['n']} before={r['before']}")
 print("  gpuprov's own part (ms):", r["gpuprov_part_ms"])
 print("  after - before (ms):", r.get("after_minus_before_ms"), " part ratio:", r.get("part_ratio_after_before"))
 PY
-timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime -n "${BENCH_N:-40}" \
+timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime "${variant[@]}" "${hop[@]}" \
+  -n "${BENCH_N:-40}" \
   --by-predecessor --burst 32 --bursts "${BURSTS:-3}" --json > "$out/bench-runtime.json" 2> "$out/bench-runtime.err"
 echo "runtime bench rc=$?"; tail -5 "$out/bench-runtime.err"
 python3 - "$out/bench-runtime.json" <<'PY'  # per case: median (p10-p90), then each phase's median; then over the limit
