@@ -31,10 +31,17 @@ round's two starts share that moment's host state, which a difference of medians
 runc exec'd after --hop-us of nanosleep or of a busy CPU. Each over limit_default against --hop-us says whether a
 wait of the front-end's length costs that much on this host, or more (over_reference_ms; not in the targets).
 
+--settle-ms S: sleep S ms before each start (outside its timing), so that no start overlaps the kernel's deferred
+teardown of the one before (its cgroup's and mount namespace's release after RCU grace periods, a few ms after the
+delete). Back to back (S=0), runc started at once after the previous delete runs ahead of that teardown, and any
+wait before runc lands in it: on this 2-core machine a 1.5 ms hop then cost +2.54 ms of create (95% +1.34 to
++3.41), and +1.30 (+0.57 to +2.24) after a 50 ms settle. An engine's own work between two starts (~200 ms for
+docker run) leaves every real start settled.
+
 Targets: NAME_gpu and NAME_gpu_all <= their limit + 2 ms; NAME_nogpu <= runc + 1 ms (medians, same run).
 Usage (on the GPU host, after `source .gpu-kit/env.sh`):
   python3 bench/runtime_bench.py --runtime [NAME=]PATH [--runtime ...] [-n 40] [--seed S] [--burst 32]
-    [--hop exec_hop [--hop-us 1500]] [--json]
+    [--hop exec_hop [--hop-us 1500]] [--settle-ms 50] [--json]
 """
 from __future__ import annotations
 
@@ -117,6 +124,7 @@ def main() -> int:
     ap.add_argument("--by-predecessor", action="store_true")
     ap.add_argument("--hop", default=None, help="bench/exec_hop.c built: adds hop_sleep and hop_spin")
     ap.add_argument("--hop-us", type=int, default=1500, help="the hop's delay before runc create (us)")
+    ap.add_argument("--settle-ms", type=float, default=0, help="sleep before each start, untimed (see above)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
@@ -167,6 +175,8 @@ def main() -> int:
             rt, cfg, env = cases[name]
             bundle = write_bundle(work / f"{name}-{i}", cfg)
             ph: dict[str, list[float]] = {}
+            if args.settle_ms:
+                time.sleep(args.settle_ms / 1e3)
             t = time.perf_counter()
             rc, out = lifecycle(rt, bundle, env=env, phases=ph)
             dt = time.perf_counter() - t
@@ -181,7 +191,8 @@ def main() -> int:
                 after[name].setdefault(prev or "-", []).extend(ph.get("create", []))
             prev = name
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    res: dict = {"seed": seed, "n": args.n, "warmup": args.warmup, "cases": {k: summary(v) for k, v in times.items()},
+    res: dict = {"seed": seed, "n": args.n, "warmup": args.warmup, "settle_ms": args.settle_ms,
+                 "cases": {k: summary(v) for k, v in times.items()},
                  "phases": {c: {p: summary(v) for p, v in ph.items()} for c, ph in phases.items()}}
     over = {}
     for name in runtimes:
@@ -221,7 +232,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"seed {seed}, n={args.n} after {args.warmup} warm-up rounds, shuffled each round; medians (p10-p90) ms")
+        print(f"seed {seed}, n={args.n} after {args.warmup} warm-up rounds, shuffled each round, {args.settle_ms} ms "
+              "settle before each start; medians (p10-p90) ms")
         for k, v in res["cases"].items():
             print(f"  {k:22} {v['median_ms']:7.2f} ({v['p10_ms']:.2f}-{v['p90_ms']:.2f})  {res['ratios'][k]:.3f}x runc  "
                   + "  ".join(f"{p} {s['median_ms']:.2f}" for p, s in res["phases"][k].items()))

@@ -8,7 +8,9 @@
 # dockerd.log.
 # Optional: HOP=PATH (bench/exec_hop.c built static: runtime_bench's hop_sleep/hop_spin cases, a wait of HOP_US
 # before runc alone); VARIANT=NAME=FRONT_END.bin (a front-end built from a patched shim.c, slots empty: installed
-# beside gpuprov's as /tmp/rt-NAME, sharing its warm editor, and timed as one more --runtime).
+# beside gpuprov's as /tmp/rt-NAME, sharing its warm editor, and timed as one more --runtime); SETTLE_MS (runtime_bench
+# --settle-ms); SETTLED_N=N: runtime_bench once more, N rounds with a 50 ms settle (bench-runtime-settled.json);
+# SKIP_SPLIT=1, SKIP_DOCKER=1.
 set -uo pipefail
 out=${OUT:-/tmp/gpuprov-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 GPUPROV_RUNTIME_CONFIG=/tmp/rt/runtime.json
@@ -44,11 +46,12 @@ hop=(); [ -n "${HOP:-}" ] && hop=(--hop "$HOP" --hop-us "${HOP_US:-1500}")
 # starting commit) in the same shuffled rounds, each side with its own editor copy, front-end, settings and editor
 # (the lent machine's copy has no .git: prepare the tree here, in the carried .gpu-kit:
 #  mkdir -p .gpu-kit/before-3bd3e3f && git archive 3bd3e3f provision | tar -x -C .gpu-kit/before-3bd3e3f)
-before=${BEFORE:-3bd3e3f}; [ -d ".gpu-kit/before-$before" ] && before=".gpu-kit/before-$before"
-timeout 300 python3 bench/create_split.py --driver-root "$droot" --before "$before" -n "${SPLIT_N:-150}" \
-  --json > "$out/create-split.json" 2> "$out/create-split.err"
-echo "create split rc=$?"; tail -3 "$out/create-split.err"
-python3 - "$out/create-split.json" <<'PY'
+if [ -z "${SKIP_SPLIT:-}" ]; then
+  before=${BEFORE:-3bd3e3f}; [ -d ".gpu-kit/before-$before" ] && before=".gpu-kit/before-$before"
+  timeout 300 python3 bench/create_split.py --driver-root "$droot" --before "$before" -n "${SPLIT_N:-150}" \
+    --json > "$out/create-split.json" 2> "$out/create-split.err"
+  echo "create split rc=$?"; tail -3 "$out/create-split.err"
+  python3 - "$out/create-split.json" <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
@@ -58,17 +61,15 @@ print(f"create split: seed {r['seed']} n={r['n']} before={r['before']}")
 print("  gpuprov's own part (ms):", r["gpuprov_part_ms"])
 print("  after - before (ms):", r.get("after_minus_before_ms"), " part ratio:", r.get("part_ratio_after_before"))
 PY
-timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime "${variant[@]}" "${hop[@]}" \
-  -n "${BENCH_N:-40}" \
-  --by-predecessor --burst 32 --bursts "${BURSTS:-3}" --json > "$out/bench-runtime.json" 2> "$out/bench-runtime.err"
-echo "runtime bench rc=$?"; tail -5 "$out/bench-runtime.err"
-python3 - "$out/bench-runtime.json" <<'PY'  # per case: median (p10-p90), then each phase's median; then over the limit
+fi
+summary() {  # per case: median (p10-p90), then each phase's median; then over the limit
+  python3 - "$1" <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
 except (OSError, ValueError) as exc:
     sys.exit(f"no runtime bench result: {exc}")
-print(f"seed {r['seed']} n={r['n']}")
+print(f"seed {r['seed']} n={r['n']} settle {r.get('settle_ms')} ms")
 for k, v in r["cases"].items():
     print(f"  {k:18} {v['median_ms']:7.2f} ({v['p10_ms']:.2f}-{v['p90_ms']:.2f})  "
           + "  ".join(f"{p} {s['median_ms']:.2f}" for p, s in r["phases"][k].items()))
@@ -78,6 +79,17 @@ for k, v in r.get("create_by_predecessor_ms", {}).items():
     print(f"  create of {k} after:", v)
 print("burst:", json.dumps(r.get("burst")))
 PY
+}
+timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime "${variant[@]}" "${hop[@]}" \
+  -n "${BENCH_N:-40}" --settle-ms "${SETTLE_MS:-0}" \
+  --by-predecessor --burst 32 --bursts "${BURSTS:-3}" --json > "$out/bench-runtime.json" 2> "$out/bench-runtime.err"
+echo "runtime bench rc=$?"; tail -5 "$out/bench-runtime.err"; summary "$out/bench-runtime.json"
+if [ -n "${SETTLED_N:-}" ]; then  # the same without the variant, each start after a 50 ms settle
+  timeout 400 python3 bench/runtime_bench.py --runtime gpuprov=/tmp/rt/bin/gpuprov-runtime "${hop[@]}" -n "$SETTLED_N" \
+    --settle-ms 50 --json > "$out/bench-runtime-settled.json" 2> "$out/bench-runtime-settled.err"
+  echo "settled runtime bench rc=$?"; tail -5 "$out/bench-runtime-settled.err"; summary "$out/bench-runtime-settled.json"
+fi
+[ -n "${SKIP_DOCKER:-}" ] && exit 0
 # docker: the kit's binaries, gpuprov-runtime as the default runtime, its --gpus hook first on dockerd's PATH
 tar -xJf .gpu-kit/docker/docker-min.tar.xz -C / && cp .gpu-kit/bin/runc /usr/sbin/runc
 cp -P .gpu-kit/lib/* /usr/local/lib/ 2>/dev/null; ldconfig
