@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 export DEBIAN_FRONTEND=noninteractive
 need=()
-# gcc: the tests build the runtime's compiled front-end (shim.c) and the wheel that carries it
-for b in dockerd:docker.io debootstrap:debootstrap runc:runc containerd:containerd gcc:gcc; do
+# gcc: the tests build the runtime's compiled front-end (shim.c) and the wheel that carries it; strace: a test tells
+# the front-end's path before the C library from main() by its system calls (tests/faults/test_runtime_round2.py)
+for b in dockerd:docker.io debootstrap:debootstrap runc:runc containerd:containerd gcc:gcc strace:strace; do
   command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
 done
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)

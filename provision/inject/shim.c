@@ -96,6 +96,7 @@ PRELIBC static long raw_syscall6(long n, long a, long b, long c, long d, long e,
 #define RAW_SEND(fd, buf, n) raw_syscall6(SYS_sendto, (fd), (long)(buf), (long)(n), MSG_NOSIGNAL, 0, 0)
 #define RAW_PPOLL(pfd, ts) raw_syscall6(SYS_ppoll, (long)(pfd), 1, (long)(ts), 0, 8, 0)
 #define RAW_CLOCK(ts) raw_syscall(SYS_clock_gettime, CLOCK_MONOTONIC, (long)(ts), 0)
+#define RAW_WRITE(fd, buf, n) raw_syscall(SYS_write, (fd), (long)(buf), (long)(n))
 #else /* no fast path: the C library's own calls, failures as -errno like the raw ones */
 static long neg_errno(long r) { return r < 0 ? -errno : r; }
 #define RAW_OPEN(path) open((path), O_RDONLY | O_CLOEXEC)
@@ -111,6 +112,7 @@ static long neg_errno(long r) { return r < 0 ? -errno : r; }
 #define RAW_SEND(fd, buf, n) neg_errno(send((fd), (buf), (n), MSG_NOSIGNAL))
 #define RAW_PPOLL(pfd, ts) neg_errno(ppoll((pfd), 1, (ts), NULL))
 #define RAW_CLOCK(ts) clock_gettime(CLOCK_MONOTONIC, (ts))
+#define RAW_WRITE(fd, buf, n) neg_errno(write((fd), (buf), (n)))
 #endif
 
 /* runc parses options with Go's flag package: `-x` and `--x` are the same option, a value comes as `--x=v` or as the
@@ -238,7 +240,7 @@ PRELIBC static int scan_config(const char *bundle) {
 /* --- Asking the warm editor (provision/inject/server.py): one exchange per process, from the fast path or main() ---
  * A GPU create asks before the C library starts too (the ~0.3 ms of its start-up was a third of gpuprov's own part
  * of a GPU create on the lent H100: bench/create_split.py). The fast path runs ask_editor and execs runc itself
- * only on the plain answer "0\t\n" (edited, nothing to print); any other outcome is kept in `asked` and main()
+ * on an "edited" answer (edited_reply: "0\t", its warnings, "\n"); any other outcome is kept in `asked` and main()
  * reports it and goes on exactly as when it asked itself: one set of checks, one exchange, never a second request. */
 enum ask_status { ASK_NOT_YET, ASK_REPLY, ASK_ABSENT, ASK_UNTRUSTED, ASK_NO_CONNECT, ASK_PEER, ASK_TOO_LONG,
                   ASK_TIMEOUT, ASK_HUNG_UP };
@@ -345,8 +347,23 @@ PRELIBC static int ask_editor(const char *cfg, const char *bundle, const char *l
     return asked.status;
 }
 
-/* The plain answer: edited, nothing to print. */
-PRELIBC static int plain_zero(void) { return asked.reply[0] == '0' && asked.reply[1] == '\t' && asked.reply[2] == '\n'; }
+/* The answer "0\t<warnings>\n": edited. Its warnings (one line; only when the engine passed no --log, else they are
+ * in that file and the line is empty) go to stderr as main() prints them (ask_server: the text, then a newline), in
+ * raw writes: a warned start skips the C library's start too (~0.3 ms: a display container on a host without
+ * nvidia-modeset is warned at every start). Any other answer: 0, and main() reports it. */
+PRELIBC static int edited_reply(void) {
+    if (asked.reply[0] != '0' || asked.reply[1] != '\t') return 0;
+    long nl = 2;
+    while (asked.reply[nl] && asked.reply[nl] != '\n') { nl++; __asm__(""); }
+    if (asked.reply[nl] != '\n') return 0;
+    for (long off = 2; nl > 2 && off <= nl;) { /* a failed write (stderr closed) is ignored, as fprintf's is */
+        long w = RAW_WRITE(2, asked.reply + off, nl + 1 - off);
+        if (w == -EINTR) continue;
+        if (w <= 0) break;
+        off += w;
+    }
+    return 1;
+}
 
 /* The value of NAME in a raw environment (the first, as getenv), or NULL. */
 PRELIBC static const char *env_value(char **envp, const char *name) {
@@ -372,7 +389,7 @@ PRELIBC __attribute__((used)) void gpuprov_fast(long *sp) {
         if (need) { /* a GPU request */
             if (p.bundle[0] != '/') return; /* main() makes it absolute: the editor has another cwd */
             ask_editor(env_value(envp, "GPUPROV_RUNTIME_CONFIG"), p.bundle, p.log, p.log_format);
-            if (!(asked.status == ASK_REPLY && plain_zero())) return; /* main() reports what came back */
+            if (!(asked.status == ASK_REPLY && edited_reply())) return; /* main() reports what came back */
         }
     }
     char *arg0 = argv[0];

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -52,15 +53,17 @@ class Runtime:
         self.settings = write_settings(base, runc=str(self.runc_base / "fake-runc"), **settings)
         self.n = 0
 
-    def create(self, bundle: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
-        """(the front-end's result, the lines of the runtime's log: runc's --log file in json)."""
+    def create(self, bundle: Path, *, with_log: bool = True, wrap: tuple[str, ...] = ()
+               ) -> tuple[subprocess.CompletedProcess, list[dict]]:
+        """(the front-end's result, the lines of the runtime's log: runc's --log file in json). `with_log=False`: no
+        --log, as an engine that passes none (warnings then come on stderr); `wrap`: a command run around it."""
         self.n += 1
         log = self.base / f"log{self.n}.json"
         calls = len(runc_calls(self.runc_base))
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUPROV_RUNTIME_CONFIG": str(self.settings)}
-        r = subprocess.run([str(self.exe), "--root", "/run/x", "--log", str(log), "--log-format", "json", "create",
-                            "--bundle", str(bundle), f"id{self.n}"], env=env, capture_output=True, text=True,
-                           timeout=60)
+        logging = ["--log", str(log), "--log-format", "json"] if with_log else []
+        r = subprocess.run([*wrap, str(self.exe), "--root", "/run/x", *logging, "create", "--bundle", str(bundle),
+                            f"id{self.n}"], env=env, capture_output=True, text=True, timeout=60)
         handed = len(runc_calls(self.runc_base)) > calls
         assert handed == (r.returncode == 0), (r.returncode, r.stderr)  # runc runs exactly when nothing refused
         lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
@@ -128,6 +131,41 @@ def test_device_list_mounts_count_only_from_dev_null(runtime, tmp_path, kind, en
     r, log = rt.create(b)
     assert r.returncode == 0 and edited(b), r.stderr
     assert [x for x in log if x["level"] == "warning"] == []
+
+
+# --- a warned start without --log: the line on stderr, before the C library starts (issue 41) ---
+
+MODESET_WARNING = "gpuprov-runtime: warning: nvidia-modeset not loaded"
+
+
+def test_a_warned_start_without_a_log_prints_its_line_and_skips_the_c_library(runtime, tmp_path):
+    """An engine that passes no --log gets the editor's warnings on stderr. A display container on a host where
+    nvidia-modeset cannot load (this fixture: no modprobe program) is warned at every start; the warm editor's answer
+    is then "0", the line, and the front-end's fast path prints it itself and execs runc before the C library starts,
+    as for an unwarned start (on 3f4c013 such a start went through main(): the C library's start, ~0.3 ms)."""
+    if not shutil.which("strace"):
+        pytest.fail("strace is needed (run-tests.sh installs it): it tells the fast path from main()")
+    rt = runtime()
+    trace = tmp_path / "trace.txt"
+    said = []
+    for attempt in ("cold", "warm", "traced"):  # the editor run directly (main()), then the warm one (the fast path)
+        b = gpu_bundle(tmp_path, attempt, ["NVIDIA_DRIVER_CAPABILITIES=all"])
+        wrap = ("strace", "-f", "-qq", "-o", str(trace), "-e", "trace=execve,set_tid_address,write") \
+            if attempt == "traced" else ()
+        r, log = rt.create(b, with_log=False, wrap=wrap)
+        assert r.returncode == 0 and edited(b), r.stderr
+        assert log == []
+        said.append(r.stderr)
+    assert said[0] == said[1] == said[2], "the same bytes on stderr whichever path printed them"
+    assert said[0].startswith(MODESET_WARNING) and said[0].count("\n") == 1 and said[0].endswith("\n"), said[0]
+    front = trace.read_text().splitlines()
+    pid = front[0].split()[0]  # the front-end: execve of itself, its calls, then execve of runc (the same process)
+    own = [line.split(None, 1)[1] for line in front if line.split()[0] == pid]
+    runc_at = next(i for i, c in enumerate(own) if c.startswith("execve(") and "fake-runc" in c)
+    before = own[1:runc_at]
+    assert own[0].startswith(f'execve("{rt.exe}"'), own
+    assert [c for c in before if c.startswith("write(2,")] and MODESET_WARNING[:30] in before[0], before
+    assert not [c for c in before if c.startswith("set_tid_address")], f"the C library started first: {before}"
 
 
 # --- 3. the image is never resolved on the host ---
