@@ -35,8 +35,8 @@ wait of the front-end's length costs that much on this host, or more (over_refer
 teardown of the one before (its cgroup's and mount namespace's release after RCU grace periods, a few ms after the
 delete). Back to back (S=0), runc started at once after the previous delete runs ahead of that teardown, and any
 wait before runc lands in it: on this 2-core machine a 1.5 ms hop then cost +2.45 ms of create (95% +1.12 to
-+3.24), and +1.55 (+0.53 to +2.71) after a 50 ms settle (bench/settle_bench.py). An engine's own work between two starts (~200 ms for
-docker run) leaves every real start settled.
++3.24), and +1.55 (+0.53 to +2.71) after a 50 ms settle (bench/settle_bench.py). An engine's own work between
+two starts (~200 ms for docker run) leaves every real start settled.
 
 Targets: NAME_gpu and NAME_gpu_all <= their limit + 2 ms; NAME_nogpu <= runc + 1 ms (medians, same run).
 Usage (on the GPU host, after `source .gpu-kit/env.sh`):
