@@ -353,8 +353,8 @@ PRELIBC static int ask_editor(const char *cfg, const char *bundle, const char *l
  * nvidia-modeset is warned at every start). Any other answer: 0, and main() reports it. */
 PRELIBC static int edited_reply(void) {
     if (asked.reply[0] != '0' || asked.reply[1] != '\t') return 0;
-    long nl = 2;
-    while (asked.reply[nl] && asked.reply[nl] != '\n') { nl++; __asm__(""); }
+    long nl = 2; /* a line exchange() read whole: a NUL byte in it (from a config.json string) is written too */
+    while (nl < (long)sizeof asked.reply - 1 && asked.reply[nl] != '\n') { nl++; __asm__(""); }
     if (asked.reply[nl] != '\n') return 0;
     for (long off = 2; nl > 2 && off <= nl;) { /* a failed write (stderr closed) is ignored, as fprintf's is */
         long w = RAW_WRITE(2, asked.reply + off, nl + 1 - off);
@@ -440,7 +440,9 @@ static int ask_server(const char *bundle, const char *log, const char *log_forma
     char *end;
     long rc = strtol(resp, &end, 10);
     if (end == resp || (*end != '\t' && *end != '\n') || rc < 0 || rc > 255) return -1; /* not an editor's answer */
-    if (*end == '\t' && end[1] != '\n') fprintf(stderr, "%.*s\n", (int)(strchr(end, '\n') - end - 1), end + 1);
+    /* the line's end by memchr, not strchr: a NUL byte in the line (from a config.json string) is printed too */
+    const char *nl = memchr(end, '\n', (size_t)(asked.reply + sizeof asked.reply - end));
+    if (*end == '\t' && end[1] != '\n' && nl) fwrite(end + 1, 1, (size_t)(nl - end), stderr);
     return (int)rc;
 }
 
