@@ -10,7 +10,8 @@
 # before runc alone); VARIANT=NAME=FRONT_END.bin (a front-end built from a patched shim.c, slots empty: installed
 # beside gpuprov's as /tmp/rt-NAME, sharing its warm editor, and timed as one more --runtime); SETTLE_MS (runtime_bench
 # --settle-ms); SETTLED_N=N: runtime_bench once more, N rounds with a 50 ms settle (bench-runtime-settled.json);
-# SKIP_SPLIT=1, SKIP_DOCKER=1.
+# SKIP_SPLIT=1, SKIP_DOCKER=1; SPLIT_GAP_MS=G: create_split once more, each create G ms after the one before
+# (create-split-gap.json: the warm editor's caches gone cold, as between real starts).
 set -uo pipefail
 out=${OUT:-/tmp/gpuprov-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 GPUPROV_RUNTIME_CONFIG=/tmp/rt/runtime.json
@@ -51,6 +52,11 @@ if [ -z "${SKIP_SPLIT:-}" ]; then
   timeout 300 python3 bench/create_split.py --driver-root "$droot" --before "$before" -n "${SPLIT_N:-150}" \
     --json > "$out/create-split.json" 2> "$out/create-split.err"
   echo "create split rc=$?"; tail -3 "$out/create-split.err"
+  if [ -n "${SPLIT_GAP_MS:-}" ]; then  # the same with the editor cold: each create SPLIT_GAP_MS after the one before
+    timeout 200 python3 bench/create_split.py --driver-root "$droot" -n 100 --gap-ms "$SPLIT_GAP_MS" \
+      --json > "$out/create-split-gap.json" 2> "$out/create-split-gap.err"
+    echo "create split (gap $SPLIT_GAP_MS ms) rc=$?: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["gpuprov_part_ms"])' "$out/create-split-gap.json" 2>&1)"
+  fi
   python3 - "$out/create-split.json" <<'PY'
 import json, sys
 try:
