@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from provision import paths
-from provision.fsutil import make_dirs, open_trusted, write_file
+from provision.fsutil import make_dirs, open_trusted_fd, read_fd, write_file
 from provision.inject import mig
 from provision.inject.capabilities import (
     BINARIES,
@@ -796,14 +796,16 @@ def load_cached(cache_file: str = CACHE_FILE, proc_root: str = "/") -> Discovery
     miss: a missing, older, truncated or garbled cache is rebuilt by the caller (refresh)."""
     global _parsed
     try:  # only a cache nobody but root could have written (a user's rewrite would choose what gets mounted)
-        with open_trusted(cache_file) as fh:
-            st = os.fstat(fh.fileno())
+        fd, st = open_trusted_fd(cache_file)  # a raw fd: a warm start reads nothing from it
+        try:
             ident = (cache_file, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             if _parsed is not None and _parsed[0] == ident:
                 disc = _parsed[1]
             else:
-                disc = Discovery.from_json(fh.read())
+                disc = Discovery.from_json(read_fd(fd))
                 _parsed = (ident, disc)
+        finally:
+            os.close(fd)
     except (OSError, ValueError):  # absent, unreadable or untrusted; or not JSON, or not this schema's form
         return None
     return disc if disc.key == host_key(proc_root, disc.watch) else None

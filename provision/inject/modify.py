@@ -28,7 +28,7 @@ import sys
 import time
 
 from provision.errors import Refused, UntrustedPath
-from provision.fsutil import open_trusted, resolve_way, write_file
+from provision.fsutil import open_trusted, read_fd, resolve_way, write_file
 from provision.inject import discover, edits, ldcache, nodes
 from provision.inject.capabilities import CUDA_COMPAT_DIR
 from provision.share.limits import MPS_VARS, aliyun_visible, limits_asked, mps_env, share_request
@@ -685,8 +685,11 @@ def check_shape(config: object) -> None:
 
 def modify_bundle(bundle: str, settings: Settings, warn: Callable[[str], None] = warn_stderr) -> bool:
     path = os.path.join(bundle, "config.json")
-    with open(path) as fh:
-        config = json.load(fh)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # raw reads: a file object costs 5 more system calls per start
+    try:
+        config = json.loads(read_fd(fd).decode())  # strict UTF-8, as runc reads it
+    finally:
+        os.close(fd)
     check_shape(config)
     if not modify_config(config, bundle, settings, warn):
         return False
