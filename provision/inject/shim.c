@@ -347,22 +347,29 @@ PRELIBC static int ask_editor(const char *cfg, const char *bundle, const char *l
     return asked.status;
 }
 
-/* The answer "0\t<warnings>\n": edited. Its warnings (one line; only when the engine passed no --log, else they are
- * in that file and the line is empty) go to stderr as main() prints them (ask_server: the text, then a newline), in
- * raw writes: a warned start skips the C library's start too (~0.3 ms: a display container on a host without
- * nvidia-modeset is warned at every start). Any other answer: 0, and main() reports it. */
-PRELIBC static int edited_reply(void) {
-    if (asked.reply[0] != '0' || asked.reply[1] != '\t') return 0;
-    long nl = 2; /* a line exchange() read whole: a NUL byte in it (from a config.json string) is written too */
+/* The editor's message from reply[from] (the byte after the rc's tab) to the line's end, newline included, written
+ * to stderr; the one printer of both paths (edited_reply, ask_server). The end is the first '\n' exchange() read,
+ * not the first NUL: a NUL byte in the line (from a config.json string) is written too. Returns 0 when the reply
+ * holds no line end; a failed write (stderr closed) is ignored, as fprintf's was. */
+PRELIBC static int say_reply(long from) {
+    long nl = from;
     while (nl < (long)sizeof asked.reply - 1 && asked.reply[nl] != '\n') { nl++; __asm__(""); }
     if (asked.reply[nl] != '\n') return 0;
-    for (long off = 2; nl > 2 && off <= nl;) { /* a failed write (stderr closed) is ignored, as fprintf's is */
+    for (long off = from; nl > from && off <= nl;) { /* an empty message: nothing to say */
         long w = RAW_WRITE(2, asked.reply + off, nl + 1 - off);
         if (w == -EINTR) continue;
         if (w <= 0) break;
         off += w;
     }
     return 1;
+}
+
+/* The answer "0\t<warnings>\n": edited. Its warnings (one line; only when the engine passed no --log, else they are
+ * in that file and the line is empty) go to stderr as main() prints them (say_reply), in raw writes: a warned start
+ * skips the C library's start too (~0.3 ms: a display container on a host without nvidia-modeset is warned at every
+ * start). Any other answer: 0, and main() reports it. */
+PRELIBC static int edited_reply(void) {
+    return asked.reply[0] == '0' && asked.reply[1] == '\t' && say_reply(2);
 }
 
 /* The value of NAME in a raw environment (the first, as getenv), or NULL. */
@@ -440,9 +447,7 @@ static int ask_server(const char *bundle, const char *log, const char *log_forma
     char *end;
     long rc = strtol(resp, &end, 10);
     if (end == resp || (*end != '\t' && *end != '\n') || rc < 0 || rc > 255) return -1; /* not an editor's answer */
-    /* the line's end by memchr, not strchr: a NUL byte in the line (from a config.json string) is printed too */
-    const char *nl = memchr(end, '\n', (size_t)(asked.reply + sizeof asked.reply - end));
-    if (*end == '\t' && end[1] != '\n' && nl) fwrite(end + 1, 1, (size_t)(nl - end), stderr);
+    if (*end == '\t') say_reply(end + 1 - asked.reply);
     return (int)rc;
 }
 
