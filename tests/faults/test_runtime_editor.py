@@ -263,3 +263,37 @@ def test_untrusted_socket_is_never_asked(tmp_path, case):
         stop_editors(rig.settings)
     if case == "directory-mode-0777":
         assert editor_pid(rig.settings) is None, "no editor serves from a directory others can write"
+
+
+def test_a_request_is_served_on_bare_descriptors(rig, tmp_path):
+    """The warm editor serves a request on the accepted descriptor itself (server.py: _serve_one): the accept waits
+    in the kernel (SO_RCVTIMEO, no poll before it), the request is read after a select that bounds a silent client,
+    and the reply is one write; the hand-off timers are armed once and not disarmed. Python's socket timeouts cost a
+    poll before each accept, read and send and an fcntl per connection, and the editor runs that code cold between
+    real starts (bench/exchange_bench.py). strace of the editor during one real create through the front-end."""
+    import shutil
+
+    assert shutil.which("strace"), "strace is missing (run-tests.sh installs it)"
+    pid = rig.warm()
+    log = tmp_path / "editor.strace"
+    tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", str(log), "-p", str(pid)])
+    try:
+        time.sleep(1.0)  # attached (strace prints nothing until the editor's next call)
+        r, b, _ = rig.create()
+        time.sleep(0.3)
+    finally:
+        tracer.terminate()
+        tracer.wait(timeout=10)
+    assert r.returncode == 0 and edited(b), r.stderr
+    lines = [ln.split(None, 1)[1] for ln in log.read_text().splitlines() if " " in ln]
+    start = next(i for i, ln in enumerate(lines) if ("accept4(" in ln or "accept4 resumed" in ln) and "= -1" not in ln)
+    fd = lines[start].rsplit("= ", 1)[1].split()[0]
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith(f"close({fd})"))
+    window = [ln.split("(", 1)[0] for ln in lines[start + 1:end]]
+    assert window, lines[start:end + 1]
+    for gone in ("poll", "ppoll", "fcntl", "recvfrom", "sendto"):
+        assert gone not in window, (gone, lines[start:end + 1])
+    assert window.count("setitimer") == 2, lines[start:end + 1]
+    assert "write" in window and "read" in window, lines[start:end + 1]
+    before = [ln.split("(", 1)[0] for ln in lines[max(0, start - 3):start]]
+    assert "poll" not in before and "ppoll" not in before, lines[:start + 1]
