@@ -38,10 +38,14 @@ wait before runc lands in it: on this 2-core machine a 1.5 ms hop then cost +2.4
 +3.24), and +1.55 (+0.53 to +2.71) after a 50 ms settle (bench/settle_bench.py). An engine's own work between
 two starts (~200 ms for docker run) leaves every real start settled.
 
+--own-config: each --runtime is run with its own install's runtime.json (PREFIX/bin/gpuprov-runtime ->
+PREFIX/runtime.json), so two installs (this checkout's and an older one's) are timed in the same rounds, each with its
+own warm editor (the editor's socket is named after GPUPROV_RUNTIME_CONFIG).
+
 Targets: NAME_gpu and NAME_gpu_all <= their limit + 2 ms; NAME_nogpu <= runc + 1 ms (medians, same run).
 Usage (on the GPU host, after `source .gpu-kit/env.sh`):
   python3 bench/runtime_bench.py --runtime [NAME=]PATH [--runtime ...] [-n 40] [--seed S] [--burst 32]
-    [--hop exec_hop [--hop-us 1500]] [--settle-ms 50] [--json]
+    [--hop exec_hop [--hop-us 1500]] [--settle-ms 50] [--own-config] [--json]
 """
 from __future__ import annotations
 
@@ -78,10 +82,10 @@ def summary(v: list[float]) -> dict:
             "p90_ms": round(quantile(v, 0.9) * 1e3, 2)}
 
 
-def edited_by(runtime: str, work: Path, rootfs: Path, env: list[str], name: str) -> dict:
+def edited_by(runtime: str, work: Path, rootfs: Path, env: list[str], name: str, environ: dict | None = None) -> dict:
     """The config.json the front-end hands runc: its create on a bundle (runc then runs it; deleted again)."""
     bundle = write_bundle(work / f"check-{name}", make_config(str(rootfs), ["/bin/true"], env))
-    rc, out = lifecycle(runtime, bundle)
+    rc, out = lifecycle(runtime, bundle, env=environ)
     if rc != 0:
         raise SystemExit(f"{name}: create failed: {out}")
     return json.loads((bundle / "config.json").read_text())
@@ -125,6 +129,8 @@ def main() -> int:
     ap.add_argument("--hop", default=None, help="bench/exec_hop.c built: adds hop_sleep and hop_spin")
     ap.add_argument("--hop-us", type=int, default=1500, help="the hop's delay before runc create (us)")
     ap.add_argument("--settle-ms", type=float, default=0, help="sleep before each start, untimed (see above)")
+    ap.add_argument("--own-config", action="store_true", help="each --runtime with its own install's runtime.json "
+                    "(PREFIX/bin/gpuprov-runtime -> PREFIX/runtime.json): its own settings and warm editor")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
@@ -135,6 +141,10 @@ def main() -> int:
     rootfs = image_dir / "rootfs"
     shutil.copytree(os.environ["GPU_KIT_ROOTFS"], rootfs, symlinks=True)
     runtimes = dict(r.split("=", 1) if "=" in r else ("gpuprov", r) for r in args.runtime)
+    # Two installs compared in the same rounds (--own-config) each need their own editor: its socket is named after
+    # GPUPROV_RUNTIME_CONFIG. Otherwise every front-end runs with this process's environment.
+    environs = {name: {**os.environ, "GPUPROV_RUNTIME_CONFIG": str(Path(path).resolve().parents[1] / "runtime.json")}
+                if args.own_config else None for name, path in runtimes.items()}
     from provision.inject.modify import modify_bundle
     from provision.inject.settings import load_settings
 
@@ -147,7 +157,7 @@ def main() -> int:
     limits = {k: limit_config(env, k) for k, env in requests.items()}
     for name, path in runtimes.items():  # the limit is the limit only when the configs are the same
         for k, env in requests.items():
-            diff = same_config(edited_by(path, work, rootfs, env, f"{name}-{k}"), limits[k])
+            diff = same_config(edited_by(path, work, rootfs, env, f"{name}-{k}", environs[name]), limits[k])
             if diff:
                 print(f"{name} ({k}): the config it hands runc differs from the limit's in {', '.join(diff)}",
                       file=sys.stderr)
@@ -157,9 +167,9 @@ def main() -> int:
                                                        "limit_default": ("runc", limits["default"], None),
                                                        "limit_all": ("runc", limits["all"], None)}
     for name, path in runtimes.items():
-        cases[f"{name}_nogpu"] = (path, make_config(str(rootfs), ["/bin/true"]), None)
-        cases[f"{name}_gpu"] = (path, make_config(str(rootfs), ["/bin/true"], requests["default"]), None)
-        cases[f"{name}_gpu_all"] = (path, make_config(str(rootfs), ["/bin/true"], requests["all"]), None)
+        cases[f"{name}_nogpu"] = (path, make_config(str(rootfs), ["/bin/true"]), environs[name])
+        cases[f"{name}_gpu"] = (path, make_config(str(rootfs), ["/bin/true"], requests["default"]), environs[name])
+        cases[f"{name}_gpu_all"] = (path, make_config(str(rootfs), ["/bin/true"], requests["all"]), environs[name])
     if args.hop:
         hop_env = {**os.environ, "HOP_RUNC": shutil.which("runc") or "runc", "HOP_US": str(args.hop_us)}
         for mode in ("sleep", "spin"):
