@@ -6,7 +6,7 @@ directly, which then leaves this server behind (detached, minimal environment) f
   life; one that cannot take it exits at once, so any number of concurrent cold starts leaves exactly one.
 - Never dies on a request: every request gets one line back, `RC\\tMESSAGE`; a bad one (garbage, too long, a bundle
   whose config.json has wrong types, a hostile env value, a client that hangs up) gets a one-line refusal and the
-  server goes on serving. A client that sends nothing is dropped after CLIENT_TIMEOUT_S.
+  server goes on serving. A client whose whole request has not come within CLIENT_TIMEOUT_S is dropped.
 - Serves only from a directory that is root's alone (the front-end checks the same before it trusts the socket).
 - Exits after IDLE_SECONDS without requests, or as soon as gpuprov's runtime code on disk changes (an upgrade).
 - One container's start never holds another's (issue 38 item 3): a request still being edited after HAND_OFF_CPU_S
@@ -31,7 +31,7 @@ from provision.inject.shim import run_create_edits
 
 IDLE_SECONDS = 600
 POLL_S = 2.0  # how often an idle editor looks whether an upgrade replaced its copy
-CLIENT_TIMEOUT_S = 1.0  # the front-end sends its request at once; a silent client must not hold up the others
+CLIENT_TIMEOUT_S = 1.0  # for the whole request: the front-end sends it at once; a silent or dripping client holds up nobody
 MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
 BACKLOG = 1024  # many concurrent starts queue here instead of falling back to a Python start-up each
 DEFAULT_SOCKET = "/run/gpuprov/runtime-editor.sock"

@@ -265,6 +265,39 @@ def test_untrusted_socket_is_never_asked(tmp_path, case):
         assert editor_pid(rig.settings) is None, "no editor serves from a directory others can write"
 
 
+def test_a_client_that_drips_its_request_is_dropped_within_the_client_timeout(rig):
+    """A client must send its whole line within CLIENT_TIMEOUT_S (1 s) of being accepted. Before, each read had its
+    own second, so a client sending a byte every 0.3 s held the editor for as long as it kept dripping, and every
+    create behind it waited out the front-end's REPLY_TIMEOUT_S and edited directly."""
+    import threading
+
+    pid = rig.warm()
+    stop = threading.Event()
+    drip = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    drip.connect(str(rig.sock))
+
+    def dripping() -> None:
+        while not stop.wait(0.3):
+            try:
+                drip.send(b"x")
+            except OSError:
+                return  # dropped
+
+    t = threading.Thread(target=dripping)
+    t.start()
+    try:
+        time.sleep(0.2)  # the editor is reading the dripper's line
+        r, b, secs = rig.create()
+    finally:
+        stop.set()
+        t.join()
+        drip.close()
+    assert r.returncode == 0 and edited(b), r.stderr
+    assert "did not answer" not in r.stderr, "the create waited out the front-end's deadline behind the dripper"
+    assert secs < REPLY_TIMEOUT_S, f"the create took {secs:.1f} s"
+    rig.assert_serving(pid)
+
+
 def test_a_request_is_served_on_bare_descriptors(rig, tmp_path):
     """The warm editor serves a request on the accepted descriptor itself (server.py: _serve_one): the accept waits
     in the kernel (SO_RCVTIMEO, no poll before it), the request is read after a select that bounds a silent client,
