@@ -33,6 +33,9 @@ IDLE_SECONDS = 600
 POLL_S = 2.0  # how often an idle editor looks whether an upgrade replaced its copy
 CLIENT_TIMEOUT_S = 1.0  # for the whole request: the front-end sends it at once; a silent or dripping client holds up nobody
 MAX_REQUEST = 16384  # shim.c's request buffer is 12400 bytes
+# shim.c reads the reply into 4096 bytes, its newline included; a longer line is taken for a hang-up. Clipped to
+# this, a reply also fits an empty socket buffer at once, so its one write never blocks on a client that does not read.
+MAX_REPLY = 4000
 BACKLOG = 1024  # many concurrent starts queue here instead of falling back to a Python start-up each
 DEFAULT_SOCKET = "/run/gpuprov/runtime-editor.sock"
 # A GPU edit costs ~1.3 ms of CPU here, the heaviest honest one (the first container of an image with a 100 MB CUDA
@@ -146,6 +149,8 @@ def handle(data: bytes) -> str:
     except Exception as exc:  # noqa: BLE001 - the server outlives any request (run_create_edits reports its own)
         rc, lines = 1, [f"gpuprov-runtime: the GPU editor failed on this request: {type(exc).__name__}: {exc}"]
     msg = " ".join(" ".join(lines).split())  # one line, whatever the messages held
+    if len(msg) > MAX_REPLY // 4 and len(msg.encode()) > MAX_REPLY - 8:  # a refusal quoting a huge env value
+        msg = msg.encode()[:MAX_REPLY - 11].decode(errors="ignore") + "..."
     return f"{rc}\t{msg}\n"
 
 
@@ -156,11 +161,12 @@ def handle(data: bytes) -> str:
 OVERSIZED = b"1\tgpuprov-runtime: refused an oversized request to the GPU editor\n"
 
 
-def _read_some(fd: int, deadline: float, size: int = 8192) -> bytes:
-    """Up to `size` bytes from `fd` once it is readable, which it must be by `deadline` (time.monotonic): b"" when
-    the client hung up, TimeoutError when it said nothing in time. A readable stream socket's read returns at once."""
+def _read_some(fd: int, ready: select.poll, deadline: float, size: int = 8192) -> bytes:
+    """Up to `size` bytes from `fd` once it is readable (`ready`: a poll object holding it; poll, not select, which
+    refuses a descriptor past 1023), which it must be by `deadline` (time.monotonic): b"" when the client hung up,
+    TimeoutError when it said nothing in time. A readable stream socket's read returns at once."""
     left = deadline - time.monotonic()
-    if left <= 0 or not select.select((fd,), (), (), left)[0]:
+    if left <= 0 or not ready.poll(left * 1000):
         raise TimeoutError("the client sent nothing")
     return os.read(fd, size)
 
@@ -168,20 +174,27 @@ def _read_some(fd: int, deadline: float, size: int = 8192) -> bytes:
 def _serve_one(fd: int, answer=handle) -> None:
     """One request on the accepted descriptor `fd` (the caller closes it), one line back."""
     deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    ready = select.poll()
+    ready.register(fd, select.POLLIN)
     data = b""
     try:
         while not data.endswith(b"\n"):
-            chunk = _read_some(fd, deadline)
+            chunk = _read_some(fd, ready, deadline)
             if not chunk:
                 return  # hung up before asking: nothing to answer
             data += chunk
             if len(data) > MAX_REQUEST:
                 os.write(fd, OVERSIZED)
+                conn = socket.socket(fileno=fd)  # this rare path only: the end of our side, so the refusal is whole
+                try:
+                    conn.shutdown(socket.SHUT_WR)
+                finally:
+                    conn.detach()  # the caller closes fd
                 for _ in range(64):  # drain a little, so the client reads the refusal instead of a reset
-                    if not _read_some(fd, deadline, 65536):
+                    if not _read_some(fd, ready, deadline, 65536):
                         break
                 return
-        # One line of at most a few kB into a socket that holds nothing of ours yet: it fits at once.
+        # One line of at most MAX_REPLY bytes into a socket that holds nothing of ours yet: it fits at once.
         os.write(fd, answer(data).encode())
     except OSError:
         return  # timed out, or hung up before reading the answer: the next client is served as usual
@@ -211,7 +224,10 @@ def serve(path: str, lock_fd: int | None = None) -> int:
     srv.listen(BACKLOG)
     os.replace(tmp, path)  # atomic: clients never see a half-made socket; a stale or foreign one is replaced
     # accept waits POLL_S at most, in the kernel (EAGAIN: BlockingIOError), then run() looks for idleness or an upgrade
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(POLL_S), int(POLL_S % 1 * 1e6)))
+    try:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(POLL_S), int(POLL_S % 1 * 1e6)))
+    except OSError:  # a timeval that is not two longs (a 32-bit build with a 64-bit time_t): Python's timeout
+        srv.settimeout(POLL_S)
     server = _Server(srv, path, (st.st_dev, st.st_ino), lock_fd, stamp)
     try:
         signal.signal(signal.SIGPROF, server.hand_off)
@@ -246,7 +262,7 @@ class _Server:
         while True:
             try:
                 conn, _ = self.srv._accept()  # a bare descriptor (see OVERSIZED): what socket.accept wraps
-            except BlockingIOError:  # POLL_S without a client
+            except (BlockingIOError, TimeoutError):  # POLL_S without a client
                 idle += POLL_S
                 if idle >= IDLE_SECONDS or _copy_replaced():
                     break

@@ -282,3 +282,65 @@ def test_warm_reply_is_built_without_touching_stderr(tmp_path, monkeypatch):
     assert reply == "1\tgpuprov-runtime: cannot prepare the GPU edits: config.json is not a JSON object\n"
     lines: list[str] = []
     assert shim.run_create_edits(str(bundle), None, None, lines.append) == 1 and len(lines) == 1
+
+
+@needs_root
+def test_a_reply_fits_the_front_ends_buffer(tmp_path, monkeypatch):
+    """A refusal can quote the image's own env value in full; the reply line is clipped to server.MAX_REPLY, which
+    shim.c's 4096-byte reply buffer holds (a longer line was taken for a hang-up) and which an empty socket buffer
+    takes at once, so the editor's one write never blocks on a client that does not read."""
+    monkeypatch.setenv("GPUPROV_RUNTIME_CONFIG", str(write_settings(tmp_path)))
+    b = tmp_path / "b"
+    (b / "rootfs").mkdir(parents=True)
+    value = "GPU-" + "x" * 600_000
+    (b / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "process": {
+        "env": [f"NVIDIA_VISIBLE_DEVICES={value}"]}}))
+    reply = server.handle(f"{b}\t\t\n".encode())
+    assert reply.split("\t")[0] not in ("", "0") and reply.endswith("...\n") and reply.count("\n") == 1, reply[:200]
+    assert len(reply.encode()) <= server.MAX_REPLY < 4096
+
+
+def test_a_request_on_a_descriptor_past_1023_is_served():
+    """The editor waits for a request with poll, not select (which refuses a descriptor past FD_SETSIZE, 1024, with
+    a ValueError that would have ended the editor)."""
+    import resource
+    import socket
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), max(hard, 1200)))
+    ours, theirs = socket.socketpair()
+    try:
+        high = os.dup2(ours.fileno(), 1100)
+        theirs.sendall(b"/b\t\t\n")
+        server._serve_one(high, lambda data: f"0\t{data.decode().strip()}\n")
+        os.close(high)
+        assert theirs.recv(100) == b"0\t/b\n"
+    finally:
+        ours.close()
+        theirs.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_oversized_request_gets_its_refusal_and_the_end_at_once():
+    """An oversized request's refusal is followed by the end of the editor's side (shutdown), while the editor
+    drains a little of what the client still sends: a client reading to the end does not wait for the drain."""
+    import socket
+    import threading
+
+    ours, theirs = socket.socketpair()
+    t = threading.Thread(target=server._serve_one, args=(ours.fileno(), lambda data: "0\t\n"))
+    try:
+        theirs.sendall(b"x" * (server.MAX_REQUEST + 100))
+        t.start()
+        theirs.settimeout(5)
+        got = b""
+        while chunk := theirs.recv(4096):
+            got += chunk
+        assert got == server.OVERSIZED
+        theirs.sendall(b"more")  # the editor is still draining: its side ended before it closed
+        theirs.shutdown(socket.SHUT_WR)
+        t.join(timeout=5)
+        assert not t.is_alive()
+    finally:
+        ours.close()
+        theirs.close()
